@@ -1,0 +1,223 @@
+"""The six fused-op Programs, parametrized by model dims and sequence length.
+
+Weights keep HuggingFace's ``nn.Linear`` layout ``(out_features, in_features)`` in every Program: the
+prefill GEMM computes ``x @ W.T`` with W's contiguous rows as its K dimension, and the decode GEMV reads
+the same rows, so one buffer per weight serves prefill and decode (no transposed second copy), and the
+model's own parameters can be views of that buffer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .program import Arg, Launch, Program, Role
+
+W, I, S, O = Role.WEIGHT, Role.INPUT, Role.SCRATCH, Role.OUTPUT
+LM_HEAD_MAX_PARTITIONS = 8
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    eps: float
+
+    def __post_init__(self):
+        for name in ("hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"ModelDims.{name} must be a positive int, got {value!r}")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"ModelDims: heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
+        if self.head_dim % 2:
+            raise ValueError(f"ModelDims: head_dim must be even for half-split RoPE, got {self.head_dim}")
+        if not self.eps > 0:
+            raise ValueError(f"ModelDims.eps must be positive, got {self.eps!r}")
+
+    @property
+    def q_dim(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @classmethod
+    def from_config(cls, config) -> "ModelDims":
+        """Dims of a HF Llama-style config (``LlamaConfig`` and compatible)."""
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        return cls(
+            hidden=config.hidden_size,
+            heads=config.num_attention_heads,
+            kv_heads=config.num_key_value_heads or config.num_attention_heads,
+            head_dim=head_dim,
+            intermediate=config.intermediate_size,
+            vocab=config.vocab_size,
+            eps=float(config.rms_norm_eps),
+        )
+
+
+def _launch(kind: str, reads, writes, **params) -> Launch:
+    return Launch(kind, tuple(sorted(params.items())), tuple(reads), tuple(writes))
+
+
+def _check_seq(seq: int) -> None:
+    if not isinstance(seq, int) or seq <= 0:
+        raise ValueError(f"sequence length must be a positive int, got {seq!r}")
+
+
+def _rms_qkv_rope(name, hidden, heads, kv_heads, head_dim, eps, rows, matmul, row_shape) -> Program:
+    """RMSNorm → Q/K/V projections → half-split RoPE on Q and K (prefill GEMM or decode GEMV)."""
+    _check_attention_dims(heads, kv_heads, head_dim)
+    h, q, kv, hd = hidden, heads * head_dim, kv_heads * head_dim, head_dim
+    mm = (lambda k, n: dict(M=rows, K=k, N=n)) if matmul == "gemm" else (lambda k, n: dict(K=k, N=n))
+    return Program(
+        name=name,
+        params=(("hidden", hidden), ("heads", heads), ("kv_heads", kv_heads), ("head_dim", head_dim), ("eps", eps),
+                ("rows", rows)),
+        args=(
+            Arg("x", row_shape(h), "bf16", I),
+            Arg("norm_w", (h,), "bf16", W),
+            Arg("normed", row_shape(h), "bf16", S),
+            Arg("wq", (q, h), "bf16", W),
+            Arg("wk", (kv, h), "bf16", W),
+            Arg("wv", (kv, h), "bf16", W),
+            Arg("rope_lut", row_shape(hd), "bf16", I),
+            Arg("q", row_shape(q), "bf16", S),
+            Arg("k", row_shape(kv), "bf16", S),
+            Arg("v", row_shape(kv), "bf16", O),
+            Arg("q_roped", row_shape(q), "bf16", O),
+            Arg("k_roped", row_shape(kv), "bf16", O),
+        ),
+        launches=(
+            _launch("rmsnorm", ["x", "norm_w"], ["normed"], rows=rows, cols=h, eps=eps),
+            _launch(matmul, ["normed", "wq"], ["q"], **mm(h, q)),
+            _launch(matmul, ["normed", "wk"], ["k"], **mm(h, kv)),
+            _launch(matmul, ["normed", "wv"], ["v"], **mm(h, kv)),
+            _launch("rope", ["q", "rope_lut"], ["q_roped"], rows=rows, heads=heads, head_dim=hd),
+            _launch("rope", ["k", "rope_lut"], ["k_roped"], rows=rows, heads=kv_heads, head_dim=hd),
+        ),
+    )
+
+
+def _o_ffn(name, hidden, q_dim, intermediate, eps, rows, matmul, row_shape) -> Program:
+    """O projection + residual → RMSNorm → SwiGLU MLP + residual (prefill GEMM or decode GEMV)."""
+    h, q, f = hidden, q_dim, intermediate
+    mm = (lambda k, n: dict(M=rows, K=k, N=n)) if matmul == "gemm" else (lambda k, n: dict(K=k, N=n))
+    return Program(
+        name=name,
+        params=(("hidden", hidden), ("q_dim", q_dim), ("intermediate", intermediate), ("eps", eps), ("rows", rows)),
+        args=(
+            Arg("attn", row_shape(q), "bf16", I),
+            Arg("wo", (h, q), "bf16", W),
+            Arg("proj", row_shape(h), "bf16", S),
+            Arg("x", row_shape(h), "bf16", I),
+            Arg("res1", row_shape(h), "bf16", S),
+            Arg("norm_w", (h,), "bf16", W),
+            Arg("normed", row_shape(h), "bf16", S),
+            Arg("w_gate", (f, h), "bf16", W),
+            Arg("gate", row_shape(f), "bf16", S),
+            Arg("w_up", (f, h), "bf16", W),
+            Arg("up", row_shape(f), "bf16", S),
+            Arg("act", row_shape(f), "bf16", S),
+            Arg("w_down", (h, f), "bf16", W),
+            Arg("down", row_shape(h), "bf16", S),
+            Arg("out", row_shape(h), "bf16", O),
+        ),
+        launches=(
+            _launch(matmul, ["attn", "wo"], ["proj"], **mm(q, h)),
+            _launch("add", ["x", "proj"], ["res1"], rows=rows, cols=h),
+            _launch("rmsnorm", ["res1", "norm_w"], ["normed"], rows=rows, cols=h, eps=eps),
+            _launch(matmul, ["normed", "w_gate"], ["gate"], **mm(h, f)),
+            _launch(matmul, ["normed", "w_up"], ["up"], **mm(h, f)),
+            _launch("silu_mul", ["gate", "up"], ["act"], rows=rows, cols=f),
+            _launch(matmul, ["act", "w_down"], ["down"], **mm(f, h)),
+            _launch("add", ["res1", "down"], ["out"], rows=rows, cols=h),
+        ),
+    )
+
+
+def _check_attention_dims(heads: int, kv_heads: int, head_dim: int) -> None:
+    if heads % kv_heads:
+        raise ValueError(f"heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
+    if head_dim % 2:
+        raise ValueError(f"head_dim must be even for half-split RoPE, got {head_dim}")
+
+
+def rms_gemms_rope(hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float, seq: int) -> Program:
+    _check_seq(seq)
+    return _rms_qkv_rope("rms_gemms_rope", hidden, heads, kv_heads, head_dim, eps, seq, "gemm", lambda n: (seq, n))
+
+
+def o_ffn(hidden: int, q_dim: int, intermediate: int, eps: float, seq: int) -> Program:
+    _check_seq(seq)
+    return _o_ffn("o_ffn", hidden, q_dim, intermediate, eps, seq, "gemm", lambda n: (seq, n))
+
+
+def rms_gemv_rope(hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float) -> Program:
+    return _rms_qkv_rope("rms_gemv_rope", hidden, heads, kv_heads, head_dim, eps, 1, "gemv", lambda n: (n,))
+
+
+def o_gemv_ffn(hidden: int, q_dim: int, intermediate: int, eps: float) -> Program:
+    return _o_ffn("o_gemv_ffn", hidden, q_dim, intermediate, eps, 1, "gemv", lambda n: (n,))
+
+
+def flash_attn(heads: int, kv_heads: int, head_dim: int, seq: int) -> Program:
+    """Causal GQA attention over one sequence, seq-first layout, scale 1/sqrt(head_dim)."""
+    _check_seq(seq)
+    _check_attention_dims(heads, kv_heads, head_dim)
+    q, kv = heads * head_dim, kv_heads * head_dim
+    return Program(
+        name="flash_attn",
+        params=(("heads", heads), ("kv_heads", kv_heads), ("head_dim", head_dim), ("seq", seq)),
+        args=(
+            Arg("q", (seq, q), "bf16", I),
+            Arg("k", (seq, kv), "bf16", I),
+            Arg("v", (seq, kv), "bf16", I),
+            Arg("out", (seq, q), "bf16", O),
+        ),
+        launches=(
+            _launch("attention", ["q", "k", "v"], ["out"], seq=seq, heads=heads, kv_heads=kv_heads,
+                    head_dim=head_dim, causal=True),
+        ),
+    )
+
+
+def lm_head_partitions(vocab: int) -> int:
+    """Row partitions of the LM-head GEMV: the largest power of two ≤ 8 that divides the vocab."""
+    p = LM_HEAD_MAX_PARTITIONS
+    while vocab % p:
+        p //= 2
+    return p
+
+
+def lm_head_gemv(hidden: int, vocab: int) -> Program:
+    """Logits of one (already final-normed) row: a GEMV over the (vocab, hidden) LM-head weight."""
+    return Program(
+        name="lm_head_gemv",
+        params=(("hidden", hidden), ("vocab", vocab)),
+        args=(
+            Arg("x", (hidden,), "bf16", I),
+            Arg("w_lm", (vocab, hidden), "bf16", W),
+            Arg("logits", (vocab,), "bf16", O),
+        ),
+        launches=(
+            _launch("partitioned_gemv", ["x", "w_lm"], ["logits"], K=hidden, N=vocab,
+                    partitions=lm_head_partitions(vocab)),
+        ),
+    )
+
+
+def programs_for_model(dims: ModelDims, prefill_buckets) -> list[Program]:
+    """Every Program a model needs: the prefill trio per bucket, the decode pair and the LM head."""
+    d = dims
+    attn = (d.hidden, d.heads, d.kv_heads, d.head_dim, d.eps)
+    ffn = (d.hidden, d.q_dim, d.intermediate, d.eps)
+    out: list[Program] = []
+    for seq in prefill_buckets:
+        out += [rms_gemms_rope(*attn, seq), flash_attn(d.heads, d.kv_heads, d.head_dim, seq), o_ffn(*ffn, seq)]
+    out += [rms_gemv_rope(*attn), o_gemv_ffn(*ffn), lm_head_gemv(d.hidden, d.vocab)]
+    return out

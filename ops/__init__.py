@@ -1,0 +1,6 @@
+"""The torch.library boundary: ``torch.ops.npu2.*`` fused ops (registered on import) and their references."""
+from . import reference
+from .fused import ALL_OPS, flash_attn, lm_head_gemv, o_ffn, o_gemv_ffn, rms_gemms_rope, rms_gemv_rope
+
+__all__ = ["reference", "ALL_OPS", "rms_gemms_rope", "flash_attn", "o_ffn", "rms_gemv_rope", "o_gemv_ffn",
+           "lm_head_gemv"]

@@ -1,0 +1,66 @@
+"""The six fused ops: how each op's tensor shapes determine its Program."""
+from __future__ import annotations
+
+from ..kernels import programs
+from .registry import FusedOp, register
+
+
+def _heads(rows: int, head_dim: int, what: str) -> int:
+    if head_dim <= 0 or rows % head_dim:
+        raise ValueError(f"{what} rows ({rows}) must be a multiple of head_dim ({head_dim})")
+    return rows // head_dim
+
+
+def _qkv_dims(shapes):
+    x, norm_w, wq, wk, wv, lut = shapes
+    head_dim = lut[-1]
+    return x[-1], _heads(wq[0], head_dim, "wq"), _heads(wk[0], head_dim, "wk"), head_dim
+
+
+def _rms_gemms_rope(shapes, eps):
+    return programs.rms_gemms_rope(*_qkv_dims(shapes), eps, shapes[0][0])
+
+
+def _rms_gemv_rope(shapes, eps):
+    return programs.rms_gemv_rope(*_qkv_dims(shapes), eps)
+
+
+def _ffn_dims(shapes):
+    attn, wo, x, norm_w, w_gate, w_up, w_down = shapes
+    return x[-1], attn[-1], w_gate[0]
+
+
+def _o_ffn(shapes, eps):
+    return programs.o_ffn(*_ffn_dims(shapes), eps, shapes[0][0])
+
+
+def _o_gemv_ffn(shapes, eps):
+    return programs.o_gemv_ffn(*_ffn_dims(shapes), eps)
+
+
+def _flash_attn(shapes, head_dim):
+    q, k, v = shapes
+    return programs.flash_attn(_heads(q[-1], head_dim, "q"), _heads(k[-1], head_dim, "k"), head_dim, q[0])
+
+
+def _lm_head_gemv(shapes):
+    x, w_lm = shapes
+    return programs.lm_head_gemv(x[0], w_lm[0])
+
+
+# Small dims that fix each op's argument names and ranks for its schema.
+_EX = dict(hidden=8, heads=2, kv_heads=1, head_dim=4, eps=1e-5)
+_EX_FFN = dict(hidden=8, q_dim=8, intermediate=16, eps=1e-5)
+
+FUSED_OPS = {op.name: op for op in (
+    FusedOp("rms_gemms_rope", (("eps", "float"),), _rms_gemms_rope, programs.rms_gemms_rope(**_EX, seq=2)),
+    FusedOp("flash_attn", (("head_dim", "int"),), _flash_attn, programs.flash_attn(2, 1, 4, 2)),
+    FusedOp("o_ffn", (("eps", "float"),), _o_ffn, programs.o_ffn(**_EX_FFN, seq=2)),
+    FusedOp("rms_gemv_rope", (("eps", "float"),), _rms_gemv_rope, programs.rms_gemv_rope(**_EX)),
+    FusedOp("o_gemv_ffn", (("eps", "float"),), _o_gemv_ffn, programs.o_gemv_ffn(**_EX_FFN)),
+    FusedOp("lm_head_gemv", (), _lm_head_gemv, programs.lm_head_gemv(8, 16)),
+)}
+
+ALL_OPS = {name: register(op) for name, op in FUSED_OPS.items()}
+rms_gemms_rope, flash_attn, o_ffn = ALL_OPS["rms_gemms_rope"], ALL_OPS["flash_attn"], ALL_OPS["o_ffn"]
+rms_gemv_rope, o_gemv_ffn, lm_head_gemv = ALL_OPS["rms_gemv_rope"], ALL_OPS["o_gemv_ffn"], ALL_OPS["lm_head_gemv"]

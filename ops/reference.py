@@ -1,0 +1,79 @@
+"""Plain-PyTorch references for the npu2 ops: the same math as HuggingFace's Llama modules.
+
+RMSNorm normalizes in fp32, casts to the input dtype, then multiplies by the weight; projections are
+bf16 ``F.linear``; RoPE is half-split (``rotate_half``) with a LUT row per position
+``[cos_0 .. cos_{d/2-1}, sin_0 .. sin_{d/2-1}]``; attention is causal GQA with an fp32 softmax;
+the MLP is SwiGLU. Used by tests and by per-layer comparisons, never on the NPU path.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def rope_half_split(x: torch.Tensor, lut: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Rotate every head of ``x`` (rows, heads*head_dim) by the per-row LUT (rows, head_dim)."""
+    rows = x.shape[:-1]
+    half = head_dim // 2
+    xh = x.reshape(*rows, -1, head_dim)
+    cos = lut[..., :half].unsqueeze(-2)
+    sin = lut[..., half:].unsqueeze(-2)
+    cos, sin = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
+    rotated = torch.cat((-xh[..., half:], xh[..., :half]), -1)
+    return (xh * cos + rotated * sin).reshape(x.shape)
+
+
+def rope_lut(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """LUT rows from HF's rotary embedding outputs (..., head_dim), whose halves repeat."""
+    half = cos.shape[-1] // 2
+    return torch.cat((cos[..., :half], sin[..., :half]), -1)
+
+
+def gqa_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Seq-first causal GQA: q (S, H*D), k/v (S, Hkv*D) → (S, H*D); fp32 softmax, bf16 matmuls like HF eager."""
+    seq = q.shape[0]
+    qh = q.reshape(seq, -1, head_dim).transpose(0, 1)
+    kh = k.reshape(seq, -1, head_dim).transpose(0, 1)
+    vh = v.reshape(seq, -1, head_dim).transpose(0, 1)
+    group = qh.shape[0] // kh.shape[0]
+    kh, vh = kh.repeat_interleave(group, 0), vh.repeat_interleave(group, 0)
+    scores = torch.matmul(qh, kh.transpose(1, 2)) * (1.0 / math.sqrt(head_dim))
+    causal = torch.ones(seq, seq, dtype=torch.bool).tril()
+    scores = scores.masked_fill(~causal, float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(probs, vh).transpose(0, 1).reshape(seq, -1)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up
+
+
+def rms_gemms_rope(x, norm_w, wq, wk, wv, rope_lut, eps):
+    """Reference of npu2.rms_gemms_rope / rms_gemv_rope: returns (v, q_roped, k_roped)."""
+    head_dim = rope_lut.shape[-1]
+    normed = rms_norm(x, norm_w, eps)
+    q, k, v = F.linear(normed, wq), F.linear(normed, wk), F.linear(normed, wv)
+    return v, rope_half_split(q, rope_lut, head_dim), rope_half_split(k, rope_lut, head_dim)
+
+
+def o_ffn(attn, wo, x, norm_w, w_gate, w_up, w_down, eps):
+    """Reference of npu2.o_ffn / o_gemv_ffn: the rest of a decoder layer after attention."""
+    res1 = x + F.linear(attn, wo)
+    normed = rms_norm(res1, norm_w, eps)
+    return res1 + F.linear(silu_mul(F.linear(normed, w_gate), F.linear(normed, w_up)), w_down)
+
+
+def flash_attn(q, k, v, head_dim):
+    return gqa_causal_attention(q, k, v, head_dim)
+
+
+def lm_head_gemv(x, w_lm):
+    return F.linear(x, w_lm)

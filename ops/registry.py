@@ -1,0 +1,107 @@
+"""Registers Programs as torch.library custom ops in the ``npu2`` namespace.
+
+A fused op's schema, argument checks and fake kernel all come from its Program: the tensor arguments
+are the Program's weights and inputs in ELF order, the outputs its output arguments. Ops are defined
+with the low-level ``torch.library.Library`` route (cheaper per call than ``custom_op``), are functional
+(outputs are fresh BO-backed tensors, never aliases of inputs) and inference-only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Callable
+
+import torch
+
+from ..kernels.program import Program
+from ..runtime import TORCH_DTYPES, get_runtime
+
+NAMESPACE = "npu2"
+_LIB = torch.library.Library(NAMESPACE, "DEF")
+
+
+@dataclass(frozen=True)
+class FusedOp:
+    """How an op's tensors map to a Program.
+
+    ``program_for(shapes, *scalars)`` builds the Program from the tensor arguments' shapes (in ELF order)
+    and the scalar arguments; ``example`` is a Program of this op at small dims, which fixes argument
+    names, ranks and outputs for the schema.
+    """
+
+    name: str
+    scalars: tuple[tuple[str, str], ...]  # (name, schema type)
+    program_for: Callable[..., Program]
+    example: Program
+
+    @property
+    def qualname(self) -> str:
+        return f"{NAMESPACE}.{self.name}"
+
+    def schema(self) -> str:
+        params = [f"Tensor {a.name}" for a in self.example.host_args] + [f"{t} {n}" for n, t in self.scalars]
+        outs = ", ".join("Tensor" for _ in self.example.outputs)
+        return f"{self.name}({', '.join(params)}) -> {'Tensor' if len(self.example.outputs) == 1 else f'({outs})'}"
+
+
+def _fail(op: FusedOp, arg: str, expected: str, given) -> ValueError:
+    return ValueError(f"{op.qualname}: argument '{arg}' expected {expected}, got {given}")
+
+
+def _check_tensors(op: FusedOp, tensors, real: bool) -> None:
+    for arg, t in zip(op.example.host_args, tensors):
+        if not isinstance(t, torch.Tensor):
+            raise _fail(op, arg.name, "a torch.Tensor", type(t).__name__)
+        want = TORCH_DTYPES[arg.dtype]
+        if t.dtype != want:
+            raise _fail(op, arg.name, f"dtype {want}", t.dtype)
+        if t.dim() != len(arg.shape):
+            raise _fail(op, arg.name, f"a {len(arg.shape)}-D tensor", f"shape {tuple(t.shape)}")
+        if real and t.device.type != "cpu":
+            raise _fail(op, arg.name, "a CPU tensor (NPU buffers are host-mapped)", f"device {t.device}")
+        if real and not t.is_contiguous():
+            raise _fail(op, arg.name, "a contiguous tensor", f"strides {t.stride()}")
+
+
+@lru_cache(maxsize=512)
+def _program(op: FusedOp, shapes: tuple, scalars: tuple) -> Program:
+    try:
+        program = op.program_for(shapes, *scalars)
+    except ValueError as exc:
+        raise ValueError(f"{op.qualname}: inconsistent arguments: {exc}") from None
+    for arg, shape in zip(program.host_args, shapes):
+        if shape != arg.shape:
+            raise _fail(op, arg.name, f"shape {arg.shape}", f"shape {shape}")
+    return program
+
+
+def program_of(op: FusedOp, tensors, scalars, real: bool = True) -> Program:
+    """The Program for these arguments, after checking them (``ValueError`` naming op and argument)."""
+    _check_tensors(op, tensors, real)
+    # NPU kernels are compiled per static shape, so symbolic sizes (torch.compile) are specialized here.
+    return _program(op, tuple(tuple(int(d) for d in t.shape) for t in tensors), tuple(scalars))
+
+
+def register(op: FusedOp):
+    """Defines ``torch.ops.npu2.<name>`` with its NPU implementation and fake; returns the overload."""
+    count = len(op.example.host_args)
+    single = len(op.example.outputs) == 1
+
+    def npu_impl(*args):
+        tensors, scalars = args[:count], args[count:]
+        program = program_of(op, tensors, scalars)
+        outputs = get_runtime().run(program, tensors)
+        return outputs[0] if single else outputs
+
+    def fake_impl(*args):
+        tensors, scalars = args[:count], args[count:]
+        program = program_of(op, tensors, scalars, real=False)
+        like = tensors[0]
+        outputs = tuple(like.new_empty(a.shape, dtype=TORCH_DTYPES[a.dtype]) for a in program.outputs)
+        return outputs[0] if single else outputs
+
+    _LIB.define(op.schema())
+    # CompositeExplicitAutograd: every device reaches npu_impl, which names a wrong device clearly.
+    _LIB.impl(op.name, npu_impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"{NAMESPACE}::{op.name}", fake_impl, lib=_LIB)
+    return getattr(getattr(torch.ops, NAMESPACE), op.name).default

@@ -1,0 +1,31 @@
+from setuptools import setup
+
+# ops/, kernels/ and patch_llama/ sit at the top of the repository (the design card's layout) but
+# install as subpackages, so `torch_npu2` is the only top-level import name.
+PACKAGE_DIRS = {
+    "torch_npu2": "torch_npu2",
+    "torch_npu2.emulator": "torch_npu2/emulator",
+    "torch_npu2.ops": "ops",
+    "torch_npu2.kernels": "kernels",
+    "torch_npu2.kernels.builders": "kernels/builders",
+    "torch_npu2.patch_llama": "patch_llama",
+}
+
+setup(
+    name="torch_npu2",
+    version="0.1.0",
+    description="Run HuggingFace Llama models on the AMD Ryzen AI NPU (XDNA2) through fused torch.library ops",
+    long_description=open("README.md").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=list(PACKAGE_DIRS),
+    package_dir=PACKAGE_DIRS,
+    package_data={"torch_npu2.kernels": ["aie2p/*.cc", "aie2p/*.h"]},
+    install_requires=["torch>=2.5", "transformers>=5.0", "numpy", "tqdm"],
+    extras_require={
+        "plot": ["matplotlib"],
+        "gguf": ["gguf", "accelerate"],
+        "test": ["pytest", "ml_dtypes", "safetensors", "gguf", "accelerate", "matplotlib"],
+    },
+    entry_points={"console_scripts": ["torch-npu2=torch_npu2.cli:main"]},
+)

@@ -1,0 +1,184 @@
+"""An emulated NPU2 behind the part of pyxrt's interface that torch_npu2's runtime uses.
+
+``EmulatedXrt()`` is used in place of the ``pyxrt`` module: ``device``, ``elf``, ``hw_context``,
+``ext.kernel``, ``ext.bo`` (``map``/``sync``/``size``), ``run`` (``set_arg``/``start``/``wait2``/``state``),
+``ert_cmd_state`` and ``xclBOSyncDirection``. The "ELF" it loads is the emulator artifact (a JSON
+Program); a run interprets the Program launch by launch (see ``launches.py``).
+
+Coherency: ``strict`` keeps separate host and device copies of every BO and moves bytes only on
+``sync`` (a forgotten sync reads stale data, as on silicon); ``fast`` shares one buffer.
+"""
+from __future__ import annotations
+
+import enum
+import json
+from collections import Counter
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from ..kernels.program import Program
+from .launches import LAUNCH_KINDS
+
+ARTIFACT_FORMAT = "torch_npu2-emulator-program"
+
+
+class xclBOSyncDirection(enum.Enum):
+    XCL_BO_SYNC_BO_TO_DEVICE = 0
+    XCL_BO_SYNC_BO_FROM_DEVICE = 1
+
+
+class ert_cmd_state(enum.Enum):
+    ERT_CMD_STATE_NEW = 1
+    ERT_CMD_STATE_QUEUED = 2
+    ERT_CMD_STATE_COMPLETED = 4
+    ERT_CMD_STATE_ERROR = 5
+    ERT_CMD_STATE_ABORT = 6
+    ERT_CMD_STATE_TIMEOUT = 10
+
+
+class _Device:
+    def __init__(self, emu: "EmulatedXrt", index: int = 0):
+        if index != 0:
+            raise RuntimeError(f"emulated NPU2: no device at index {index} (only device 0 exists)")
+        self.emu = emu
+
+
+class _Elf:
+    def __init__(self, path):
+        with open(path) as f:
+            data = json.load(f)
+        if data.get("format") != ARTIFACT_FORMAT:
+            raise RuntimeError(f"emulated NPU2: {path} is not an emulator artifact")
+        self.program = Program.from_json(data["program"])
+
+
+class _HwContext:
+    def __init__(self, device: _Device, elf: _Elf):
+        self.device, self.elf = device, elf
+
+
+class _Kernel:
+    def __init__(self, ctx: _HwContext, name: str):
+        expected = f"main:{ctx.elf.program.name}"
+        if name != expected:
+            raise RuntimeError(f"emulated NPU2: no kernel {name!r} in this ELF (it has {expected!r})")
+        self.ctx, self.program = ctx, ctx.elf.program
+
+
+class _Bo:
+    def __init__(self, device: _Device, nbytes: int):
+        if nbytes <= 0:
+            raise RuntimeError(f"emulated NPU2: BO size must be positive, got {nbytes}")
+        self.emu = device.emu
+        self._host = np.zeros(nbytes, np.uint8)
+        self._device = np.zeros(nbytes, np.uint8) if self.emu.coherency == "strict" else self._host
+        self.device_bf16 = torch.frombuffer(self._device, dtype=torch.bfloat16) if nbytes % 2 == 0 else None
+        self.role = None
+        self.emu.counters["bos"] += 1
+
+    def size(self) -> int:
+        return self._host.nbytes
+
+    def map(self) -> memoryview:
+        return memoryview(self._host)
+
+    def sync(self, direction, size: int | None = None, offset: int = 0):
+        n = self._host.nbytes - offset if size is None else size
+        c, role = self.emu.counters, self.role or "unbound"
+        if direction is xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE:
+            if self._device is not self._host:
+                self._device[offset:offset + n] = self._host[offset:offset + n]
+            way = "to_device"
+        elif direction is xclBOSyncDirection.XCL_BO_SYNC_BO_FROM_DEVICE:
+            if self._device is not self._host:
+                self._host[offset:offset + n] = self._device[offset:offset + n]
+            way = "from_device"
+        else:
+            raise RuntimeError(f"emulated NPU2: unknown sync direction {direction!r}")
+        c[f"syncs_{way}"] += 1
+        c[f"bytes_{way}"] += n
+        c[f"syncs_{way}:{role}"] += 1
+        c[f"bytes_{way}:{role}"] += n
+
+
+class _Run:
+    def __init__(self, kernel: _Kernel):
+        self.kernel, self.program = kernel, kernel.program
+        self.emu = kernel.ctx.device.emu
+        self.bos: list[_Bo | None] = [None] * len(self.program.args)
+        self._state = ert_cmd_state.ERT_CMD_STATE_NEW
+
+    def set_arg(self, index: int, bo: _Bo):
+        if not 0 <= index < len(self.bos):
+            raise RuntimeError(f"emulated NPU2: {self.program.name} has no argument {index}")
+        self.bos[index] = bo
+        bo.role = self.program.args[index].role.value
+
+    def start(self):
+        self.emu.counters["runs"] += 1
+        self.emu.counters[f"runs:{self.program.name}"] += 1
+        injected = self.emu.injected_states.pop(0) if self.emu.injected_states else None
+        if injected is not None:
+            self._state = injected
+        elif not self._arguments_fit():
+            self._state = ert_cmd_state.ERT_CMD_STATE_ERROR
+        else:
+            if self.emu.compute:
+                self._execute()
+            self._state = ert_cmd_state.ERT_CMD_STATE_COMPLETED
+
+    def _arguments_fit(self) -> bool:
+        for arg, bo in zip(self.program.args, self.bos):
+            if bo is None or bo.size() < arg.nbytes:
+                return False
+        return True
+
+    def _execute(self):
+        views = {
+            arg.name: bo.device_bf16[: arg.numel] for arg, bo in zip(self.program.args, self.bos)
+        }
+        for launch in self.program.launches:
+            result = LAUNCH_KINDS[launch.kind](launch.p, *(views[n] for n in launch.reads))
+            views[launch.writes[0]].copy_(result.reshape(-1))
+
+    def wait2(self, timeout_ms: int = 0):
+        return self._state
+
+    def state(self):
+        return self._state
+
+
+class EmulatedXrt:
+    """A pyxrt-shaped module object for one emulated NPU2.
+
+    ``compute=False`` skips the launches' arithmetic (everything else stays real) so that benchmarks
+    can measure the host-side cost alone. ``injected_states`` lets tests make the next runs finish in
+    a given ``ert_cmd_state``.
+    """
+
+    def __init__(self, coherency: str = "fast", compute: bool = True):
+        if coherency not in ("strict", "fast"):
+            raise ValueError(f"EmulatedXrt: coherency must be 'strict' or 'fast', got {coherency!r}")
+        self.coherency, self.compute = coherency, compute
+        self.counters: Counter = Counter()
+        self.injected_states: list[ert_cmd_state] = []
+        self.xclBOSyncDirection, self.ert_cmd_state = xclBOSyncDirection, ert_cmd_state
+        self.elf, self.run = _Elf, _Run
+        self.ext = SimpleNamespace(kernel=_Kernel, bo=lambda device, nbytes: _Bo(device, nbytes))
+
+    def device(self, index: int = 0) -> _Device:
+        return _Device(self, index)
+
+    def hw_context(self, device: _Device, elf: _Elf) -> _HwContext:
+        return _HwContext(device, elf)
+
+
+def write_artifact(program: Program, path, mlir: str | None = None) -> None:
+    """The emulator's "ELF": the Program it interprets, plus its MLIR when available, for inspection."""
+    with open(path, "w") as f:
+        json.dump({"format": ARTIFACT_FORMAT, "program": program.to_json(), "mlir": mlir}, f)
+
+
+__all__ = ["EmulatedXrt", "write_artifact", "ARTIFACT_FORMAT"]

@@ -1,0 +1,261 @@
+"""How bytes move: loaded contexts, BO-backed tensors, the output allocator and the coherency discipline.
+
+The runtime talks to a pyxrt-shaped driver only (real ``pyxrt`` or ``EmulatedXrt``) and knows Programs,
+never models. A BO-backed tensor is an ordinary CPU tensor whose storage is a BO's host mapping; a
+registry maps that storage back to its BO, so a tensor handed to ``run`` is bound as its BO with no copy.
+
+Coherency has one owner, ``Runtime.run``: weights are synced to the device once (``refresh`` after writing
+one in place); an input is synced unless the device already holds its current version (an earlier op's
+output that the host has not modified since); outputs are synced back after every run.
+"""
+from __future__ import annotations
+
+import weakref
+from collections import Counter, defaultdict
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .artifact_cache import ArtifactCache, default_cache_root
+from .backend import resolve_backend
+from .kernels.program import Program, Role
+
+TORCH_DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
+# XRT allocates BOs in whole pages; rounding pool sizes up lets nearby sizes share buffers.
+PAGE = 4096
+
+
+class NPURunError(RuntimeError):
+    """A run finished in a state other than COMPLETED."""
+
+
+@dataclass(eq=False)
+class _Buffer:
+    bo: object
+    mapping: np.ndarray  # uint8 view of bo.map(), taken once per BO
+    device_version: int | None = None  # tensor version the device holds; None: device copy is stale
+
+    def tensor(self, shape, dtype: torch.dtype) -> torch.Tensor:
+        """A tensor over the mapping; ``lease`` is the object whose lifetime is the tensor storage's."""
+        numel = 1
+        for d in shape:
+            numel *= d
+        lease = self.mapping[: numel * dtype.itemsize]
+        return torch.from_numpy(lease).view(dtype).view(shape), lease
+
+
+@dataclass(eq=False)
+class LoadedProgram:
+    program: Program
+    elf: object
+    context: object
+    kernel: object
+    run: object
+    host_indices: tuple[int, ...]
+    output_indices: tuple[int, ...]
+    bound: list = field(default_factory=list)
+    staging: dict = field(default_factory=dict)  # arg index → (buffer, tensor view) for non-BO-backed args
+
+
+class Runtime:
+    def __init__(self, driver, target: str, cache: ArtifactCache):
+        self.xrt, self.target, self.cache = driver, target, cache
+        self.device = driver.device(0)
+        self._sync_to = driver.xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE
+        self._sync_from = driver.xclBOSyncDirection.XCL_BO_SYNC_BO_FROM_DEVICE
+        self._completed = driver.ert_cmd_state.ERT_CMD_STATE_COMPLETED
+        self._loaded: dict[str, LoadedProgram] = {}
+        self._resident: dict[int, _Buffer] = {}  # host address of a BO mapping → its buffer
+        self._pool: dict[int, list[_Buffer]] = defaultdict(list)
+        self.stats: Counter = Counter()
+
+    # -- buffers ---------------------------------------------------------------------------------
+
+    def _new_buffer(self, nbytes: int) -> _Buffer:
+        bo = self.xrt.ext.bo(self.device, nbytes)
+        self.stats["bo_allocs"] += 1
+        self.stats["bo_bytes"] += nbytes
+        return _Buffer(bo, np.frombuffer(bo.map(), np.uint8))
+
+    def empty(self, shape, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        """A BO-backed tensor from the caching pool; its BO returns to the pool when the storage dies."""
+        numel = 1
+        for d in shape:
+            numel *= d
+        size = -(-numel * dtype.itemsize // PAGE) * PAGE
+        free = self._pool[size]
+        if free:
+            buffer = free.pop()
+            self.stats["pool_hits"] += 1
+        else:
+            buffer = self._new_buffer(size)
+            self.stats["pool_misses"] += 1
+        tensor, lease = buffer.tensor(shape, dtype)
+        address = tensor.untyped_storage().data_ptr()
+        self._resident[address] = buffer
+        weakref.finalize(lease, self._return_to_pool, address, size, buffer)
+        return tensor
+
+    def _return_to_pool(self, address: int, size: int, buffer: _Buffer) -> None:
+        self._resident.pop(address, None)
+        buffer.device_version = None
+        self._pool[size].append(buffer)
+
+    def pin(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A BO-backed copy of ``tensor`` (for weights): synced to the device on first use, then never again."""
+        if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu":
+            raise ValueError(f"pin: expected a CPU tensor, got {type(tensor).__name__} on "
+                             f"{getattr(tensor, 'device', None)}")
+        buffer = self._new_buffer(max(tensor.numel() * tensor.element_size(), 1))
+        pinned, lease = buffer.tensor(tuple(tensor.shape), tensor.dtype)
+        pinned.copy_(tensor)
+        address = pinned.untyped_storage().data_ptr()
+        self._resident[address] = buffer
+        weakref.finalize(lease, self._resident.pop, address, None)
+        return pinned
+
+    def is_bo_backed(self, tensor: torch.Tensor) -> bool:
+        return tensor.untyped_storage().data_ptr() in self._resident
+
+    def refresh(self, tensor: torch.Tensor) -> None:
+        """Mark a BO-backed weight written by the host since its last sync, so the next run syncs it."""
+        buffer = self._resident.get(tensor.untyped_storage().data_ptr())
+        if buffer is None:
+            raise ValueError("refresh: the tensor is not BO-backed (pin it or pass it to an op first)")
+        buffer.device_version = None
+
+    # -- programs --------------------------------------------------------------------------------
+
+    def load(self, program: Program) -> LoadedProgram:
+        """One loaded context per artifact per process."""
+        loaded = self._loaded.get(program.key)
+        if loaded is None:
+            path = self.cache.get(program)
+            elf = self.xrt.elf(str(path))
+            context = self.xrt.hw_context(self.device, elf)
+            kernel = self.xrt.ext.kernel(context, f"main:{program.name}")
+            run = self.xrt.run(kernel)
+            loaded = LoadedProgram(
+                program, elf, context, kernel, run,
+                host_indices=program.indices(Role.WEIGHT, Role.INPUT),
+                output_indices=program.indices(Role.OUTPUT),
+                bound=[None] * len(program.args),
+            )
+            for i in program.indices(Role.SCRATCH):
+                self._bind(loaded, i, self._new_buffer(program.args[i].nbytes).bo)
+            self._loaded[program.key] = loaded
+            self.stats["loads"] += 1
+        return loaded
+
+    def _bind(self, loaded: LoadedProgram, index: int, bo) -> None:
+        if loaded.bound[index] is not bo:
+            loaded.run.set_arg(index, bo)
+            loaded.bound[index] = bo
+
+    def _bind_host_arg(self, loaded: LoadedProgram, index: int, tensor: torch.Tensor) -> None:
+        """Bind the BO for a weight or input argument, syncing it as its role requires."""
+        arg = loaded.program.args[index]
+        buffer = self._resident.get(tensor.untyped_storage().data_ptr())
+        if buffer is not None and tensor.storage_offset() == 0:
+            self._bind(loaded, index, buffer.bo)
+            if arg.role is Role.WEIGHT:
+                if buffer.device_version is None:
+                    buffer.bo.sync(self._sync_to)
+                    buffer.device_version = 0
+            elif buffer.device_version != tensor._version:
+                buffer.bo.sync(self._sync_to)
+                buffer.device_version = tensor._version
+            return
+        staged = loaded.staging.get(index)
+        if staged is None:
+            buffer = self._new_buffer(arg.nbytes)
+            staged = loaded.staging[index] = (buffer, buffer.tensor(arg.shape, TORCH_DTYPES[arg.dtype])[0])
+        self._bind(loaded, index, staged[0].bo)
+        staged[1].copy_(tensor)
+        staged[0].bo.sync(self._sync_to)
+        self.stats["host_copies"] += 1
+        self.stats["host_copy_bytes"] += arg.nbytes
+
+    def run(self, program: Program, tensors) -> tuple[torch.Tensor, ...]:
+        """Run ``program`` on ``tensors`` (its weights and inputs, in ELF order); returns its outputs."""
+        loaded = self.load(program)
+        args = program.args
+        for index, tensor in zip(loaded.host_indices, tensors):
+            self._bind_host_arg(loaded, index, tensor)
+        outputs = []
+        for index in loaded.output_indices:
+            out = self.empty(args[index].shape, TORCH_DTYPES[args[index].dtype])
+            outputs.append(out)
+            self._bind(loaded, index, self._resident[out.untyped_storage().data_ptr()].bo)
+        loaded.run.start()
+        state = loaded.run.wait2()
+        if state != self._completed:
+            raise NPURunError(f"NPU run of {program.name} finished in state {state} (expected "
+                              f"{self._completed}); its outputs are not valid")
+        for out in outputs:
+            buffer = self._resident[out.untyped_storage().data_ptr()]
+            buffer.bo.sync(self._sync_from)
+            buffer.device_version = out._version
+        self.stats["runs"] += 1
+        return tuple(outputs)
+
+    def close(self) -> None:
+        """Release driver objects in reverse order of creation (BOs, runs, kernels, contexts, ELFs)."""
+        self._pool.clear()
+        for loaded in reversed(list(self._loaded.values())):
+            loaded.staging.clear()
+            loaded.bound.clear()
+        self._loaded.clear()
+
+
+def _emulator_builder(program: Program, directory):
+    from .emulator import write_artifact
+
+    path = directory / f"{program.name}.json"
+    write_artifact(program, path)
+    return path
+
+
+EMULATOR_TOOLCHAIN = "torch_npu2-emulator-1"
+
+
+def create_runtime(backend: str | None = None, driver=None, cache_root=None) -> Runtime:
+    """A runtime for ``backend`` (see backend.py), or over an explicit pyxrt-shaped ``driver``."""
+    if driver is None:
+        target, driver = resolve_backend(backend)
+    else:
+        target = "npu2" if backend == "npu" else "emulator"
+    root = cache_root or default_cache_root()
+    if target == "emulator":
+        cache = ArtifactCache(root, target, EMULATOR_TOOLCHAIN, _emulator_builder)
+    else:
+        from .kernels import compile as pipeline
+
+        cache = ArtifactCache(root, target, pipeline.toolchain_fingerprint(), pipeline.compile_program)
+    return Runtime(driver, target, cache)
+
+
+_current: Runtime | None = None
+
+
+def get_runtime() -> Runtime:
+    global _current
+    if _current is None:
+        _current = create_runtime()
+    return _current
+
+
+@contextmanager
+def use_runtime(runtime: Runtime):
+    """Make ``runtime`` the one ops run on, inside the ``with`` block (tests, benchmarks)."""
+    global _current
+    previous, _current = _current, runtime
+    try:
+        yield runtime
+    finally:
+        _current = previous
+
+
+__all__ = ["Runtime", "NPURunError", "create_runtime", "get_runtime", "use_runtime"]
