@@ -162,10 +162,10 @@ class Runtime:
             self._bind(loaded, index, buffer.bo)
             if arg.role is Role.WEIGHT:
                 if buffer.device_version is None:
-                    buffer.bo.sync(self._sync_to)
+                    buffer.bo.sync(self._sync_to, arg.nbytes, 0)
                     buffer.device_version = 0
             elif buffer.device_version != tensor._version:
-                buffer.bo.sync(self._sync_to)
+                buffer.bo.sync(self._sync_to, arg.nbytes, 0)
                 buffer.device_version = tensor._version
             return
         staged = loaded.staging.get(index)
@@ -174,7 +174,7 @@ class Runtime:
             staged = loaded.staging[index] = (buffer, buffer.tensor(arg.shape, TORCH_DTYPES[arg.dtype])[0])
         self._bind(loaded, index, staged[0].bo)
         staged[1].copy_(tensor)
-        staged[0].bo.sync(self._sync_to)
+        staged[0].bo.sync(self._sync_to, arg.nbytes, 0)
         self.stats["host_copies"] += 1
         self.stats["host_copy_bytes"] += arg.nbytes
 
@@ -194,9 +194,9 @@ class Runtime:
         if state != self._completed:
             raise NPURunError(f"NPU run of {program.name} finished in state {state} (expected "
                               f"{self._completed}); its outputs are not valid")
-        for out in outputs:
+        for index, out in zip(loaded.output_indices, outputs):
             buffer = self._resident[out.untyped_storage().data_ptr()]
-            buffer.bo.sync(self._sync_from)
+            buffer.bo.sync(self._sync_from, args[index].nbytes, 0)
             buffer.device_version = out._version
         self.stats["runs"] += 1
         return tuple(outputs)

@@ -1,0 +1,63 @@
+"""Programs are the single declaration: roles, index sets, validation and content keys."""
+import pytest
+
+from torch_npu2.kernels import Arg, Launch, ModelDims, Program, Role, programs_for_model
+from torch_npu2.kernels.programs import lm_head_gemv, lm_head_partitions, o_ffn, rms_gemms_rope
+
+SMOL = ModelDims(576, 9, 3, 64, 1536, 49152, 1e-5)
+
+
+def test_rms_gemms_rope_abi_and_index_sets():
+    p = rms_gemms_rope(576, 9, 3, 64, 1e-5, 32)
+    assert [a.name for a in p.args] == ["x", "norm_w", "normed", "wq", "wk", "wv", "rope_lut", "q", "k", "v",
+                                        "q_roped", "k_roped"]
+    assert p.indices(Role.WEIGHT) == (1, 3, 4, 5)
+    assert p.indices(Role.INPUT) == (0, 6)
+    assert [a.name for a in p.outputs] == ["v", "q_roped", "k_roped"]
+    assert p.arg("wq").shape == (576, 576) and p.arg("wk").shape == (192, 576)
+    assert [l.kind for l in p.launches] == ["rmsnorm", "gemm", "gemm", "gemm", "rope", "rope"]
+
+
+def test_prefill_and_decode_share_weight_layouts():
+    d = SMOL
+    for prefill, decode in [(0, 3), (2, 4)]:
+        progs = programs_for_model(d, [64])
+        weights_p = {a.name: a.shape for a in progs[prefill].args if a.role is Role.WEIGHT}
+        weights_d = {a.name: a.shape for a in progs[decode].args if a.role is Role.WEIGHT}
+        assert weights_p == weights_d  # one buffer per weight serves both
+
+
+def test_json_round_trip_and_stable_key():
+    p = o_ffn(576, 576, 1536, 1e-5, 16)
+    q = Program.from_json(p.to_json())
+    assert q == p and q.key == p.key
+    assert o_ffn(576, 576, 1536, 1e-5, 32).key != p.key
+
+
+def test_programs_for_model_covers_buckets():
+    names = [p.name for p in programs_for_model(SMOL, [16, 32])]
+    assert names == ["rms_gemms_rope", "flash_attn", "o_ffn"] * 2 + ["rms_gemv_rope", "o_gemv_ffn", "lm_head_gemv"]
+
+
+def test_lm_head_partitions():
+    assert lm_head_partitions(128256) == 8 and lm_head_partitions(49152) == 8 and lm_head_partitions(1002) == 2
+    assert lm_head_gemv(576, 49152).launches[0].p["partitions"] == 8
+
+
+@pytest.mark.parametrize("launches,message", [
+    ((Launch("add", (), ("a", "s"), ("o",)),), "reads 's' before any launch writes it"),
+    ((Launch("add", (), ("a",), ("a",)),), "writes input 'a'"),
+    ((Launch("add", (), ("a", "zz"), ("o",)),), "unknown argument 'zz'"),
+    ((Launch("add", (), ("a",), ("s",)),), "output 'o' is never written"),
+])
+def test_invalid_programs_are_rejected(launches, message):
+    args = (Arg("a", (4,), "bf16", Role.INPUT), Arg("s", (4,), "bf16", Role.SCRATCH), Arg("o", (4,), "bf16", Role.OUTPUT))
+    with pytest.raises(ValueError, match=message):
+        Program("bad", args, launches)
+
+
+def test_model_dims_validation():
+    with pytest.raises(ValueError, match=r"heads \(9\) must be a multiple of kv_heads \(2\)"):
+        ModelDims(576, 9, 2, 64, 1536, 49152, 1e-5)
+    with pytest.raises(ValueError, match="ModelDims.vocab must be a positive int"):
+        ModelDims(576, 9, 3, 64, 1536, 0, 1e-5)

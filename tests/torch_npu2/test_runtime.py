@@ -1,0 +1,134 @@
+"""Runtime behaviour seen through the emulated driver's counters: syncs, hand-over, coherency, run states."""
+import pytest
+import torch
+
+import torch_npu2
+from torch_npu2 import NPURunError, create_runtime
+from torch_npu2.backend import BackendUnavailable, resolve_backend
+from torch_npu2.emulator import EmulatedXrt
+from torch_npu2.ops import ALL_OPS, reference
+
+from ..ops.helpers import EPS, attn_args, qkv_args
+
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM, SEQ = 96, 6, 2, 16, 7
+
+
+def pinned_qkv(runtime, seq=SEQ):
+    x, norm_w, wq, wk, wv, lut = qkv_args(HIDDEN, HEADS, KV_HEADS, HEAD_DIM, seq, gen=torch.Generator().manual_seed(1))
+    return [x, *(runtime.pin(w) for w in (norm_w, wq, wk, wv)), lut]
+
+
+def test_weights_sync_exactly_once_across_calls(runtime):
+    args = pinned_qkv(runtime)
+    weight_bytes = sum(t.numel() * 2 for t in args[1:5])
+    for _ in range(3):
+        torch.ops.npu2.rms_gemms_rope(*args, EPS)
+    c = runtime.xrt.counters
+    assert c["runs"] == 3
+    assert c["syncs_to_device:weight"] == 4
+    assert c["bytes_to_device:weight"] == weight_bytes
+    assert c["syncs_to_device:input"] == 2 * 3  # x and the RoPE LUT, every call
+    assert c["syncs_from_device:weight"] == 0 and c["syncs_to_device:scratch"] == 0
+    assert runtime.stats["host_copy_bytes"] == 3 * (args[0].numel() + args[5].numel()) * 2
+
+
+def test_output_handed_to_next_op_moves_no_bytes_through_host(runtime):
+    v, q, k = torch.ops.npu2.rms_gemms_rope(*pinned_qkv(runtime), EPS)
+    before_to_device = runtime.xrt.counters["bytes_to_device"]
+    before_copies = runtime.stats["host_copies"]
+    out = torch.ops.npu2.flash_attn(q, k, v, HEAD_DIM)
+    assert runtime.xrt.counters["bytes_to_device"] == before_to_device
+    assert runtime.stats["host_copies"] == before_copies
+    torch.testing.assert_close(out, reference.flash_attn(q, k, v, HEAD_DIM), atol=2e-2, rtol=2e-2)
+
+
+def test_host_write_to_an_output_is_synced_before_reuse(runtime):
+    v, q, k = torch.ops.npu2.rms_gemms_rope(*pinned_qkv(runtime), EPS)
+    q.mul_(0.5)  # the host changes an op output: the runtime must flush it before the next run
+    before = runtime.xrt.counters["bytes_to_device"]
+    out = torch.ops.npu2.flash_attn(q, k, v, HEAD_DIM)
+    assert runtime.xrt.counters["bytes_to_device"] - before == q.numel() * 2
+    torch.testing.assert_close(out, reference.flash_attn(q, k, v, HEAD_DIM), atol=2e-2, rtol=2e-2)
+
+
+def test_strict_emulator_catches_a_missing_sync(runtime):
+    args = pinned_qkv(runtime)
+    first = torch.ops.npu2.rms_gemms_rope(*args, EPS)[0].clone()
+    args[4].mul_(2.0)  # wv written in place after it reached the device, without refresh()
+    stale = torch.ops.npu2.rms_gemms_rope(*args, EPS)[0]
+    assert torch.equal(stale, first), "strict coherency must serve the device's stale copy"
+    runtime.refresh(args[4])
+    fresh = torch.ops.npu2.rms_gemms_rope(*args, EPS)[0]
+    torch.testing.assert_close(fresh, reference.rms_gemms_rope(*args, EPS)[0], atol=3e-2, rtol=2e-2)
+    assert not torch.equal(fresh, first)
+
+
+def test_driver_level_missing_sync_reads_stale_data_only_in_strict_mode():
+    for coherency, expect_stale in (("strict", True), ("fast", False)):
+        xrt = EmulatedXrt(coherency=coherency)
+        bo = xrt.ext.bo(xrt.device(0), 64)
+        bo.map()[:] = b"\x01" * 64
+        assert bool(bo.device_bf16.view(torch.uint8).eq(0).all()) == expect_stale
+        bo.sync(xrt.xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE)
+        assert bool(bo.device_bf16.view(torch.uint8).eq(1).all())
+
+
+@pytest.mark.parametrize("state", ["ERT_CMD_STATE_TIMEOUT", "ERT_CMD_STATE_ERROR", "ERT_CMD_STATE_ABORT"])
+def test_non_completed_run_state_raises_naming_program_and_state(runtime, state):
+    runtime.xrt.injected_states.append(getattr(runtime.xrt.ert_cmd_state, state))
+    with pytest.raises(NPURunError, match=rf"rms_gemms_rope finished in state .*{state}"):
+        torch.ops.npu2.rms_gemms_rope(*pinned_qkv(runtime), EPS)
+
+
+def test_output_buffers_are_reused_only_after_their_tensor_dies(runtime):
+    args = attn_args(HEADS, KV_HEADS, HEAD_DIM, SEQ)
+    kept = torch.ops.npu2.flash_attn(*args, HEAD_DIM)
+    kept_view = kept[1:]
+    del kept
+    other = torch.ops.npu2.flash_attn(*args, HEAD_DIM)
+    assert other.untyped_storage().data_ptr() != kept_view.untyped_storage().data_ptr()
+    address = other.untyped_storage().data_ptr()
+    del other
+    again = torch.ops.npu2.flash_attn(*args, HEAD_DIM)
+    assert again.untyped_storage().data_ptr() == address
+    assert runtime.stats["pool_hits"] == 1
+
+
+def test_one_loaded_context_per_program(runtime):
+    args = attn_args(HEADS, KV_HEADS, HEAD_DIM, SEQ)
+    for _ in range(3):
+        torch.ops.npu2.flash_attn(*args, HEAD_DIM)
+    assert runtime.stats["loads"] == 1 and runtime.cache.builds == 1
+
+
+def test_pin_keeps_values_and_refresh_requires_bo_backing(runtime):
+    t = torch.randn(5, 3).bfloat16()
+    pinned = torch_npu2.pin(t)
+    assert torch.equal(pinned, t) and runtime.is_bo_backed(pinned) and not runtime.is_bo_backed(t)
+    with pytest.raises(ValueError, match="not BO-backed"):
+        runtime.refresh(t)
+
+
+def test_backend_selection(monkeypatch):
+    monkeypatch.setenv("TORCH_NPU2_BACKEND", "emulator")
+    assert resolve_backend()[0] == "emulator"
+    monkeypatch.setenv("TORCH_NPU2_BACKEND", "gpu")
+    with pytest.raises(ValueError, match=r"backend must be one of \('auto', 'npu', 'emulator'\), got 'gpu'"):
+        resolve_backend()
+    monkeypatch.setenv("TORCH_NPU2_BACKEND", "auto")
+    monkeypatch.setitem(__import__("sys").modules, "pyxrt", None)  # pyxrt absent, as on this machine
+    assert resolve_backend()[0] == "emulator"
+    with pytest.raises(BackendUnavailable, match="pyxrt: cannot be imported"):
+        resolve_backend("npu")
+
+
+def test_strict_coherency_from_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCH_NPU2_BACKEND", "emulator")
+    monkeypatch.setenv("TORCH_NPU2_EMULATOR_COHERENCY", "strict")
+    assert create_runtime(cache_root=tmp_path).xrt.coherency == "strict"
+
+
+def test_ops_reach_the_runtime_in_use(runtime):
+    torch.ops.npu2.lm_head_gemv(torch.randn(8).bfloat16(), torch.randn(16, 8).bfloat16())
+    assert runtime.xrt.counters["runs:lm_head_gemv"] == 1
+    assert ALL_OPS["lm_head_gemv"] is torch.ops.npu2.lm_head_gemv.default
