@@ -1,0 +1,4 @@
+"""HF integration: ``patch_llama(model)`` runs a Llama model's decoder layers and LM head through the npu2 ops."""
+from .patch import DEFAULT_BUCKETS, is_patched, patch_llama, unpatch_llama
+
+__all__ = ["patch_llama", "unpatch_llama", "is_patched", "DEFAULT_BUCKETS"]

@@ -247,6 +247,20 @@ def get_runtime() -> Runtime:
     return _current
 
 
+def runtime_for(backend: str = "auto") -> Runtime:
+    """The process-wide runtime, created for ``backend`` if none exists yet; an explicit backend must match it."""
+    global _current
+    if _current is None:
+        _current = create_runtime(None if backend == "auto" else backend)
+    wanted = {"npu": "npu2", "emulator": "emulator"}.get(backend)
+    if backend != "auto" and wanted is None:
+        raise ValueError(f"backend must be one of ('auto', 'npu', 'emulator'), got {backend!r}")
+    if wanted is not None and _current.target != wanted:
+        raise ValueError(f"backend={backend!r} was requested but this process already runs on the "
+                         f"{_current.target} runtime")
+    return _current
+
+
 @contextmanager
 def use_runtime(runtime: Runtime):
     """Make ``runtime`` the one ops run on, inside the ``with`` block (tests, benchmarks)."""
@@ -258,4 +272,4 @@ def use_runtime(runtime: Runtime):
         _current = previous
 
 
-__all__ = ["Runtime", "NPURunError", "create_runtime", "get_runtime", "use_runtime"]
+__all__ = ["Runtime", "NPURunError", "create_runtime", "get_runtime", "runtime_for", "use_runtime"]

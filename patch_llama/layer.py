@@ -1,0 +1,190 @@
+"""The patched forwards: a Llama decoder layer and the LM head through the npu2 ops.
+
+Prefill (more than one new token) runs rms_gemms_rope → flash_attn → o_ffn on each sequence's real
+tokens, padded at the end to a compiled bucket length; decode (one new token) runs rms_gemv_rope →
+attention over HF's KV cache on the host → o_gemv_ffn. HF's Cache object stays the single source of
+truth for K/V, so every generate() feature that relies on it keeps working.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..ops import flash_attn, lm_head_gemv, o_ffn, o_gemv_ffn, reference, rms_gemms_rope, rms_gemv_rope
+
+
+@dataclass
+class SharedState:
+    """Per-model state the layers share: prefill buckets and one-entry memos reused by every layer of a forward."""
+
+    buckets: tuple[int, ...]
+    lut_memo: tuple = (None, None)   # (cos tensor, its RoPE LUT); holding cos keeps its id unique
+    mask_memo: tuple = (None, None)  # (mask tensor, per-row first real token or None)
+
+    def bucket(self, rows: int) -> int:
+        return self.buckets[bisect.bisect_left(self.buckets, rows)]
+
+    def chunks(self, rows: int) -> list[tuple[int, int, int]]:
+        """(start, stop, padded length) pieces covering ``rows``; long prompts split at the largest bucket."""
+        largest, out, start = self.buckets[-1], [], 0
+        while start < rows:
+            stop = min(rows, start + largest)
+            out.append((start, stop, self.bucket(stop - start)))
+            start = stop
+        return out
+
+    def rope_lut(self, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.lut_memo[0] is not cos:
+            self.lut_memo = (cos, reference.rope_lut(cos, sin).contiguous())
+        return self.lut_memo[1]
+
+    def first_real_tokens(self, mask, batch: int, seq: int):
+        """Per row, the index of its first real (non-left-pad) token, when ``mask`` is causal plus left padding.
+
+        Returns None for any other mask (the layer then attends on the host with HF's mask as given).
+        """
+        if mask is None:
+            return [0] * batch
+        if self.mask_memo[0] is not mask:
+            self.mask_memo = (mask, _left_padding_starts(mask, seq))
+        return self.mask_memo[1]
+
+
+def _left_padding_starts(mask: torch.Tensor, seq: int):
+    if mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[-2] != seq or mask.shape[-1] < seq:
+        return None
+    allowed = mask[:, 0] if mask.dtype == torch.bool else mask[:, 0] == 0
+    if allowed[..., seq:].any():  # a static cache's unused tail must be masked out
+        return None
+    allowed = allowed[..., :seq]
+    valid_keys = allowed[:, -1, :]
+    starts = []
+    for row, keys in zip(allowed, valid_keys):
+        start = int(keys.float().argmax()) if keys.any() else seq
+        expected = torch.ones(seq, seq, dtype=torch.bool).tril()
+        expected[:, :start] = False
+        if not torch.equal(row[start:], expected[start:]):
+            return None
+        starts.append(start)
+    return starts
+
+
+def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    if x.shape[0] == rows:
+        return x.contiguous()
+    out = x.new_zeros(rows, *x.shape[1:])
+    out[: x.shape[0]] = x
+    return out
+
+
+def _host_attention(q, k, v, mask, scale):
+    """Attention on the host over HF's cache (decode, or prefill that continues a cached context)."""
+    if mask is None:
+        causal = q.shape[2] > 1
+        if causal and q.shape[2] != k.shape[2]:
+            raise RuntimeError("torch_npu2: a causal mask is needed when queries continue a cached context")
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=True)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+
+
+class NpuDecoderLayer:
+    """Callable that replaces one ``LlamaDecoderLayer.forward`` (bound per instance)."""
+
+    def __init__(self, layer, shared: SharedState):
+        attn, mlp = layer.self_attn, layer.mlp
+        self.layer_idx = attn.layer_idx
+        self.head_dim = attn.head_dim
+        self.scale = attn.scaling
+        self.heads = attn.q_proj.weight.shape[0] // self.head_dim
+        self.kv_heads = attn.k_proj.weight.shape[0] // self.head_dim
+        self.eps_attn = float(layer.input_layernorm.variance_epsilon)
+        self.eps_mlp = float(layer.post_attention_layernorm.variance_epsilon)
+        self.qkv_weights = (layer.input_layernorm.weight, attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
+        self.ffn_weights = (attn.o_proj.weight, layer.post_attention_layernorm.weight, mlp.gate_proj.weight,
+                            mlp.up_proj.weight, mlp.down_proj.weight)
+        self.shared = shared
+
+    def __call__(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
+                 use_cache=False, position_embeddings=None, **kwargs):
+        with torch.no_grad():
+            lut = self.shared.rope_lut(*position_embeddings)
+            if hidden_states.shape[1] == 1:
+                return self._decode(hidden_states, lut, attention_mask, past_key_values)
+            return self._prefill(hidden_states, lut, attention_mask, past_key_values)
+
+    def _update_cache(self, cache, k, v):
+        return (k, v) if cache is None else cache.update(k, v, self.layer_idx)
+
+    def _decode(self, hidden, lut, mask, cache):
+        batch = hidden.shape[0]
+        norm_w, wq, wk, wv = self.qkv_weights
+        rows = [rms_gemv_rope(hidden[b, 0], norm_w, wq, wk, wv, lut[b, 0], self.eps_attn) for b in range(batch)]
+        v = torch.stack([r[0] for r in rows]).view(batch, self.kv_heads, 1, self.head_dim)
+        q = torch.stack([r[1] for r in rows]).view(batch, self.heads, 1, self.head_dim)
+        k = torch.stack([r[2] for r in rows]).view(batch, self.kv_heads, 1, self.head_dim)
+        keys, values = self._update_cache(cache, k, v)
+        attn = _host_attention(q, keys, values, mask, self.scale).reshape(batch, -1)
+        wo, norm2_w, w_gate, w_up, w_down = self.ffn_weights
+        out = [o_gemv_ffn(attn[b], wo, hidden[b, 0], norm2_w, w_gate, w_up, w_down, self.eps_mlp)
+               for b in range(batch)]
+        return out[0].view(1, 1, -1) if batch == 1 else torch.stack(out).unsqueeze(1)
+
+    def _prefill(self, hidden, lut, mask, cache):
+        batch, seq, _ = hidden.shape
+        past = cache.get_seq_length(self.layer_idx) if cache is not None else 0
+        starts = self.shared.first_real_tokens(mask, batch, seq) if past == 0 else None
+        # Rows to compute per sequence: its real tokens when the mask is plain causal + left padding.
+        spans = [(s, seq) for s in starts] if starts is not None else [(0, seq)] * batch
+        norm_w, wq, wk, wv = self.qkv_weights
+        qkv = []  # per row: list of (start, stop, padded, v, q_roped, k_roped) chunks
+        k_new = hidden.new_zeros(batch, seq, self.kv_heads * self.head_dim)
+        v_new = torch.zeros_like(k_new)
+        for b, (first, last) in enumerate(spans):
+            pieces = []
+            for start, stop, padded in self.shared.chunks(last - first):
+                lo, hi = first + start, first + stop
+                v, q, k = rms_gemms_rope(_pad_rows(hidden[b, lo:hi], padded), norm_w, wq, wk, wv,
+                                         _pad_rows(lut[b, lo:hi], padded), self.eps_attn)
+                k_new[b, lo:hi], v_new[b, lo:hi] = k[: hi - lo], v[: hi - lo]
+                pieces.append((lo, hi, padded, v, q, k))
+            qkv.append(pieces)
+        to_heads = (lambda t: t.view(batch, seq, -1, self.head_dim).transpose(1, 2))
+        keys, values = self._update_cache(cache, to_heads(k_new), to_heads(v_new))
+        on_npu = starts is not None and all(len(pieces) == 1 for pieces in qkv)
+        if not on_npu:
+            q_all = hidden.new_zeros(batch, seq, self.heads * self.head_dim)
+            for b, pieces in enumerate(qkv):
+                for lo, hi, _, _, q, _ in pieces:
+                    q_all[b, lo:hi] = q[: hi - lo]
+            attn_all = _host_attention(to_heads(q_all), keys, values, mask, self.scale)
+            attn_all = attn_all.transpose(1, 2).reshape(batch, seq, -1)
+        wo, norm2_w, w_gate, w_up, w_down = self.ffn_weights
+        result = None
+        for b, pieces in enumerate(qkv):
+            for lo, hi, padded, v, q, k in pieces:
+                attn = flash_attn(q, k, v, self.head_dim) if on_npu else _pad_rows(attn_all[b, lo:hi], padded)
+                out = o_ffn(attn, wo, _pad_rows(hidden[b, lo:hi], padded), norm2_w, w_gate, w_up, w_down, self.eps_mlp)
+                if batch == 1 and hi - lo == seq == padded:
+                    return out.view(1, seq, -1)  # the op's output is the layer's output: no copy
+                if result is None:
+                    result = hidden.clone()  # left-pad rows pass their input through (HF leaves them unspecified)
+                result[b, lo:hi] = out[: hi - lo]
+        return result
+
+
+class NpuLmHead:
+    """Replaces ``lm_head.forward``: the one-row-per-sequence case (generate's ``logits_to_keep=1``) runs
+    lm_head_gemv; full-sequence logits, when asked for, use the same resident weight on the host."""
+
+    def __init__(self, lm_head):
+        self.weight = lm_head.weight
+
+    def __call__(self, hidden):
+        with torch.no_grad():
+            if hidden.dim() == 3 and hidden.shape[1] == 1:
+                rows = [lm_head_gemv(hidden[b, 0].contiguous(), self.weight) for b in range(hidden.shape[0])]
+                return rows[0].view(1, 1, -1) if len(rows) == 1 else torch.stack(rows).unsqueeze(1)
+            return F.linear(hidden, self.weight)

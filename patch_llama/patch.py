@@ -1,0 +1,120 @@
+"""patch_llama / unpatch_llama: route a HF Llama model's decoder layers and LM head through the npu2 ops."""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from .. import runtime as npu_runtime
+from .layer import NpuDecoderLayer, NpuLmHead, SharedState
+
+DEFAULT_BUCKETS = tuple(2 ** i for i in range(4, 12))  # 16 … 2048
+SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
+STATE_ATTR = "_torch_npu2_patch"
+
+
+@dataclass
+class PatchState:
+    shared: SharedState
+    modules: list = field(default_factory=list)  # (module, attribute name, saved value or None)
+
+
+def _fail(message: str) -> ValueError:
+    return ValueError(f"patch_llama: {message}; the model was not modified")
+
+
+def _validate(model, buckets) -> None:
+    from transformers import LlamaForCausalLM
+
+    if not isinstance(model, LlamaForCausalLM):
+        raise _fail(f"expected a Llama-architecture LlamaForCausalLM (Llama, SmolLM2, TinyLlama), got "
+                    f"{type(model).__name__}")
+    config = model.config
+    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
+        raise _fail("attention or MLP bias is not supported by the fused ops (config.attention_bias/mlp_bias)")
+    rope = getattr(config, "rope_parameters", None) or {}
+    rope_type = rope.get("rope_type", "default")
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise _fail(f"unknown rope type {rope_type!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
+    quant = getattr(config, "quantization_config", None)
+    method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
+    if quant is not None and str(method) != "gguf":  # GGUF checkpoints load dequantized to plain bf16
+        raise _fail(f"quantized models are not supported (quantization method {method!r}); load it in bf16")
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear) and type(module) is not nn.Linear:
+            raise _fail(f"{name} is a {type(module).__name__}, expected a plain nn.Linear (quantized layer?)")
+    for name, param in model.named_parameters():
+        if param.dtype != torch.bfloat16:
+            raise _fail(f"parameter {name} has dtype {param.dtype}, expected torch.bfloat16 "
+                        "(load with dtype=torch.bfloat16 or call model.to(torch.bfloat16))")
+        if param.device.type != "cpu":
+            raise _fail(f"parameter {name} is on {param.device}, expected cpu (the NPU shares host memory)")
+    if not buckets or any(not isinstance(b, int) or b <= 0 for b in buckets):
+        raise _fail(f"prefill_buckets must be positive ints, got {buckets!r}")
+
+
+def _replace_forward(state: PatchState, module, forward) -> None:
+    """Instance-level patch; with accelerate hooks attached, the hook's saved forward is the one replaced."""
+    attr = "_old_forward" if hasattr(module, "_hf_hook") and hasattr(module, "_old_forward") else "forward"
+    state.modules.append((module, attr, module.__dict__.get(attr)))
+    setattr(module, attr, forward)
+
+
+def _npu_weights(model) -> list[nn.Parameter]:
+    """The parameters the npu2 ops read (each once, though tied embeddings appear twice)."""
+    modules = [model.lm_head]
+    for layer in model.model.layers:
+        modules += [layer.input_layernorm, layer.post_attention_layernorm, layer.self_attn, layer.mlp]
+    unique = {}
+    for module in modules:
+        for param in module.parameters():
+            unique.setdefault(id(param), param)
+    return list(unique.values())
+
+
+def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS):
+    """Run ``model`` (a HF ``LlamaForCausalLM``, patched in place and returned) through the npu2 ops.
+
+    ``backend``: "auto" (NPU if present, else emulated), "npu" or "emulator" — the process-wide runtime.
+    ``prefill_buckets``: the sequence lengths prefill kernels are compiled for; prompts pad to the next
+    bucket, and prompts longer than the largest are processed in chunks of it.
+    """
+    if getattr(model, STATE_ATTR, None) is not None:
+        warnings.warn("patch_llama: the model is already patched; leaving it as it is", stacklevel=2)
+        return model
+    buckets = tuple(sorted(set(prefill_buckets)))
+    _validate(model, buckets)
+    runtime = npu_runtime.runtime_for(backend)
+    state = PatchState(SharedState(buckets))
+    for param in _npu_weights(model):
+        param.data = runtime.pin(param.data)
+    for layer in model.model.layers:
+        _replace_forward(state, layer, NpuDecoderLayer(layer, state.shared))
+    _replace_forward(state, model.lm_head, NpuLmHead(model.lm_head))
+    setattr(model, STATE_ATTR, state)
+    return model
+
+
+def unpatch_llama(model):
+    """Restore the original forwards and move the weights back to ordinary memory (bit-identical values)."""
+    state = getattr(model, STATE_ATTR, None)
+    if state is None:
+        raise ValueError("unpatch_llama: the model is not patched")
+    for module, attr, saved in reversed(state.modules):
+        if saved is None:
+            delattr(module, attr)
+        else:
+            setattr(module, attr, saved)
+    for param in _npu_weights(model):
+        param.data = param.data.clone()
+    delattr(model, STATE_ATTR)
+    return model
+
+
+def is_patched(model) -> bool:
+    return getattr(model, STATE_ATTR, None) is not None
+
+
+__all__ = ["patch_llama", "unpatch_llama", "is_patched", "DEFAULT_BUCKETS"]
