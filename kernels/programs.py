@@ -195,14 +195,18 @@ def lm_head_partitions(vocab: int) -> int:
 
 
 def lm_head_gemv(hidden: int, vocab: int) -> Program:
-    """Logits of one (already final-normed) row: a GEMV over the (vocab, hidden) LM-head weight."""
+    """Logits of one (already final-normed) row: a GEMV over the (vocab, hidden) LM-head weight.
+
+    Logits leave the fp32 accumulator as fp32: bf16 logits (spacing 0.125 near 25) turn close
+    candidates into ties that greedy decoding then breaks by token id.
+    """
     return Program(
         name="lm_head_gemv",
         params=(("hidden", hidden), ("vocab", vocab)),
         args=(
             Arg("x", (hidden,), "bf16", I),
             Arg("w_lm", (vocab, hidden), "bf16", W),
-            Arg("logits", (vocab,), "bf16", O),
+            Arg("logits", (vocab,), "f32", O),
         ),
         launches=(
             _launch("partitioned_gemv", ["x", "w_lm"], ["logits"], K=hidden, N=vocab,

@@ -76,4 +76,5 @@ def flash_attn(q, k, v, head_dim):
 
 
 def lm_head_gemv(x, w_lm):
-    return F.linear(x, w_lm)
+    """fp32 logits of one row (the op keeps its fp32 accumulator rather than rounding logits to bf16)."""
+    return F.linear(x.float(), w_lm.float())

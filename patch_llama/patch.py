@@ -40,7 +40,8 @@ def _validate(model, buckets) -> None:
         raise _fail(f"unknown rope type {rope_type!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
     quant = getattr(config, "quantization_config", None)
     method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
-    if quant is not None and str(method) != "gguf":  # GGUF checkpoints load dequantized to plain bf16
+    method = getattr(method, "value", method)
+    if quant is not None and method != "gguf":  # GGUF checkpoints load dequantized to plain bf16
         raise _fail(f"quantized models are not supported (quantization method {method!r}); load it in bf16")
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear) and type(module) is not nn.Linear:

@@ -21,6 +21,8 @@ import torch
 from ..kernels.program import Program
 from .launches import LAUNCH_KINDS
 
+TORCH_DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
+
 ARTIFACT_FORMAT = "torch_npu2-emulator-program"
 
 
@@ -74,9 +76,17 @@ class _Bo:
         self.emu = device.emu
         self._host = np.zeros(nbytes, np.uint8)
         self._device = np.zeros(nbytes, np.uint8) if self.emu.coherency == "strict" else self._host
-        self.device_bf16 = torch.frombuffer(self._device, dtype=torch.bfloat16) if nbytes % 2 == 0 else None
+        self._device_views: dict[torch.dtype, torch.Tensor] = {}
         self.role = None
         self.emu.counters["bos"] += 1
+
+    def device_view(self, dtype: torch.dtype) -> torch.Tensor:
+        """The device copy's bytes as a flat tensor of ``dtype`` (what the NPU's DMAs read and write)."""
+        view = self._device_views.get(dtype)
+        if view is None:
+            usable = self._device[: self._device.nbytes // dtype.itemsize * dtype.itemsize]
+            view = self._device_views[dtype] = torch.frombuffer(usable, dtype=dtype)
+        return view
 
     def size(self) -> int:
         return self._host.nbytes
@@ -137,7 +147,7 @@ class _Run:
 
     def _execute(self):
         views = {
-            arg.name: bo.device_bf16[: arg.numel] for arg, bo in zip(self.program.args, self.bos)
+            arg.name: bo.device_view(TORCH_DTYPES[arg.dtype])[: arg.numel] for arg, bo in zip(self.program.args, self.bos)
         }
         for launch in self.program.launches:
             result = LAUNCH_KINDS[launch.kind](launch.p, *(views[n] for n in launch.reads))

@@ -1,8 +1,8 @@
 """What each launch kind computes on the emulated NPU2, with the NPU's numerics.
 
-Inputs arrive as bf16 tensors viewing device memory; arithmetic inside a launch is fp32 (matmuls
-accumulate in fp32 and round once); the result is rounded to bf16 when written back, as every buffer
-between launches is bf16 on the device.
+Inputs arrive as tensors viewing device memory (bf16); arithmetic inside a launch is fp32 (matmuls
+accumulate in fp32 and round once); the result is rounded to its buffer's dtype when written back —
+bf16 for every buffer between launches, fp32 only for the LM head's logits.
 """
 from __future__ import annotations
 
@@ -49,9 +49,10 @@ def attention(p, q, k, v):
 
 
 def partitioned_gemv(p, x, w):
+    # Accumulate in fp32 and keep fp32: the LM head's output buffer is fp32 (see lm_head_gemv).
     rows = p["N"] // p["partitions"]
     weight = w.reshape(p["partitions"], rows, p["K"])
-    return torch.cat([F.linear(x, weight[i]) for i in range(p["partitions"])])
+    return torch.cat([torch.mv(weight[i].float(), x.float()) for i in range(p["partitions"])])
 
 
 LAUNCH_KINDS = {
