@@ -110,7 +110,8 @@ class NpuDecoderLayer:
     def __call__(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
                  use_cache=False, position_embeddings=None, **kwargs):
         with torch.no_grad():
-            lut = self.shared.rope_lut(*position_embeddings)
+            # cos/sin have batch 1 when every row shares its positions
+            lut = self.shared.rope_lut(*position_embeddings).expand(hidden_states.shape[0], -1, -1)
             if hidden_states.shape[1] == 1:
                 return self._decode(hidden_states, lut, attention_mask, past_key_values)
             return self._prefill(hidden_states, lut, attention_mask, past_key_values)

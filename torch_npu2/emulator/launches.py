@@ -1,8 +1,9 @@
 """What each launch kind computes on the emulated NPU2, with the NPU's numerics.
 
-Inputs arrive as tensors viewing device memory (bf16); arithmetic inside a launch is fp32 (matmuls
-accumulate in fp32 and round once); the result is rounded to its buffer's dtype when written back —
-bf16 for every buffer between launches, fp32 only for the LM head's logits.
+Inputs arrive as tensors viewing device memory (bf16); matmuls and reductions accumulate in fp32 and
+round once; elementwise kernels round where HF's modules round (the kernels are written to reproduce
+HF's bf16 results, so per-layer comparisons measure the NPU path, not a different rounding order).
+Results are written back in their buffer's dtype: bf16 between launches, fp32 only for the LM head's logits.
 """
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ import torch.nn.functional as F
 
 
 def rmsnorm(p, x, weight):
+    # Normalized values are rounded to bf16 before the weight multiply, HF's (and our kernel's) order.
     h = x.reshape(p["rows"], p["cols"]).float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + p["eps"])
-    return h * weight.float()
+    h = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + p["eps"])).to(torch.bfloat16)
+    return h * weight
 
 
 def matmul(p, a, w):
@@ -22,17 +24,19 @@ def matmul(p, a, w):
 
 
 def rope(p, x, lut):
+    # bf16 products, then a bf16 sum: the rounding points of HF's (q * cos) + (rotate_half(q) * sin).
     rows, heads, hd = p["rows"], p["heads"], p["head_dim"]
     half = hd // 2
-    xh = x.reshape(rows, heads, hd).float()
-    table = lut.reshape(rows, 1, hd).float()
+    xh = x.reshape(rows, heads, hd)
+    table = lut.reshape(rows, 1, hd)
     cos, sin = table[..., :half], table[..., half:]
     lo, hi = xh[..., :half], xh[..., half:]
-    return torch.cat((lo * cos - hi * sin, hi * cos + lo * sin), -1)
+    return torch.cat((lo * cos + (-hi) * sin, hi * cos + lo * sin), -1)
 
 
 def silu_mul(p, gate, up):
-    return F.silu(gate.float()) * up.float()
+    # SiLU in fp32 rounded to bf16, then the bf16 product: HF's act_fn(gate) * up.
+    return F.silu(gate) * up
 
 
 def add(p, a, b):
@@ -40,11 +44,21 @@ def add(p, a, b):
 
 
 def attention(p, q, k, v):
+    """Scores accumulate in fp32, softmax in fp32, probabilities enter the P·V matmul as bf16 (as the
+    kernel's bf16 mmul and HF's eager attention do). One KV head's query group at a time bounds memory."""
     seq, heads, kv_heads, hd = p["seq"], p["heads"], p["kv_heads"], p["head_dim"]
-    qh = q.reshape(seq, heads, hd).transpose(0, 1).float()
-    kh = k.reshape(seq, kv_heads, hd).transpose(0, 1).float()
-    vh = v.reshape(seq, kv_heads, hd).transpose(0, 1).float()
-    out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=p["causal"], enable_gqa=heads != kv_heads)
+    group = heads // kv_heads
+    qh = q.reshape(seq, heads, hd).transpose(0, 1)
+    kh = k.reshape(seq, kv_heads, hd).transpose(0, 1)
+    vh = v.reshape(seq, kv_heads, hd).transpose(0, 1)
+    hidden = torch.ones(seq, seq, dtype=torch.bool).triu(1) if p["causal"] else None
+    out = torch.empty(heads, seq, hd, dtype=torch.bfloat16)
+    for g in range(kv_heads):
+        scores = torch.matmul(qh[g * group:(g + 1) * group].float(), kh[g].float().T) * hd ** -0.5
+        if hidden is not None:
+            scores.masked_fill_(hidden, float("-inf"))
+        probs = torch.softmax(scores, dim=-1).to(torch.bfloat16)
+        out[g * group:(g + 1) * group] = torch.matmul(probs, vh[g])
     return out.transpose(0, 1)
 
 

@@ -1,0 +1,274 @@
+"""The AIE2P kernels built for the host: same C++ sources, compiled by g++, called from torch through ctypes.
+
+Every kernel under ``aie2p/`` has a portable scalar path that is selected when the compiler is not Peano
+(``__AIENGINE__`` undefined). Built here, that path is an executable statement of the kernel's contract —
+tile sizes, layouts, masking, rounding — which tests hold against ``ops/reference.py`` and which a builder can
+mirror tile for tile. bf16 crosses the boundary as its uint16 bit pattern: a torch bf16 tensor is handed over
+by reinterpreting its storage, and the kernels round their fp32 results to nearest-even.
+
+Shared libraries are cached by a hash of the sources, the -D defines and the compiler's identity, under
+``$TORCH_NPU2_HOST_KERNEL_CACHE`` (default: a per-user folder in the system temp dir). Each is compiled into a
+private temporary file and renamed into place, so concurrent builders never see a partial library.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import math
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections.abc import Mapping
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+KERNEL_DIR = Path(__file__).resolve().parent / "aie2p"
+CXX_FLAGS = ("-O2", "-shared", "-fPIC", "-std=c++20")
+
+Defines = Mapping[str, int | float | str]
+
+
+class HostBuildError(RuntimeError):
+    """g++ rejected a kernel source; the message carries the compiler's output."""
+
+
+def host_compiler() -> str | None:
+    """The host C++ compiler: ``$TORCH_NPU2_HOST_CXX`` or ``g++`` on PATH; None when there is none."""
+    return shutil.which(os.environ.get("TORCH_NPU2_HOST_CXX", "g++"))
+
+
+def cache_dir() -> Path:
+    configured = os.environ.get("TORCH_NPU2_HOST_KERNEL_CACHE")
+    if configured:
+        return Path(configured)
+    return Path(tempfile.gettempdir()) / f"torch_npu2-host-kernels-{os.getuid()}"
+
+
+@lru_cache(maxsize=None)
+def _compiler_identity(compiler: str) -> str:
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
+    return f"{os.path.realpath(compiler)}\n{version}"
+
+
+def _define_flags(defines: Defines) -> list[str]:
+    flags = []
+    for name, value in sorted(defines.items()):
+        if not name.isidentifier():
+            raise ValueError(f"not a macro name: {name!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise TypeError(f"-D{name}: expected int, float or str, got {type(value).__name__}")
+        flags.append(f"-D{name}={value!r}" if isinstance(value, float) else f"-D{name}={value}")
+    return flags
+
+
+def _sources_digest(source: Path) -> bytes:
+    """The kernel and every header beside it: a header edit must rebuild."""
+    digest = hashlib.sha256(source.read_bytes())
+    for header in sorted(KERNEL_DIR.glob("*.h")):
+        digest.update(header.name.encode())
+        digest.update(header.read_bytes())
+    return digest.digest()
+
+
+def build(source_name: str, defines: Defines | None = None) -> Path:
+    """Compile ``aie2p/<source_name>`` with the given -D defines; returns the cached shared library."""
+    compiler = host_compiler()
+    if compiler is None:
+        raise HostBuildError("no host C++ compiler: install g++ or set TORCH_NPU2_HOST_CXX")
+    source = KERNEL_DIR / source_name
+    flags = [*CXX_FLAGS, *_define_flags(defines or {})]
+    key = hashlib.sha256()
+    for part in (_compiler_identity(compiler).encode(), "\0".join(flags).encode(), _sources_digest(source)):
+        key.update(part)
+        key.update(b"\0")
+    library = cache_dir() / f"{source.stem}-{key.hexdigest()[:20]}.so"
+    if library.exists():
+        return library
+    library.parent.mkdir(parents=True, exist_ok=True)
+    fd, partial = tempfile.mkstemp(prefix=f".{library.stem}-", suffix=".so.partial", dir=library.parent)
+    os.close(fd)
+    try:
+        result = subprocess.run([compiler, *flags, str(source), "-o", partial], capture_output=True, text=True)
+        if result.returncode != 0:
+            raise HostBuildError(f"{compiler} {' '.join(flags)} {source} failed:\n{result.stderr}")
+        os.replace(partial, library)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
+    return library
+
+
+_load_lock = threading.Lock()
+_loaded: dict[Path, ctypes.CDLL] = {}
+
+
+def load(source_name: str, defines: Defines | None = None) -> ctypes.CDLL:
+    """Build (or reuse) and load a kernel variant; each library is loaded once per process."""
+    library = build(source_name, defines)
+    with _load_lock:
+        if library not in _loaded:
+            _loaded[library] = ctypes.CDLL(str(library))
+        return _loaded[library]
+
+
+def _function(library: ctypes.CDLL, symbol: str, *argtypes) -> ctypes._CFuncPtr:
+    function = getattr(library, symbol)
+    function.argtypes = list(argtypes)
+    function.restype = None
+    return function
+
+
+_PTR = ctypes.c_void_p
+
+
+def _require_bf16(name: str, tensor: torch.Tensor) -> torch.Tensor:
+    if tensor.dtype != torch.bfloat16:
+        raise TypeError(f"{name}: expected a torch.bfloat16 tensor, got {tensor.dtype}")
+    return tensor.detach().contiguous()
+
+
+def _pad_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
+    """``tensor`` with zero rows appended up to ``rows`` (a kernel tile always has its full size)."""
+    if tensor.shape[0] == rows:
+        return tensor.contiguous()
+    padded = tensor.new_zeros((rows, *tensor.shape[1:]))
+    padded[: tensor.shape[0]] = tensor
+    return padded
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return math.ceil(value / multiple) * multiple
+
+
+def rope_half_split(x: torch.Tensor, lut: torch.Tensor, head_dim: int, *, tile_rows: int = 4) -> torch.Tensor:
+    """``rope_half_split_bf16`` over x (rows, heads*head_dim) and lut (rows, head_dim), tile by tile."""
+    x, lut = _require_bf16("x", x), _require_bf16("lut", lut)
+    rows, width = x.shape
+    if width % head_dim or lut.shape != (rows, head_dim):
+        raise ValueError(f"x {tuple(x.shape)} and lut {tuple(lut.shape)} do not fit head_dim {head_dim}")
+    library = load("rope_half_split.cc",
+                   {"ROPE_ROWS": tile_rows, "ROPE_HEADS": width // head_dim, "ROPE_HEAD_DIM": head_dim})
+    kernel = _function(library, "rope_half_split_bf16", _PTR, _PTR, _PTR)
+    padded_rows = _round_up(rows, tile_rows)
+    x_tiles, lut_tiles = _pad_rows(x, padded_rows), _pad_rows(lut, padded_rows)
+    y = torch.empty_like(x_tiles)
+    for first in range(0, padded_rows, tile_rows):
+        kernel(x_tiles[first].data_ptr(), lut_tiles[first].data_ptr(), y[first].data_ptr())
+    return y[:rows]
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, tile: int = 512) -> torch.Tensor:
+    """``silu_mul_bf16`` elementwise over same-shaped gate and up, ``tile`` elements per call."""
+    gate, up = _require_bf16("gate", gate), _require_bf16("up", up)
+    if gate.shape != up.shape:
+        raise ValueError(f"gate {tuple(gate.shape)} and up {tuple(up.shape)} differ")
+    kernel = _function(load("silu_mul.cc", {"SILU_MUL_LEN": tile}), "silu_mul_bf16", _PTR, _PTR, _PTR)
+    count = gate.numel()
+    padded = _round_up(count, tile)
+    gate_flat, up_flat = _pad_rows(gate.reshape(-1), padded), _pad_rows(up.reshape(-1), padded)
+    out = torch.empty_like(gate_flat)
+    for first in range(0, padded, tile):
+        kernel(gate_flat[first:].data_ptr(), up_flat[first:].data_ptr(), out[first:].data_ptr())
+    return out[:count].reshape(gate.shape)
+
+
+def gemv(w: torch.Tensor, x: torch.Tensor, *, tile_rows: int = 32) -> torch.Tensor:
+    """``gemv_bf16``: y = w @ x for w (out, in) and x (in,), ``tile_rows`` rows of w per call."""
+    w, x = _require_bf16("w", w), _require_bf16("x", x)
+    rows, depth = w.shape
+    if x.shape != (depth,):
+        raise ValueError(f"w {tuple(w.shape)} and x {tuple(x.shape)} do not fit")
+    kernel = _function(load("gemv.cc", {"GEMV_ROWS": tile_rows, "GEMV_K": depth}), "gemv_bf16", _PTR, _PTR, _PTR)
+    padded_rows = _round_up(rows, tile_rows)
+    w_tiles = _pad_rows(w, padded_rows)
+    y = torch.empty(padded_rows, dtype=torch.bfloat16)
+    for first in range(0, padded_rows, tile_rows):
+        kernel(w_tiles[first].data_ptr(), x.data_ptr(), y[first:].data_ptr())
+    return y[:rows]
+
+
+class AttentionTiles:
+    """The five attention tile primitives of one compiled variant, on torch tensors shaped as in attention.cc."""
+
+    def __init__(self, head_dim: int, tile_q: int = 32, tile_k: int = 32):
+        self.head_dim, self.tile_q, self.tile_k = head_dim, tile_q, tile_k
+        library = load("attention.cc", {"ATTN_TQ": tile_q, "ATTN_TK": tile_k, "ATTN_HEAD_DIM": head_dim})
+        self._init = _function(library, "attn_init_f32", _PTR, _PTR, _PTR)
+        self._qk = _function(library, "attn_qk_tile_bf16", _PTR, _PTR, _PTR, ctypes.c_int32, ctypes.c_int32)
+        self._softmax = _function(library, "attn_online_softmax_bf16", _PTR, _PTR, _PTR, _PTR, _PTR)
+        self._pv = _function(library, "attn_pv_accumulate_bf16", _PTR, _PTR, _PTR, _PTR)
+        self._finalize = _function(library, "attn_finalize_bf16", _PTR, _PTR, _PTR)
+
+    def new_state(self) -> dict[str, torch.Tensor]:
+        """Fresh per-query-tile buffers (row_max, row_sum, row_scale, acc, scores, probs), initialized."""
+        tq, tk, d = self.tile_q, self.tile_k, self.head_dim
+        state = {
+            "row_max": torch.empty(tq, dtype=torch.float32),
+            "row_sum": torch.empty(tq, dtype=torch.float32),
+            "row_scale": torch.empty(tq, dtype=torch.float32),
+            "acc": torch.empty(tq, d, dtype=torch.float32),
+            "scores": torch.empty(tq, tk, dtype=torch.float32),
+            "probs": torch.empty(tq, tk, dtype=torch.bfloat16),
+        }
+        self._init(state["row_max"].data_ptr(), state["row_sum"].data_ptr(), state["acc"].data_ptr())
+        return state
+
+    def _check_tile(self, name: str, tile: torch.Tensor, rows: int) -> None:
+        if tile.dtype != torch.bfloat16 or tile.shape != (rows, self.head_dim) or not tile.is_contiguous():
+            raise ValueError(f"{name}: expected a contiguous bf16 ({rows}, {self.head_dim}) tile")
+
+    def qk(self, state: dict[str, torch.Tensor], q: torch.Tensor, k: torch.Tensor, q_start: int, k_start: int) -> None:
+        """``state["scores"]`` = base-2 logits of the q tile against the k tile, causally masked."""
+        self._check_tile("q", q, self.tile_q)
+        self._check_tile("k", k, self.tile_k)
+        self._qk(q.data_ptr(), k.data_ptr(), state["scores"].data_ptr(), q_start, k_start)
+
+    def accumulate(self, state: dict[str, torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   q_start: int, k_start: int) -> None:
+        """One key/value tile into the state: QK^T with the causal mask, online softmax, PV accumulate."""
+        self._check_tile("v", v, self.tile_k)
+        self.qk(state, q, k, q_start, k_start)
+        self._softmax(state["scores"].data_ptr(), state["probs"].data_ptr(), state["row_max"].data_ptr(),
+                      state["row_sum"].data_ptr(), state["row_scale"].data_ptr())
+        self._pv(state["probs"].data_ptr(), v.data_ptr(), state["row_scale"].data_ptr(), state["acc"].data_ptr())
+
+    def finalize(self, state: dict[str, torch.Tensor]) -> torch.Tensor:
+        out = torch.empty(self.tile_q, self.head_dim, dtype=torch.bfloat16)
+        self._finalize(state["acc"].data_ptr(), state["row_sum"].data_ptr(), out.data_ptr())
+        return out
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_dim: int, *, tile_q: int = 32,
+                    tile_k: int = 32, q_offset: int = 0) -> torch.Tensor:
+    """Seq-first causal GQA from the tile primitives, walked the way an NPU builder walks them.
+
+    q (Sq, H*D) holds positions q_offset .. q_offset+Sq-1; k, v (Sk, Hkv*D) hold positions 0 .. Sk-1 (a prefill
+    has q_offset 0 and Sq == Sk; a decode step against a cache has Sq == 1 and q_offset = its position).
+    """
+    q, k, v = _require_bf16("q", q), _require_bf16("k", k), _require_bf16("v", v)
+    heads, kv_heads = q.shape[1] // head_dim, k.shape[1] // head_dim
+    if heads % kv_heads or v.shape != k.shape:
+        raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: not a GQA layout")
+    tiles = AttentionTiles(head_dim, tile_q, tile_k)
+    q_rows, kv_rows = q.shape[0], k.shape[0]
+    q_padded = _pad_rows(q, _round_up(q_rows, tile_q)).reshape(-1, heads, head_dim)
+    k_padded = _pad_rows(k, _round_up(kv_rows, tile_k)).reshape(-1, kv_heads, head_dim)
+    v_padded = _pad_rows(v, _round_up(kv_rows, tile_k)).reshape(-1, kv_heads, head_dim)
+    out = torch.empty_like(q_padded)
+    group = heads // kv_heads
+    for head in range(heads):
+        keys, values = k_padded[:, head // group].contiguous(), v_padded[:, head // group].contiguous()
+        for q_first in range(0, q_padded.shape[0], tile_q):
+            q_tile = q_padded[q_first:q_first + tile_q, head].contiguous()
+            q_start = q_offset + q_first
+            state = tiles.new_state()
+            # Key tiles past the tile's last query position are fully masked: skipped, as on the NPU.
+            for k_first in range(0, min(keys.shape[0], q_start + tile_q), tile_k):
+                tiles.accumulate(state, q_tile, keys[k_first:k_first + tile_k], values[k_first:k_first + tile_k],
+                                 q_start, k_first)
+            out[q_first:q_first + tile_q, head] = tiles.finalize(state)
+    return out.reshape(q_padded.shape[0], -1)[:q_rows]

@@ -1,0 +1,367 @@
+"""The AIE2P kernels' host path (kernels/aie2p/*.cc built by g++) against ops/reference.py.
+
+Each kernel is checked twice: against an fp64 evaluation of the same math on the same bf16 inputs (the
+kernel's own accuracy: fp32 inside, one rounding to bf16 at the end) and against the PyTorch reference the
+npu2 ops are held to (which rounds to bf16 at more places, so its tolerances are wider).
+
+Tolerances (|actual - expected| <= atol + rtol * |expected|). Half a bf16 ulp is at most 2^-8 of the value.
+
+| kernel     | vs fp64 of the same math                     | vs ops/reference.py                              |
+|------------|----------------------------------------------|--------------------------------------------------|
+| rope       | rtol 2^-8 (half an ulp)                      | rtol 2^-7, atol 2^-7 * max|x| (its two rounded   |
+|            |                                              | products: half an ulp of each)                   |
+| silu_mul   | rtol 2^-8                                    | rtol 2^-6 (its extra rounding of silu(gate))     |
+| gemv       | rtol 2^-8, atol K * 2^-24 * sum|w x| (fp32   | rtol 2^-7, atol 2^-16 * sum|w x| (a different    |
+|            | summation bound)                             | fp32 summation order)                            |
+| attention  | rtol 2^-8, atol 2^-8 * max|v| (probs rounded | rtol 2^-6, atol 2^-6 * max|v| (it rounds logits, |
+|            | to bf16 before the PV product)               | their scaling and the output to bf16)            |
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from torch_npu2.kernels import host_build
+from torch_npu2.ops import reference
+
+pytestmark = pytest.mark.skipif(host_build.host_compiler() is None,
+                                reason="no host C++ compiler (g++): the AIE2P kernels' host path cannot be built")
+
+SMOLLM2 = dict(head_dim=64, heads=9, kv_heads=3, hidden=576, ffn=1536, rope_theta=1e5)
+
+
+def assert_within(actual: torch.Tensor, expected: torch.Tensor, *, rtol: float, atol: float | torch.Tensor = 0.0):
+    actual, expected = actual.double(), expected.double()
+    excess = (actual - expected).abs() - (atol + rtol * expected.abs())
+    worst = int(excess.argmax())
+    assert excess.max() <= 0, (f"{int((excess > 0).sum())} of {excess.numel()} elements out of tolerance; worst at "
+                               f"{worst}: {actual.flatten()[worst].item()} vs {expected.flatten()[worst].item()}")
+
+
+def rope_lut(positions: torch.Tensor, head_dim: int, theta: float) -> torch.Tensor:
+    """The LUT a Llama model gives: HF's cos/sin for these positions, as half-split bf16 rows."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = positions.double()[:, None] * inv_freq[None, :]
+    angles = torch.cat((angles, angles), -1)
+    return reference.rope_lut(angles.cos(), angles.sin()).to(torch.bfloat16)
+
+
+def rope_exact(x: torch.Tensor, lut: torch.Tensor, head_dim: int) -> torch.Tensor:
+    half = head_dim // 2
+    xh = x.double().reshape(x.shape[0], -1, head_dim)
+    cos, sin = lut.double()[:, None, :half], lut.double()[:, None, half:]
+    a, b = xh[..., :half], xh[..., half:]
+    return torch.cat((a * cos - b * sin, b * cos + a * sin), -1).reshape(x.shape)
+
+
+@pytest.mark.parametrize("rows, heads, head_dim, tile_rows", [
+    (1, SMOLLM2["heads"], 64, 1),        # SmolLM2 decode, Q
+    (37, SMOLLM2["kv_heads"], 64, 8),    # SmolLM2 prefill, K; rows not a multiple of the tile
+    (5, 2, 128, 4),
+    (3, 5, 32, 2),
+])
+def test_rope_half_split(rows, heads, head_dim, tile_rows):
+    torch.manual_seed(rows * 100 + heads)
+    x = torch.randn(rows, heads * head_dim).to(torch.bfloat16)
+    lut = rope_lut(torch.arange(rows) * 97 + 3, head_dim, SMOLLM2["rope_theta"])
+    y = host_build.rope_half_split(x, lut, head_dim, tile_rows=tile_rows)
+    assert y.dtype == torch.bfloat16 and y.shape == x.shape
+    assert_within(y, rope_exact(x, lut, head_dim), rtol=2**-8)
+    assert_within(y, reference.rope_half_split(x, lut, head_dim), rtol=2**-7, atol=2**-7 * x.float().abs().max())
+
+
+@pytest.mark.parametrize("shape, tile", [
+    ((1, SMOLLM2["ffn"]), 512),          # SmolLM2 decode
+    ((6, SMOLLM2["ffn"]), 1536),         # SmolLM2 prefill rows
+    ((3, 1000), 96),                     # length not a multiple of the tile
+])
+def test_silu_mul(shape, tile):
+    torch.manual_seed(shape[1])
+    gate = (torch.randn(shape) * 4).to(torch.bfloat16)
+    up = torch.randn(shape).to(torch.bfloat16)
+    out = host_build.silu_mul(gate, up, tile=tile)
+    assert out.dtype == torch.bfloat16 and out.shape == gate.shape
+    g, u = gate.double(), up.double()
+    assert_within(out, g * torch.sigmoid(g) * u, rtol=2**-8)
+    assert_within(out, reference.silu_mul(gate, up), rtol=2**-6)
+
+
+def test_silu_mul_extremes():
+    gate = torch.tensor([-200.0, -90.0, -20.0, -1e-3, 0.0, 1e-3, 20.0, 90.0, 3e38] + [1.0] * 7).to(torch.bfloat16)
+    up = torch.full_like(gate, 2.0)
+    out = host_build.silu_mul(gate, up, tile=16).double()
+    assert torch.isfinite(out[:8]).all() and out[0] == 0 and out[4] == 0
+    g = gate.double()
+    # Below bf16's smallest subnormal (2^-133) the nearest bf16 is 0: hence the atol.
+    assert_within(out[:8], (g * torch.sigmoid(g) * 2)[:8], rtol=2**-8, atol=2**-134)
+    assert out[8] == math.inf  # 2 * 3e38 overflows bf16: rounds to inf, as nearest-even must
+
+
+@pytest.mark.parametrize("rows, depth, tile_rows", [
+    (SMOLLM2["hidden"], SMOLLM2["hidden"], 32),   # q / o projection
+    (SMOLLM2["kv_heads"] * 64, SMOLLM2["hidden"], 32),  # k / v projection
+    (SMOLLM2["ffn"], SMOLLM2["hidden"], 64),      # gate / up projection
+    (SMOLLM2["hidden"], SMOLLM2["ffn"], 16),      # down projection
+    (37, 100, 8),                                 # odd
+])
+def test_gemv(rows, depth, tile_rows):
+    torch.manual_seed(rows + depth)
+    w = (torch.randn(rows, depth) / math.sqrt(depth)).to(torch.bfloat16)
+    x = torch.randn(depth).to(torch.bfloat16)
+    y = host_build.gemv(w, x, tile_rows=tile_rows)
+    assert y.dtype == torch.bfloat16 and y.shape == (rows,)
+    magnitude = w.double().abs() @ x.double().abs()
+    assert_within(y, w.double() @ x.double(), rtol=2**-8, atol=depth * 2**-24 * magnitude)
+    assert_within(y, F.linear(x, w), rtol=2**-7, atol=2**-16 * magnitude)
+
+
+def test_fp32_to_bf16_rounds_to_nearest_even():
+    """Through gemv, whose fp32 sums of these pairs are exact: ties go to the even mantissa."""
+    one, bf16_max = 1.0, (2 - 2**-7) * 2.0**127
+    cases = [  # (w0, w1) with x = (1, 1): y = w0 + w1 exactly in fp32, then rounded to bf16
+        ((one, 2**-8), 1.0),                       # tie between 1 and 1 + 2^-7: even is 1
+        ((one, 3 * 2**-8), 1.0 + 2**-6),           # tie between 1 + 2^-7 and 1 + 2^-6: even is the upper one
+        ((one, 2**-8 + 2**-15), 1.0 + 2**-7),      # just above the tie: up
+        ((-one, -3 * 2**-8), -(1.0 + 2**-6)),      # sign-symmetric
+        ((bf16_max, bf16_max), math.inf),          # fp32 overflow is inf
+    ]
+    w = torch.zeros(8, 2)
+    for row, ((w0, w1), _) in enumerate(cases):
+        w[row] = torch.tensor([w0, w1])
+    w[len(cases)] = torch.tensor([math.inf, -math.inf])  # inf - inf = NaN stays NaN
+    w_bf16 = w.to(torch.bfloat16)
+    assert (w_bf16.float() == w).all(), "the test's weights must be exact in bf16"
+    y = host_build.gemv(w_bf16, torch.ones(2, dtype=torch.bfloat16), tile_rows=8).float()
+    for row, (_, expected) in enumerate(cases):
+        assert y[row].item() == expected, f"case {row}: {y[row].item()} != {expected}"
+    assert math.isnan(y[len(cases)].item())
+
+
+def attention_exact(q, k, v, head_dim: int, q_offset: int = 0) -> torch.Tensor:
+    """fp64 causal GQA over the bf16 inputs; query row i sits at position q_offset + i."""
+    qh = q.double().reshape(q.shape[0], -1, head_dim).transpose(0, 1)
+    kh = k.double().reshape(k.shape[0], -1, head_dim).transpose(0, 1)
+    vh = v.double().reshape(v.shape[0], -1, head_dim).transpose(0, 1)
+    group = qh.shape[0] // kh.shape[0]
+    kh, vh = kh.repeat_interleave(group, 0), vh.repeat_interleave(group, 0)
+    scores = qh @ kh.transpose(1, 2) / math.sqrt(head_dim)
+    visible = torch.arange(k.shape[0])[None, :] <= (q_offset + torch.arange(q.shape[0]))[:, None]
+    probs = scores.masked_fill(~visible, -math.inf).softmax(-1)
+    return (probs @ vh).transpose(0, 1).reshape(q.shape[0], -1)
+
+
+def qkv(seq: int, heads: int, kv_heads: int, head_dim: int, seed: int):
+    generator = torch.Generator().manual_seed(seed)
+    q = torch.randn(seq, heads * head_dim, generator=generator).to(torch.bfloat16)
+    k = torch.randn(seq, kv_heads * head_dim, generator=generator).to(torch.bfloat16)
+    v = torch.randn(seq, kv_heads * head_dim, generator=generator).to(torch.bfloat16)
+    return q, k, v
+
+
+@pytest.mark.parametrize("seq, heads, kv_heads, head_dim, tile_q, tile_k", [
+    (96, SMOLLM2["heads"], SMOLLM2["kv_heads"], 64, 32, 32),   # SmolLM2, whole tiles
+    (70, SMOLLM2["heads"], SMOLLM2["kv_heads"], 64, 16, 32),   # partial last tiles, tile_q < tile_k
+    (45, 4, 1, 128, 32, 16),                                   # tile_q > tile_k, head_dim 128
+    (1, 2, 2, 64, 8, 16),                                      # a single token
+])
+def test_flash_attention_from_tiles(seq, heads, kv_heads, head_dim, tile_q, tile_k):
+    q, k, v = qkv(seq, heads, kv_heads, head_dim, seed=seq)
+    out = host_build.flash_attention(q, k, v, head_dim, tile_q=tile_q, tile_k=tile_k)
+    assert out.dtype == torch.bfloat16 and out.shape == q.shape
+    v_max = v.float().abs().max()
+    assert_within(out, attention_exact(q, k, v, head_dim), rtol=2**-8, atol=2**-8 * v_max)
+    assert_within(out, reference.gqa_causal_attention(q, k, v, head_dim), rtol=2**-6, atol=2**-6 * v_max)
+
+
+def test_decode_attention_against_cache():
+    """One new token at position p attends to cache rows 0..p: the prefill kernel with q_start = p."""
+    head_dim, heads, kv_heads, cached = 64, SMOLLM2["heads"], SMOLLM2["kv_heads"], 75
+    q_all, k, v = qkv(cached, heads, kv_heads, head_dim, seed=7)
+    out = host_build.flash_attention(q_all[-1:], k, v, head_dim, tile_q=8, tile_k=32, q_offset=cached - 1)
+    full = reference.gqa_causal_attention(q_all, k, v, head_dim)[-1:]
+    v_max = v.float().abs().max()
+    exact = attention_exact(q_all[-1:], k, v, head_dim, q_offset=cached - 1)
+    assert_within(out, exact, rtol=2**-8, atol=2**-8 * v_max)
+    assert_within(out, full, rtol=2**-6, atol=2**-6 * v_max)
+
+
+MASKED = -(2.0**100)
+
+
+def test_attention_scores_are_scaled_base2_logits_with_the_causal_mask():
+    head_dim, tile_q, tile_k = 64, 16, 32
+    tiles = host_build.AttentionTiles(head_dim, tile_q, tile_k)
+    q, k, _ = qkv(tile_k, 1, 1, head_dim, seed=3)
+    q = q[:tile_q].contiguous()
+    state = tiles.new_state()
+    q_start, k_start = 40, 30  # row i sees keys j <= i + 10
+    tiles.qk(state, q, k, q_start, k_start)
+    visible = torch.arange(tile_k)[None, :] <= torch.arange(tile_q)[:, None] + (q_start - k_start)
+    logits = (q.double() @ k.double().T) / math.sqrt(head_dim) * math.log2(math.e)
+    scores = state["scores"].double()
+    assert (scores[~visible] == MASKED).all()
+    assert_within(scores[visible], logits[visible], rtol=2**-20, atol=2**-20)
+
+
+def test_attention_fully_masked_tile_changes_nothing():
+    head_dim, tile_q, tile_k = 64, 8, 16
+    tiles = host_build.AttentionTiles(head_dim, tile_q, tile_k)
+    q, k, v = qkv(2 * tile_k, 1, 1, head_dim, seed=5)
+    q = q[:tile_q].contiguous()
+    state = tiles.new_state()
+    tiles.accumulate(state, q, k[:tile_k], v[:tile_k], q_start=tile_k, k_start=0)
+    before = {name: tensor.clone() for name, tensor in state.items()}
+    tiles.accumulate(state, q, k[tile_k:], v[tile_k:], q_start=tile_k, k_start=tile_k + tile_q)  # all in the future
+    for name in ("row_max", "row_sum", "acc"):
+        assert torch.equal(state[name], before[name]), name
+    assert (state["row_scale"] == 1).all() and (state["probs"] == 0).all()
+
+
+def test_attention_row_without_visible_keys_outputs_zero():
+    head_dim, tile_q, tile_k, first_key = 64, 8, 16, 4
+    tiles = host_build.AttentionTiles(head_dim, tile_q, tile_k)
+    q, k, v = qkv(tile_k, 1, 1, head_dim, seed=11)
+    q = q[:tile_q].contiguous()
+    state = tiles.new_state()
+    # Keys at positions 4..19 against queries 0..7 (a tile order a builder may choose): rows 0..3 see no key.
+    tiles.accumulate(state, q, k, v, q_start=0, k_start=first_key)
+    out = tiles.finalize(state)
+    assert (out[:first_key] == 0).all()
+    rows = []
+    for i in range(first_key, tile_q):
+        keys, values = k[:i - first_key + 1].double(), v[:i - first_key + 1].double()
+        rows.append(((keys @ q[i].double()) / math.sqrt(head_dim)).softmax(0) @ values)
+    expected = torch.stack(rows)
+    assert_within(out[first_key:], expected, rtol=2**-8, atol=2**-8 * v.float().abs().max())
+
+
+def test_renamed_symbols_let_two_variants_coexist():
+    """Two K of one source, renamed with -D as an ELF holding both would need, loaded side by side."""
+    narrow = host_build.load("gemv.cc", {"GEMV_ROWS": 4, "GEMV_K": 64, "gemv_bf16": "gemv_k64_bf16"})
+    wide = host_build.load("gemv.cc", {"GEMV_ROWS": 4, "GEMV_K": 128, "gemv_bf16": "gemv_k128_bf16"})
+    with pytest.raises(AttributeError):
+        narrow.gemv_bf16
+    for library, symbol, depth in ((narrow, "gemv_k64_bf16", 64), (wide, "gemv_k128_bf16", 128)):
+        w = torch.randn(4, depth).to(torch.bfloat16)
+        x = torch.randn(depth).to(torch.bfloat16)
+        y = torch.empty(4, dtype=torch.bfloat16)
+        getattr(library, symbol)(ctypes.c_void_p(w.data_ptr()), ctypes.c_void_p(x.data_ptr()),
+                                 ctypes.c_void_p(y.data_ptr()))
+        magnitude = w.double().abs() @ x.double().abs()
+        assert_within(y, w.double() @ x.double(), rtol=2**-8, atol=depth * 2**-24 * magnitude)
+
+
+def test_build_is_cached_by_source_and_defines(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_NPU2_HOST_KERNEL_CACHE", str(tmp_path))
+    first = host_build.build("silu_mul.cc", {"SILU_MUL_LEN": 32})
+    stamp = first.stat().st_mtime_ns
+    assert host_build.build("silu_mul.cc", {"SILU_MUL_LEN": 32}) == first and first.stat().st_mtime_ns == stamp
+    assert host_build.build("silu_mul.cc", {"SILU_MUL_LEN": 48}) != first
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in tmp_path.glob("silu_mul-*.so"))
+
+
+def test_concurrent_builds_of_one_variant_agree(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_NPU2_HOST_KERNEL_CACHE", str(tmp_path))
+    results, errors = [], []
+
+    def build():
+        try:
+            results.append(host_build.build("gemv.cc", {"GEMV_ROWS": 3, "GEMV_K": 40}))
+        except Exception as error:  # surfaced below: a thread cannot fail the test by itself
+            errors.append(error)
+
+    threads = [threading.Thread(target=build) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors and len(set(results)) == 1
+    assert [p.name for p in tmp_path.iterdir()] == [results[0].name]  # no partial files left behind
+    ctypes.CDLL(str(results[0])).gemv_bf16
+
+
+def test_tile_constraints_are_compile_errors():
+    with pytest.raises(host_build.HostBuildError, match="ROPE_HEAD_DIM must be even"):
+        host_build.build("rope_half_split.cc", {"ROPE_HEAD_DIM": 63})
+    with pytest.raises(host_build.HostBuildError, match="ATTN_TQ must be a positive multiple of 8"):
+        host_build.build("attention.cc", {"ATTN_TQ": 12})
+
+
+def test_wrappers_take_bf16_only():
+    with pytest.raises(TypeError, match="bfloat16"):
+        host_build.gemv(torch.randn(4, 8), torch.randn(8))
+
+
+KERNEL_SYMBOLS = {
+    "rope_half_split.cc": ["rope_half_split_bf16"],
+    "silu_mul.cc": ["silu_mul_bf16"],
+    "gemv.cc": ["gemv_bf16"],
+    "attention.cc": ["attn_init_f32", "attn_qk_tile_bf16", "attn_online_softmax_bf16", "attn_pv_accumulate_bf16",
+                     "attn_finalize_bf16"],
+}
+
+
+def renamed(symbols: list[str], prefix: str) -> list[str]:
+    return [f"-D{symbol}={prefix}_{symbol}" for symbol in symbols]
+
+
+def exported_functions(nm: str, path: Path) -> set[str]:
+    """Global functions an object defines (nm type T)."""
+    listing = subprocess.run([nm, "--defined-only", str(path)], capture_output=True, text=True, check=True).stdout
+    return {fields[2] for fields in map(str.split, listing.splitlines()) if len(fields) == 3 and fields[1] == "T"}
+
+
+@pytest.mark.parametrize("source", sorted(KERNEL_SYMBOLS))
+def test_two_renamed_variants_link_into_one_library(tmp_path, source):
+    """Everything but the extern "C" entry points has internal linkage, so two variants never collide."""
+    compiler = host_build.host_compiler()
+    objects = []
+    for prefix in ("first", "second"):
+        obj = tmp_path / f"{prefix}.o"
+        subprocess.run([compiler, "-O2", "-fPIC", "-std=c++20", "-c", str(host_build.KERNEL_DIR / source),
+                        *renamed(KERNEL_SYMBOLS[source], prefix), "-o", str(obj)], check=True)
+        objects.append(str(obj))
+        if shutil.which("nm"):
+            assert exported_functions("nm", obj) == {f"{prefix}_{symbol}" for symbol in KERNEL_SYMBOLS[source]}
+    both = tmp_path / "both.so"
+    subprocess.run([compiler, "-shared", *objects, "-o", str(both)], check=True, capture_output=True, text=True)
+    library = ctypes.CDLL(str(both))
+    for prefix in ("first", "second"):
+        for symbol in KERNEL_SYMBOLS[source]:
+            getattr(library, f"{prefix}_{symbol}")
+
+
+def peano_toolchain() -> tuple[Path, Path] | None:
+    """($PEANO_INSTALL_DIR/bin/clang++, the include dir holding aie_api/aie.hpp), when both are installed."""
+    peano, mlir_aie = os.environ.get("PEANO_INSTALL_DIR"), os.environ.get("MLIR_AIE_INSTALL_DIR")
+    if not peano or not mlir_aie:
+        return None
+    clang, include = Path(peano) / "bin" / "clang++", Path(mlir_aie) / "include"
+    return (clang, include) if clang.exists() and (include / "aie_api" / "aie.hpp").exists() else None
+
+
+@pytest.mark.npu
+@pytest.mark.skipif(peano_toolchain() is None,
+                    reason="Peano and the AIE API headers are not installed (PEANO_INSTALL_DIR, MLIR_AIE_INSTALL_DIR)")
+@pytest.mark.parametrize("source", sorted(KERNEL_SYMBOLS))
+def test_aie_path_compiles_with_peano(tmp_path, source):
+    """The AIE path, as the compile pipeline builds it, with its entry points renamed as a second variant would be."""
+    clang, include = peano_toolchain()
+    obj = tmp_path / "kernel.o"
+    subprocess.run([str(clang), "-O2", "-std=c++20", "--target=aie2p-none-unknown-elf", "-DNDEBUG", f"-I{include}",
+                    *renamed(KERNEL_SYMBOLS[source], "variant"), "-c", str(host_build.KERNEL_DIR / source),
+                    "-o", str(obj)], check=True)
+    nm = clang.parent / "llvm-nm"
+    nm = str(nm) if nm.exists() else shutil.which("llvm-nm")
+    if nm is None:
+        pytest.skip("compiled; no llvm-nm to list the object's symbols")
+    assert exported_functions(nm, obj) == {f"variant_{symbol}" for symbol in KERNEL_SYMBOLS[source]}

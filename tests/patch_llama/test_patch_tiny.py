@@ -1,0 +1,245 @@
+"""patch_llama on tiny random Llama configs: numerics, generation features, patch/unpatch and bad input."""
+import warnings
+
+import pytest
+import torch
+from transformers import DynamicCache, MistralConfig, MistralForCausalLM, StaticCache
+
+import torch_npu2
+from torch_npu2 import compare_layers, patch_llama, unpatch_llama
+
+from .conftest import tiny_llama
+from .gate import check_topk_gate, greedy_with_topk
+
+CONFIGS = {
+    "odd_dims": dict(hidden_size=96, num_attention_heads=6, num_key_value_heads=2, intermediate_size=200),
+    "mha_group1": dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=4, intermediate_size=128),
+    "gqa_group3": dict(hidden_size=96, num_attention_heads=6, num_key_value_heads=2, intermediate_size=160),
+    "gqa_group4": dict(hidden_size=128, num_attention_heads=8, num_key_value_heads=2, intermediate_size=256),
+    "tied": dict(tie_word_embeddings=True),
+    "llama3_rope": dict(rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
+                                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                         "original_max_position_embeddings": 64}),
+    "head_dim_32": dict(hidden_size=96, num_attention_heads=4, num_key_value_heads=2, head_dim=32),
+}
+
+
+def prompt(length, vocab=300, seed=1):
+    return torch.randint(3, vocab, (1, length), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_layers_and_generation_match_hf(runtime, pair, name):
+    reference, model = pair(tiny_llama(**CONFIGS[name]))
+    patch_llama(model)
+    ids = prompt(21)
+    report = compare_layers(reference, model, ids)
+    assert report.worst().min_cosine >= 0.999, str(report)
+    check_topk_gate(*greedy_with_topk(reference, ids, 16), *greedy_with_topk(model, ids, 16), label=name)
+    assert runtime.xrt.counters["runs:flash_attn"] >= 2 and runtime.xrt.counters["runs:o_gemv_ffn"] >= 2
+
+
+def test_prefill_pads_to_bucket_and_tracks_length(runtime, pair):
+    reference, model = pair(tiny_llama())
+    patch_llama(model, prefill_buckets=(8, 32))
+    ids = prompt(9)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits.float(), reference(ids).logits.float(), atol=0.08, rtol=0.05)
+    programs = runtime.cache.entries()
+    prefill_rows = {e["program"]: e for e in programs}
+    assert "rms_gemms_rope" in prefill_rows
+    assert runtime.xrt.counters["runs:rms_gemms_rope"] == 2  # 9 tokens → one 32-row bucket per layer
+
+
+def test_prompt_longer_than_largest_bucket_is_chunked(runtime, pair):
+    reference, model = pair(tiny_llama())
+    patch_llama(model, prefill_buckets=(16,))
+    ids = prompt(40)
+    report = compare_layers(reference, model, ids)
+    assert report.worst().min_cosine >= 0.999, str(report)
+    assert runtime.xrt.counters["runs:rms_gemms_rope"] == 2 * 3  # 40 rows → 3 chunks of 16, per layer
+
+
+def test_full_sequence_logits_stay_correct(runtime, pair):
+    reference, model = pair(tiny_llama())
+    patch_llama(model)
+    ids = prompt(12)
+    with torch.no_grad():
+        ref, out = reference(ids).logits, model(ids).logits
+    assert out.shape == ref.shape
+    cos = torch.nn.functional.cosine_similarity(ref.float(), out.float(), dim=-1)
+    assert cos.min() >= 0.999
+
+
+def test_batch_with_left_padding_matches_single_rows(runtime, pair):
+    reference, model = pair(tiny_llama())
+    patch_llama(model)
+    long, short = prompt(14, seed=2)[0], prompt(6, seed=3)[0]
+    ids = torch.stack([long, torch.cat([torch.zeros(8, dtype=long.dtype), short])])
+    mask = torch.stack([torch.ones(14, dtype=torch.long), torch.cat([torch.zeros(8), torch.ones(6)]).long()])
+    batch = model.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False, pad_token_id=0)
+    one = model.generate(long[None], max_new_tokens=10, do_sample=False)
+    two = model.generate(short[None], max_new_tokens=10, do_sample=False)
+    assert batch[0, 14:].tolist() == one[0, 14:].tolist()
+    assert batch[1, 14:].tolist() == two[0, 6:].tolist()
+    ref_tokens, ref_logits = greedy_with_topk(reference, ids, 10, attention_mask=mask, pad_token_id=0)
+    out_tokens, out_logits = greedy_with_topk(model, ids, 10, attention_mask=mask, pad_token_id=0)
+    check_topk_gate(ref_tokens, ref_logits, out_tokens, out_logits, label="batch2")
+    report = compare_layers(reference, model, ids, attention_mask=mask)
+    assert report.worst().min_cosine >= 0.999, str(report)
+
+
+def test_static_cache(runtime, pair):
+    reference, model = pair(tiny_llama())
+    patch_llama(model)
+    ids = prompt(10)
+    kwargs = dict(cache_implementation="static")
+    check_topk_gate(*greedy_with_topk(reference, ids, 12, **kwargs), *greedy_with_topk(model, ids, 12, **kwargs),
+                    label="static")
+    cache = StaticCache(config=model.config, max_cache_len=64)
+    with torch.no_grad():
+        out = model(ids, past_key_values=cache, use_cache=True).logits
+        ref = reference(ids, past_key_values=StaticCache(config=model.config, max_cache_len=64), use_cache=True).logits
+    assert torch.nn.functional.cosine_similarity(ref.float(), out.float(), dim=-1).min() >= 0.999
+    assert runtime.xrt.counters["runs:flash_attn"] >= 2  # a static cache's masked tail keeps prefill on the NPU
+
+
+def test_multi_turn_past_key_values(runtime, pair):
+    reference, model = pair(tiny_llama())
+    patch_llama(model)
+    first, follow = prompt(9, seed=4), prompt(7, seed=5)
+    results = []
+    for m in (reference, model):
+        out = m.generate(first, max_new_tokens=5, do_sample=False, return_dict_in_generate=True)
+        ids = torch.cat([out.sequences, follow], 1)
+        results.append(greedy_with_topk(m, ids, 8, past_key_values=out.past_key_values))
+    check_topk_gate(*results[0], *results[1], label="multi-turn")
+
+
+def test_sampling_with_fixed_seed(runtime, pair):
+    reference, model = pair(tiny_llama())
+    patch_llama(model)
+    ids = prompt(8)
+    kwargs = dict(do_sample=True, temperature=0.8, top_k=20, top_p=0.9, repetition_penalty=1.2, max_new_tokens=12)
+    torch.manual_seed(123)
+    ref = reference.generate(ids, **kwargs)
+    torch.manual_seed(123)
+    out = model.generate(ids, **kwargs)
+    torch.manual_seed(123)
+    again = model.generate(ids, **kwargs)
+    assert out.tolist() == again.tolist()
+    agree = (ref[0, 8:] == out[0, 8:]).int().cumprod(0).sum().item()
+    assert agree >= 4, f"sampled tokens agree with HF for only {agree} steps: {ref[0, 8:]} vs {out[0, 8:]}"
+
+
+def test_unpatch_restores_bit_identical_outputs(runtime):
+    model = tiny_llama()
+    ids = prompt(11)
+    with torch.no_grad():
+        before = model(ids).logits
+    patch_llama(model)
+    assert torch_npu2.is_patched(model)
+    unpatch_llama(model)
+    assert not torch_npu2.is_patched(model)
+    with torch.no_grad():
+        after = model(ids).logits
+    assert torch.equal(before, after)
+    assert not any(runtime.is_bo_backed(p) for p in model.parameters())
+    assert all("forward" not in layer.__dict__ for layer in model.model.layers)
+
+
+def test_weights_become_bo_backed_views_held_once(runtime):
+    model = tiny_llama(tie_word_embeddings=True)
+    weights = {id(p): p for p in model.parameters()}
+    weight_bytes = sum(p.numel() * 2 for p in weights.values() if p is not model.model.norm.weight)
+    patch_llama(model)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    npu_params = [p for p in model.parameters() if p is not model.model.norm.weight]
+    assert all(runtime.is_bo_backed(p) for p in npu_params)
+    assert runtime.stats["bo_bytes"] == weight_bytes  # one BO per distinct weight, nothing else yet
+    for _ in range(2):
+        model.generate(prompt(5), max_new_tokens=3, do_sample=False)
+    assert runtime.xrt.counters["bytes_to_device:weight"] == weight_bytes  # each weight synced once
+
+
+def test_patching_twice_warns_and_is_a_no_op(runtime):
+    model = patch_llama(tiny_llama())
+    layer_forward = model.model.layers[0].forward
+    with pytest.warns(UserWarning, match="already patched"):
+        assert patch_llama(model) is model
+    assert model.model.layers[0].forward is layer_forward
+
+
+def test_accelerate_hooks_are_respected(runtime, pair):
+    from accelerate.hooks import ModelHook, add_hook_to_module
+
+    reference, model = pair(tiny_llama())
+    for layer in model.model.layers:
+        add_hook_to_module(layer, ModelHook())
+    patch_llama(model)
+    report = compare_layers(reference, model, prompt(12))
+    assert report.worst().min_cosine >= 0.999
+    assert runtime.xrt.counters["runs:o_ffn"] == 2
+
+
+def _unmodified(model, snapshot):
+    return (all("forward" not in m.__dict__ for m in model.modules())
+            and all(torch.equal(p, snapshot[n]) for n, p in model.named_parameters())
+            and not torch_npu2.is_patched(model))
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda: MistralForCausalLM(MistralConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                                              num_key_value_heads=2, num_hidden_layers=1, vocab_size=100)
+                                ).to(torch.bfloat16),
+     "expected a Llama-architecture LlamaForCausalLM .* got MistralForCausalLM"),
+    (lambda: tiny_llama(attention_bias=True), "attention or MLP bias"),
+    (lambda: tiny_llama(mlp_bias=True), "attention or MLP bias"),
+    (lambda: tiny_llama().float(), "dtype torch.float32, expected torch.bfloat16"),
+])
+def test_bad_models_are_rejected_before_any_change(runtime, make, match):
+    model = make()
+    snapshot = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with pytest.raises(ValueError, match=match):
+        patch_llama(model)
+    assert _unmodified(model, snapshot)
+
+
+def test_unknown_rope_type_and_quantized_models_are_rejected(runtime):
+    model = tiny_llama()
+    model.config.rope_parameters = {"rope_type": "mystery", "rope_theta": 10000.0}
+    with pytest.raises(ValueError, match="unknown rope type 'mystery'"):
+        patch_llama(model)
+    model = tiny_llama()
+    model.config.quantization_config = {"quant_method": "bitsandbytes"}
+    with pytest.raises(ValueError, match="quantized models are not supported"):
+        patch_llama(model)
+    assert not torch_npu2.is_patched(model)
+
+
+def test_bad_buckets_and_backend(runtime):
+    with pytest.raises(ValueError, match="prefill_buckets must be positive ints"):
+        patch_llama(tiny_llama(), prefill_buckets=(0, 16))
+    with pytest.raises(ValueError, match="backend='npu' was requested but this process already runs on the emulator"):
+        patch_llama(tiny_llama(), backend="npu")
+
+
+def test_model_stays_usable_after_a_rejected_patch(runtime):
+    model = tiny_llama().float()
+    with pytest.raises(ValueError):
+        patch_llama(model)
+    with torch.no_grad():
+        assert torch.isfinite(model(prompt(5)).logits).all()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        patch_llama(model.to(torch.bfloat16))
+    assert torch_npu2.is_patched(model)
+
+
+def test_dynamic_cache_explicit(runtime, pair):
+    reference, model = pair(tiny_llama())
+    patch_llama(model)
+    ids = prompt(13)
+    check_topk_gate(*greedy_with_topk(reference, ids, 8, past_key_values=DynamicCache(config=reference.config)),
+                    *greedy_with_topk(model, ids, 8, past_key_values=DynamicCache(config=model.config)),
+                    label="dynamic")
