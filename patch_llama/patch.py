@@ -75,12 +75,13 @@ def _npu_weights(model) -> list[nn.Parameter]:
     return list(unique.values())
 
 
-def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS):
+def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS, progress: bool = False):
     """Run ``model`` (a HF ``LlamaForCausalLM``, patched in place and returned) through the npu2 ops.
 
     ``backend``: "auto" (NPU if present, else emulated), "npu" or "emulator" — the process-wide runtime.
     ``prefill_buckets``: the sequence lengths prefill kernels are compiled for; prompts pad to the next
     bucket, and prompts longer than the largest are processed in chunks of it.
+    ``progress``: show a progress bar while weights move into NPU buffers.
     """
     if getattr(model, STATE_ATTR, None) is not None:
         warnings.warn("patch_llama: the model is already patched; leaving it as it is", stacklevel=2)
@@ -89,7 +90,12 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
     _validate(model, buckets)
     runtime = npu_runtime.runtime_for(backend)
     state = PatchState(SharedState(buckets))
-    for param in _npu_weights(model):
+    weights = _npu_weights(model)
+    if progress:
+        from tqdm import tqdm
+
+        weights = tqdm(weights, desc="moving weights to NPU buffers", unit="tensor")
+    for param in weights:
         param.data = runtime.pin(param.data)
     for layer in model.model.layers:
         _replace_forward(state, layer, NpuDecoderLayer(layer, state.shared))

