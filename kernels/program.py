@@ -31,14 +31,14 @@ class Arg:
     dtype: str
     role: Role
 
-    @property
+    @cached_property
     def numel(self) -> int:
         n = 1
         for d in self.shape:
             n *= d
         return n
 
-    @property
+    @cached_property
     def nbytes(self) -> int:
         return self.numel * DTYPE_BYTES[self.dtype]
 
@@ -52,7 +52,7 @@ class Launch:
     reads: tuple[str, ...]
     writes: tuple[str, ...]
 
-    @property
+    @cached_property
     def p(self) -> dict:
         return dict(self.params)
 

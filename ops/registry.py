@@ -20,7 +20,7 @@ NAMESPACE = "npu2"
 _LIB = torch.library.Library(NAMESPACE, "DEF")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # hashed by identity: it keys the per-shape Program cache
 class FusedOp:
     """How an op's tensors map to a Program.
 
@@ -53,7 +53,7 @@ def _check_tensors(op: FusedOp, tensors, real: bool) -> None:
         if not isinstance(t, torch.Tensor):
             raise _fail(op, arg.name, "a torch.Tensor", type(t).__name__)
         want = TORCH_DTYPES[arg.dtype]
-        if t.dtype != want:
+        if t.dtype is not want:
             raise _fail(op, arg.name, f"dtype {want}", t.dtype)
         if t.dim() != len(arg.shape):
             raise _fail(op, arg.name, f"a {len(arg.shape)}-D tensor", f"shape {tuple(t.shape)}")

@@ -120,12 +120,13 @@ class NpuDecoderLayer:
         return (k, v) if cache is None else cache.update(k, v, self.layer_idx)
 
     def _decode(self, hidden, lut, mask, cache):
-        batch = hidden.shape[0]
+        batch, heads, kv_heads, head_dim = hidden.shape[0], self.heads, self.kv_heads, self.head_dim
         norm_w, wq, wk, wv = self.qkv_weights
         rows = [rms_gemv_rope(hidden[b, 0], norm_w, wq, wk, wv, lut[b, 0], self.eps_attn) for b in range(batch)]
-        v = torch.stack([r[0] for r in rows]).view(batch, self.kv_heads, 1, self.head_dim)
-        q = torch.stack([r[1] for r in rows]).view(batch, self.heads, 1, self.head_dim)
-        k = torch.stack([r[2] for r in rows]).view(batch, self.kv_heads, 1, self.head_dim)
+        # (batch, heads, 1, head_dim) views of the op outputs; stacking only when there are several rows
+        v, q, k = (rows[0][i].view(1, n, 1, head_dim) if batch == 1 else
+                   torch.stack([r[i] for r in rows]).view(batch, n, 1, head_dim)
+                   for i, n in ((0, kv_heads), (1, heads), (2, kv_heads)))
         keys, values = self._update_cache(cache, k, v)
         attn = _host_attention(q, keys, values, mask, self.scale).reshape(batch, -1)
         wo, norm2_w, w_gate, w_up, w_down = self.ffn_weights

@@ -48,13 +48,16 @@ class _Buffer:
 
 @dataclass(eq=False)
 class LoadedProgram:
+    """A loaded artifact plus per-argument plans computed once from its Program (the decode hot path
+    runs these for every layer of every token)."""
+
     program: Program
     elf: object
     context: object
     kernel: object
     run: object
-    host_indices: tuple[int, ...]
-    output_indices: tuple[int, ...]
+    host_plan: tuple[tuple[int, bool, int], ...]  # (arg index, is weight, nbytes) per weight/input
+    output_plan: tuple[tuple[int, tuple, torch.dtype, int], ...]  # (arg index, shape, dtype, nbytes)
     bound: list = field(default_factory=list)
     staging: dict = field(default_factory=dict)  # arg index → (buffer, tensor view) for non-BO-backed args
 
@@ -81,6 +84,9 @@ class Runtime:
 
     def empty(self, shape, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         """A BO-backed tensor from the caching pool; its BO returns to the pool when the storage dies."""
+        return self._lease(shape, dtype)[0]
+
+    def _lease(self, shape, dtype: torch.dtype) -> tuple[torch.Tensor, _Buffer]:
         numel = 1
         for d in shape:
             numel *= d
@@ -96,7 +102,7 @@ class Runtime:
         address = tensor.untyped_storage().data_ptr()
         self._resident[address] = buffer
         weakref.finalize(lease, self._return_to_pool, address, size, buffer)
-        return tensor
+        return tensor, buffer
 
     def _return_to_pool(self, address: int, size: int, buffer: _Buffer) -> None:
         self._resident.pop(address, None)
@@ -137,11 +143,14 @@ class Runtime:
             context = self.xrt.hw_context(self.device, elf)
             kernel = self.xrt.ext.kernel(context, f"main:{program.name}")
             run = self.xrt.run(kernel)
+            args = program.args
             loaded = LoadedProgram(
                 program, elf, context, kernel, run,
-                host_indices=program.indices(Role.WEIGHT, Role.INPUT),
-                output_indices=program.indices(Role.OUTPUT),
-                bound=[None] * len(program.args),
+                host_plan=tuple((i, args[i].role is Role.WEIGHT, args[i].nbytes)
+                                for i in program.indices(Role.WEIGHT, Role.INPUT)),
+                output_plan=tuple((i, args[i].shape, TORCH_DTYPES[args[i].dtype], args[i].nbytes)
+                                  for i in program.indices(Role.OUTPUT)),
+                bound=[None] * len(args),
             )
             for i in program.indices(Role.SCRATCH):
                 self._bind(loaded, i, self._new_buffer(program.args[i].nbytes).bo)
@@ -154,49 +163,49 @@ class Runtime:
             loaded.run.set_arg(index, bo)
             loaded.bound[index] = bo
 
-    def _bind_host_arg(self, loaded: LoadedProgram, index: int, tensor: torch.Tensor) -> None:
+    def _bind_host_arg(self, loaded: LoadedProgram, index: int, is_weight: bool, nbytes: int,
+                       tensor: torch.Tensor) -> None:
         """Bind the BO for a weight or input argument, syncing it as its role requires."""
-        arg = loaded.program.args[index]
         buffer = self._resident.get(tensor.untyped_storage().data_ptr())
         if buffer is not None and tensor.storage_offset() == 0:
             self._bind(loaded, index, buffer.bo)
-            if arg.role is Role.WEIGHT:
+            if is_weight:
                 if buffer.device_version is None:
-                    buffer.bo.sync(self._sync_to, arg.nbytes, 0)
+                    buffer.bo.sync(self._sync_to, nbytes, 0)
                     buffer.device_version = 0
             elif buffer.device_version != tensor._version:
-                buffer.bo.sync(self._sync_to, arg.nbytes, 0)
+                buffer.bo.sync(self._sync_to, nbytes, 0)
                 buffer.device_version = tensor._version
             return
         staged = loaded.staging.get(index)
         if staged is None:
-            buffer = self._new_buffer(arg.nbytes)
+            arg = loaded.program.args[index]
+            buffer = self._new_buffer(nbytes)
             staged = loaded.staging[index] = (buffer, buffer.tensor(arg.shape, TORCH_DTYPES[arg.dtype])[0])
         self._bind(loaded, index, staged[0].bo)
         staged[1].copy_(tensor)
-        staged[0].bo.sync(self._sync_to, arg.nbytes, 0)
+        staged[0].bo.sync(self._sync_to, nbytes, 0)
         self.stats["host_copies"] += 1
-        self.stats["host_copy_bytes"] += arg.nbytes
+        self.stats["host_copy_bytes"] += nbytes
 
     def run(self, program: Program, tensors) -> tuple[torch.Tensor, ...]:
         """Run ``program`` on ``tensors`` (its weights and inputs, in ELF order); returns its outputs."""
-        loaded = self.load(program)
-        args = program.args
-        for index, tensor in zip(loaded.host_indices, tensors):
-            self._bind_host_arg(loaded, index, tensor)
-        outputs = []
-        for index in loaded.output_indices:
-            out = self.empty(args[index].shape, TORCH_DTYPES[args[index].dtype])
+        loaded = self._loaded.get(program.key) or self.load(program)
+        for (index, is_weight, nbytes), tensor in zip(loaded.host_plan, tensors):
+            self._bind_host_arg(loaded, index, is_weight, nbytes, tensor)
+        outputs, buffers = [], []
+        for index, shape, dtype, _ in loaded.output_plan:
+            out, buffer = self._lease(shape, dtype)
             outputs.append(out)
-            self._bind(loaded, index, self._resident[out.untyped_storage().data_ptr()].bo)
+            buffers.append(buffer)
+            self._bind(loaded, index, buffer.bo)
         loaded.run.start()
         state = loaded.run.wait2()
         if state != self._completed:
             raise NPURunError(f"NPU run of {program.name} finished in state {state} (expected "
                               f"{self._completed}); its outputs are not valid")
-        for index, out in zip(loaded.output_indices, outputs):
-            buffer = self._resident[out.untyped_storage().data_ptr()]
-            buffer.bo.sync(self._sync_from, args[index].nbytes, 0)
+        for (_, _, _, nbytes), out, buffer in zip(loaded.output_plan, outputs, buffers):
+            buffer.bo.sync(self._sync_from, nbytes, 0)
             buffer.device_version = out._version
         self.stats["runs"] += 1
         return tuple(outputs)

@@ -58,6 +58,9 @@ inline bf16_t float_to_bf16(float value) {
   return bf16_t((bits + bias) >> 16);
 }
 
+// An fp32 intermediate rounded to bf16 and widened back: a point where HF's bf16 torch ops round mid-formula.
+inline float round_to_bf16(float value) { return bf16_to_float(float_to_bf16(value)); }
+
 } // namespace
 
 #endif

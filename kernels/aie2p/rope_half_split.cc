@@ -10,9 +10,14 @@
 //     x, y  ROPE_ROWS x (ROPE_HEADS * ROPE_HEAD_DIM), row-major; y may be x (in place)
 //     lut   ROPE_ROWS x ROPE_HEAD_DIM, row r = [cos_0 .. cos_{h-1}, sin_0 .. sin_{h-1}], h = ROPE_HEAD_DIM / 2,
 //           the angles of row r's position (every head of a row shares them)
-//   For each row and head, with a = x[i] and b = x[i + h] (i < h):
-//     y[i] = a * cos_i - b * sin_i        y[i + h] = b * cos_i + a * sin_i
-//   Products and sums in fp32, rounded once to bf16 (nearest-even).
+//   For each row and head, with a = x[i] and b = x[i + h] (i < h), rounding where HF's bf16
+//   `(q * cos) + (rotate_half(q) * sin)` rounds:
+//     y[i]     = bf16(bf16(a * cos_i) - bf16(b * sin_i))
+//     y[i + h] = bf16(bf16(b * cos_i) + bf16(a * sin_i))
+//   bf16() rounds an fp32 value to nearest-even. A bf16 x bf16 product is exact in fp32, so each product rounds
+//   once, and the sum of the rounded products once more (fp32 has over twice bf16's precision, so rounding
+//   their sum through it equals rounding the exact sum). rotate_half's negation commutes with rounding, so
+//   HF's bf16(a * cos_i) + bf16((-b) * sin_i) is y[i], signed zeros included.
 //   AIE path: every buffer 64-byte aligned.
 #include "npu2_kernel.h"
 
@@ -61,13 +66,14 @@ extern "C" void rope_half_split_bf16(const bf16_t *x, const bf16_t *lut, bf16_t 
         const int first = head * kHeadDim + i;
         const Vec a = aie::load_v<kLanes>(x_row + first);
         const Vec b = aie::load_v<kLanes>(x_row + first + kHalf);
-        // bf16 x bf16 products are exact in the fp32 accumulator, so each output rounds once.
-        Acc first_half = aie::mul(a, cos_v);
-        first_half = aie::msc(first_half, b, sin_v);
-        Acc second_half = aie::mul(b, cos_v);
-        second_half = aie::mac(second_half, a, sin_v);
-        aie::store_v(y_row + first, first_half.to_vector<bfloat16>());
-        aie::store_v(y_row + first + kHalf, second_half.to_vector<bfloat16>());
+        // Products are exact in the fp32 accumulator: to_vector is their one rounding, as in HF's bf16 mul.
+        const Vec a_cos = aie::mul(a, cos_v).to_vector<bfloat16>();
+        const Vec b_sin = aie::mul(b, sin_v).to_vector<bfloat16>();
+        const Vec b_cos = aie::mul(b, cos_v).to_vector<bfloat16>();
+        const Vec a_sin = aie::mul(a, sin_v).to_vector<bfloat16>();
+        // The rounded products widen exactly; their fp32 sum rounds once more, as HF's bf16 add does.
+        aie::store_v(y_row + first, aie::sub(Acc(a_cos), b_sin).to_vector<bfloat16>());
+        aie::store_v(y_row + first + kHalf, aie::add(Acc(b_cos), a_sin).to_vector<bfloat16>());
       }
     }
   }
@@ -82,8 +88,8 @@ extern "C" void rope_half_split_bf16(const bf16_t *x, const bf16_t *lut, bf16_t 
         const float b = bf16_to_float(x[offset + i + kHalf]);
         const float c = bf16_to_float(cos_row[i]);
         const float s = bf16_to_float(sin_row[i]);
-        y[offset + i] = float_to_bf16(a * c - b * s);
-        y[offset + i + kHalf] = float_to_bf16(b * c + a * s);
+        y[offset + i] = float_to_bf16(round_to_bf16(a * c) - round_to_bf16(b * s));
+        y[offset + i + kHalf] = float_to_bf16(round_to_bf16(b * c) + round_to_bf16(a * s));
       }
     }
   }

@@ -6,10 +6,14 @@
 // Symbol (rename with -Dsilu_mul_bf16=<name> to link two variants into one ELF):
 //   void silu_mul_bf16(const bf16 *gate, const bf16 *up, bf16 *out)
 //     gate, up, out  SILU_MUL_LEN elements; out may be gate or up (in place)
-//     out[i] = gate[i] * sigmoid(gate[i]) * up[i], in fp32, rounded once to bf16 (nearest-even)
-//   AIE path: every buffer 64-byte aligned. sigmoid(g) is computed as (1 + tanh(g / 2)) / 2 with the core's
-//   vector tanh, whose result is bf16: sigmoid then carries an absolute error up to ~2^-9, which is below a
-//   bf16 ulp of the output except where sigmoid is tiny (gate below about -4).
+//     out[i] = bf16(bf16(silu(gate[i])) * up[i]),  silu(g) = g / (1 + exp(-g)) in fp32
+//   bf16() rounds an fp32 value to nearest-even. These are the rounding points of HF's `act_fn(gate) * up` on
+//   bf16 tensors: torch computes silu of a bf16 tensor in fp32 with this formula and rounds once, and the bf16
+//   product is exact in fp32, so it rounds once too. Like torch, exp(-g) overflows below g ~ -88.7, where silu
+//   is -0 instead of a value under 2^-120.
+//   AIE path: every buffer 64-byte aligned. silu(g) is computed as (g / 2) * (1 + tanh(g / 2)) with the core's
+//   vector tanh, whose result is bf16: silu then carries an absolute error up to ~|g| * 2^-9, which is below a
+//   bf16 ulp of silu except where sigmoid is tiny (gate below about -4), so it is not bit-exact with HF.
 #include "npu2_kernel.h"
 
 #if !defined(__AIENGINE__)
@@ -29,9 +33,6 @@ static_assert(kLength > 0, "SILU_MUL_LEN must be positive");
 
 extern "C" void silu_mul_bf16(const bf16_t *gate, const bf16_t *up, bf16_t *out) {
 #if defined(__AIENGINE__)
-#if !__AIE_API_FP32_EMULATION__
-#error "silu_mul_bf16 multiplies fp32 vectors: it needs the AIE API's fp32 emulation (a newer AIE2P toolchain)"
-#endif
   static_assert(kLength % 16 == 0, "AIE path: SILU_MUL_LEN must be a multiple of 16");
   // 16 lanes: the native width of the core's tanh.
   constexpr int kLanes = 16;
@@ -42,21 +43,20 @@ extern "C" void silu_mul_bf16(const bf16_t *gate, const bf16_t *up, bf16_t *out)
     const aie::vector<bfloat16, kLanes> g = aie::load_v<kLanes>(gate + i);
     const aie::vector<bfloat16, kLanes> u = aie::load_v<kLanes>(up + i);
     // g / 2 is exact; tanh is the one vector transcendental that gives sigmoid without a division.
-    const aie::vector<bfloat16, kLanes> t = aie::tanh<bfloat16>(aie::mul(g, half).to_vector<float>());
-    const aie::accum<accfloat, kLanes> sigmoid = aie::add(aie::mul(t, half), 0.5f);
-    const aie::accum<accfloat, kLanes> gate_times_up = aie::mul(g, u); // exact in fp32
-    const aie::accum<accfloat, kLanes> result =
-        aie::mul(gate_times_up.to_vector<float>(), sigmoid.to_vector<float>());
-    aie::store_v(out + i, result.to_vector<bfloat16>());
+    const aie::accum<accfloat, kLanes> half_g = aie::mul(g, half);
+    const aie::vector<bfloat16, kLanes> h = half_g.to_vector<bfloat16>();
+    const aie::vector<bfloat16, kLanes> t = aie::tanh<bfloat16>(half_g.to_vector<float>());
+    // h * t is exact in the accumulator, so silu = h + h * t rounds once in fp32, then to bf16 like torch's silu.
+    const aie::vector<bfloat16, kLanes> silu = aie::add(aie::mul(h, t), h).to_vector<bfloat16>();
+    // HF's bf16 product: exact in fp32, rounded once.
+    aie::store_v(out + i, aie::mul(silu, u).to_vector<bfloat16>());
   }
 #else
   for (int i = 0; i < kLength; ++i) {
     const float g = bf16_to_float(gate[i]);
-    const float u = bf16_to_float(up[i]);
-    // exp(-|g|) cannot overflow, so sigmoid keeps its tiny values (down to fp32 subnormals) for very negative g.
-    const float e = std::exp(-std::fabs(g));
-    const float sigmoid = g >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
-    out[i] = float_to_bf16(g * u * sigmoid);
+    // torch's fp32 formula, so the bf16 silu is torch's (the overflow to -0 included).
+    const float silu = round_to_bf16(g / (1.0f + std::exp(-g)));
+    out[i] = float_to_bf16(silu * bf16_to_float(up[i]));
   }
 #endif
 }
