@@ -183,9 +183,8 @@ def test_accelerate_hooks_are_respected(runtime, pair):
 
 
 def _unmodified(model, snapshot):
-    return (all("forward" not in m.__dict__ for m in model.modules())
-            and all(torch.equal(p, snapshot[n]) for n, p in model.named_parameters())
-            and not torch_npu2.is_patched(model))
+    same = all(p.device.type == "meta" or torch.equal(p, snapshot[n]) for n, p in model.named_parameters())
+    return all("forward" not in m.__dict__ for m in model.modules()) and same and not torch_npu2.is_patched(model)
 
 
 @pytest.mark.parametrize("make,match", [
@@ -196,6 +195,7 @@ def _unmodified(model, snapshot):
     (lambda: tiny_llama(attention_bias=True), "attention or MLP bias"),
     (lambda: tiny_llama(mlp_bias=True), "attention or MLP bias"),
     (lambda: tiny_llama().float(), "dtype torch.float32, expected torch.bfloat16"),
+    (lambda: tiny_llama().to("meta"), "is on meta, expected cpu"),
 ])
 def test_bad_models_are_rejected_before_any_change(runtime, make, match):
     model = make()
@@ -243,3 +243,16 @@ def test_dynamic_cache_explicit(runtime, pair):
     check_topk_gate(*greedy_with_topk(reference, ids, 8, past_key_values=DynamicCache(config=reference.config)),
                     *greedy_with_topk(model, ids, 8, past_key_values=DynamicCache(config=model.config)),
                     label="dynamic")
+
+
+def test_compare_layers_table_and_plot(runtime, pair, tmp_path):
+    reference, model = pair(tiny_llama())
+    patch_llama(model)
+    report = compare_layers(reference, model, prompt(10))
+    text = str(report)
+    assert text.splitlines()[0].split() == ["layer", "min", "cos", "mean", "cos", "max", "|diff|"]
+    assert [r.name for r in report] == ["layer 0", "layer 1", "logits"]
+    report.plot(tmp_path / "layers.png")
+    assert (tmp_path / "layers.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match=r"input_ids must be \(batch, seq\)"):
+        compare_layers(reference, model, prompt(10)[0])
