@@ -176,16 +176,18 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, tile: int = 512) -> torch.
     return out[:count].reshape(gate.shape)
 
 
-def gemv(w: torch.Tensor, x: torch.Tensor, *, tile_rows: int = 32) -> torch.Tensor:
-    """``gemv_bf16``: y = w @ x for w (out, in) and x (in,), ``tile_rows`` rows of w per call."""
+def gemv(w: torch.Tensor, x: torch.Tensor, *, tile_rows: int = 32, out_dtype=torch.bfloat16) -> torch.Tensor:
+    """``gemv_bf16`` (or ``gemv_bf16_f32`` for ``out_dtype=torch.float32``): y = w @ x for w (out, in) and
+    x (in,), ``tile_rows`` rows of w per call."""
     w, x = _require_bf16("w", w), _require_bf16("x", x)
     rows, depth = w.shape
     if x.shape != (depth,):
         raise ValueError(f"w {tuple(w.shape)} and x {tuple(x.shape)} do not fit")
-    kernel = _function(load("gemv.cc", {"GEMV_ROWS": tile_rows, "GEMV_K": depth}), "gemv_bf16", _PTR, _PTR, _PTR)
+    symbol = {torch.bfloat16: "gemv_bf16", torch.float32: "gemv_bf16_f32"}[out_dtype]
+    kernel = _function(load("gemv.cc", {"GEMV_ROWS": tile_rows, "GEMV_K": depth}), symbol, _PTR, _PTR, _PTR)
     padded_rows = _round_up(rows, tile_rows)
     w_tiles = _pad_rows(w, padded_rows)
-    y = torch.empty(padded_rows, dtype=torch.bfloat16)
+    y = torch.empty(padded_rows, dtype=out_dtype)
     for first in range(0, padded_rows, tile_rows):
         kernel(w_tiles[first].data_ptr(), x.data_ptr(), y[first:].data_ptr())
     return y[:rows]

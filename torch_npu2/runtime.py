@@ -220,10 +220,17 @@ class Runtime:
 
 
 def _emulator_builder(program: Program, directory):
+    """The emulator's artifact: the Program, plus the MLIR the NPU target would compile, for inspection
+    (or why it could not be emitted: a shape the NPU builders' tiling does not support)."""
     from .emulator import write_artifact
+    from .kernels.stitch import emit_mlir
 
     path = directory / f"{program.name}.json"
-    write_artifact(program, path)
+    try:
+        mlir, problem = emit_mlir(program), None
+    except ValueError as exc:
+        mlir, problem = None, str(exc)
+    write_artifact(program, path, mlir=mlir, mlir_problem=problem)
     return path
 
 

@@ -183,6 +183,17 @@ def test_gemv(rows, depth, tile_rows):
     assert_within(y, F.linear(x, w), rtol=2**-7, atol=2**-16 * magnitude)
 
 
+def test_gemv_fp32_output_is_the_unrounded_sum():
+    torch.manual_seed(7)
+    w = (torch.randn(100, 576) / 24).to(torch.bfloat16)
+    x = torch.randn(576).to(torch.bfloat16)
+    y32 = host_build.gemv(w, x, tile_rows=4, out_dtype=torch.float32)
+    assert y32.dtype == torch.float32
+    magnitude = w.double().abs() @ x.double().abs()
+    assert_within(y32, w.double() @ x.double(), rtol=0, atol=576 * 2**-24 * magnitude)
+    assert torch.equal(y32.to(torch.bfloat16), host_build.gemv(w, x, tile_rows=4))
+
+
 def test_fp32_to_bf16_rounds_to_nearest_even():
     """Through gemv, whose fp32 sums of these pairs are exact: ties go to the even mantissa."""
     one, bf16_max = 1.0, (2 - 2**-7) * 2.0**127
@@ -363,7 +374,7 @@ def test_wrappers_take_bf16_only():
 KERNEL_SYMBOLS = {
     "rope_half_split.cc": ["rope_half_split_bf16"],
     "silu_mul.cc": ["silu_mul_bf16"],
-    "gemv.cc": ["gemv_bf16"],
+    "gemv.cc": ["gemv_bf16", "gemv_bf16_f32"],
     "attention.cc": ["attn_init_f32", "attn_qk_tile_bf16", "attn_online_softmax_bf16", "attn_pv_accumulate_bf16",
                      "attn_finalize_bf16"],
 }

@@ -39,3 +39,21 @@ def test_unknown_backend_is_refused():
     with pytest.raises(SystemExit):
         cli.main(["generate", "--backend", "gpu"])
     assert torch.ops.npu2.lm_head_gemv is not None
+
+
+def test_compile_emit_mlir_needs_no_toolchain(tmp_path, capsys, smollm2_loaded):
+    assert cli.main(["compile", "--emit-mlir", str(tmp_path), "--buckets", "16", "64"]) == 0
+    names = sorted(p.name for p in tmp_path.glob("*.mlir"))
+    assert names == ["flash_attn_16.mlir", "flash_attn_64.mlir", "lm_head_gemv.mlir", "o_ffn_16.mlir", "o_ffn_64.mlir",
+                     "o_gemv_ffn.mlir", "rms_gemms_rope_16.mlir", "rms_gemms_rope_64.mlir", "rms_gemv_rope.mlir"]
+    assert "func.func @o_ffn(" in (tmp_path / "o_ffn_64.mlir").read_text()
+    assert "wrote 9 modules" in capsys.readouterr().out
+
+
+def test_compile_without_toolchain_lists_what_is_missing(capsys, monkeypatch, smollm2_loaded):
+    from torch_npu2.kernels import compile as pipeline
+
+    monkeypatch.setattr(pipeline, "missing_toolchain", lambda: ["aircc (mlir-air): not on PATH", "Peano: unset"])
+    assert cli.main(["compile"]) == 2
+    err = capsys.readouterr().err
+    assert "the NPU toolchain is incomplete" in err and "aircc (mlir-air)" in err and "Peano: unset" in err

@@ -132,3 +132,29 @@ def test_ops_reach_the_runtime_in_use(runtime):
     torch.ops.npu2.lm_head_gemv(torch.randn(8).bfloat16(), torch.randn(16, 8).bfloat16())
     assert runtime.xrt.counters["runs:lm_head_gemv"] == 1
     assert ALL_OPS["lm_head_gemv"] is torch.ops.npu2.lm_head_gemv.default
+
+
+def test_emulator_artifact_carries_the_programs_mlir(runtime):
+    import json
+
+    from torch_npu2.kernels.programs import flash_attn, lm_head_gemv
+
+    torch.ops.npu2.lm_head_gemv(torch.randn(576).bfloat16(), torch.randn(49152, 576).bfloat16())
+    torch.ops.npu2.flash_attn(*attn_args(HEADS, KV_HEADS, HEAD_DIM, SEQ), HEAD_DIM)
+
+    def artifact(program):
+        return json.loads((runtime.cache.entry_dir(program) / f"{program.name}.json").read_text())
+
+    head = artifact(lm_head_gemv(576, 49152))
+    assert head["mlir"].count("func.func @lm_head_gemv(") == 1 and head["mlir_problem"] is None
+    attn = artifact(flash_attn(HEADS, KV_HEADS, HEAD_DIM, SEQ))  # 7 rows: no tiling of the NPU builder fits
+    assert attn["mlir"] is None and "attention" in attn["mlir_problem"]
+
+
+def test_npu_target_without_toolchain_names_what_is_missing(tmp_path, monkeypatch):
+    from torch_npu2.kernels import compile as pipeline
+
+    monkeypatch.setattr(pipeline, "missing_toolchain", lambda: ["aircc (mlir-air): not on PATH"])
+    rt = create_runtime(backend="npu", driver=EmulatedXrt(), cache_root=tmp_path)
+    with pytest.raises(pipeline.ToolchainMissing, match=r"cannot compile flash_attn for the NPU; missing:\n  aircc"):
+        rt.load(__import__("torch_npu2").kernels.programs.flash_attn(2, 1, 4, 8))

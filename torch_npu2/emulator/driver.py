@@ -185,10 +185,11 @@ class EmulatedXrt:
         return _HwContext(device, elf)
 
 
-def write_artifact(program: Program, path, mlir: str | None = None) -> None:
-    """The emulator's "ELF": the Program it interprets, plus its MLIR when available, for inspection."""
+def write_artifact(program: Program, path, mlir: str | None = None, mlir_problem: str | None = None) -> None:
+    """The emulator's "ELF": the Program it interprets, plus its MLIR (or why there is none), for inspection."""
     with open(path, "w") as f:
-        json.dump({"format": ARTIFACT_FORMAT, "program": program.to_json(), "mlir": mlir}, f)
+        json.dump({"format": ARTIFACT_FORMAT, "program": program.to_json(), "mlir": mlir,
+                   "mlir_problem": mlir_problem}, f)
 
 
 __all__ = ["EmulatedXrt", "write_artifact", "ARTIFACT_FORMAT"]

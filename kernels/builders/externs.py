@@ -1,0 +1,55 @@
+"""The external AIE2P C++ kernels the builders call: objects, sources, symbols and compile-time configuration.
+
+This mirrors the contract written in ``kernels/aie2p/*.cc`` (their header comments are the reference for
+semantics). Tile sizes there are compile-time macros, not arguments: a builder that calls a kernel also
+states the ``-D`` configuration its object must be built with (``ExternDecl.defines``), and the stitcher
+builds one object per distinct configuration, renaming the symbols of every configuration after the
+first (``-D<symbol>=<symbol>_v<n>``). A memref reaches C as a bare pointer to its L1 buffer.
+
+* rope.o (rope_half_split.cc), configured by ROPE_ROWS, ROPE_HEADS, ROPE_HEAD_DIM:
+  ``rope_half_split_bf16(const bf16 *x, const bf16 *lut, bf16 *y)``
+* silu_mul.o (silu_mul.cc), configured by SILU_MUL_LEN:
+  ``silu_mul_bf16(const bf16 *gate, const bf16 *up, bf16 *out)``
+* gemv.o (gemv.cc), configured by GEMV_ROWS, GEMV_K:
+  ``gemv_bf16(const bf16 *w, const bf16 *x, bf16 *y)`` and, for the LM head's fp32 logits,
+  ``gemv_bf16_f32(const bf16 *w, const bf16 *x, float *y)``
+* attention.o (attention.cc), configured by ATTN_TQ, ATTN_TK, ATTN_HEAD_DIM:
+  ``attn_init_f32(float *row_max, float *row_sum, float *acc)``,
+  ``attn_qk_tile_bf16(const bf16 *q, const bf16 *k, float *scores, int32_t q_start, int32_t k_start)``,
+  ``attn_online_softmax_bf16(const float *scores, bf16 *probs, float *row_max, float *row_sum,
+  float *row_scale)``, ``attn_pv_accumulate_bf16(const bf16 *probs, const bf16 *v, const float *row_scale,
+  float *acc)``, ``attn_finalize_bf16(const float *acc, const float *row_sum, bf16 *out)``
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class KernelObject:
+    object: str                   # what herds link (link_with)
+    source: str                   # file name under kernels/aie2p/
+    symbols: tuple[str, ...]
+    config_macros: tuple[str, ...]  # the -D tile-size macros a call must set
+
+
+EXTERNAL_KERNELS = (
+    KernelObject("rope.o", "rope_half_split.cc", ("rope_half_split_bf16",),
+                 ("ROPE_ROWS", "ROPE_HEADS", "ROPE_HEAD_DIM")),
+    KernelObject("silu_mul.o", "silu_mul.cc", ("silu_mul_bf16",), ("SILU_MUL_LEN",)),
+    KernelObject("gemv.o", "gemv.cc", ("gemv_bf16", "gemv_bf16_f32"), ("GEMV_ROWS", "GEMV_K")),
+    KernelObject("attention.o", "attention.cc",
+                 ("attn_init_f32", "attn_qk_tile_bf16", "attn_online_softmax_bf16", "attn_pv_accumulate_bf16",
+                  "attn_finalize_bf16"),
+                 ("ATTN_TQ", "ATTN_TK", "ATTN_HEAD_DIM")),
+)
+
+KERNEL_OBJECTS = {k.object: k for k in EXTERNAL_KERNELS}
+_OBJECT_OF_SYMBOL = {name: k.object for k in EXTERNAL_KERNELS for name in k.symbols}
+
+
+def object_for_symbol(symbol: str) -> KernelObject:
+    try:
+        return KERNEL_OBJECTS[_OBJECT_OF_SYMBOL[symbol]]
+    except KeyError:
+        raise KeyError(f"{symbol} is not an external kernel listed in builders/externs.py") from None

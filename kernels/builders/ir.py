@@ -1,0 +1,330 @@
+"""MLIR text emission for one launch: the AIR hierarchy in generic form, plus upstream dialect ops.
+
+AIR ops are written in MLIR's generic form (``"air.herd"(...) <{...}> ({...}) : (...) -> ()``) because
+that is the one spelling both ``aircc`` (AIR registered) and a stock ``mlir-opt --allow-unregistered-dialect``
+(AIR unknown) parse; func/memref/arith/scf/affine/linalg/vector/math ops use their custom syntax so that
+``mlir-opt`` fully verifies them.
+
+A builder creates a :class:`LaunchBuilder` over its operand types, emits through it and calls
+:meth:`LaunchBuilder.finish`. Operands are named ``%operand0..N`` (the launch's reads then writes, in the
+Program's order); the stitcher maps those to the ELF's ``func.func`` arguments and prefixes every other
+SSA value and symbol per launch.
+"""
+from __future__ import annotations
+
+import math
+import re
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from .externs import object_for_symbol
+
+L3, L2, L1 = 0, 1, 2  # AIR memory spaces: DDR, memtile, compute-tile memory
+ELEMENT_BYTES = {"bf16": 2, "f32": 4, "i32": 4}
+DYNAMIC = -9223372036854775808  # MLIR's ShapedType::kDynamic marker inside static offset arrays
+OPERAND_PREFIX = "operand"
+
+
+@dataclass(frozen=True)
+class MemRef:
+    shape: tuple[int, ...]
+    dtype: str
+    space: int = L3
+    layout: str = ""  # e.g. "strided<[64, 1], offset: ?>" for a subview
+
+    def __str__(self) -> str:
+        parts = ["x".join(str(d) for d in self.shape) + "x" + self.dtype if self.shape else self.dtype]
+        if self.layout:
+            parts.append(self.layout)
+        if self.space != L3:
+            parts.append(f"{self.space} : i32")
+        return f"memref<{', '.join(parts)}>"
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * ELEMENT_BYTES[self.dtype]
+
+
+@dataclass(frozen=True)
+class Value:
+    """An SSA value (name including ``%``) and its type (a MemRef or a builtin type name)."""
+
+    ssa: str
+    type: object
+
+
+@dataclass(frozen=True)
+class Window:
+    """A DMA access pattern in elements; an offset may be an SSA name. Empty means the whole buffer."""
+
+    offsets: tuple = ()
+    sizes: tuple[int, ...] = ()
+    strides: tuple[int, ...] = ()
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.sizes)
+
+
+WHOLE = Window()
+
+
+def rows_window(ref: MemRef, row, nrows: int, col, ncols: int) -> Window:
+    """Rows ``[row, row+nrows)`` × columns ``[col, col+ncols)`` of a row-major (rows, cols) operand.
+
+    A 1-D operand is a Program's single-row (decode) form: only ``nrows == 1`` at row 0 exists, so the
+    row offset is dropped.
+    """
+    if len(ref.shape) == 2:
+        return Window((row, col), (nrows, ncols), (ref.shape[1], 1))
+    assert len(ref.shape) == 1 and nrows == 1, (ref, nrows)
+    return Window((col,), (ncols,), (1,))
+
+
+@dataclass(frozen=True)
+class ExternDecl:
+    """A ``func.func private`` the launch calls: C symbol, argument types, the object it links and the
+    ``-D`` configuration (tile-size macros) that object must be compiled with."""
+
+    symbol: str
+    arg_types: tuple[str, ...]
+    object: str
+    defines: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True)
+class LaunchIR:
+    """What a builder returns: the launch op text, its operands and the external kernels it calls."""
+
+    kind: str
+    text: str
+    operands: tuple[Value, ...]
+    externs: tuple[ExternDecl, ...]
+
+    def standalone_module(self) -> str:
+        """The launch alone in a module, its operands as the func arguments (for inspection and tests)."""
+        decls = [extern_declaration(d.symbol, d.arg_types, d.object) for d in self.externs]
+        args = ", ".join(f"{v.ssa}: {v.type}" for v in self.operands)
+        body = "\n".join("    " + line for line in self.text.splitlines())
+        return "\n".join(["module {", *("  " + d for d in decls), f"  func.func @{self.kind}({args}) {{", body,
+                          "    return", "  }", "}", ""])
+
+
+def extern_declaration(symbol: str, arg_types, object_name: str) -> str:
+    return (f"func.func private @{symbol}({', '.join(arg_types)}) "
+            f'attributes {{link_with = "{object_name}", llvm.emit_c_interface}}')
+
+
+def float_literal(value: float) -> str:
+    """An MLIR float literal: MLIR needs the '.', and ten significant digits round-trip any f32."""
+    return f"{float(value):.9e}"
+
+
+def _i64_array(values) -> str:
+    return f"array<i64: {', '.join(str(v) for v in values)}>" if values else "array<i64>"
+
+
+def _strided_layout(shape: tuple[int, ...], keep: int) -> str:
+    strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
+    return f"strided<[{', '.join(str(s) for s in strides[-keep:])}], offset: ?>"
+
+
+@dataclass
+class _Scope:
+    isolated: bool
+    constants: dict = field(default_factory=dict)
+
+
+class LaunchBuilder:
+    """Emits one launch's text with unique SSA names, recording the external kernels it calls."""
+
+    def __init__(self, kind: str, operand_types, roles):
+        """``roles`` name the operands (e.g. "x", "weight", "out"); they become block-argument names."""
+        self.kind = kind
+        self.operands = tuple(Value(f"%{OPERAND_PREFIX}{i}", t) for i, t in enumerate(operand_types))
+        self._roles = tuple(roles)
+        self._lines: list[str] = []
+        self._depth = 0
+        self._used = {v.ssa[1:] for v in self.operands}
+        self._scopes = [_Scope(isolated=True)]
+        self._externs: dict[str, ExternDecl] = {}
+
+    # ---- plumbing -------------------------------------------------------------------------------------
+    def fresh(self, hint: str) -> str:
+        base = re.sub(r"\W", "_", hint)
+        name, n = base, 1
+        while name in self._used:
+            n += 1
+            name = f"{base}_{n}"
+        self._used.add(name)
+        return "%" + name
+
+    def _block_arg_hint(self, ssa: str) -> str:
+        name = ssa[1:]
+        if name.startswith(OPERAND_PREFIX):
+            return self._roles[int(name[len(OPERAND_PREFIX):])]
+        return re.sub(r"_\d+$", "", name)
+
+    def emit(self, line: str) -> None:
+        self._lines.append("  " * self._depth + line)
+
+    def comment(self, text: str) -> None:
+        self.emit(f"// {text}")
+
+    @contextmanager
+    def _region(self, isolated: bool):
+        self._depth += 1
+        self._scopes.append(_Scope(isolated))
+        try:
+            yield
+        finally:
+            self._scopes.pop()
+            self._depth -= 1
+
+    def const(self, value, type_: str = "index") -> str:
+        """An ``arith.constant``, reused while visible (isolated regions start a fresh set)."""
+        key = (value, type_)
+        for scope in reversed(self._scopes):
+            if key in scope.constants:
+                return scope.constants[key]
+            if scope.isolated:
+                break
+        if type_ in ("f32", "bf16"):
+            literal = float_literal(value)
+            hint = "cst_" + type_
+        else:
+            literal = str(int(value))
+            hint = f"c{int(value)}" + ("" if type_ == "index" else "_" + type_)
+        name = self.fresh(hint)
+        self.emit(f"{name} = arith.constant {literal} : {type_}")
+        self._scopes[-1].constants[key] = name
+        return name
+
+    # ---- AIR hierarchy --------------------------------------------------------------------------------
+    @contextmanager
+    def hierarchy(self, op: str, name: str, sizes, operands, link_with: str | None = None):
+        """``air.launch`` / ``air.segment`` / ``air.herd``; yields (ids, sizes, operand block args).
+
+        The region is isolated from above, so every value it uses arrives as an operand and is
+        re-bound to a block argument of the same type.
+        """
+        size_values = [self.const(s) for s in sizes]
+        props = []
+        if link_with:
+            props.append(f'link_with = "{link_with}"')
+        props.append(f"operandSegmentSizes = array<i32: 0, {len(sizes)}, {len(operands)}>")
+        props.append(f'sym_name = "{name}"')
+        operand_list = ", ".join(size_values + [v.ssa for v in operands])
+        self.emit(f'"air.{op}"({operand_list}) <{{{", ".join(props)}}}> ({{')
+        axes = "xyz"
+        ids = [self.fresh(f"{op[0]}{axes[i]}") for i in range(len(sizes))]
+        extents = [self.fresh(f"{op[0]}s{axes[i]}") for i in range(len(sizes))]
+        args = [Value(self.fresh(self._block_arg_hint(v.ssa)), v.type) for v in operands]
+        block_args = [f"{n}: index" for n in ids + extents] + [f"{a.ssa}: {a.type}" for a in args]
+        self.emit(f"^bb0({', '.join(block_args)}):")
+        with self._region(isolated=True):
+            yield ids, extents, args
+            self.emit(f'"air.{op}_terminator"() : () -> ()')
+        types = ["index"] * len(sizes) + [str(v.type) for v in operands]
+        self.emit(f"}}) : ({', '.join(types)}) -> ()")
+
+    def launch(self, name, sizes, operands):
+        return self.hierarchy("launch", name, sizes, operands)
+
+    def segment(self, name, operands):
+        return self.hierarchy("segment", name, (), operands)
+
+    def herd(self, name, sizes, operands, link_with=None):
+        return self.hierarchy("herd", name, sizes, operands, link_with)
+
+    def dma(self, dst: Value, dst_window: Window, src: Value, src_window: Window) -> None:
+        """``air.dma_memcpy_nd``: copy ``src_window`` of ``src`` into ``dst_window`` of ``dst``."""
+        dst_count = dst_window.numel if dst_window.sizes else dst.type.numel
+        src_count = src_window.numel if src_window.sizes else src.type.numel
+        assert dst_count == src_count, f"DMA moves {src_count} elements into {dst_count}"
+        assert dst.type.dtype == src.type.dtype, "DMA cannot convert element types"
+        operands, types, static, dynamic_counts = [], [], {}, []
+        for side, value, window in (("dst", dst, dst_window), ("src", src, src_window)):
+            dynamic = [o for o in window.offsets if isinstance(o, str)]
+            operands += [value.ssa, *dynamic]
+            types += [str(value.type)] + ["index"] * len(dynamic)
+            dynamic_counts.append(len(dynamic))
+            static[f"static_{side}_offsets"] = [DYNAMIC if isinstance(o, str) else o for o in window.offsets]
+            static[f"static_{side}_sizes"] = list(window.sizes)
+            static[f"static_{side}_strides"] = list(window.strides)
+        segments = f"array<i32: 0, 1, {dynamic_counts[0]}, 0, 0, 1, {dynamic_counts[1]}, 0, 0>"
+        props = [f"operandSegmentSizes = {segments}"] + [f"{k} = {_i64_array(v)}" for k, v in static.items()]
+        self.emit(f'"air.dma_memcpy_nd"({", ".join(operands)}) <{{{", ".join(props)}}}> : '
+                  f"({', '.join(types)}) -> ()")
+
+    # ---- upstream dialects ----------------------------------------------------------------------------
+    @contextmanager
+    def loop(self, lower: int, upper: int, step: int = 1, hint: str = "i"):
+        iv = self.fresh(hint)
+        self.emit(f"scf.for {iv} = {self.const(lower)} to {self.const(upper)} step {self.const(step)} {{")
+        with self._region(isolated=False):
+            yield iv
+        self.emit("}")
+
+    def affine(self, expr: str, symbols, hint: str = "idx") -> str:
+        """``affine.apply`` of ``expr`` over symbols ``s0..`` bound to the given index values."""
+        names = ", ".join(f"s{i}" for i in range(len(symbols)))
+        result = self.fresh(hint)
+        self.emit(f"{result} = affine.apply affine_map<()[{names}] -> ({expr})>()[{', '.join(symbols)}]")
+        return result
+
+    def index_to_i32(self, index: str, hint: str = "i32") -> Value:
+        return self.assign(hint, f"arith.index_cast {index} : index to i32", "i32")
+
+    def alloc(self, ref: MemRef, hint: str) -> Value:
+        name = self.fresh(hint)
+        self.emit(f"{name} = memref.alloc() : {ref}")
+        return Value(name, ref)
+
+    def dealloc(self, *values: Value) -> None:
+        for v in values:
+            self.emit(f"memref.dealloc {v.ssa} : {v.type}")
+
+    def slab(self, buffer: Value, coords, hint: str = "slab") -> Value:
+        """The calling core's slab ``buffer[coords..., :, ...]`` of a herd-shared L1 buffer (rank-reducing)."""
+        ref = buffer.type
+        keep = len(ref.shape) - len(coords)
+        offsets = list(coords) + ["0"] * keep
+        sizes = ["1"] * len(coords) + [str(d) for d in ref.shape[len(coords):]]
+        result = MemRef(ref.shape[len(coords):], ref.dtype, ref.space, _strided_layout(ref.shape, keep))
+        name = self.fresh(hint)
+        self.emit(f"{name} = memref.subview {buffer.ssa}[{', '.join(offsets)}] [{', '.join(sizes)}] "
+                  f"[{', '.join(['1'] * len(ref.shape))}] : {ref} to {result}")
+        return Value(name, result)
+
+    def call(self, symbol: str, args, defines: dict[str, int]) -> None:
+        """``func.call`` of an external AIE2P kernel built with ``defines``; recorded for the stitcher."""
+        kernel = object_for_symbol(symbol)
+        assert sorted(defines) == sorted(kernel.config_macros), (symbol, defines)
+        decl = ExternDecl(symbol, tuple(str(a.type) for a in args), kernel.object, tuple(sorted(defines.items())))
+        assert self._externs.setdefault(symbol, decl) == decl, f"{symbol} called two ways in one launch"
+        self.emit(f"func.call @{symbol}({', '.join(a.ssa for a in args)}) : ({', '.join(decl.arg_types)}) -> ()")
+
+    def assign(self, hint: str, rhs: str, type_) -> Value:
+        """``%name = <rhs>`` for an op whose text the caller writes; returns the result."""
+        name = self.fresh(hint)
+        self.emit(f"{name} = {rhs}")
+        return Value(name, type_)
+
+    def vector_read(self, buffer: Value, index: str, lanes: int, hint: str = "v") -> Value:
+        vtype = f"vector<{lanes}x{buffer.type.dtype}>"
+        pad = self.const(0.0, buffer.type.dtype)
+        return self.assign(hint, f"vector.transfer_read {buffer.ssa}[{index}], {pad} {{in_bounds = [true]}} : "
+                                 f"{buffer.type}, {vtype}", vtype)
+
+    def vector_write(self, vector: Value, buffer: Value, index: str) -> None:
+        self.emit(f"vector.transfer_write {vector.ssa}, {buffer.ssa}[{index}] {{in_bounds = [true]}} : "
+                  f"{vector.type}, {buffer.type}")
+
+    def finish(self) -> LaunchIR:
+        assert self._depth == 0, "unclosed region"
+        return LaunchIR(self.kind, "\n".join(self._lines), self.operands, tuple(self._externs.values()))

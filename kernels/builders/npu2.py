@@ -1,0 +1,88 @@
+"""NPU2 (AIE2P) capacities and the constraint checks every builder shares.
+
+A builder refuses, with a :class:`LaunchConstraintError` naming the launch kind, the parameter and the
+rule, any launch it cannot emit as something that fits: tiles that do not divide the problem, L1 or L2
+buffers over budget, operands whose shapes disagree with the launch parameters.
+"""
+from __future__ import annotations
+
+from .ir import ELEMENT_BYTES, MemRef
+
+COLUMNS, ROWS = 8, 4                  # compute tiles: 8 columns × 4 rows
+L1_BYTES = 64 * 1024                  # data memory per compute tile
+STACK_BYTES = 1024                    # aircc's default --stack-size, carved out of L1
+L1_AVAILABLE = L1_BYTES - STACK_BYTES
+L2_BYTES = 512 * 1024                 # one memtile
+VECTOR_LANES = 16                     # bf16 lanes whose f32 widening still fits one 512-bit register
+MMUL_GRANULE = 8                      # AIE2P bf16 matmul intrinsic works on 8×8×8 blocks
+HERD_CANDIDATES = (8, 4, 2, 1)        # row-parallel herds span up to the 8 columns
+
+
+class LaunchConstraintError(ValueError):
+    """A launch's parameters or tuning cannot be emitted as an NPU2 kernel."""
+
+    def __init__(self, kind: str, param: str, value, constraint: str):
+        super().__init__(f"{kind} launch: {param}={value!r}: {constraint}")
+        self.kind, self.param, self.value, self.constraint = kind, param, value, constraint
+
+
+def require(condition: bool, kind: str, param: str, value, constraint: str) -> None:
+    if not condition:
+        raise LaunchConstraintError(kind, param, value, constraint)
+
+
+def check_tuning(kind: str, tuning: dict, allowed) -> None:
+    for key, value in tuning.items():
+        require(key in allowed, kind, key, value, f"unknown tuning parameter; known: {', '.join(allowed)}")
+        require(isinstance(value, int) and value > 0, kind, key, value, "must be a positive int")
+
+
+def check_params(kind: str, params: dict, names) -> None:
+    missing = [n for n in names if n not in params]
+    require(not missing, kind, "params", sorted(params), f"missing {', '.join(missing)}")
+    for name in names:
+        value = params[name]
+        if isinstance(value, bool) or not isinstance(value, int):
+            continue
+        require(value > 0, kind, name, value, "must be positive")
+
+
+def row_shapes(rows: int, cols: int) -> set[tuple[int, ...]]:
+    """Shapes a (rows, cols) activation may have: 1-D when it is a single (decode) row."""
+    return {(rows, cols), (cols,)} if rows == 1 else {(rows, cols)}
+
+
+def check_operands(kind: str, operands, expected) -> None:
+    """``expected``: (role, accepted shapes, dtype) per operand, in the launch's reads-then-writes order."""
+    require(len(operands) == len(expected), kind, "operands", len(operands),
+            f"expects {len(expected)} operands ({', '.join(e[0] for e in expected)})")
+    for ref, (role, shapes, dtype) in zip(operands, expected):
+        require(isinstance(ref, MemRef) and tuple(ref.shape) in shapes and ref.dtype == dtype, kind, role,
+                str(ref), f"must be {' or '.join(str(MemRef(s, dtype)) for s in sorted(shapes))}")
+
+
+def check_budget(kind: str, level: str, buffers: dict[str, int], advice: str) -> None:
+    """Sum of buffer bytes (callers count double-buffered ones twice) against L1 or one memtile."""
+    limit = L1_AVAILABLE if level == "L1" else L2_BYTES
+    total = sum(buffers.values())
+    if total > limit:
+        items = ", ".join(f"{name} {size} B" for name, size in buffers.items())
+        where = (f"{L1_AVAILABLE} B per compute tile (64 KiB minus the {STACK_BYTES} B stack)" if level == "L1"
+                 else f"{L2_BYTES} B of one memtile")
+        raise LaunchConstraintError(kind, f"{level} bytes", total, f"exceeds {where} ({items}); {advice}")
+
+
+def nbytes(shape, dtype: str) -> int:
+    n = ELEMENT_BYTES[dtype]
+    for d in shape:
+        n *= d
+    return n
+
+
+def largest_dividing(count: int, candidates) -> int | None:
+    return next((c for c in candidates if count % c == 0), None)
+
+
+def divisors_descending(n: int, at_most: int | None = None) -> list[int]:
+    cap = n if at_most is None else min(n, at_most)
+    return [d for d in range(cap, 0, -1) if n % d == 0]

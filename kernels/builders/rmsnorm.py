@@ -1,0 +1,92 @@
+"""rmsnorm(rows, cols, eps): ``out[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * w``.
+
+Schedule: a row-parallel herd of up to 8 tiles (one per column), each normalizing its contiguous block of
+rows one row at a time. Rows are not reused, so they stream DDR → L1 directly (no memtile staging); the
+weight row is loaded once per tile and stays resident.
+
+Compute is vector code (16 lanes): squares in bf16, widened to f32 and summed in an f32 L1 accumulator,
+the statistic ``rsqrt(mean + eps)`` in f32, the scaling ``(x * rstd) * w`` in bf16 (HF's order). The
+square makes a round trip through a small L1 scratch buffer and the accumulator lives in memory, not in
+a loop-carried vector: AIE vector legalization rejects an f32 add fed straight by the multiply and splits
+loop-carried wide vectors. f32 vector multiplies do not legalize either, so rstd is rounded to bf16
+before scaling, where HF scales in f32: up to half a bf16 ulp of extra relative error per row.
+
+Constraints: cols a multiple of 16; herd (default: the largest of 8, 4, 2, 1 dividing rows) divides rows;
+double-buffered x and out rows plus the weight row fit L1 (cols up to about 6400).
+"""
+from __future__ import annotations
+
+from .ir import L1, WHOLE, LaunchBuilder, LaunchIR, MemRef, Window, rows_window
+from .npu2 import (COLUMNS, HERD_CANDIDATES, VECTOR_LANES, check_budget, check_operands, check_params,
+                   check_tuning, largest_dividing, nbytes, require, row_shapes)
+
+KIND = "rmsnorm"
+PARAMS = ("rows", "cols", "eps")
+TUNING = ("herd",)
+
+
+def build(params: dict, operands, tuning: dict | None = None) -> LaunchIR:
+    tuning = dict(tuning or {})
+    check_params(KIND, params, PARAMS)
+    check_tuning(KIND, tuning, TUNING)
+    rows, cols, eps = params["rows"], params["cols"], float(params["eps"])
+    check_operands(KIND, operands, [("x", row_shapes(rows, cols), "bf16"), ("weight", {(cols,)}, "bf16"),
+                                    ("out", row_shapes(rows, cols), "bf16")])
+    require(cols % VECTOR_LANES == 0, KIND, "cols", cols, f"must be a multiple of {VECTOR_LANES} (vector lanes)")
+    herd = tuning.get("herd", largest_dividing(rows, HERD_CANDIDATES))
+    require(herd <= COLUMNS, KIND, "herd", herd, f"a row-parallel herd spans at most {COLUMNS} columns")
+    require(rows % herd == 0, KIND, "herd", herd, f"must divide rows={rows}")
+    row_bytes = nbytes((cols,), "bf16")
+    check_budget(KIND, "L1", {"x row x2 (double-buffered)": 2 * row_bytes, "out row x2": 2 * row_bytes,
+                              "weight": row_bytes, "f32 accumulator": nbytes((VECTOR_LANES,), "f32"),
+                              "square scratch": nbytes((VECTOR_LANES,), "bf16")},
+                 "cols is too wide to normalize a row in one tile")
+
+    b = LaunchBuilder(KIND, operands, ("x", "weight", "out"))
+    b.comment(f"rmsnorm rows={rows} cols={cols} eps={eps}: herd {herd}x1, {rows // herd} rows per tile")
+    with b.launch("rmsnorm", (1, 1), b.operands) as (_, _, launch_args):
+        with b.segment("rmsnorm_seg", launch_args) as (_, _, segment_args):
+            with b.herd("rmsnorm_herd", (herd, 1), segment_args) as ((tx, _), _, (x, weight, out)):
+                _emit_tile(b, x, weight, out, tx, rows // herd, cols, eps)
+    return b.finish()
+
+
+def _emit_tile(b: LaunchBuilder, x, weight, out, tx, rows_per_tile, cols, eps) -> None:
+    row_type = MemRef((cols,), "bf16", L1)
+    w_buf = b.alloc(row_type, "w_l1")
+    x_buf = b.alloc(row_type, "x_l1")
+    out_buf = b.alloc(row_type, "out_l1")
+    acc = b.alloc(MemRef((VECTOR_LANES,), "f32", L1), "sumsq_l1")
+    scratch = b.alloc(MemRef((VECTOR_LANES,), "bf16", L1), "square_l1")
+    b.dma(w_buf, WHOLE, weight, Window((0,), (cols,), (1,)))
+    bf16_vec, f32_vec = f"vector<{VECTOR_LANES}xbf16>", f"vector<{VECTOR_LANES}xf32>"
+    with b.loop(0, rows_per_tile, 1, "r") as r:
+        row = b.affine(f"s0 * {rows_per_tile} + s1", [tx, r], "row") if len(x.type.shape) == 2 else 0
+        b.dma(x_buf, WHOLE, x, rows_window(x.type, row, 1, 0, cols))
+        c0 = b.const(0)
+        zeros = b.assign("zeros", f"vector.broadcast {b.const(0.0, 'f32')} : f32 to {f32_vec}", f32_vec)
+        b.vector_write(zeros, acc, c0)
+        with b.loop(0, cols, VECTOR_LANES, "j") as j:
+            v = b.vector_read(x_buf, j, VECTOR_LANES, "xv")
+            square = b.assign("sq", f"arith.mulf {v.ssa}, {v.ssa} : {bf16_vec}", bf16_vec)
+            b.vector_write(square, scratch, c0)
+            reread = b.vector_read(scratch, c0, VECTOR_LANES, "sqv")
+            wide = b.assign("sqf", f"arith.extf {reread.ssa} : {bf16_vec} to {f32_vec}", f32_vec)
+            running = b.vector_read(acc, c0, VECTOR_LANES, "accv")
+            total = b.assign("accn", f"arith.addf {running.ssa}, {wide.ssa} : {f32_vec}", f32_vec)
+            b.vector_write(total, acc, c0)
+        sums = b.vector_read(acc, c0, VECTOR_LANES, "sums")
+        sumsq = b.assign("sumsq", f"vector.reduction <add>, {sums.ssa} : {f32_vec} into f32", "f32")
+        mean = b.assign("mean", f"arith.mulf {sumsq.ssa}, {b.const(1.0 / cols, 'f32')} : f32", "f32")
+        shifted = b.assign("var_eps", f"arith.addf {mean.ssa}, {b.const(eps, 'f32')} : f32", "f32")
+        rstd = b.assign("rstd", f"math.rsqrt {shifted.ssa} : f32", "f32")
+        rstd_bf16 = b.assign("rstd_bf16", f"arith.truncf {rstd.ssa} : f32 to bf16", "bf16")
+        scale = b.assign("rstd_v", f"vector.broadcast {rstd_bf16.ssa} : bf16 to {bf16_vec}", bf16_vec)
+        with b.loop(0, cols, VECTOR_LANES, "j") as j:
+            xv = b.vector_read(x_buf, j, VECTOR_LANES, "xv")
+            wv = b.vector_read(w_buf, j, VECTOR_LANES, "wv")
+            normed = b.assign("normed", f"arith.mulf {xv.ssa}, {scale.ssa} : {bf16_vec}", bf16_vec)
+            weighted = b.assign("y", f"arith.mulf {normed.ssa}, {wv.ssa} : {bf16_vec}", bf16_vec)
+            b.vector_write(weighted, out_buf, j)
+        b.dma(out, rows_window(out.type, row, 1, 0, cols), out_buf, WHOLE)
+    b.dealloc(w_buf, x_buf, out_buf, acc, scratch)

@@ -1,0 +1,74 @@
+"""rope(rows, heads, head_dim): half-split rotary embedding through the external ``rope_half_split_bf16``.
+
+``x`` is (rows, heads*head_dim) seq-first; the LUT is (rows, head_dim), one row per position
+``[cos_0..cos_{d/2-1}, sin_0..sin_{d/2-1}]`` shared by every head of that row.
+
+Schedule: a row-parallel herd of up to 8 tiles, each taking a contiguous block of rows ``tile_rows`` at a
+time (x rows and their LUT rows DDR → L1, one kernel call, result L1 → DDR). Nothing is reused across
+tiles, so there is no memtile staging. rope.o is built for (tile_rows, heads, head_dim).
+
+Constraints: head_dim a multiple of 32 (each half whole 16-lane vectors); herd divides rows; tile_rows
+divides each tile's rows; double-buffered x, out and LUT rows fit L1.
+"""
+from __future__ import annotations
+
+from .ir import L1, WHOLE, LaunchBuilder, LaunchIR, MemRef, rows_window
+from .npu2 import (COLUMNS, HERD_CANDIDATES, L1_AVAILABLE, VECTOR_LANES, check_budget, check_operands, check_params,
+                   check_tuning, largest_dividing, nbytes, require, row_shapes)
+
+KIND = "rope"
+PARAMS = ("rows", "heads", "head_dim")
+TUNING = ("herd", "tile_rows")
+OBJECT = "rope.o"
+TILE_ROWS_CANDIDATES = (4, 2, 1)
+
+
+def _l1_bytes(tile_rows: int, width: int, head_dim: int) -> dict[str, int]:
+    return {"x rows x2 (double-buffered)": 2 * nbytes((tile_rows, width), "bf16"),
+            "out rows x2": 2 * nbytes((tile_rows, width), "bf16"),
+            "lut rows x2": 2 * nbytes((tile_rows, head_dim), "bf16")}
+
+
+def build(params: dict, operands, tuning: dict | None = None) -> LaunchIR:
+    tuning = dict(tuning or {})
+    check_params(KIND, params, PARAMS)
+    check_tuning(KIND, tuning, TUNING)
+    rows, heads, head_dim = params["rows"], params["heads"], params["head_dim"]
+    width = heads * head_dim
+    check_operands(KIND, operands, [("x", row_shapes(rows, width), "bf16"),
+                                    ("lut", row_shapes(rows, head_dim), "bf16"),
+                                    ("out", row_shapes(rows, width), "bf16")])
+    require(head_dim % (2 * VECTOR_LANES) == 0, KIND, "head_dim", head_dim,
+            f"must be a multiple of {2 * VECTOR_LANES} so each rotated half is whole {VECTOR_LANES}-lane vectors")
+    herd = tuning.get("herd", largest_dividing(rows, HERD_CANDIDATES))
+    require(herd <= COLUMNS, KIND, "herd", herd, f"a row-parallel herd spans at most {COLUMNS} columns")
+    require(rows % herd == 0, KIND, "herd", herd, f"must divide rows={rows}")
+    rows_per_tile = rows // herd
+    if "tile_rows" in tuning:
+        tile_rows = tuning["tile_rows"]
+        require(rows_per_tile % tile_rows == 0, KIND, "tile_rows", tile_rows,
+                f"must divide the {rows_per_tile} rows each tile owns")
+    else:
+        fitting = [t for t in TILE_ROWS_CANDIDATES
+                   if rows_per_tile % t == 0 and sum(_l1_bytes(t, width, head_dim).values()) <= L1_AVAILABLE]
+        tile_rows = fitting[0] if fitting else 1
+    check_budget(KIND, "L1", _l1_bytes(tile_rows, width, head_dim), "lower tile_rows")
+
+    b = LaunchBuilder(KIND, operands, ("x", "lut", "out"))
+    b.comment(f"rope rows={rows} heads={heads} head_dim={head_dim}: herd {herd}x1, {tile_rows} rows per call")
+    with b.launch("rope", (1, 1), b.operands) as (_, _, launch_args):
+        with b.segment("rope_seg", launch_args) as (_, _, segment_args):
+            with b.herd("rope_herd", (herd, 1), segment_args, link_with=OBJECT) as ((tx, _), _, (x, lut, out)):
+                x_buf = b.alloc(MemRef((tile_rows * width,), "bf16", L1), "x_l1")
+                lut_buf = b.alloc(MemRef((tile_rows * head_dim,), "bf16", L1), "lut_l1")
+                out_buf = b.alloc(MemRef((tile_rows * width,), "bf16", L1), "out_l1")
+                config = {"ROPE_ROWS": tile_rows, "ROPE_HEADS": heads, "ROPE_HEAD_DIM": head_dim}
+                with b.loop(0, rows_per_tile, tile_rows, "r") as r:
+                    row = b.affine(f"s0 * {rows_per_tile} + s1", [tx, r], "row") if len(x.type.shape) == 2 else 0
+                    b.dma(x_buf, WHOLE, x, rows_window(x.type, row, tile_rows, 0, width))
+                    b.dma(lut_buf, WHOLE, lut, rows_window(lut.type, row, tile_rows, 0, head_dim))
+                    b.call("rope_half_split_bf16", [x_buf, lut_buf, out_buf], config)
+                    b.dma(out, rows_window(out.type, row, tile_rows, 0, width), out_buf, WHOLE)
+                b.dealloc(x_buf, lut_buf, out_buf)
+    return b.finish()
+

@@ -1,0 +1,155 @@
+"""Stitching: a Program's launches become one module with one ``func.func @<program.name>``, the ELF's ABI.
+
+The function's arguments are exactly the Program's arguments, in order, typed from shape and dtype and
+named after them. Each launch's builder output is spliced in with:
+
+* its operands (``%operand<i>``: the launch's reads then writes) remapped to those function arguments;
+* every other SSA value prefixed ``l<launch index>_``, and so are its hierarchy symbols (``sym_name``),
+  so nothing collides across launches;
+* its external kernel declarations merged module-wide. A kernel's tile sizes are compile-time macros, so
+  each distinct ``-D`` configuration of one kernel object is its own build; and one C symbol can have only
+  one declaration, so every configuration after the first is a variant: its symbols get a ``_v<n>``
+  suffix, its herds link ``<object stem>_v<n>.o``, and the compile pipeline builds that object from the
+  same source with the configuration plus ``-D<symbol>=<symbol>_v<n>`` (``StitchedModule.objects``).
+  Launches with the same configuration (the K and V projections, say) share one build.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .builders import KERNEL_OBJECTS, build_launch
+from .builders.ir import OPERAND_PREFIX, MemRef, extern_declaration
+from .program import Program
+
+LAUNCH_PREFIX = "l{index}_"
+_ARG_NAME = re.compile(r"[A-Za-z_]\w*")
+_RESERVED_ARG_NAME = re.compile(r"l\d+_")
+# sym_name/link_with strings are renamed; any other string literal is skipped; %values and @symbols renamed.
+_TOKEN = re.compile(r'\b(sym_name|link_with) = "([^"]*)"|"(?:[^"\\]|\\.)*"|([%@])([A-Za-z_][\w$.]*)')
+
+
+@dataclass(frozen=True)
+class ObjectBuild:
+    """One kernel object the module links: file name, C++ source, ``-D`` configuration and symbol renames."""
+
+    object: str
+    source: str
+    defines: tuple[tuple[str, int], ...]
+    renames: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class StitchedModule:
+    program_name: str
+    text: str
+    objects: tuple[ObjectBuild, ...]
+
+
+class _KernelVariants:
+    """One build per (kernel object, -D configuration), numbered in order of first use."""
+
+    def __init__(self):
+        self._builds: dict[tuple[str, tuple], dict[str, tuple[str, ...]]] = {}  # → symbol: arg types
+
+    def _number(self, obj: str, defines: tuple) -> int:
+        return [key for key in self._builds if key[0] == obj].index((obj, defines))
+
+    def assign(self, externs) -> tuple[dict[str, str], dict[str, str]]:
+        """Returns (symbol renames, object renames) for one launch's external calls."""
+        symbols, objects = {}, {}
+        for decl in externs:
+            declared = self._builds.setdefault((decl.object, decl.defines), {})
+            assert declared.setdefault(decl.symbol, decl.arg_types) == decl.arg_types, \
+                f"{decl.symbol}: one configuration, two signatures"
+            suffix = _suffix(self._number(decl.object, decl.defines))
+            symbols[decl.symbol] = decl.symbol + suffix
+            assert objects.setdefault(decl.object, _variant_object(decl.object, suffix)) == \
+                _variant_object(decl.object, suffix), f"a launch links two configurations of {decl.object}"
+        return symbols, objects
+
+    def declarations(self) -> list[str]:
+        return [extern_declaration(symbol + suffix, types, _variant_object(obj, suffix))
+                for (obj, defines), declared in self._builds.items()
+                for suffix in [_suffix(self._number(obj, defines))]
+                for symbol, types in declared.items()]
+
+    def object_builds(self) -> tuple[ObjectBuild, ...]:
+        builds = []
+        for obj, defines in self._builds:
+            kernel = KERNEL_OBJECTS[obj]
+            suffix = _suffix(self._number(obj, defines))
+            renames = tuple((s, s + suffix) for s in kernel.symbols) if suffix else ()
+            builds.append(ObjectBuild(_variant_object(obj, suffix), kernel.source, defines, renames))
+        return tuple(builds)
+
+
+def _suffix(variant_number: int) -> str:
+    return "" if variant_number == 0 else f"_v{variant_number + 1}"
+
+
+def _variant_object(obj: str, suffix: str) -> str:
+    stem = obj[:-2] if obj.endswith(".o") else obj
+    return f"{stem}{suffix}.o"
+
+
+def _check_arg_names(program: Program) -> None:
+    for arg in program.args:
+        if not _ARG_NAME.fullmatch(arg.name) or _RESERVED_ARG_NAME.match(arg.name):
+            raise ValueError(f"Program {program.name}: argument name {arg.name!r} cannot be an SSA name here "
+                             f"(needs [A-Za-z_][A-Za-z0-9_]* and no 'l<digits>_' prefix, which launches use)")
+
+
+def _rename(text: str, prefix: str, operand_args: list[str], symbols: dict[str, str], objects: dict[str, str]) -> str:
+    def replace(match: re.Match) -> str:
+        attr, value, sigil, name = match.groups()
+        if attr == "sym_name":
+            return f'sym_name = "{prefix}{value}"'
+        if attr == "link_with":
+            return f'link_with = "{objects[value]}"'
+        if sigil is None:
+            return match.group(0)
+        if sigil == "@":
+            return "@" + symbols[name]
+        if name.startswith(OPERAND_PREFIX) and name[len(OPERAND_PREFIX):].isdigit():
+            return "%" + operand_args[int(name[len(OPERAND_PREFIX):])]
+        return f"%{prefix}{name}"
+
+    return _TOKEN.sub(replace, text)
+
+
+def _describe(index: int, launch) -> str:
+    params = ", ".join(f"{k}={v}" for k, v in launch.params)
+    return (f"launch {index}: {launch.kind}({params}) reads {', '.join(launch.reads)}; "
+            f"writes {', '.join(launch.writes)}")
+
+
+def stitch(program: Program, tuning: dict[int, dict] | None = None) -> StitchedModule:
+    """The Program as one MLIR module; ``tuning`` maps a launch index to its builder's tuning overrides."""
+    _check_arg_names(program)
+    tuning = tuning or {}
+    variants = _KernelVariants()
+    bodies = []
+    for index, launch in enumerate(program.launches):
+        ir = build_launch(program, launch, tuning.get(index))
+        symbols, objects = variants.assign(ir.externs)
+        prefix = LAUNCH_PREFIX.format(index=index)
+        text = _rename(ir.text, prefix, list(launch.reads + launch.writes), symbols, objects)
+        bodies.append((_describe(index, launch), text))
+
+    arg_types = [MemRef(tuple(a.shape), a.dtype) for a in program.args]
+    lines = [f"// torch_npu2 program {program.name}: func.func arguments in ELF order (run.set_arg index)"]
+    lines += [f"//   arg {i}: {a.name} ({a.role.value}) {t}" for i, (a, t) in enumerate(zip(program.args, arg_types))]
+    lines.append("module {")
+    lines += ["  " + d for d in variants.declarations()]
+    signature = ", ".join(f"%{a.name}: {t}" for a, t in zip(program.args, arg_types))
+    lines.append(f"  func.func @{program.name}({signature}) {{")
+    for description, text in bodies:
+        lines.append(f"    // {description}")
+        lines += ["    " + line for line in text.splitlines()]
+    lines += ["    return", "  }", "}", ""]
+    return StitchedModule(program.name, "\n".join(lines), variants.object_builds())
+
+
+def emit_mlir(program: Program) -> str:
+    return stitch(program).text

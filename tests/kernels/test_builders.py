@@ -1,0 +1,240 @@
+"""Launch-kind builders: hierarchy, external kernels, default tiling on NPU2, and refusals of what cannot fit."""
+import re
+
+import pytest
+
+from torch_npu2.kernels.builders import (BUILDERS, EXTERNAL_KERNELS, KERNEL_OBJECTS, LaunchConstraintError, MemRef,
+                                         build_launch)
+from torch_npu2.kernels.builders.npu2 import L1_AVAILABLE
+from torch_npu2.kernels.compile import KERNEL_SOURCE_DIR
+from torch_npu2.kernels.program import Arg, Launch, Program, Role
+from torch_npu2.kernels.programs import o_ffn, o_gemv_ffn, rms_gemms_rope
+
+BF16 = "bf16"
+KERNEL_OBJECTS_BY_SYMBOL = {s: k.object for k in EXTERNAL_KERNELS for s in k.symbols}
+
+
+def row(rows, cols):
+    return (cols,) if rows == 1 else (rows, cols)
+
+
+def operand_types(kind, p):
+    """The operand types a Program would hand a launch of ``kind`` with params ``p``."""
+    bf16 = lambda *shapes: [MemRef(tuple(s), BF16) for s in shapes]  # noqa: E731
+    if kind == "rmsnorm":
+        return bf16(row(p["rows"], p["cols"]), (p["cols"],), row(p["rows"], p["cols"]))
+    if kind == "gemm":
+        return bf16((p["M"], p["K"]), (p["N"], p["K"]), (p["M"], p["N"]))
+    if kind == "gemv":
+        return bf16((p["K"],), (p["N"], p["K"]), (p["N"],))
+    if kind == "partitioned_gemv":
+        return [*bf16((p["K"],), (p["N"], p["K"])), MemRef((p["N"],), "f32")]
+    if kind == "rope":
+        width = p["heads"] * p["head_dim"]
+        return bf16(row(p["rows"], width), row(p["rows"], p["head_dim"]), row(p["rows"], width))
+    if kind in ("silu_mul", "add"):
+        return bf16(*[row(p["rows"], p["cols"])] * 3)
+    q, kv = (p["seq"], p["heads"] * p["head_dim"]), (p["seq"], p["kv_heads"] * p["head_dim"])
+    return bf16(q, kv, kv, q)
+
+
+# One representative launch per kind, at Llama-3.2-1B prefill (seq 2048) or decode sizes.
+EXAMPLES = {
+    "rmsnorm": dict(rows=2048, cols=2048, eps=1e-5),
+    "gemm": dict(M=2048, K=2048, N=512),
+    "gemv": dict(K=8192, N=2048),
+    "partitioned_gemv": dict(K=2048, N=128256, partitions=8),
+    "rope": dict(rows=2048, heads=32, head_dim=64),
+    "silu_mul": dict(rows=1, cols=8192),
+    "add": dict(rows=2048, cols=2048),
+    "attention": dict(seq=2048, heads=32, kv_heads=8, head_dim=64, causal=True),
+}
+
+
+def build(kind, tuning=None, **overrides):
+    params = {**EXAMPLES[kind], **overrides}
+    return BUILDERS[kind](params, operand_types(kind, params), tuning)
+
+
+def herd_headers(text):
+    """(name, sizes, link_with) of every air.herd, sizes resolved through the launch's index constants."""
+    constants = dict(re.findall(r"(%[\w$.]+) = arith.constant (\d+) : index", text))
+    herds = []
+    for operands, props in re.findall(r'"air\.herd"\(([^)]*)\) <\{([^}]*)\}>', text):
+        sizes = tuple(int(constants[o]) for o in operands.split(", ")[:2])
+        link = re.search(r'link_with = "([^"]*)"', props)
+        herds.append((re.search(r'sym_name = "([^"]*)"', props).group(1), sizes, link and link.group(1)))
+    return herds
+
+
+def test_every_launch_kind_has_a_builder_and_an_example():
+    assert set(BUILDERS) == set(EXAMPLES)
+
+
+@pytest.mark.parametrize("kind", sorted(EXAMPLES))
+def test_hierarchy_nests_launch_segment_herd(kind):
+    ir = build(kind)
+    opened = re.findall(r'"air\.(launch|segment|herd)"|"air\.(launch|segment|herd)_terminator"', ir.text)
+    depth = {"launch": 0, "segment": 1, "herd": 2}
+    stack = []
+    for op, terminator in opened:
+        if op:
+            assert depth[op] == len(stack), f"{kind}: air.{op} opened at depth {len(stack)}"
+            stack.append(op)
+        else:
+            assert stack.pop() == terminator
+    assert not stack
+    assert {"launch", "segment", "herd"} <= {op for op, _ in opened if op}
+
+
+@pytest.mark.parametrize("kind", sorted(EXAMPLES))
+def test_herds_fit_the_array_and_link_the_objects_they_call(kind):
+    ir = build(kind)
+    for name, (columns, rows), link in herd_headers(ir.text):
+        assert columns <= 8 and rows <= 4, (name, columns, rows)
+    called_objects = {KERNEL_OBJECTS_BY_SYMBOL[d.symbol] for d in ir.externs}
+    linked = {link for _, _, link in herd_headers(ir.text) if link}
+    assert linked == called_objects
+    for decl in ir.externs:
+        assert decl.object == KERNEL_OBJECTS_BY_SYMBOL[decl.symbol]
+        assert re.search(rf"func\.call @{decl.symbol}\(", ir.text)
+
+
+def test_external_kernel_contract_names_and_objects():
+    assert set(KERNEL_OBJECTS) == {"rope.o", "silu_mul.o", "gemv.o", "attention.o"}
+    assert {"rope_half_split_bf16", "silu_mul_bf16", "gemv_bf16"} <= set(KERNEL_OBJECTS_BY_SYMBOL)
+    assert [d.symbol for d in build("rope").externs] == ["rope_half_split_bf16"]
+    assert [d.symbol for d in build("silu_mul").externs] == ["silu_mul_bf16"]
+    assert [d.symbol for d in build("gemv").externs] == ["gemv_bf16"]
+    assert [d.symbol for d in build("partitioned_gemv").externs] == ["gemv_bf16_f32"]  # f32 logits
+    assert {d.symbol for d in build("attention").externs} == set(KERNEL_OBJECTS["attention.o"].symbols)
+    assert not build("gemm").externs and not build("rmsnorm").externs and not build("add").externs
+
+
+def test_calls_state_the_kernel_configuration_they_were_tiled_for():
+    assert dict(build("rope").externs[0].defines) == {"ROPE_ROWS": 2, "ROPE_HEADS": 32, "ROPE_HEAD_DIM": 64}
+    assert dict(build("silu_mul").externs[0].defines) == {"SILU_MUL_LEN": 1024}
+    assert dict(build("gemv").externs[0].defines) == {"GEMV_ROWS": 1, "GEMV_K": 8192}
+    assert {d.defines for d in build("attention").externs} == {
+        (("ATTN_HEAD_DIM", 64), ("ATTN_TK", 64), ("ATTN_TQ", 32))}
+    # the buffers handed to the kernel are exactly the configured tile
+    assert "func.call @rope_half_split_bf16(%x_l1, %lut_l1, %out_l1) : (memref<4096xbf16, 2 : i32>, " \
+           "memref<128xbf16, 2 : i32>, memref<4096xbf16, 2 : i32>)" in build("rope").text
+
+
+@pytest.mark.parametrize("kernel,symbol", [(k, s) for k in EXTERNAL_KERNELS for s in k.symbols],
+                         ids=lambda v: getattr(v, "object", v))
+def test_contract_matches_the_cpp_sources(kernel, symbol):
+    source = (KERNEL_SOURCE_DIR / kernel.source).read_text()
+    assert re.search(rf'(extern "C"[^;{{]*|^)void {symbol}\(', source, flags=re.M), f"{symbol} in {kernel.source}"
+    for macro in kernel.config_macros:
+        assert f"#ifndef {macro}" in source, f"{macro} in {kernel.source}"
+
+
+def test_gemm_defaults_use_the_full_array_and_stage_through_l2():
+    ir = build("gemm")
+    assert {sizes for _, sizes, _ in herd_headers(ir.text)} == {(8, 4)}
+    # zero, accumulate and drain are one physical herd: the accumulator stays in its L1
+    assert len({name for name, _, _ in herd_headers(ir.text)}) == 1 and len(herd_headers(ir.text)) == 3
+    assert "memref<256x128xbf16, 1 : i32>" in ir.text  # A slice staged in a memtile
+    assert "affine_map<(d0, d1, d2) -> (d1, d2)>" in ir.text  # W read as (N, K): transpose in the maps
+
+
+def test_small_prefill_bucket_shrinks_the_gemm_herd():
+    ir = build("gemm", M=16, K=576, N=192)
+    assert {sizes for _, sizes, _ in herd_headers(ir.text)} == {(2, 4)}
+
+
+def test_row_parallel_kinds_spread_over_eight_columns():
+    for kind in ("rmsnorm", "rope", "add"):
+        assert {sizes for _, sizes, _ in herd_headers(build(kind).text)} == {(8, 1)}, kind
+
+
+def test_decode_row_splits_into_chunks_across_tiles():
+    ir = build("add", rows=1, cols=576)
+    assert {sizes for _, sizes, _ in herd_headers(ir.text)} == {(4, 1)}
+    assert "memref<144xbf16, 2 : i32>" in ir.text
+
+
+def test_partitioned_gemv_emits_one_launch_per_partition():
+    ir = build("partitioned_gemv")
+    assert ir.text.count('"air.launch"(') == 8
+    assert re.findall(r'sym_name = "(\w+_seg)"', ir.text) == [f"gemv_p{p}_seg" for p in range(8)]
+    assert "memref<16032xf32, 2 : i32>" not in ir.text  # only tile-sized f32 buffers in L1
+
+
+def test_tuning_overrides_reach_the_ir():
+    ir = build("gemm", tuning={"herd_m": 4, "tile_m": 16})
+    assert {sizes for _, sizes, _ in herd_headers(ir.text)} == {(4, 4)}
+    assert "memref<4x4x16x64xf32, 2 : i32>" in ir.text
+
+
+def test_builders_are_deterministic():
+    for kind in EXAMPLES:
+        assert build(kind).text == build(kind).text
+
+
+@pytest.mark.parametrize("kind,overrides,tuning,message", [
+    ("rmsnorm", dict(rows=16, cols=570), None, r"rmsnorm launch: cols=570: must be a multiple of 16"),
+    ("rmsnorm", dict(rows=16, cols=2048), {"herd": 3}, r"rmsnorm launch: herd=3: must divide rows=16"),
+    ("rmsnorm", dict(rows=1, cols=16384), None, r"rmsnorm launch: L1 bytes=\d+: exceeds 64512 B"),
+    ("gemm", dict(M=20, K=64, N=64), None, r"gemm launch: M=20: must be a multiple of 8"),
+    ("gemm", {}, {"tile_n": 40}, r"gemm launch: tile_n=40: must divide N/herd_n=128"),
+    ("gemm", {}, {"herd_n": 8}, r"gemm launch: herd_n=8: the herd spans at most 4 rows"),
+    ("gemm", {}, {"herd_m": 16}, r"gemm launch: herd_m=16: the herd spans at most 8 columns"),
+    ("gemm", dict(M=1024), {"herd_m": 4, "tile_m": 128, "tile_k_l1": 32}, r"gemm launch: L1 bytes=\d+: exceeds"),
+    ("gemm", dict(M=1024), {"tile_m": 128}, r"gemm launch: L2 bytes=\d+: exceeds"),
+    ("gemm", {}, {"tile_k_l2": 512}, r"gemm launch: L2 bytes=\d+: exceeds 524288 B of one memtile"),
+    ("gemm", {}, {"tile_k_l2": 96}, r"gemm launch: tile_k_l2=96: must divide K=2048"),
+    ("gemv", {}, {"rows_per_call": 4}, r"gemv launch: L1 bytes=\d+: exceeds"),
+    ("gemv", {}, {"tile_n": 64}, r"gemv launch: L2 bytes=\d+: exceeds"),
+    ("gemv", {}, {"herd": 3}, r"gemv launch: herd=3: must divide N=2048"),
+    ("partitioned_gemv", dict(partitions=7), None, r"partitioned_gemv launch: partitions=7: must divide N=128256"),
+    ("rope", dict(rows=16, heads=2, head_dim=48), None, r"rope launch: head_dim=48: must be a multiple of 32"),
+    ("rope", {}, {"tile_rows": 3}, r"rope launch: tile_rows=3: must divide the 256 rows"),
+    ("rope", {}, {"tile_rows": 8}, r"rope launch: L1 bytes=\d+: exceeds"),
+    ("silu_mul", {}, {"chunk": 100}, r"silu_mul launch: chunk=100: must be a multiple of 16"),
+    ("add", dict(rows=3, cols=32), {"herd": 8}, r"add launch: herd=8: must divide the chunk count"),
+    ("attention", {}, {"tile_q": 64, "tile_kv": 64}, r"attention launch: L1 bytes=\d+: exceeds"),
+    ("attention", {}, {"tile_kv": 24}, r"attention launch: tile_kv=24: must divide seq=2048"),
+    ("attention", dict(causal=False), None, r"attention launch: causal=False: .*only causal=True"),
+    ("gemm", {}, {"tile_x": 8}, r"gemm launch: tile_x=8: unknown tuning parameter"),
+])
+def test_constraint_violations_raise(kind, overrides, tuning, message):
+    with pytest.raises(LaunchConstraintError, match=message) as info:
+        build(kind, tuning=tuning, **overrides)
+    assert isinstance(info.value, ValueError)
+
+
+def test_operand_shapes_must_match_params():
+    transposed_w = operand_types("gemm", EXAMPLES["gemm"])
+    transposed_w[1] = MemRef((2048, 512), BF16)
+    with pytest.raises(ValueError, match=r"gemm launch: W='memref<2048x512xbf16>': must be memref<512x2048xbf16>"):
+        BUILDERS["gemm"](EXAMPLES["gemm"], transposed_w)
+    with pytest.raises(ValueError, match=r"add launch: operands=2: expects 3 operands"):
+        BUILDERS["add"](EXAMPLES["add"], operand_types("add", EXAMPLES["add"])[:2])
+    with pytest.raises(ValueError, match=r"rmsnorm launch: x=.*must be memref<2048x2048xbf16>"):
+        BUILDERS["rmsnorm"](EXAMPLES["rmsnorm"], operand_types("rmsnorm", dict(rows=2048, cols=1024)))
+
+
+def test_build_launch_maps_program_args_to_operands_and_rejects_unknown_kinds():
+    program = rms_gemms_rope(576, 9, 3, 64, 1e-5, 64)
+    ir = build_launch(program, program.launches[4])
+    assert [str(v.type) for v in ir.operands] == ["memref<64x576xbf16>", "memref<64x64xbf16>", "memref<64x576xbf16>"]
+    args = (Arg("a", (4,), "bf16", Role.INPUT), Arg("o", (4,), "bf16", Role.OUTPUT))
+    odd = Program("odd", args, (Launch("conv", (), ("a",), ("o",)),))
+    with pytest.raises(ValueError, match="no MLIR builder for launch kind 'conv'"):
+        build_launch(odd, odd.launches[0])
+
+
+@pytest.mark.parametrize("program", [o_ffn(2048, 2048, 8192, 1e-5, 2048), o_gemv_ffn(2048, 2048, 8192, 1e-5)],
+                         ids=["o_ffn-llama-2048", "o_gemv_ffn-llama"])
+def test_default_plans_fit_l1_single_buffered_by_construction(program):
+    """Independent of the builders' own bookkeeping: the herd-local L1 allocations of each herd fit."""
+    for launch in program.launches:
+        text = build_launch(program, launch).text
+        for body in re.split(r'"air\.herd"\(', text)[1:]:
+            body = body.split('"air.herd_terminator"')[0]
+            l1 = sum(MemRef(tuple(int(d) for d in shape.split("x")), dtype, 2).nbytes
+                     for shape, dtype in re.findall(r"memref\.alloc\(\) : memref<([\dx]+)x(bf16|f32), 2 : i32>", body))
+            assert l1 <= L1_AVAILABLE, (launch.kind, l1)

@@ -1,0 +1,198 @@
+"""Stitching: one func.func per Program whose ABI is the Program's args, launches wired to the right args,
+no SSA or symbol collisions, external kernel declarations merged and split into -D renamed variants."""
+import re
+from functools import lru_cache
+
+import pytest
+
+from torch_npu2.kernels import ModelDims, Program, programs_for_model
+from torch_npu2.kernels.builders import KERNEL_OBJECTS
+from torch_npu2.kernels.builders.ir import MemRef
+from torch_npu2.kernels.program import Arg, Launch, Role
+from torch_npu2.kernels.programs import o_gemv_ffn, rms_gemms_rope
+from torch_npu2.kernels.stitch import ObjectBuild, emit_mlir, stitch
+
+SMOL = ModelDims(576, 9, 3, 64, 1536, 49152, 1e-5)
+LLAMA = ModelDims(2048, 32, 8, 64, 8192, 128256, 1e-5)
+BUCKETS = [16, 32, 64, 128, 256, 512, 1024, 2048]
+
+
+def all_programs():
+    return [(f"{model}-{p.name}-{dict(p.params).get('rows', dict(p.params).get('seq', 1))}", p)
+            for model, dims in (("smol", SMOL), ("llama", LLAMA)) for p in programs_for_model(dims, BUCKETS)]
+
+
+PROGRAMS = all_programs()
+
+
+@lru_cache(maxsize=None)
+def stitched(index: int):
+    return stitch(PROGRAMS[index][1])
+
+
+def each_program():
+    return pytest.mark.parametrize("index", range(len(PROGRAMS)), ids=[name for name, _ in PROGRAMS])
+
+
+HIERARCHY = re.compile(r'"air\.(launch|segment|herd)"\(([^)]*)\) <\{[^}]*operandSegmentSizes = '
+                       r'array<i32: 0, (\d+), (\d+)>')
+BLOCK_ARGS = re.compile(r"\^bb0\((.*)\):")
+DMA = re.compile(r'"air\.dma_memcpy_nd"\(([^)]*)\) <\{operandSegmentSizes = array<i32: 0, 1, (\d+), 0, 0, 1,')
+
+
+def func_signature(text, name):
+    match = re.search(rf"func\.func @{name}\((.*)\) \{{", text)
+    return re.findall(r"%(\w+): (memref<[^>]*>)", match.group(1))
+
+
+def dataflow(text):
+    """Per top-level air.launch, the func args its DMAs read from and write to, traced through the
+    launch/segment/herd operand → block-argument renamings."""
+    origin = {f"%{name}": name for name, _ in func_signature(text, r"\w+")}
+    launches, pending = [], None
+    for line in text.splitlines():
+        header = HIERARCHY.search(line)
+        if header:
+            op, operands, sizes = header.group(1), header.group(2).split(", "), int(header.group(3))
+            pending = (sizes, operands[sizes:])
+            if op == "launch":
+                launches.append((set(), set(), [o.lstrip("%") for o in operands[sizes:]]))
+            continue
+        args = BLOCK_ARGS.search(line)
+        if args and pending:
+            sizes, operands = pending
+            names = re.findall(r"(%[\w$.]+):", args.group(1))[2 * sizes:]
+            for name, operand in zip(names, operands):
+                if operand in origin:
+                    origin[name] = origin[operand]
+            pending = None
+            continue
+        dma = DMA.search(line)
+        if dma:
+            operands = dma.group(1).split(", ")
+            dst, src = operands[0], operands[1 + int(dma.group(2))]
+            reads, writes, _ = launches[-1]
+            if dst in origin:
+                writes.add(origin[dst])
+            if src in origin:
+                reads.add(origin[src])
+    return launches
+
+
+def definitions(text):
+    names = re.findall(r"^\s*(%[\w$.]+) = ", text, flags=re.M)
+    names += re.findall(r"scf\.for (%[\w$.]+) =", text)
+    for block in BLOCK_ARGS.findall(text):
+        names += re.findall(r"(%[\w$.]+):", block)
+    names += [f"%{n}" for n, _ in func_signature(text, r"\w+")]
+    return names
+
+
+def launch_sections(text):
+    """The text of each launch, split at the stitcher's per-launch comments."""
+    return re.split(r"\n    // launch \d+: ", text)[1:]
+
+
+@each_program()
+def test_func_signature_is_the_program_abi(index):
+    name, program = PROGRAMS[index]
+    text = stitched(index).text
+    assert func_signature(text, program.name) == [(a.name, str(MemRef(a.shape, a.dtype))) for a in program.args]
+    for i, a in enumerate(program.args):
+        assert f"//   arg {i}: {a.name} ({a.role.value}) {MemRef(a.shape, a.dtype)}" in text
+
+
+@each_program()
+def test_each_launch_reads_and_writes_the_args_the_program_says(index):
+    name, program = PROGRAMS[index]
+    flows = dataflow(stitched(index).text)
+    expected = []
+    for launch in program.launches:
+        # partitioned_gemv is one Program launch made of one air.launch per partition
+        copies = launch.p.get("partitions", 1) if launch.kind == "partitioned_gemv" else 1
+        expected += [(set(launch.reads), set(launch.writes), list(launch.reads + launch.writes))] * copies
+    assert flows == expected
+
+
+@each_program()
+def test_no_ssa_or_symbol_collisions(index):
+    name, program = PROGRAMS[index]
+    text = stitched(index).text
+    names = definitions(text)
+    assert len(names) == len(set(names)), sorted(n for n in set(names) if names.count(n) > 1)
+    owner = {}
+    for i, section in enumerate(launch_sections(text)):
+        for symbol in set(re.findall(r'sym_name = "([^"]*)"', section)):
+            assert symbol.startswith(f"l{i}_") and symbol not in owner, symbol
+            owner[symbol] = i
+    declared = re.findall(r"func\.func private @(\w+)\(", text)
+    assert len(declared) == len(set(declared))
+    called = set(re.findall(r"func\.call @(\w+)\(", text))
+    assert called == set(declared)
+
+
+@each_program()
+def test_herds_link_the_objects_declaring_the_symbols_they_call(index):
+    text = stitched(index).text
+    object_of = dict(re.findall(r'func\.func private @(\w+)\([^)]*\) attributes \{link_with = "([^"]+)"', text))
+    built = {b.object for b in stitched(index).objects}
+    for herd in re.split(r'(?="air\.herd"\()', text)[1:]:
+        herd = herd.split('"air.herd_terminator"')[0]
+        calls = set(re.findall(r"func\.call @(\w+)\(", herd))
+        link = re.search(r'link_with = "([^"]+)"', herd.splitlines()[0])
+        assert {object_of[c] for c in calls} == ({link.group(1)} if link else set())
+        if link:
+            assert link.group(1) in built
+
+
+def test_rope_variants_get_suffixed_symbols_and_d_renamed_objects():
+    program = rms_gemms_rope(576, 9, 3, 64, 1e-5, 64)
+    result = stitch(program)
+    declared = dict(re.findall(r'func\.func private @(\w+)\(([^)]*)\)', result.text))
+    assert "memref<2304xbf16, 2 : i32>" in declared["rope_half_split_bf16"]      # 4 rows of 9 heads
+    assert "memref<768xbf16, 2 : i32>" in declared["rope_half_split_bf16_v2"]    # 4 rows of 3 heads
+    assert 'link_with = "rope_v2.o"' in launch_sections(result.text)[5]
+    config = (("ROPE_HEAD_DIM", 64), ("ROPE_ROWS", 4))
+    assert ObjectBuild("rope.o", "rope_half_split.cc", tuple(sorted(config + (("ROPE_HEADS", 9),)))) in result.objects
+    assert ObjectBuild("rope_v2.o", "rope_half_split.cc", tuple(sorted(config + (("ROPE_HEADS", 3),))),
+                       (("rope_half_split_bf16", "rope_half_split_bf16_v2"),)) in result.objects
+
+
+def test_launches_with_one_configuration_share_one_build():
+    result = stitch(o_gemv_ffn(576, 576, 1536, 1e-5))
+    sections = launch_sections(result.text)
+    # gate and up (K=576, N=1536) are tiled alike; O (N=576) and down (K=1536) are tiled differently
+    assert "@gemv_bf16(" in sections[0]
+    assert "@gemv_bf16_v2(" in sections[3] and "@gemv_bf16_v2(" in sections[4]
+    assert "@gemv_bf16_v3(" in sections[6]
+    gemv_builds = [b for b in result.objects if b.source == "gemv.cc"]
+    assert [b.object for b in gemv_builds] == ["gemv.o", "gemv_v2.o", "gemv_v3.o"]
+    assert len({b.defines for b in gemv_builds}) == 3
+    assert dict(gemv_builds[2].defines)["GEMV_K"] == 1536
+    assert dict(gemv_builds[1].renames) == {s: s + "_v2" for s in KERNEL_OBJECTS["gemv.o"].symbols}
+
+
+def test_objects_cover_exactly_the_linked_kernels():
+    result = stitch(o_gemv_ffn(2048, 2048, 8192, 1e-5))
+    linked = set(re.findall(r'link_with = "([^"]+)"', result.text))
+    assert {b.object for b in result.objects} == linked
+    assert all(b.source == KERNEL_OBJECTS[re.sub(r"_v\d+\.o$", ".o", b.object)].source for b in result.objects)
+
+
+def test_emit_mlir_is_the_stitched_text_and_deterministic():
+    program = o_gemv_ffn(576, 576, 1536, 1e-5)
+    assert emit_mlir(program) == stitch(program).text == emit_mlir(program)
+
+
+def test_tuning_is_passed_to_the_indexed_launch():
+    program = rms_gemms_rope(2048, 32, 8, 64, 1e-5, 2048)
+    sections = launch_sections(stitch(program, tuning={1: {"herd_m": 4}}).text)
+    assert "gemm M=2048 K=2048 N=2048: herd 4x4" in sections[1]
+    assert "gemm M=2048 K=2048 N=512: herd 8x4" in sections[2]
+
+
+def test_arg_names_that_would_clash_with_launch_prefixes_are_rejected():
+    args = (Arg("l0_x", (16,), "bf16", Role.INPUT), Arg("o", (16,), "bf16", Role.OUTPUT))
+    program = Program("clash", args, (Launch("add", (("cols", 16), ("rows", 1)), ("l0_x", "l0_x"), ("o",)),))
+    with pytest.raises(ValueError, match="argument name 'l0_x' cannot be an SSA name"):
+        stitch(program)
