@@ -28,6 +28,10 @@ import torch
 
 KERNEL_DIR = Path(__file__).resolve().parent / "aie2p"
 CXX_FLAGS = ("-O2", "-shared", "-fPIC", "-std=c++20")
+# For the emulator's hot kernels: vectorized for this CPU, with fp32 sums free to reassociate (the NPU's
+# lanes sum in their own order too); no other fast-math liberties, so rounding helpers stay exact.
+FAST_CXX_FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros",
+                  "-fno-trapping-math", "-shared", "-fPIC", "-std=c++20")
 
 Defines = Mapping[str, int | float | str]
 
@@ -74,13 +78,14 @@ def _sources_digest(source: Path) -> bytes:
     return digest.digest()
 
 
-def build(source_name: str, defines: Defines | None = None) -> Path:
-    """Compile ``aie2p/<source_name>`` with the given -D defines; returns the cached shared library."""
+def build(source_name: str, defines: Defines | None = None, fast: bool = False) -> Path:
+    """Compile ``aie2p/<source_name>`` with the given -D defines (``fast``: ``FAST_CXX_FLAGS``); returns the
+    cached shared library."""
     compiler = host_compiler()
     if compiler is None:
         raise HostBuildError("no host C++ compiler: install g++ or set TORCH_NPU2_HOST_CXX")
     source = KERNEL_DIR / source_name
-    flags = [*CXX_FLAGS, *_define_flags(defines or {})]
+    flags = [*(FAST_CXX_FLAGS if fast else CXX_FLAGS), *_define_flags(defines or {})]
     key = hashlib.sha256()
     for part in (_compiler_identity(compiler).encode(), "\0".join(flags).encode(), _sources_digest(source)):
         key.update(part)
@@ -106,9 +111,9 @@ _load_lock = threading.Lock()
 _loaded: dict[Path, ctypes.CDLL] = {}
 
 
-def load(source_name: str, defines: Defines | None = None) -> ctypes.CDLL:
+def load(source_name: str, defines: Defines | None = None, fast: bool = False) -> ctypes.CDLL:
     """Build (or reuse) and load a kernel variant; each library is loaded once per process."""
-    library = build(source_name, defines)
+    library = build(source_name, defines, fast)
     with _load_lock:
         if library not in _loaded:
             _loaded[library] = ctypes.CDLL(str(library))
@@ -176,15 +181,17 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, tile: int = 512) -> torch.
     return out[:count].reshape(gate.shape)
 
 
-def gemv(w: torch.Tensor, x: torch.Tensor, *, tile_rows: int = 32, out_dtype=torch.bfloat16) -> torch.Tensor:
+def gemv(w: torch.Tensor, x: torch.Tensor, *, tile_rows: int = 32, out_dtype=torch.bfloat16,
+         fast: bool = False) -> torch.Tensor:
     """``gemv_bf16`` (or ``gemv_bf16_f32`` for ``out_dtype=torch.float32``): y = w @ x for w (out, in) and
-    x (in,), ``tile_rows`` rows of w per call."""
+    x (in,), ``tile_rows`` rows of w per call; ``fast`` builds with ``FAST_CXX_FLAGS``."""
     w, x = _require_bf16("w", w), _require_bf16("x", x)
     rows, depth = w.shape
     if x.shape != (depth,):
         raise ValueError(f"w {tuple(w.shape)} and x {tuple(x.shape)} do not fit")
     symbol = {torch.bfloat16: "gemv_bf16", torch.float32: "gemv_bf16_f32"}[out_dtype]
-    kernel = _function(load("gemv.cc", {"GEMV_ROWS": tile_rows, "GEMV_K": depth}), symbol, _PTR, _PTR, _PTR)
+    library = load("gemv.cc", {"GEMV_ROWS": tile_rows, "GEMV_K": depth}, fast)
+    kernel = _function(library, symbol, _PTR, _PTR, _PTR)
     padded_rows = _round_up(rows, tile_rows)
     w_tiles = _pad_rows(w, padded_rows)
     y = torch.empty(padded_rows, dtype=out_dtype)

@@ -37,13 +37,13 @@ class _Buffer:
     mapping: np.ndarray  # uint8 view of bo.map(), taken once per BO
     device_version: int | None = None  # tensor version the device holds; None: device copy is stale
 
-    def tensor(self, shape, dtype: torch.dtype) -> torch.Tensor:
-        """A tensor over the mapping; ``lease`` is the object whose lifetime is the tensor storage's."""
+    def tensor(self, shape, dtype: torch.dtype):
+        """A tensor over the mapping, and its ``lease``: the object whose lifetime is the tensor storage's."""
         numel = 1
         for d in shape:
             numel *= d
         lease = self.mapping[: numel * dtype.itemsize]
-        return torch.from_numpy(lease).view(dtype).view(shape), lease
+        return torch.frombuffer(lease, dtype=dtype).view(shape), lease
 
 
 @dataclass(eq=False)
@@ -72,6 +72,7 @@ class Runtime:
         self._loaded: dict[str, LoadedProgram] = {}
         self._resident: dict[int, _Buffer] = {}  # host address of a BO mapping → its buffer
         self._pool: dict[int, list[_Buffer]] = defaultdict(list)
+        self._leases: dict[int, weakref.ref] = {}  # address → weakref to the lease of a pooled buffer in use
         self.stats: Counter = Counter()
 
     # -- buffers ---------------------------------------------------------------------------------
@@ -101,11 +102,14 @@ class Runtime:
         tensor, lease = buffer.tensor(shape, dtype)
         address = tensor.untyped_storage().data_ptr()
         self._resident[address] = buffer
-        weakref.finalize(lease, self._return_to_pool, address, size, buffer)
+        # A weakref callback (cheaper than weakref.finalize on this hot path) returns the BO when the
+        # tensor's storage, the lease's only owner, dies; the weakref lives in _leases until then.
+        self._leases[address] = weakref.ref(lease, lambda _, a=address, b=buffer: self._return_to_pool(a, size, b))
         return tensor, buffer
 
     def _return_to_pool(self, address: int, size: int, buffer: _Buffer) -> None:
         self._resident.pop(address, None)
+        self._leases.pop(address, None)
         buffer.device_version = None
         self._pool[size].append(buffer)
 

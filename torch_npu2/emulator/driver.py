@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from ..kernels.program import Program
+from ..kernels.program import Program, Role
 from .launches import LAUNCH_KINDS
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
@@ -38,6 +38,16 @@ class ert_cmd_state(enum.Enum):
     ERT_CMD_STATE_ERROR = 5
     ERT_CMD_STATE_ABORT = 6
     ERT_CMD_STATE_TIMEOUT = 10
+
+
+# Counter names per (direction, BO role), built once: sync() runs for every argument of every run.
+_SYNC_COUNTER_KEYS = {
+    (direction, role): (f"syncs_{way}", f"bytes_{way}", f"syncs_{way}:{role or 'unbound'}",
+                        f"bytes_{way}:{role or 'unbound'}")
+    for direction, way in ((xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE, "to_device"),
+                           (xclBOSyncDirection.XCL_BO_SYNC_BO_FROM_DEVICE, "from_device"))
+    for role in (None, *(r.value for r in Role))
+}
 
 
 class _Device:
@@ -96,21 +106,20 @@ class _Bo:
 
     def sync(self, direction, size: int | None = None, offset: int = 0):
         n = self._host.nbytes - offset if size is None else size
-        c, role = self.emu.counters, self.role or "unbound"
         if direction is xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE:
             if self._device is not self._host:
                 self._device[offset:offset + n] = self._host[offset:offset + n]
-            way = "to_device"
         elif direction is xclBOSyncDirection.XCL_BO_SYNC_BO_FROM_DEVICE:
             if self._device is not self._host:
                 self._host[offset:offset + n] = self._device[offset:offset + n]
-            way = "from_device"
         else:
             raise RuntimeError(f"emulated NPU2: unknown sync direction {direction!r}")
-        c[f"syncs_{way}"] += 1
-        c[f"bytes_{way}"] += n
-        c[f"syncs_{way}:{role}"] += 1
-        c[f"bytes_{way}:{role}"] += n
+        c = self.emu.counters
+        syncs, nbytes, role_syncs, role_bytes = _SYNC_COUNTER_KEYS[direction, self.role]
+        c[syncs] += 1
+        c[nbytes] += n
+        c[role_syncs] += 1
+        c[role_bytes] += n
 
 
 class _Run:
@@ -118,6 +127,7 @@ class _Run:
         self.kernel, self.program = kernel, kernel.program
         self.emu = kernel.ctx.device.emu
         self.bos: list[_Bo | None] = [None] * len(self.program.args)
+        self.run_counter = f"runs:{self.program.name}"
         self._state = ert_cmd_state.ERT_CMD_STATE_NEW
 
     def set_arg(self, index: int, bo: _Bo):
@@ -128,7 +138,7 @@ class _Run:
 
     def start(self):
         self.emu.counters["runs"] += 1
-        self.emu.counters[f"runs:{self.program.name}"] += 1
+        self.emu.counters[self.run_counter] += 1
         injected = self.emu.injected_states.pop(0) if self.emu.injected_states else None
         if injected is not None:
             self._state = injected

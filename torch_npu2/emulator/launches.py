@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..kernels import host_build
+
 
 def rmsnorm(p, x, weight):
     # Normalized values are rounded to bf16 before the weight multiply, HF's (and our kernel's) order.
@@ -63,10 +65,13 @@ def attention(p, q, k, v):
 
 
 def partitioned_gemv(p, x, w):
-    # Accumulate in fp32 and keep fp32: the LM head's output buffer is fp32 (see lm_head_gemv).
+    """fp32 logits (the LM head keeps its accumulator). torch has no CPU bf16 GEMV with an fp32 output, and
+    widening the whole weight every token costs ~10× the GEMV, so our C++ kernel's host build runs it, one
+    call per partition; without a host compiler, torch in fp32."""
     rows = p["N"] // p["partitions"]
-    weight = w.reshape(p["partitions"], rows, p["K"])
-    return torch.cat([torch.mv(weight[i].float(), x.float()) for i in range(p["partitions"])])
+    if host_build.host_compiler() is None:
+        return torch.mv(w.reshape(p["N"], p["K"]).float(), x.float())
+    return host_build.gemv(w.reshape(p["N"], p["K"]), x, tile_rows=rows, out_dtype=torch.float32, fast=True)
 
 
 LAUNCH_KINDS = {
