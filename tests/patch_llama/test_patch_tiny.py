@@ -256,3 +256,21 @@ def test_compare_layers_table_and_plot(runtime, pair, tmp_path):
     assert (tmp_path / "layers.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match=r"input_ids must be \(batch, seq\)"):
         compare_layers(reference, model, prompt(10)[0])
+
+
+def test_multi_turn_with_left_padding_stays_finite(runtime, pair):
+    reference, model = pair(tiny_llama())
+    patch_llama(model)
+    ids = torch.stack([prompt(10, seed=6)[0], torch.cat([torch.zeros(4, dtype=torch.long), prompt(6, seed=7)[0]])])
+    mask = (ids != 0).long()
+    mask[0] = 1
+    results = []
+    for m in (reference, model):
+        out = m.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0,
+                         return_dict_in_generate=True)
+        follow = torch.cat([out.sequences, prompt(5, seed=8).expand(2, -1)], 1)
+        follow_mask = torch.cat([mask, torch.ones(2, 9, dtype=torch.long)], 1)
+        results.append(greedy_with_topk(m, follow, 6, attention_mask=follow_mask, pad_token_id=0,
+                                        past_key_values=out.past_key_values))
+    assert torch.isfinite(results[1][1]).all()
+    check_topk_gate(*results[0], *results[1], label="multi-turn batch")
