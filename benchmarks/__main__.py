@@ -1,0 +1,50 @@
+"""`python -m benchmarks {speed,host,memory,work,model,all,report,publish} [--quick | --full] [--out DIR]`."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from . import common, cost_model, host_overhead, memory, report, speed, work
+
+# "all" runs them in this order: the cost model reads the host-overhead result.
+SECTIONS = {"work": work.run, "host": host_overhead.run, "model": cost_model.run, "memory": memory.run,
+            "speed": speed.run}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser.add_argument("command", choices=[*SECTIONS, "all", "report", "publish"],
+                        help="a section, all of them, `report` (summary.md from existing results) or `publish` "
+                             "(copy plots and tables into benchmarks/README.md)")
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", dest="mode", action="store_const", const="quick",
+                      help="fewer prompt lengths, tokens and repeats (a few minutes)")
+    size.add_argument("--full", dest="mode", action="store_const", const="full", help="the full set (default)")
+    parser.add_argument("--out", type=Path, default=common.RESULTS_DIR, help="results folder (default: %(default)s)")
+    args = parser.parse_args(argv)
+    mode = args.mode or "full"
+
+    def log(message: str) -> None:
+        print(message, flush=True)
+
+    if args.command == "publish":
+        log(f"updated {report.publish(args.out)}")
+        return 0
+    chosen = list(SECTIONS) if args.command == "all" else [] if args.command == "report" else [args.command]
+    for name in chosen:
+        started = time.perf_counter()
+        log(f"== {name} ({mode})")
+        SECTIONS[name](mode, args.out, log=log)
+        log(f"== {name} done in {time.perf_counter() - started:.0f} s")
+    summary = report.write_summary(args.out)
+    missed = [t for r in report.load(args.out).values() for t in r.get("targets", []) if not t["met"]]
+    log(f"summary: {summary}")
+    for t in missed:
+        log(f"target missed: {t['name']}: {t['measured']} (target {t['target']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

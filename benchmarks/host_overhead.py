@@ -1,0 +1,317 @@
+"""Host time per decode token with the NPU's arithmetic taken away.
+
+EmulatedXrt(coherency="fast", compute=False) skips the launches' math but keeps everything else real:
+the npu2 ops (dispatch, argument checks, Program lookup), the runtime (BO binding, syncs, output pool),
+the driver calls, HF's model code and its generate() loop. What remains per token is host time.
+
+Measured, per decode token (generate(), greedy, median over steps and repeats):
+- token wall time, uninstrumented;
+- a breakdown (median call time × calls per token) from perf_counter wrappers installed around the op
+  functions the patched layers call (``patch_llama.layer``'s module globals), around ``Runtime.run``
+  (instance attribute), around the host attention and around each decoder layer's forward; timers are
+  reset after the prefill, so they cover decode steps only;
+- a cProfile of the decode steps (functions by own time), for finding the hot spots.
+Host attention over the KV cache is real work (it runs on the CPU in this design), so it is reported
+separately and subtracted: host overhead = token wall − host attention.
+
+Runs with one torch thread: the per-token host work is many tiny ops, and on a shared two-core machine
+an OpenMP team of two turns each into a wait for a descheduled thread (a 1×4×16 sdpa measured 8 ms with
+two threads under load, 11 µs with one), which measures the machine's scheduler, not this code.
+
+Also measured: the bare cost of a torch.library op call (Library define/impl and custom_op vs a plain
+Python call of the same function), and HF's own per-token cost on a 16-layer model of negligible width.
+"""
+from __future__ import annotations
+
+import cProfile
+import pstats
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from . import common
+
+SETTINGS = {
+    "quick": dict(contexts=(32,), decode_steps=16, repeats=2),
+    "full": dict(contexts=(32, 512, 2048), decode_steps=64, repeats=3),
+}
+TARGET_MS = 1.5
+HOST_THREADS = 1
+DRIVER_COUNTERS = ("runs", "syncs_to_device", "syncs_from_device", "bytes_to_device", "bytes_from_device")
+TIMED_OPS = ("rms_gemv_rope", "o_gemv_ffn", "lm_head_gemv", "rms_gemms_rope", "flash_attn", "o_ffn")
+ATTENTION = "_host_attention"
+
+
+class OpTimer:
+    """Installs perf_counter wrappers on the decode hot path of a patched model; removes them on exit."""
+
+    def __init__(self, model, runtime):
+        self.model, self.runtime = model, runtime
+        self.durations: dict[str, list[float]] = defaultdict(list)  # seconds of every call, per key
+        self._restore: list = []
+
+    def reset(self) -> None:
+        for durations in self.durations.values():
+            durations.clear()  # in place: the wrappers hold these lists
+
+    def calls(self, key: str) -> int:
+        return len(self.durations.get(key, ()))
+
+    def per_token_ms(self, key: str, steps: int) -> float:
+        """Median call time × calls per token: robust to the odd descheduled call on a shared machine."""
+        calls = self.durations.get(key)
+        return common.median(calls) * len(calls) / steps * 1e3 if calls else 0.0
+
+    def _wrap(self, key, fn):
+        durations, clock = self.durations[key], time.perf_counter
+
+        def timed(*args, **kwargs):
+            start = clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                durations.append(clock() - start)
+        return timed
+
+    def _wrap_runtime_run(self, run):
+        durations, clock = self.durations, time.perf_counter
+
+        def timed(program, tensors):
+            start = clock()
+            try:
+                return run(program, tensors)
+            finally:
+                durations["runtime.run:" + program.name].append(clock() - start)
+        return timed
+
+    def _replace(self, owner, attr, value) -> None:
+        self._restore.append((owner, attr, owner.__dict__.get(attr)))
+        setattr(owner, attr, value)
+
+    def __enter__(self):
+        from torch_npu2.patch_llama import layer as layer_module
+
+        for name in TIMED_OPS + (ATTENTION,):
+            self._replace(layer_module, name, self._wrap(name, getattr(layer_module, name)))
+        self._replace(self.runtime, "run", self._wrap_runtime_run(self.runtime.run))
+        for index, decoder in enumerate(self.model.model.layers):
+            self._replace(decoder, "forward", self._wrap(f"layer{index}", decoder.forward))
+        return self
+
+    def __exit__(self, *exc):
+        for owner, attr, saved in reversed(self._restore):
+            if saved is None:
+                delattr(owner, attr)
+            else:
+                setattr(owner, attr, saved)
+        self._restore.clear()
+
+
+def _wrapper_cost_us() -> float:
+    """What one perf_counter wrapper adds to a call: how much the instrumentation inflates the breakdown."""
+    timer = OpTimer(None, None)
+    plain = lambda: None  # noqa: E731 - the cheapest callable
+    wrapped = timer._wrap("x", plain)
+    return _per_call_us(wrapped) - _per_call_us(plain)
+
+
+def _per_call_us(fn, *args, calls: int = 20000, batches: int = 5) -> float:
+    results = []
+    for _ in range(batches):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn(*args)
+        results.append((time.perf_counter() - start) / calls * 1e6)
+    return common.median(results)
+
+
+_DISPATCH_OPS = {}
+
+
+def _dispatch_ops() -> dict:
+    """Trivial ops in a private namespace, defined once per process, each returning a fresh 1-element tensor."""
+    if not _DISPATCH_OPS:
+        def trivial(x):
+            return x.new_empty(1)
+
+        library = torch.library.Library("npu2_bench", "DEF")
+        library.define("library_op(Tensor x) -> Tensor")
+        library.impl("library_op", trivial, "CompositeExplicitAutograd")  # the route ops/registry.py takes
+
+        @torch.library.custom_op("npu2_bench::custom_op", mutates_args=())
+        def custom(x: torch.Tensor) -> torch.Tensor:
+            return x.new_empty(1)
+
+        _DISPATCH_OPS.update(library=library, plain=trivial, library_op=torch.ops.npu2_bench.library_op.default,
+                             custom_op=torch.ops.npu2_bench.custom_op.default)
+    return _DISPATCH_OPS
+
+
+def dispatch_cost(calls: int = 20000) -> dict:
+    ops = _dispatch_ops()
+    x = torch.zeros(4, dtype=torch.bfloat16)
+    with torch.no_grad():
+        plain = _per_call_us(ops["plain"], x, calls=calls)
+        library = _per_call_us(ops["library_op"], x, calls=calls)
+        custom = _per_call_us(ops["custom_op"], x, calls=calls)
+    return {"plain_python_call_us": plain, "library_define_impl_us": library, "custom_op_us": custom,
+            "library_dispatch_us": library - plain, "custom_op_dispatch_us": custom - plain,
+            "method": f"median of 5 batches of {calls} calls under no_grad; each op returns x.new_empty(1); "
+                      "dispatch = op call − plain Python call of the same function"}
+
+
+def hot_functions(profile: cProfile.Profile, steps: int, top: int = 25) -> list[dict]:
+    stats = pstats.Stats(profile)
+    rows = []
+    for (path, line, func), (_, calls, own, cumulative, _) in stats.stats.items():
+        rows.append({"function": f"{Path(path).name}:{line}({func})" if line else func,
+                     "calls_per_token": calls / steps, "own_us_per_token": own / steps * 1e6,
+                     "cumulative_us_per_token": cumulative / steps * 1e6})
+    rows.sort(key=lambda r: r["own_us_per_token"], reverse=True)
+    return rows[:top]
+
+
+def _breakdown(timer: OpTimer, steps: int, layers: int) -> dict:
+    ops = {}
+    for name in TIMED_OPS:
+        calls = timer.calls(name)
+        if not calls:
+            continue
+        op_us = timer.per_token_ms(name, steps) * 1e3 * steps / calls
+        runtime_us = timer.per_token_ms("runtime.run:" + name, steps) * 1e3 * steps / calls
+        ops[name] = {"calls_per_token": calls / steps, "us_per_call": op_us, "runtime_run_us_per_call": runtime_us,
+                     "dispatch_and_checks_us_per_call": op_us - runtime_us}
+    layer_ms = [timer.per_token_ms(f"layer{i}", steps) for i in range(layers)]
+    in_layer_ops = sum(timer.per_token_ms(n, steps) for n in ("rms_gemv_rope", "o_gemv_ffn"))
+    attention = timer.per_token_ms(ATTENTION, steps)
+    return {"ops": ops, "per_layer_ms": layer_ms, "layers_ms": sum(layer_ms),
+            "host_attention_ms": attention, "lm_head_ms": timer.per_token_ms("lm_head_gemv", steps),
+            "mean_layer": {"total_us": sum(layer_ms) / layers * 1e3,
+                           "ops_us": in_layer_ops / layers * 1e3,
+                           "host_attention_us": attention / layers * 1e3,
+                           "glue_us": (sum(layer_ms) - in_layer_ops - attention) / layers * 1e3}}
+
+
+def measure(model, runtime, contexts, decode_steps: int, repeats: int, log=print) -> list[dict]:
+    """Host-time figures for a patched ``model`` whose current runtime is ``runtime`` (compute=False)."""
+    vocab, layers = model.config.vocab_size, model.config.num_hidden_layers
+    common.timed_generate(model, common.random_prompt(8, vocab), 2)  # warm-up: loads the decode Programs
+    results = []
+    for context in contexts:
+        ids = common.random_prompt(context, vocab)
+        plain = []
+        for _ in range(repeats):
+            counters, stats = runtime.xrt.counters.copy(), runtime.stats.copy()
+            plain.append(common.median(common.timed_generate(model, ids, decode_steps)[1]))
+        per_generate = {k: v - counters.get(k, 0) for k, v in runtime.xrt.counters.items() if k in DRIVER_COUNTERS}
+        per_generate.update({k: v - stats.get(k, 0) for k, v in runtime.stats.items()
+                             if k in ("host_copies", "host_copy_bytes", "pool_hits", "pool_misses")})
+        timer = OpTimer(model, runtime)
+        with timer:
+            _, steps = common.timed_generate(model, ids, decode_steps, on_first_step=timer.reset)
+        breakdown = _breakdown(timer, decode_steps, layers)
+        profile = cProfile.Profile()
+        common.timed_generate(model, ids, decode_steps, on_first_step=profile.enable)
+        profile.disable()
+        token_ms = common.median(plain) * 1e3
+        instrumented_ms = common.median(steps) * 1e3
+        entry = {
+            "context_tokens": context,
+            "token_ms": token_ms,
+            "token_ms_repeats": [p * 1e3 for p in plain],
+            "instrumented_token_ms": instrumented_ms,
+            "host_attention_ms": breakdown["host_attention_ms"],
+            "host_overhead_ms": token_ms - breakdown["host_attention_ms"],
+            "outside_layers_ms": instrumented_ms - breakdown["layers_ms"] - breakdown["lm_head_ms"],
+            **breakdown,
+            "per_generate_counts": {**per_generate, "decode_steps": decode_steps, "prefill_forwards": 1},
+            "hot_functions": hot_functions(profile, decode_steps),
+        }
+        log(f"  context {context:5d}: token {token_ms:7.2f} ms, host attention {entry['host_attention_ms']:6.2f} ms, "
+            f"overhead {entry['host_overhead_ms']:6.2f} ms (layers {breakdown['layers_ms']:.2f}, "
+            f"lm head {breakdown['lm_head_ms']:.2f}, outside layers {entry['outside_layers_ms']:.2f})")
+        results.append(entry)
+    return results
+
+
+def hf_framework_cost(decode_steps: int, repeats: int, layers: int = 16) -> dict:
+    """HF generate() per token on an unpatched model of negligible width: HF's own Python cost per token."""
+    model = common.tiny_llama(num_hidden_layers=layers)
+    ids = common.random_prompt(32, model.config.vocab_size)
+    common.timed_generate(model, ids, 2)
+    token = common.median(common.median(common.timed_generate(model, ids, decode_steps)[1]) for _ in range(repeats))
+    return {"layers": layers, "hidden": model.config.hidden_size, "token_ms": token * 1e3}
+
+
+def host_report(model, contexts, decode_steps: int, repeats: int, log=print) -> dict:
+    """Patches ``model`` on a compute=False emulated NPU2 and measures it (the whole section, any model)."""
+    import torch_npu2
+
+    with common.torch_threads(HOST_THREADS), common.emulated_runtime(compute=False) as runtime:
+        torch_npu2.patch_llama(model)
+        contexts_result = measure(model, runtime, contexts, decode_steps, repeats, log)
+        return {"layers": model.config.num_hidden_layers, "hidden": model.config.hidden_size,
+                "torch_threads": HOST_THREADS, "contexts": contexts_result, "wrapper_cost_us": _wrapper_cost_us(),
+                "dispatch": dispatch_cost(),
+                "hf_framework": hf_framework_cost(decode_steps, repeats, model.config.num_hidden_layers)}
+
+
+def plot(report: dict, path) -> None:
+    plt = common.pyplot()
+    contexts = report["contexts"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
+    labels = [str(c["context_tokens"]) for c in contexts]
+    parts = {
+        "npu2 ops (decode pair)": [sum(c["ops"][n]["us_per_call"] * c["ops"][n]["calls_per_token"]
+                                       for n in ("rms_gemv_rope", "o_gemv_ffn") if n in c["ops"]) / 1e3
+                                   for c in contexts],
+        "layer glue (cache update, views)": [c["mean_layer"]["glue_us"] * report["layers"] / 1e3 for c in contexts],
+        "lm_head_gemv op": [c["lm_head_ms"] for c in contexts],
+        "outside layers (HF model + generate)": [c["outside_layers_ms"] for c in contexts],
+        "host attention (real work)": [c["host_attention_ms"] for c in contexts],
+    }
+    bottom = [0.0] * len(contexts)
+    for label, values in parts.items():
+        left.bar(labels, values, bottom=bottom, label=label, hatch="//" if "real work" in label else None)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    left.axhline(TARGET_MS, color="k", ls="--", lw=1, label=f"overhead target {TARGET_MS} ms")
+    left.set_xlabel("context (prompt tokens)")
+    left.set_ylabel("ms per decode token (instrumented)")
+    left.set_title(f"Host time per decode token, {report['layers']}-layer 1B shape, compute=False", fontsize=9)
+    left.legend(fontsize=7)
+    first = contexts[0]
+    names = list(first["ops"])
+    x = range(len(names))
+    dispatch = [first["ops"][n]["dispatch_and_checks_us_per_call"] for n in names]
+    runtime_us = [first["ops"][n]["runtime_run_us_per_call"] for n in names]
+    right.bar(x, dispatch, label="op dispatch + checks + Program lookup")
+    right.bar(x, runtime_us, bottom=dispatch, label="Runtime.run (bind, sync, driver)")
+    right.set_xticks(list(x), names, fontsize=8)
+    right.set_ylabel("µs per call")
+    right.set_title(f"Per op call (context {first['context_tokens']}); bare torch.library dispatch "
+                    f"{report['dispatch']['library_dispatch_us']:.1f} µs", fontsize=9)
+    right.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run(mode: str, out_dir, log=print) -> dict:
+    started = time.perf_counter()
+    settings = SETTINGS[mode]
+    log("host: building the 1B-shaped model")
+    report = host_report(common.llama_1b(), **settings, log=log)
+    worst = max(report["contexts"], key=lambda c: c["host_overhead_ms"])
+    shortest = report["contexts"][0]
+    targets = [common.target(
+        f"host overhead per decode token, 1B shape, context {c['context_tokens']}", f"≤ {TARGET_MS} ms",
+        f"{c['host_overhead_ms']:.2f} ms", c["host_overhead_ms"] <= TARGET_MS) for c in report["contexts"]]
+    log(f"host: overhead {shortest['host_overhead_ms']:.2f} ms/token at context {shortest['context_tokens']}, "
+        f"worst {worst['host_overhead_ms']:.2f} ms; bare dispatch {report['dispatch']['library_dispatch_us']:.1f} µs")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plot(report, out_dir / "host_overhead.png")
+    data = {"settings": settings, "method": __doc__.strip(), **report, "targets": targets}
+    common.write_result("host_overhead", data, out_dir, mode, started)
+    return data

@@ -1,0 +1,150 @@
+"""Markdown from the result files: ``summary.md`` next to them, and (``publish``) the README section."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from . import common
+
+SECTIONS = ("speed", "host_overhead", "memory", "work", "cost_model")
+README = Path(__file__).resolve().parent / "README.md"
+FIGURES = Path(__file__).resolve().parent / "figures"
+BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+
+
+def load(out_dir: Path) -> dict:
+    return {name: json.loads((out_dir / f"{name}.json").read_text())
+            for name in SECTIONS if (out_dir / f"{name}.json").exists()}
+
+
+def _table(header: list[str], rows: list[list]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return lines + ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+
+
+def _machine(results: dict) -> list[str]:
+    first = next(iter(results.values()))
+    m, modes = first["machine"], sorted({r["mode"] for r in results.values()})
+    loads = [r["machine"]["load_average"][0] for r in results.values()]
+    return [f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; Python {m['python']}, torch "
+            f"{m['torch']}, transformers {m['transformers']}; commit {m['git_commit']}; mode {', '.join(modes)}; "
+            f"finished {first['finished']}. 1-minute load average when each section finished: "
+            f"{', '.join(f'{x:.1f}' for x in loads)} (the machine is shared: other jobs ran at the same time).", ""]
+
+
+def _targets(results: dict) -> list[str]:
+    rows = [[t["name"], t["target"], t["measured"], "met" if t["met"] else "**missed**"]
+            for r in results.values() for t in r.get("targets", [])]
+    return ["### Targets", ""] + _table(["what", "target", "measured", ""], rows) + [""]
+
+
+def _speed(r: dict) -> list[str]:
+    rows = []
+    for m in r["models"]:
+        for x in m["rows"]:
+            rows.append([m["model"], x["prompt_tokens"], f"{x['hf_prefill_ms']:.0f}", f"{x['npu2_prefill_ms']:.0f}",
+                         f"{x['prefill_ratio']:.2f}", f"{x['hf_decode_ms_per_token']:.1f}",
+                         f"{x['npu2_decode_ms_per_token']:.1f}", f"{x['decode_ratio']:.2f}"])
+    s = r["settings"]
+    return (["### Speed: HF eager (CPU) vs patched on the emulated NPU2 (measured)", "",
+             f"Medians over {s['repeats']} repeats, {s['decode_steps']} decode steps per run. {r['method']}", ""]
+            + _table(["model", "prompt", "HF prefill ms", "patched prefill ms", "ratio", "HF decode ms/tok",
+                      "patched decode ms/tok", "ratio"], rows) + [""])
+
+
+def _host(r: dict) -> list[str]:
+    rows = []
+    for c in r["contexts"]:
+        ops = c["ops"]
+        rows.append([c["context_tokens"], f"{c['token_ms']:.2f}", f"{c['host_attention_ms']:.2f}",
+                     f"**{c['host_overhead_ms']:.2f}**",
+                     *(f"{ops[n]['us_per_call']:.0f} ({ops[n]['dispatch_and_checks_us_per_call']:.0f})" if n in ops
+                       else "–" for n in ("rms_gemv_rope", "o_gemv_ffn", "lm_head_gemv")),
+                     f"{c['mean_layer']['glue_us']:.0f}", f"{c['outside_layers_ms']:.2f}"])
+    d = r["dispatch"]
+    return (["### Host time per decode token (1B shape, compute=False, measured)", ""]
+            + _table(["context", "token ms", "host attention ms", "overhead ms", "rms_gemv_rope µs (dispatch+checks)",
+                      "o_gemv_ffn µs (…)", "lm_head_gemv µs (…)", "layer glue µs", "outside layers ms"], rows)
+            + ["", f"Bare torch.library dispatch per call: Library define/impl {d['library_dispatch_us']:.1f} µs, "
+                   f"custom_op {d['custom_op_dispatch_us']:.1f} µs (over a {d['plain_python_call_us']:.1f} µs plain "
+                   f"call). HF's own generate() cost per token with {r['hf_framework']['layers']} layers of "
+                   f"negligible width: {r['hf_framework']['token_ms']:.2f} ms. Torch threads: {r['torch_threads']}.",
+               ""])
+
+
+def _memory(r: dict) -> list[str]:
+    rows = []
+    for s in r["scenarios"]:
+        phases = ", ".join(f"{p['phase']} {p['rss_bytes'] / common.GIB:.2f}" for p in s["phases"])
+        rows.append([s["kind"], s["prompt_tokens"], f"{s['weight_bytes'] / common.GIB:.2f}",
+                     f"{s['peak_bytes'] / common.GIB:.2f}", f"{s['peak_over_weights']:.2f}", phases])
+    return (["### Memory (1B shape, fresh process per scenario, measured)", ""]
+            + _table(["scenario", "prompt", "weights GiB", "peak RSS GiB", "peak / weights",
+                      "RSS after each phase, GiB"], rows) + [""])
+
+
+def _work(r: dict) -> list[str]:
+    rows = [[n, f"{v['ours']:.2f}", f"{v['reference']:.1f}"] for n, v in r["summary"].items()]
+    return (["### Prefill work: rows processed / prompt rows (computed from the bucket code, cross-checked)", ""]
+            + _table(["prompt tokens", "ours", "reference (pad to 2048)"], rows)
+            + ["", f"Cross-check on the emulator: {len(r['cross_check']) - r['cross_check_mismatches']}/"
+                   f"{len(r['cross_check'])} prompt lengths ran exactly the computed rows.", ""])
+
+
+def _cost_model(r: dict) -> list[str]:
+    c = r["calibration"]["constants"]
+    calibration = [[p["program"], p["seq"] or "decode", p["published_ms"], f"{p['model_ms']:.2f}",
+                    f"{p['relative_residual']:+.0%}"] for p in r["calibration"]["points"]]
+    prefill = [[p["prompt_tokens"], "+".join(map(str, p["buckets"])), f"{p['ours_ms']:.0f}",
+                f"{p['reference_fixed_2048_ms']:.0f}", f"{p['speedup']:.1f}×"] for p in r["predictions"]["prefill"]]
+    d = r["predictions"]["decode"]
+    host = d["host_ms_per_token_measured_here"]
+    return (["### Predicted NPU2 times — a MODEL, not a measurement", "",
+             f"Constants fitted to the reference's published per-call times: dispatch {c['dispatch_us']:.0f} µs, "
+             f"step {c['step_us']:.1f} µs, DDR {c['ddr_gb_per_s']:.1f} GB/s, "
+             f"GEMM {c['gemm_tflop_per_s']:.2f} TFLOP/s, "
+             f"attention {c['attention_tflop_per_s']:.2f} TFLOP/s (worst residual "
+             f"{r['calibration']['worst_relative_residual']:.0%}).", ""]
+            + _table(["program", "seq", "published ms", "model ms", "residual"], calibration) + [""]
+            + _table(["prompt", "our buckets", "ours ms (model)", "reference pad-2048 ms (model)", "speedup"], prefill)
+            + ["", f"Decode per token (model): NPU kernels {d['npu_ms_per_token']:.1f} ms"
+                   + (f" + host {host:.2f} ms measured here = {d['total_ms_per_token']:.1f} ms "
+                      f"({d['tokens_per_s']:.1f} tok/s)" if host is not None else "")
+                   + f"; reference published {d['reference_published_ms_per_token']:.0f} ms.", ""])
+
+
+RENDER = {"speed": _speed, "host_overhead": _host, "memory": _memory, "work": _work, "cost_model": _cost_model}
+PLOTS = {"speed": "speed.png", "host_overhead": "host_overhead.png", "memory": "memory.png", "work": "work.png",
+         "cost_model": "cost_model.png"}
+
+
+def markdown(results: dict, figures: str | None = None) -> str:
+    """The results as markdown; ``figures`` is the relative folder of the PNGs to embed (None: none)."""
+    lines = _machine(results) + _targets(results)
+    for name, render in RENDER.items():
+        if name in results:
+            lines += render(results[name])
+            if figures is not None:
+                lines += [f"![{name}]({figures}/{PLOTS[name]})", ""]
+    return "\n".join(lines)
+
+
+def write_summary(out_dir: Path) -> Path:
+    path = out_dir / "summary.md"
+    path.write_text(markdown(load(out_dir), figures=".") + "\n")
+    return path
+
+
+def publish(out_dir: Path) -> Path:
+    """Copy the PNGs to benchmarks/figures/ and replace the README's results block with the latest tables."""
+    results = load(out_dir)
+    if not results:
+        raise FileNotFoundError(f"no result files in {out_dir}: run `python -m benchmarks all` first")
+    FIGURES.mkdir(exist_ok=True)
+    for name in results:
+        shutil.copy(out_dir / PLOTS[name], FIGURES / PLOTS[name])
+    text = README.read_text()
+    start, stop = text.index(BEGIN) + len(BEGIN), text.index(END)
+    README.write_text(text[:start] + "\n" + markdown(results, figures="figures") + "\n" + text[stop:])
+    return README
