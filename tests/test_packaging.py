@@ -1,5 +1,6 @@
 """A normal (non-editable) install carries the whole package under the single import name torch_npu2."""
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -8,9 +9,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_normal_install_has_one_top_level_name(tmp_path):
-    target = tmp_path / "site"
+    source, target = tmp_path / "source", tmp_path / "site"  # a copy: the build writes build/ into its tree
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".git", "build", "*.egg-info", "results", "__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                    "--target", str(target), str(ROOT)], check=True, cwd=tmp_path)
+                    "--target", str(target), str(source)], check=True, cwd=tmp_path)
     assert sorted(p.name for p in target.iterdir() if not p.name.endswith(".dist-info")) == ["bin", "torch_npu2"]
     probe = ("import torch, torch_npu2, torch_npu2.kernels.programs, torch_npu2.emulator;"
              "from torch_npu2.kernels import host_build;"

@@ -83,11 +83,8 @@ class Runtime:
         self.stats["bo_bytes"] += nbytes
         return _Buffer(bo, np.frombuffer(bo.map(), np.uint8))
 
-    def empty(self, shape, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-        """A BO-backed tensor from the caching pool; its BO returns to the pool when the storage dies."""
-        return self._lease(shape, dtype)[0]
-
     def _lease(self, shape, dtype: torch.dtype) -> tuple[torch.Tensor, _Buffer]:
+        """A BO-backed tensor from the caching pool; its BO returns to the pool when the storage dies."""
         numel = 1
         for d in shape:
             numel *= d

@@ -45,22 +45,30 @@ def add(p, a, b):
     return a.float() + b.float()
 
 
+ATTENTION_QUERY_BLOCK = 256
+
+
 def attention(p, q, k, v):
     """Scores accumulate in fp32, softmax in fp32, probabilities enter the P·V matmul as bf16 (as the
-    kernel's bf16 mmul and HF's eager attention do). One KV head's query group at a time bounds memory."""
+    kernel's bf16 mmul and HF's eager attention do). Query blocks of one KV head's group at a time: a block
+    only scores the keys causality lets it see, which bounds memory and skips the masked half."""
     seq, heads, kv_heads, hd = p["seq"], p["heads"], p["kv_heads"], p["head_dim"]
     group = heads // kv_heads
     qh = q.reshape(seq, heads, hd).transpose(0, 1)
     kh = k.reshape(seq, kv_heads, hd).transpose(0, 1)
     vh = v.reshape(seq, kv_heads, hd).transpose(0, 1)
-    hidden = torch.ones(seq, seq, dtype=torch.bool).triu(1) if p["causal"] else None
     out = torch.empty(heads, seq, hd, dtype=torch.bfloat16)
-    for g in range(kv_heads):
-        scores = torch.matmul(qh[g * group:(g + 1) * group].float(), kh[g].float().T) * hd ** -0.5
-        if hidden is not None:
-            scores.masked_fill_(hidden, float("-inf"))
-        probs = torch.softmax(scores, dim=-1).to(torch.bfloat16)
-        out[g * group:(g + 1) * group] = torch.matmul(probs, vh[g])
+    for start in range(0, seq, ATTENTION_QUERY_BLOCK):
+        stop = min(seq, start + ATTENTION_QUERY_BLOCK)
+        visible = stop if p["causal"] else seq
+        hidden = (torch.arange(start, stop)[:, None] < torch.arange(visible)[None, :]) if p["causal"] else None
+        for g in range(kv_heads):
+            heads_g = slice(g * group, (g + 1) * group)
+            scores = torch.matmul(qh[heads_g, start:stop].float(), kh[g, :visible].float().T) * hd ** -0.5
+            if hidden is not None:
+                scores.masked_fill_(hidden, float("-inf"))
+            probs = torch.softmax(scores, dim=-1).to(torch.bfloat16)
+            out[heads_g, start:stop] = torch.matmul(probs, vh[g, :visible])
     return out.transpose(0, 1)
 
 
