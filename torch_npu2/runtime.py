@@ -177,6 +177,8 @@ class Runtime:
             elif buffer.device_version != tensor._version:
                 buffer.bo.sync(self._sync_to, nbytes, 0)
                 buffer.device_version = tensor._version
+            else:
+                self.stats["inputs_already_on_device"] += 1
             return
         staged = loaded.staging.get(index)
         if staged is None:

@@ -39,6 +39,7 @@ def test_output_handed_to_next_op_moves_no_bytes_through_host(runtime):
     out = torch.ops.npu2.flash_attn(q, k, v, HEAD_DIM)
     assert runtime.xrt.counters["bytes_to_device"] == before_to_device
     assert runtime.stats["host_copies"] == before_copies
+    assert runtime.stats["inputs_already_on_device"] == 3
     torch.testing.assert_close(out, reference.flash_attn(q, k, v, HEAD_DIM), atol=2e-2, rtol=2e-2)
 
 
