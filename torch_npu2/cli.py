@@ -53,22 +53,21 @@ def cmd_info(args) -> int:
 
 
 def _load_patched(args):
-    from . import get_runtime, patch_llama
+    from . import patch_llama
     from .backend import probe_npu
     from .patch_llama.models import DEFAULT_NAME, load_model
+    from .runtime import runtime_for
 
     name = args.model or DEFAULT_NAME
     print(f"loading {name} ...", file=sys.stderr)
     started = time.perf_counter()
     model, tokenizer = load_model(args.model)
     print(f"loaded in {time.perf_counter() - started:.1f} s", file=sys.stderr)
-    from .runtime import runtime_for
-
     runtime = runtime_for(args.backend)
     problems = [] if runtime.target == "npu2" else probe_npu().problems
     print(f"running on: {_backend_line(runtime, problems)}", file=sys.stderr)
     patch_llama(model, backend=args.backend, progress=True)
-    _prepare_decode_kernels(model, get_runtime())
+    _prepare_decode_kernels(model, runtime)
     return model, tokenizer
 
 
@@ -164,14 +163,13 @@ def cmd_compile(args) -> int:
 
 
 def _load_config(path):
+    from pathlib import Path
+
     from transformers import AutoConfig
 
     from .patch_llama.models import default_model_path
 
-    path = path or default_model_path()
-    from pathlib import Path
-
-    path = Path(path)
+    path = Path(path or default_model_path())
     if path.suffix == ".gguf":
         return AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
     return AutoConfig.from_pretrained(path)
