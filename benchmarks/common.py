@@ -218,3 +218,10 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def save_figure(fig, path) -> None:
+    """Write a benchmark figure as PNG and free it (every section's plots go through here)."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)

@@ -211,9 +211,7 @@ def plot(data: dict, path) -> None:
     right.set_ylabel("ms per decode token")
     right.set_title("MODEL, not a measurement: NPU2 decode, 1B shape", fontsize=10)
     right.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 def run(mode: str, out_dir, log=print) -> dict:

@@ -293,9 +293,7 @@ def plot(report: dict, path) -> None:
     right.set_title(f"Per op call (context {first['context_tokens']}); bare torch.library dispatch "
                     f"{report['dispatch']['library_dispatch_us']:.1f} µs", fontsize=9)
     right.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 def run(mode: str, out_dir, log=print) -> dict:

@@ -74,9 +74,7 @@ def plot(scenarios: list[dict], path) -> None:
     ax.set_ylabel("GiB")
     ax.set_title("Memory per phase, 1B-shaped model (fresh process per scenario)", fontsize=10)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 def run(mode: str, out_dir, log=print) -> dict:

@@ -115,9 +115,7 @@ def plot(models: list[dict], path) -> None:
             ax.legend(fontsize=8)
     fig.suptitle("Measured on this CPU: HF eager vs patched model on the emulated NPU2 (ratio = patched / HF)",
                  fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 def run(mode: str, out_dir, log=print) -> dict:

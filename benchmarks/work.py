@@ -113,9 +113,7 @@ def plot(data: dict, path) -> None:
     ax.set_ylabel("rows processed / prompt rows")
     ax.set_title("Prefill work executed over work needed", fontsize=10)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 def run(mode: str, out_dir, log=print) -> dict:
