@@ -8,7 +8,7 @@ with the low-level ``torch.library.Library`` route (cheaper per call than ``cust
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Callable
 
 import torch
@@ -38,6 +38,11 @@ class FusedOp:
     def qualname(self) -> str:
         return f"{NAMESPACE}.{self.name}"
 
+    @cached_property
+    def expected(self) -> tuple[tuple[str, torch.dtype, int], ...]:
+        """(name, dtype, rank) of each tensor argument: what every call is checked against."""
+        return tuple((a.name, TORCH_DTYPES[a.dtype], len(a.shape)) for a in self.example.host_args)
+
     def schema(self) -> str:
         params = [f"Tensor {a.name}" for a in self.example.host_args] + [f"{t} {n}" for n, t in self.scalars]
         outs = ", ".join("Tensor" for _ in self.example.outputs)
@@ -49,18 +54,17 @@ def _fail(op: FusedOp, arg: str, expected: str, given) -> ValueError:
 
 
 def _check_tensors(op: FusedOp, tensors, real: bool) -> None:
-    for arg, t in zip(op.example.host_args, tensors):
+    for (name, dtype, rank), t in zip(op.expected, tensors):
         if not isinstance(t, torch.Tensor):
-            raise _fail(op, arg.name, "a torch.Tensor", type(t).__name__)
-        want = TORCH_DTYPES[arg.dtype]
-        if t.dtype is not want:
-            raise _fail(op, arg.name, f"dtype {want}", t.dtype)
-        if t.dim() != len(arg.shape):
-            raise _fail(op, arg.name, f"a {len(arg.shape)}-D tensor", f"shape {tuple(t.shape)}")
-        if real and t.device.type != "cpu":
-            raise _fail(op, arg.name, "a CPU tensor (NPU buffers are host-mapped)", f"device {t.device}")
+            raise _fail(op, name, "a torch.Tensor", type(t).__name__)
+        if t.dtype is not dtype:
+            raise _fail(op, name, f"dtype {dtype}", t.dtype)
+        if t.dim() != rank:
+            raise _fail(op, name, f"a {rank}-D tensor", f"shape {tuple(t.shape)}")
+        if real and not t.is_cpu:
+            raise _fail(op, name, "a CPU tensor (NPU buffers are host-mapped)", f"device {t.device}")
         if real and not t.is_contiguous():
-            raise _fail(op, arg.name, "a contiguous tensor", f"strides {t.stride()}")
+            raise _fail(op, name, "a contiguous tensor", f"strides {t.stride()}")
 
 
 @lru_cache(maxsize=512)
@@ -78,6 +82,8 @@ def _program(op: FusedOp, shapes: tuple, scalars: tuple) -> Program:
 def program_of(op: FusedOp, tensors, scalars, real: bool = True) -> Program:
     """The Program for these arguments, after checking them (``ValueError`` naming op and argument)."""
     _check_tensors(op, tensors, real)
+    if real:
+        return _program(op, tuple(tuple(t.shape) for t in tensors), tuple(scalars))
     # NPU kernels are compiled per static shape, so symbolic sizes (torch.compile) are specialized here.
     return _program(op, tuple(tuple(int(d) for d in t.shape) for t in tensors), tuple(scalars))
 

@@ -84,6 +84,7 @@ class _Bo:
         if nbytes <= 0:
             raise RuntimeError(f"emulated NPU2: BO size must be positive, got {nbytes}")
         self.emu = device.emu
+        self.nbytes = nbytes
         self._host = np.zeros(nbytes, np.uint8)
         self._device = np.zeros(nbytes, np.uint8) if self.emu.coherency == "strict" else self._host
         self._device_views: dict[torch.dtype, torch.Tensor] = {}
@@ -99,7 +100,7 @@ class _Bo:
         return view
 
     def size(self) -> int:
-        return self._host.nbytes
+        return self.nbytes
 
     def map(self) -> memoryview:
         return memoryview(self._host)
@@ -128,13 +129,15 @@ class _Run:
         self.emu = kernel.ctx.device.emu
         self.bos: list[_Bo | None] = [None] * len(self.program.args)
         self.run_counter = f"runs:{self.program.name}"
+        self.roles = [arg.role.value for arg in self.program.args]
+        self.min_sizes = [arg.nbytes for arg in self.program.args]
         self._state = ert_cmd_state.ERT_CMD_STATE_NEW
 
     def set_arg(self, index: int, bo: _Bo):
         if not 0 <= index < len(self.bos):
             raise RuntimeError(f"emulated NPU2: {self.program.name} has no argument {index}")
         self.bos[index] = bo
-        bo.role = self.program.args[index].role.value
+        bo.role = self.roles[index]
 
     def start(self):
         self.emu.counters["runs"] += 1
@@ -150,10 +153,7 @@ class _Run:
             self._state = ert_cmd_state.ERT_CMD_STATE_COMPLETED
 
     def _arguments_fit(self) -> bool:
-        for arg, bo in zip(self.program.args, self.bos):
-            if bo is None or bo.size() < arg.nbytes:
-                return False
-        return True
+        return all(bo is not None and bo.nbytes >= need for bo, need in zip(self.bos, self.min_sizes))
 
     def _execute(self):
         views = {
