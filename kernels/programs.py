@@ -30,10 +30,7 @@ class ModelDims:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"ModelDims.{name} must be a positive int, got {value!r}")
-        if self.heads % self.kv_heads:
-            raise ValueError(f"ModelDims: heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
-        if self.head_dim % 2:
-            raise ValueError(f"ModelDims: head_dim must be even for half-split RoPE, got {self.head_dim}")
+        _check_attention_dims(self.heads, self.kv_heads, self.head_dim)
         if not self.eps > 0:
             raise ValueError(f"ModelDims.eps must be positive, got {self.eps!r}")
 

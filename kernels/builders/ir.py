@@ -17,10 +17,11 @@ import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from ..program import DTYPE_BYTES
 from .externs import object_for_symbol
 
 L3, L2, L1 = 0, 1, 2  # AIR memory spaces: DDR, memtile, compute-tile memory
-ELEMENT_BYTES = {"bf16": 2, "f32": 4, "i32": 4}
+ELEMENT_BYTES = {**DTYPE_BYTES, "i32": 4}  # Program dtypes plus i32, the scalar type passed to kernel calls
 DYNAMIC = -9223372036854775808  # MLIR's ShapedType::kDynamic marker inside static offset arrays
 OPERAND_PREFIX = "operand"
 
