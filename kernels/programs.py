@@ -9,10 +9,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .program import Arg, Launch, Program, Role
+from .program import Arg, CompileOptions, Launch, Program, Role
 
 W, I, S, O = Role.WEIGHT, Role.INPUT, Role.SCRATCH, Role.OUTPUT
-LM_HEAD_MAX_PARTITIONS = 8
+
+# aircc options per Program, from upstream llama32_1b's presets (mlir-air llms/shared/infra/backend_presets.py
+# and llama32_1b_prefill.py): runtime loop tiling [2, 2] for the prefill GEMM ELFs, [16, 16] for the decode
+# GEMV ELFs, [1, 1] without ping-pong for attention.
+PREFILL_OPTIONS = CompileOptions(runtime_loop_tiling_sizes=(4, 4))
+ATTENTION_OPTIONS = CompileOptions(runtime_loop_tiling_sizes=(1, 1), omit_pingpong="all")
+DECODE_OPTIONS = CompileOptions(runtime_loop_tiling_sizes=(16, 16))
 
 
 @dataclass(frozen=True)
@@ -66,7 +72,7 @@ def _check_seq(seq: int) -> None:
         raise ValueError(f"sequence length must be a positive int, got {seq!r}")
 
 
-def _rms_qkv_rope(name, hidden, heads, kv_heads, head_dim, eps, rows, matmul, row_shape) -> Program:
+def _rms_qkv_rope(name, hidden, heads, kv_heads, head_dim, eps, rows, matmul, row_shape, options) -> Program:
     """RMSNorm → Q/K/V projections → half-split RoPE on Q and K (prefill GEMM or decode GEMV)."""
     _check_attention_dims(heads, kv_heads, head_dim)
     h, q, kv, hd = hidden, heads * head_dim, kv_heads * head_dim, head_dim
@@ -97,10 +103,11 @@ def _rms_qkv_rope(name, hidden, heads, kv_heads, head_dim, eps, rows, matmul, ro
             _launch("rope", ["q", "rope_lut"], ["q_roped"], rows=rows, heads=heads, head_dim=hd),
             _launch("rope", ["k", "rope_lut"], ["k_roped"], rows=rows, heads=kv_heads, head_dim=hd),
         ),
+        compile_options=options,
     )
 
 
-def _o_ffn(name, hidden, q_dim, intermediate, eps, rows, matmul, row_shape) -> Program:
+def _o_ffn(name, hidden, q_dim, intermediate, eps, rows, matmul, row_shape, options) -> Program:
     """O projection + residual → RMSNorm → SwiGLU MLP + residual (prefill GEMM or decode GEMV)."""
     h, q, f = hidden, q_dim, intermediate
     mm = (lambda k, n: dict(M=rows, K=k, N=n)) if matmul == "gemm" else (lambda k, n: dict(K=k, N=n))
@@ -134,6 +141,7 @@ def _o_ffn(name, hidden, q_dim, intermediate, eps, rows, matmul, row_shape) -> P
             _launch(matmul, ["act", "w_down"], ["down"], **mm(f, h)),
             _launch("add", ["res1", "down"], ["out"], rows=rows, cols=h),
         ),
+        compile_options=options,
     )
 
 
@@ -146,24 +154,30 @@ def _check_attention_dims(heads: int, kv_heads: int, head_dim: int) -> None:
 
 def rms_gemms_rope(hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float, seq: int) -> Program:
     _check_seq(seq)
-    return _rms_qkv_rope("rms_gemms_rope", hidden, heads, kv_heads, head_dim, eps, seq, "gemm", lambda n: (seq, n))
+    return _rms_qkv_rope("rms_gemms_rope", hidden, heads, kv_heads, head_dim, eps, seq, "gemm", lambda n: (seq, n),
+                         PREFILL_OPTIONS)
 
 
 def o_ffn(hidden: int, q_dim: int, intermediate: int, eps: float, seq: int) -> Program:
     _check_seq(seq)
-    return _o_ffn("o_ffn", hidden, q_dim, intermediate, eps, seq, "gemm", lambda n: (seq, n))
+    return _o_ffn("o_ffn", hidden, q_dim, intermediate, eps, seq, "gemm", lambda n: (seq, n), PREFILL_OPTIONS)
 
 
 def rms_gemv_rope(hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float) -> Program:
-    return _rms_qkv_rope("rms_gemv_rope", hidden, heads, kv_heads, head_dim, eps, 1, "gemv", lambda n: (n,))
+    return _rms_qkv_rope("rms_gemv_rope", hidden, heads, kv_heads, head_dim, eps, 1, "gemv", lambda n: (n,),
+                         DECODE_OPTIONS)
 
 
 def o_gemv_ffn(hidden: int, q_dim: int, intermediate: int, eps: float) -> Program:
-    return _o_ffn("o_gemv_ffn", hidden, q_dim, intermediate, eps, 1, "gemv", lambda n: (n,))
+    return _o_ffn("o_gemv_ffn", hidden, q_dim, intermediate, eps, 1, "gemv", lambda n: (n,), DECODE_OPTIONS)
 
 
 def flash_attn(heads: int, kv_heads: int, head_dim: int, seq: int) -> Program:
-    """Causal GQA attention over one sequence, seq-first layout, scale 1/sqrt(head_dim)."""
+    """Causal GQA attention over one sequence, seq-first layout, scale 1/sqrt(head_dim).
+
+    K and V are first stacked into one (2, seq, kv_dim) buffer, so that attention fetches a position
+    block's keys and values with one DMA (see builders/attention.py).
+    """
     _check_seq(seq)
     _check_attention_dims(heads, kv_heads, head_dim)
     q, kv = heads * head_dim, kv_heads * head_dim
@@ -174,21 +188,16 @@ def flash_attn(heads: int, kv_heads: int, head_dim: int, seq: int) -> Program:
             Arg("q", (seq, q), "bf16", I),
             Arg("k", (seq, kv), "bf16", I),
             Arg("v", (seq, kv), "bf16", I),
+            Arg("kv", (2, seq, kv), "bf16", S),
             Arg("out", (seq, q), "bf16", O),
         ),
         launches=(
-            _launch("attention", ["q", "k", "v"], ["out"], seq=seq, heads=heads, kv_heads=kv_heads,
+            _launch("stack", ["k", "v"], ["kv"], rows=seq, cols=kv),
+            _launch("attention", ["q", "kv"], ["out"], seq=seq, heads=heads, kv_heads=kv_heads,
                     head_dim=head_dim, causal=True),
         ),
+        compile_options=ATTENTION_OPTIONS,
     )
-
-
-def lm_head_partitions(vocab: int) -> int:
-    """Row partitions of the LM-head GEMV: the largest power of two ≤ 8 that divides the vocab."""
-    p = LM_HEAD_MAX_PARTITIONS
-    while vocab % p:
-        p //= 2
-    return p
 
 
 def lm_head_gemv(hidden: int, vocab: int) -> Program:
@@ -206,9 +215,9 @@ def lm_head_gemv(hidden: int, vocab: int) -> Program:
             Arg("logits", (vocab,), "f32", O),
         ),
         launches=(
-            _launch("partitioned_gemv", ["x", "w_lm"], ["logits"], K=hidden, N=vocab,
-                    partitions=lm_head_partitions(vocab)),
+            _launch("gemv_f32", ["x", "w_lm"], ["logits"], K=hidden, N=vocab),
         ),
+        compile_options=DECODE_OPTIONS,
     )
 
 

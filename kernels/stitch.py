@@ -4,8 +4,8 @@ The function's arguments are exactly the Program's arguments, in order, typed fr
 named after them. Each launch's builder output is spliced in with:
 
 * its operands (``%operand<i>``: the launch's reads then writes) remapped to those function arguments;
-* every other SSA value prefixed ``l<launch index>_``, and so are its hierarchy symbols (``sym_name``),
-  so nothing collides across launches;
+* every other SSA value prefixed ``l<launch index>_``, and so are its hierarchy symbols (the
+  ``@name`` of each ``air.launch``/``air.segment``/``air.herd``), so nothing collides across launches;
 * its external kernel declarations merged module-wide. A kernel's tile sizes are compile-time macros, so
   each distinct ``-D`` configuration of one kernel object is its own build; and one C symbol can have only
   one declaration, so every configuration after the first is a variant: its symbols get a ``_v<n>``
@@ -19,14 +19,14 @@ import re
 from dataclasses import dataclass
 
 from .builders import KERNEL_OBJECTS, build_launch
-from .builders.ir import OPERAND_PREFIX, MemRef, extern_declaration
+from .builders.ir import OPERAND_PREFIX, Dma, MemRef, extern_declaration
 from .program import Program
 
 LAUNCH_PREFIX = "l{index}_"
 _ARG_NAME = re.compile(r"[A-Za-z_]\w*")
 _RESERVED_ARG_NAME = re.compile(r"l\d+_")
-# sym_name/link_with strings are renamed; any other string literal is skipped; %values and @symbols renamed.
-_TOKEN = re.compile(r'\b(sym_name|link_with) = "([^"]*)"|"(?:[^"\\]|\\.)*"|([%@])([A-Za-z_][\w$.]*)')
+# link_with strings are renamed; any other string literal is skipped; %values and @symbols renamed.
+_TOKEN = re.compile(r'\blink_with = "([^"]*)"|"(?:[^"\\]|\\.)*"|([%@])([A-Za-z_][\w$.]*)')
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,7 @@ class StitchedModule:
     program_name: str
     text: str
     objects: tuple[ObjectBuild, ...]
+    dmas: tuple[Dma, ...]  # every launch's DMAs, in text order
 
 
 class _KernelVariants:
@@ -101,16 +102,16 @@ def _check_arg_names(program: Program) -> None:
 
 
 def _rename(text: str, prefix: str, operand_args: list[str], symbols: dict[str, str], objects: dict[str, str]) -> str:
+    """Operands → function arguments, external kernel symbols → their variant, every other value and
+    symbol (the hierarchy's ``@names``) → prefixed."""
     def replace(match: re.Match) -> str:
-        attr, value, sigil, name = match.groups()
-        if attr == "sym_name":
-            return f'sym_name = "{prefix}{value}"'
-        if attr == "link_with":
-            return f'link_with = "{objects[value]}"'
+        linked, sigil, name = match.groups()
+        if linked is not None:
+            return f'link_with = "{objects[linked]}"'
         if sigil is None:
             return match.group(0)
         if sigil == "@":
-            return "@" + symbols[name]
+            return "@" + symbols.get(name, prefix + name)
         if name.startswith(OPERAND_PREFIX) and name[len(OPERAND_PREFIX):].isdigit():
             return "%" + operand_args[int(name[len(OPERAND_PREFIX):])]
         return f"%{prefix}{name}"
@@ -129,9 +130,10 @@ def stitch(program: Program, tuning: dict[int, dict] | None = None) -> StitchedM
     _check_arg_names(program)
     tuning = tuning or {}
     variants = _KernelVariants()
-    bodies = []
+    bodies, dmas = [], []
     for index, launch in enumerate(program.launches):
         ir = build_launch(program, launch, tuning.get(index))
+        dmas += ir.dmas
         symbols, objects = variants.assign(ir.externs)
         prefix = LAUNCH_PREFIX.format(index=index)
         text = _rename(ir.text, prefix, list(launch.reads + launch.writes), symbols, objects)
@@ -148,8 +150,17 @@ def stitch(program: Program, tuning: dict[int, dict] | None = None) -> StitchedM
         lines.append(f"    // {description}")
         lines += ["    " + line for line in text.splitlines()]
     lines += ["    return", "  }", "}", ""]
-    return StitchedModule(program.name, "\n".join(lines), variants.object_builds())
+    return StitchedModule(program.name, "\n".join(lines), variants.object_builds(), tuple(dmas))
 
 
 def emit_mlir(program: Program) -> str:
     return stitch(program).text
+
+
+def npu2_build_problem(program: Program) -> str | None:
+    """Why ``program`` cannot be built for NPU2 (the builder constraint it breaks), or None when it can."""
+    try:
+        stitch(program)
+    except ValueError as exc:  # LaunchConstraintError and unknown launch kinds or argument names
+        return str(exc)
+    return None

@@ -8,6 +8,8 @@ import torch
 from torch import nn
 
 from .. import runtime as npu_runtime
+from ..kernels import ModelDims, programs_for_model
+from ..kernels.stitch import npu2_build_problem
 from .layer import NpuDecoderLayer, NpuLmHead, SharedState
 
 DEFAULT_BUCKETS = tuple(2 ** i for i in range(4, 12))  # 16 … 2048
@@ -56,6 +58,22 @@ def _validate(model, buckets) -> None:
         raise _fail(f"prefill_buckets must be positive ints, got {buckets!r}")
 
 
+def _check_npu2_builds(model, buckets, target: str) -> None:
+    """Every Program the model needs against the NPU2 builders' constraints: an error on the NPU, where
+    nothing could run; a warning on the emulator, which runs them anyway."""
+    problems = [(program, npu2_build_problem(program))
+                for program in programs_for_model(ModelDims.from_config(model.config), buckets)]
+    problems = [f"{program.name} ({', '.join(f'{k}={v}' for k, v in program.params)}): {problem}"
+                for program, problem in problems if problem]
+    if not problems:
+        return
+    listing = "\n  ".join(problems)
+    if target == "npu2":
+        raise _fail(f"{len(problems)} of the model's Programs cannot be compiled for NPU2:\n  {listing}")
+    warnings.warn(f"patch_llama: {type(model).__name__} runs here on the emulated NPU2, but {len(problems)} of its "
+                  f"Programs cannot be compiled for NPU2:\n  {listing}", stacklevel=3)
+
+
 def _replace_forward(state: PatchState, module, forward) -> None:
     """Instance-level patch; with accelerate hooks attached, the hook's saved forward is the one replaced."""
     attr = "_old_forward" if hasattr(module, "_hf_hook") and hasattr(module, "_old_forward") else "forward"
@@ -89,6 +107,7 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
     buckets = tuple(sorted(set(prefill_buckets)))
     _validate(model, buckets)
     runtime = npu_runtime.runtime_for(backend)
+    _check_npu2_builds(model, buckets, runtime.target)
     state = PatchState(SharedState(buckets))
     weights = _npu_weights(model)
     if progress:

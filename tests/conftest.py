@@ -1,11 +1,32 @@
+import os
+from pathlib import Path
+
 import pytest
 
 from torch_npu2 import create_runtime, use_runtime
 from torch_npu2.emulator import EmulatedXrt
+from torch_npu2.kernels import toolchain
+
+# Where `make air-tools` (part of `make test`) unpacks the AIR compilers of the shared workspace.
+CHECKOUT_AIR_TOOLS = Path(__file__).resolve().parents[1] / ".air-tools"
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "npu: needs the NPU toolchain (aircc, Peano) or an NPU with pyxrt")
+    if not os.environ.get(toolchain.AIR_TOOLS_VARIABLE) and (CHECKOUT_AIR_TOOLS / "bin" / "air-opt").exists():
+        os.environ[toolchain.AIR_TOOLS_VARIABLE] = str(CHECKOUT_AIR_TOOLS)
+
+
+@pytest.fixture(scope="session")
+def air_tools() -> toolchain.Toolchain:
+    """The real air-opt and aiecc; a skip saying how to get them, or in CI (CI=true) an error."""
+    missing = toolchain.missing_lowering_tools()
+    if missing:
+        message = "the real AIR compiler is not available: " + "; ".join(missing)
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return toolchain.find_toolchain()
 
 
 @pytest.fixture

@@ -10,7 +10,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_normal_install_has_one_top_level_name(tmp_path):
     source, target = tmp_path / "source", tmp_path / "site"  # a copy: the build writes build/ into its tree
-    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".git", "build", "*.egg-info", "results", "__pycache__"))
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".git", ".air-tools*", "build", "*.egg-info",
+                                                                "results", "__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
                     "--target", str(target), str(source)], check=True, cwd=tmp_path)
     assert sorted(p.name for p in target.iterdir() if not p.name.endswith(".dist-info")) == ["bin", "torch_npu2"]

@@ -28,6 +28,7 @@ def cmd_info(args) -> int:
     from .artifact_cache import default_cache_root
     from .backend import probe_npu, resolve_backend
     from .kernels import compile as pipeline
+    from .kernels import toolchain
 
     probe = probe_npu()
     try:
@@ -42,9 +43,18 @@ def cmd_info(args) -> int:
     for problem in probe.problems:
         print(f"    - {problem}")
     missing = pipeline.missing_toolchain()
-    print(f"NPU toolchain (aircc, Peano, aiecc, AIE API headers): {'complete' if not missing else 'incomplete'}")
+    print(f"NPU toolchain (aircc or the AIR tools, Peano, AIE API headers): "
+          f"{'complete' if not missing else 'incomplete'}")
     for piece in missing:
         print(f"    - {piece}")
+    lowering = toolchain.missing_lowering_tools()
+    tc = toolchain.find_toolchain()
+    print(f"AIR tools (air-opt, aiecc; lower to NPU instructions): "
+          f"{toolchain.air_version(tc) + ' at ' + str(tc.air_opt.parent) if not lowering else 'missing'}")
+    for piece in lowering:
+        print(f"    - {piece}")
+    if not lowering and toolchain.air_version_warning(tc):
+        print(f"    - warning: {toolchain.air_version_warning(tc)}")
     print(f"torch {_version('torch')}, transformers {_version('transformers')}, python {sys.version.split()[0]}")
     root = default_cache_root()
     entries = sum(1 for _ in root.glob("*/*/manifest.json")) if root.exists() else 0
@@ -122,6 +132,61 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def _program_label(program) -> str:
+    rows = dict(program.params).get("rows", dict(program.params).get("seq"))
+    return f"{program.name}_{rows}" if program.name in ("rms_gemms_rope", "flash_attn", "o_ffn") else program.name
+
+
+NPU_INSTS_HEADER = ("program", "result", "segments", "tiles", "memtiles", "L1 KiB", "L2 KiB", "DMA channels", "BDs",
+                    "shim BD tasks", "runtime params", "NPU insts", "seconds")
+
+
+def _npu_insts_row(label: str, lowering) -> tuple:
+    return (label, "pass", len(lowering.devices), lowering.most("compute_tiles"), lowering.most("memtiles"),
+            round(lowering.most("l1_bytes") / 1024, 1), round(lowering.most("l2_bytes") / 1024, 1),
+            lowering.total("dma_channels"), lowering.total("bds"),
+            lowering.total("shim_bd_tasks"), lowering.total("runtime_parameters"), lowering.total("instruction_words"),
+            f"{lowering.seconds:.1f}")
+
+
+def _print_table(rows) -> None:
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(str(cell).rjust(width) if isinstance(cell, int) else str(cell).ljust(width)
+                        for cell, width in zip(row, widths)).rstrip())
+
+
+def _lower_all(programs) -> int:
+    """Every Program through aircc's npu2 passes to NPU instructions (the AIR tools, no Peano): a table."""
+    from tqdm import tqdm
+
+    from .kernels.air_pipeline import CompileError, lower_to_npu_insts
+    from .kernels.toolchain import air_version, air_version_warning, missing_lowering_tools
+
+    missing = missing_lowering_tools()
+    if missing:
+        print("cannot lower to NPU instructions:\n  " + "\n  ".join(missing), file=sys.stderr)
+        return 2
+    print(f"AIR: {air_version()}", file=sys.stderr)
+    if air_version_warning():
+        print(f"warning: {air_version_warning()}", file=sys.stderr)
+    rows, failures = [NPU_INSTS_HEADER], []
+    for program in tqdm(programs, desc="lowering to NPU instructions", unit="program", file=sys.stderr):
+        label = _program_label(program)
+        try:
+            rows.append(_npu_insts_row(label, lower_to_npu_insts(program)))
+        except CompileError as exc:
+            where = f"{exc.stage} ({exc.pass_name})" if exc.pass_name else exc.stage
+            first = next((line for line in exc.message.splitlines() if "error" in line), exc.message.splitlines()[0])
+            rows.append((label, f"FAIL at {where}") + ("",) * (len(NPU_INSTS_HEADER) - 2))
+            failures.append(f"{label}: {where}: {first.strip()}\n    build kept in {exc.build_dir}")
+    _print_table(rows)
+    print(f"{len(rows) - 1 - len(failures)} of {len(rows) - 1} Programs lowered to NPU instructions")
+    for failure in failures:
+        print(failure, file=sys.stderr)
+    return 1 if failures else 0
+
+
 def cmd_compile(args) -> int:
     from pathlib import Path
 
@@ -139,11 +204,11 @@ def cmd_compile(args) -> int:
         out_dir = Path(args.emit_mlir)
         out_dir.mkdir(parents=True, exist_ok=True)
         for program in tqdm(programs, desc="emitting MLIR", unit="program", file=sys.stderr):
-            rows = dict(program.params).get("rows", dict(program.params).get("seq"))
-            suffix = f"_{rows}" if program.name in ("rms_gemms_rope", "flash_attn", "o_ffn") else ""
-            (out_dir / f"{program.name}{suffix}.mlir").write_text(emit_mlir(program))
+            (out_dir / f"{_program_label(program)}.mlir").write_text(emit_mlir(program))
         print(f"wrote {len(programs)} modules to {out_dir}")
         return 0
+    if args.target == "npu-insts":
+        return _lower_all(programs)
     missing = pipeline.missing_toolchain()
     if missing:
         print("cannot compile: the NPU toolchain is incomplete:\n  " + "\n  ".join(missing), file=sys.stderr)
@@ -193,9 +258,14 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--backend", choices=("auto", "npu", "emulator"), default="auto")
     gen.set_defaults(func=cmd_generate)
 
-    comp = sub.add_parser("compile", help="precompile every Program a model needs (needs aircc and Peano)")
+    comp = sub.add_parser("compile", help="precompile every Program a model needs (ELFs need aircc or the AIR "
+                                          "tools, and Peano), or lower them to NPU instructions")
     comp.add_argument("--model", help="a HF checkpoint directory or a .gguf file (default: SmolLM2-135M)")
     comp.add_argument("--buckets", type=int, nargs="+", help="prefill bucket lengths (default: 16 … 2048)")
+    comp.add_argument("--target", choices=("elf", "npu-insts"), default="elf",
+                      help="elf: cached ELFs for the NPU (default); npu-insts: run every Program through aircc's "
+                           "npu2 passes to NPU instruction streams with the AIR tools alone (no Peano) and print "
+                           "what each uses")
     comp.add_argument("--emit-mlir", metavar="DIR", help="write each stitched module to DIR/<program>.mlir; "
                                                          "needs no toolchain")
     comp.set_defaults(func=cmd_compile)

@@ -6,9 +6,9 @@
 //   attn_init_f32(row_max, row_sum, acc)
 //   for each key tile with k_start <= q_start + ATTN_TQ - 1   (later tiles are fully masked: skipping them
 //                                                             is an optimisation, calling them is harmless)
-//     attn_qk_tile_bf16(q, k, scores, q_start, k_start)
+//     attn_qk_tile_bf16(q, kv, scores, q_start, k_start)
 //     attn_online_softmax_bf16(scores, probs, row_max, row_sum, row_scale)
-//     attn_pv_accumulate_bf16(probs, v, row_scale, acc)
+//     attn_pv_accumulate_bf16(probs, kv, row_scale, acc)
 //   attn_finalize_bf16(acc, row_sum, out)
 //
 // Tile sizes, compile-time (override with -D):
@@ -19,7 +19,9 @@
 //
 // Buffers (row-major; AIE path: every buffer 64-byte aligned):
 //   q          ATTN_TQ x ATTN_HEAD_DIM bf16      query rows q_start .. q_start + ATTN_TQ - 1 of one head
-//   k, v       ATTN_TK x ATTN_HEAD_DIM bf16      key/value rows k_start .. k_start + ATTN_TK - 1 of its KV head
+//   kv         2 x ATTN_TK x ATTN_HEAD_DIM bf16  key rows k_start .. k_start + ATTN_TK - 1 of its KV head, then
+//                                                the value rows of the same positions (one buffer, so one DMA
+//                                                fills both; QK^T reads only the key half)
 //   scores     ATTN_TQ x ATTN_TK fp32            base-2 logits: (q . k) * ATTN_SCALE * log2(e), or the mask
 //                                                value -2^100 where key position > query position
 //   probs      ATTN_TQ x ATTN_TK bf16            exp2(score - running max)
@@ -31,10 +33,10 @@
 //
 // Symbols (rename any with -D<name>=<new name> to link two variants into one ELF):
 //   void attn_init_f32(float *row_max, float *row_sum, float *acc)
-//   void attn_qk_tile_bf16(const bf16 *q, const bf16 *k, float *scores, int32_t q_start, int32_t k_start)
+//   void attn_qk_tile_bf16(const bf16 *q, const bf16 *kv, float *scores, int32_t q_start, int32_t k_start)
 //   void attn_online_softmax_bf16(const float *scores, bf16 *probs, float *row_max, float *row_sum,
 //                                 float *row_scale)
-//   void attn_pv_accumulate_bf16(const bf16 *probs, const bf16 *v, const float *row_scale, float *acc)
+//   void attn_pv_accumulate_bf16(const bf16 *probs, const bf16 *kv, const float *row_scale, float *acc)
 //   void attn_finalize_bf16(const float *acc, const float *row_sum, bf16 *out)
 //
 // Causality is by position: key j of the tile is visible to query row i iff k_start + j <= q_start + i. Decode
@@ -149,7 +151,8 @@ void attn_init_f32(float *row_max, float *row_sum, float *acc) {
 #endif
 }
 
-void attn_qk_tile_bf16(const bf16_t *q, const bf16_t *k, float *scores, int32_t q_start, int32_t k_start) {
+void attn_qk_tile_bf16(const bf16_t *q, const bf16_t *kv, float *scores, int32_t q_start, int32_t k_start) {
+  const bf16_t *k = kv;
 #if defined(__AIENGINE__)
   for (int qb = 0; qb < kTileQ; qb += 8) {
     for (int kb = 0; kb < kTileK; kb += 8) {
@@ -255,7 +258,8 @@ void attn_online_softmax_bf16(const float *scores, bf16_t *probs, float *row_max
 #endif
 }
 
-void attn_pv_accumulate_bf16(const bf16_t *probs, const bf16_t *v, const float *row_scale, float *acc) {
+void attn_pv_accumulate_bf16(const bf16_t *probs, const bf16_t *kv, const float *row_scale, float *acc) {
+  const bf16_t *v = kv + kTileK * kHeadDim;
 #if defined(__AIENGINE__)
   for (int qb = 0; qb < kTileQ; qb += 8) {
     aie::vector<float, 64> scale_by_row; // lane r * 8 + c holds row r's scale

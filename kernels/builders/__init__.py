@@ -6,7 +6,7 @@ types are the launch's reads then writes, as the Program's argument shapes and d
 from __future__ import annotations
 
 from ..program import Launch, Program
-from . import add, attention, gemm, gemv, rmsnorm, rope, silu_mul
+from . import add, attention, gemm, gemv, rmsnorm, rope, silu_mul, stack
 from .externs import EXTERNAL_KERNELS, KERNEL_OBJECTS, KernelObject
 from .ir import LaunchIR, MemRef
 from .npu2 import LaunchConstraintError
@@ -15,11 +15,12 @@ BUILDERS = {
     "rmsnorm": rmsnorm.build,
     "gemm": gemm.build,
     "gemv": gemv.build,
-    "partitioned_gemv": gemv.build_partitioned,
+    "gemv_f32": gemv.build_f32,
     "rope": rope.build,
     "silu_mul": silu_mul.build,
     "add": add.build,
     "attention": attention.build,
+    "stack": stack.build,
 }
 
 

@@ -27,14 +27,14 @@ def build(params: dict, operands, tuning: dict | None = None) -> LaunchIR:
 
     b = LaunchBuilder(KIND, operands, ("a", "b", "out"))
     b.comment(f"add rows={rows} cols={cols}: herd {plan.herd}x1, {plan.chunks_per_tile} chunks of "
-              f"{plan.chunk} per tile")
+              f"{plan.chunk} per {'row per ' if plan.rows_per_tile else ''}tile")
     vec = f"vector<{VECTOR_LANES}xbf16>"
     with b.launch("add", (1, 1), b.operands) as (_, _, launch_args):
         with b.segment("add_seg", launch_args) as (_, _, segment_args):
             with b.herd("add_herd", (plan.herd, 1), segment_args) as ((tx, _), _, (lhs, rhs, out)):
                 chunk_type = MemRef((plan.chunk,), "bf16", L1)
                 lhs_buf, rhs_buf, out_buf = (b.alloc(chunk_type, n) for n in ("a_l1", "b_l1", "out_l1"))
-                with chunk_loop(b, plan, tx, len(lhs.type.shape) == 1) as (row, col):
+                with chunk_loop(b, plan, tx) as (row, col):
                     b.dma(lhs_buf, WHOLE, lhs, rows_window(lhs.type, row, 1, col, plan.chunk))
                     b.dma(rhs_buf, WHOLE, rhs, rows_window(rhs.type, row, 1, col, plan.chunk))
                     with b.loop(0, plan.chunk, VECTOR_LANES, "j") as j:

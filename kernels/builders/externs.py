@@ -15,10 +15,11 @@ first (``-D<symbol>=<symbol>_v<n>``). A memref reaches C as a bare pointer to it
   ``gemv_bf16_f32(const bf16 *w, const bf16 *x, float *y)``
 * attention.o (attention.cc), configured by ATTN_TQ, ATTN_TK, ATTN_HEAD_DIM:
   ``attn_init_f32(float *row_max, float *row_sum, float *acc)``,
-  ``attn_qk_tile_bf16(const bf16 *q, const bf16 *k, float *scores, int32_t q_start, int32_t k_start)``,
+  ``attn_qk_tile_bf16(const bf16 *q, const bf16 *kv, float *scores, int32_t q_start, int32_t k_start)``,
   ``attn_online_softmax_bf16(const float *scores, bf16 *probs, float *row_max, float *row_sum,
-  float *row_scale)``, ``attn_pv_accumulate_bf16(const bf16 *probs, const bf16 *v, const float *row_scale,
-  float *acc)``, ``attn_finalize_bf16(const float *acc, const float *row_sum, bf16 *out)``
+  float *row_scale)``, ``attn_pv_accumulate_bf16(const bf16 *probs, const bf16 *kv, const float *row_scale,
+  float *acc)``, ``attn_finalize_bf16(const float *acc, const float *row_sum, bf16 *out)``; ``kv`` is one
+  block of keys followed by the values of the same positions
 """
 from __future__ import annotations
 

@@ -28,28 +28,31 @@ from __future__ import annotations
 
 from .ir import L1, L2, WHOLE, LaunchBuilder, LaunchIR, MemRef, Value, Window
 from .npu2 import (COLUMNS, HERD_CANDIDATES, L1_AVAILABLE, L2_BYTES, MMUL_GRANULE, ROWS, check_budget,
-                   check_operands, check_params, check_tuning, divisors_descending, largest_dividing, nbytes, require)
+                   check_operands, check_params, check_tuning, divisors_descending, largest_dividing, nbytes,
+                   pingpong_copies, require)
 
 KIND = "gemm"
 PARAMS = ("M", "K", "N")
 TUNING = ("herd_m", "herd_n", "tile_m", "tile_n", "tile_k_l1", "tile_k_l2")
-MAX_TILE_M, MAX_TILE_N = 32, 64
+MAX_TILE_M, MAX_TILE_N = 64, 64
 TILE_K_L2_CANDIDATES = (128, 64, 32, 16, 8)
 TILE_K_L1_CANDIDATES = (32, 16, 8)
 MATMUL_TRANSPOSED_B = ("indexing_maps = [affine_map<(d0, d1, d2) -> (d0, d2)>, "
                        "affine_map<(d0, d1, d2) -> (d1, d2)>, affine_map<(d0, d1, d2) -> (d0, d1)>]")
 
 
-def _l1_bytes(tile_m, tile_n, tile_k_l1) -> dict[str, int]:
+def _l1_bytes(tile_m, tile_n, tile_k_l1, tile_k_l2) -> dict[str, int]:
+    copies = pingpong_copies(tile_k_l2 // tile_k_l1)
     return {"f32 accumulator": nbytes((tile_m, tile_n), "f32"),
-            "A window x2 (double-buffered)": 2 * nbytes((tile_m, tile_k_l1), "bf16"),
-            "W window x2": 2 * nbytes((tile_n, tile_k_l1), "bf16"),
+            f"A window x{copies} (ping-pong)": copies * nbytes((tile_m, tile_k_l1), "bf16"),
+            f"W window x{copies}": copies * nbytes((tile_n, tile_k_l1), "bf16"),
             "bf16 output tile": nbytes((tile_m, tile_n), "bf16")}
 
 
-def _l2_bytes(block_m, block_n, tile_k_l2) -> dict[str, int]:
-    return {"A slice x2 (double-buffered)": 2 * nbytes((block_m, tile_k_l2), "bf16"),
-            "W slice x2": 2 * nbytes((block_n, tile_k_l2), "bf16"),
+def _l2_bytes(block_m, block_n, tile_k_l2, K) -> dict[str, int]:
+    copies = pingpong_copies(K // tile_k_l2)
+    return {f"A slice x{copies} (ping-pong)": copies * nbytes((block_m, tile_k_l2), "bf16"),
+            f"W slice x{copies}": copies * nbytes((block_n, tile_k_l2), "bf16"),
             "C block": nbytes((block_m, block_n), "bf16")}
 
 
@@ -88,13 +91,14 @@ def build(params: dict, operands, tuning: dict | None = None) -> LaunchIR:
             f"must divide N/herd_n={N // herd_n} and be a multiple of {MMUL_GRANULE}")
     block_m, block_n = herd_m * tile_m, herd_n * tile_n
     tile_k_l2 = tuning.get("tile_k_l2") or _fitting_k_tile(
-        K, TILE_K_L2_CANDIDATES, lambda t: sum(_l2_bytes(block_m, block_n, t).values()) <= L2_BYTES)
+        K, TILE_K_L2_CANDIDATES, lambda t: sum(_l2_bytes(block_m, block_n, t, K).values()) <= L2_BYTES)
     require(K % tile_k_l2 == 0, KIND, "tile_k_l2", tile_k_l2, f"must divide K={K}")
-    check_budget(KIND, "L2", _l2_bytes(block_m, block_n, tile_k_l2), "lower tile_k_l2 or the block size")
+    check_budget(KIND, "L2", _l2_bytes(block_m, block_n, tile_k_l2, K), "lower tile_k_l2 or the block size")
     tile_k_l1 = tuning.get("tile_k_l1") or _fitting_k_tile(
-        tile_k_l2, TILE_K_L1_CANDIDATES, lambda t: sum(_l1_bytes(tile_m, tile_n, t).values()) <= L1_AVAILABLE)
+        tile_k_l2, TILE_K_L1_CANDIDATES,
+        lambda t: sum(_l1_bytes(tile_m, tile_n, t, tile_k_l2).values()) <= L1_AVAILABLE)
     require(tile_k_l2 % tile_k_l1 == 0, KIND, "tile_k_l1", tile_k_l1, f"must divide tile_k_l2={tile_k_l2}")
-    check_budget(KIND, "L1", _l1_bytes(tile_m, tile_n, tile_k_l1), "lower tile_m, tile_n or tile_k_l1")
+    check_budget(KIND, "L1", _l1_bytes(tile_m, tile_n, tile_k_l1, tile_k_l2), "lower tile_m, tile_n or tile_k_l1")
 
     b = LaunchBuilder(KIND, operands, ("a", "w", "c"))
     b.comment(f"gemm M={M} K={K} N={N}: herd {herd_m}x{herd_n}, tiles m{tile_m} n{tile_n} "

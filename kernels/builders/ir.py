@@ -1,9 +1,10 @@
-"""MLIR text emission for one launch: the AIR hierarchy in generic form, plus upstream dialect ops.
+"""MLIR text emission for one launch: the AIR hierarchy and DMAs, plus upstream dialect ops.
 
-AIR ops are written in MLIR's generic form (``"air.herd"(...) <{...}> ({...}) : (...) -> ()``) because
-that is the one spelling both ``aircc`` (AIR registered) and a stock ``mlir-opt --allow-unregistered-dialect``
-(AIR unknown) parse; func/memref/arith/scf/affine/linalg/vector/math ops use their custom syntax so that
-``mlir-opt`` fully verifies them.
+Every op is written in its custom assembly form, the form ``air-opt`` prints. For ``air.dma_memcpy_nd``
+that matters beyond looks: its offsets, sizes and strides are SSA index operands, which AIR before and
+after mlir-air #1762 both read, where the generic form's ``static_*`` properties are silently dropped
+by the older AIR. Each DMA is also recorded (:class:`Dma`), so that a test can read the windows back
+from ``air-opt``'s own print and compare them with what the builder meant.
 
 A builder creates a :class:`LaunchBuilder` over its operand types, emits through it and calls
 :meth:`LaunchBuilder.finish`. Operands are named ``%operand0..N`` (the launch's reads then writes, in the
@@ -22,7 +23,6 @@ from .externs import object_for_symbol
 
 L3, L2, L1 = 0, 1, 2  # AIR memory spaces: DDR, memtile, compute-tile memory
 ELEMENT_BYTES = {**DTYPE_BYTES, "i32": 4}  # Program dtypes plus i32, the scalar type passed to kernel calls
-DYNAMIC = -9223372036854775808  # MLIR's ShapedType::kDynamic marker inside static offset arrays
 OPERAND_PREFIX = "operand"
 
 
@@ -87,6 +87,14 @@ def rows_window(ref: MemRef, row, nrows: int, col, ncols: int) -> Window:
 
 
 @dataclass(frozen=True)
+class Dma:
+    """One ``air.dma_memcpy_nd`` as the builder meant it: destination and source windows."""
+
+    dst: Window
+    src: Window
+
+
+@dataclass(frozen=True)
 class ExternDecl:
     """A ``func.func private`` the launch calls: C symbol, argument types, the object it links and the
     ``-D`` configuration (tile-size macros) that object must be compiled with."""
@@ -99,20 +107,14 @@ class ExternDecl:
 
 @dataclass(frozen=True)
 class LaunchIR:
-    """What a builder returns: the launch op text, its operands and the external kernels it calls."""
+    """What a builder returns: the launch op text, its operands, the external kernels it calls and its
+    DMAs in text order."""
 
     kind: str
     text: str
     operands: tuple[Value, ...]
     externs: tuple[ExternDecl, ...]
-
-    def standalone_module(self) -> str:
-        """The launch alone in a module, its operands as the func arguments (for inspection and tests)."""
-        decls = [extern_declaration(d.symbol, d.arg_types, d.object) for d in self.externs]
-        args = ", ".join(f"{v.ssa}: {v.type}" for v in self.operands)
-        body = "\n".join("    " + line for line in self.text.splitlines())
-        return "\n".join(["module {", *("  " + d for d in decls), f"  func.func @{self.kind}({args}) {{", body,
-                          "    return", "  }", "}", ""])
+    dmas: tuple[Dma, ...]
 
 
 def extern_declaration(symbol: str, arg_types, object_name: str) -> str:
@@ -123,10 +125,6 @@ def extern_declaration(symbol: str, arg_types, object_name: str) -> str:
 def float_literal(value: float) -> str:
     """An MLIR float literal: MLIR needs the '.', and ten significant digits round-trip any f32."""
     return f"{float(value):.9e}"
-
-
-def _i64_array(values) -> str:
-    return f"array<i64: {', '.join(str(v) for v in values)}>" if values else "array<i64>"
 
 
 def _strided_layout(shape: tuple[int, ...], keep: int) -> str:
@@ -153,6 +151,7 @@ class LaunchBuilder:
         self._used = {v.ssa[1:] for v in self.operands}
         self._scopes = [_Scope(isolated=True)]
         self._externs: dict[str, ExternDecl] = {}
+        self._dmas: list[Dma] = []
 
     # ---- plumbing -------------------------------------------------------------------------------------
     def fresh(self, hint: str) -> str:
@@ -214,24 +213,23 @@ class LaunchBuilder:
         re-bound to a block argument of the same type.
         """
         size_values = [self.const(s) for s in sizes]
-        props = []
-        if link_with:
-            props.append(f'link_with = "{link_with}"')
-        props.append(f"operandSegmentSizes = array<i32: 0, {len(sizes)}, {len(operands)}>")
-        props.append(f'sym_name = "{name}"')
-        operand_list = ", ".join(size_values + [v.ssa for v in operands])
-        self.emit(f'"air.{op}"({operand_list}) <{{{", ".join(props)}}}> ({{')
         axes = "xyz"
         ids = [self.fresh(f"{op[0]}{axes[i]}") for i in range(len(sizes))]
         extents = [self.fresh(f"{op[0]}s{axes[i]}") for i in range(len(sizes))]
         args = [Value(self.fresh(self._block_arg_hint(v.ssa)), v.type) for v in operands]
-        block_args = [f"{n}: index" for n in ids + extents] + [f"{a.ssa}: {a.type}" for a in args]
-        self.emit(f"^bb0({', '.join(block_args)}):")
+        header = f"air.{op} @{name}" + (" tile" if op == "herd" else "")
+        if sizes:
+            header += (f" ({', '.join(ids)}) in "
+                       f"({', '.join(f'{e}={s}' for e, s in zip(extents, size_values))})")
+        if operands:
+            header += (f" args({', '.join(f'{a.ssa}={v.ssa}' for a, v in zip(args, operands))}) : "
+                       f"{', '.join(str(v.type) for v in operands)}")
+        if link_with:
+            header += f' attributes {{link_with = "{link_with}"}}'
+        self.emit(header + " {")
         with self._region(isolated=True):
             yield ids, extents, args
-            self.emit(f'"air.{op}_terminator"() : () -> ()')
-        types = ["index"] * len(sizes) + [str(v.type) for v in operands]
-        self.emit(f"}}) : ({', '.join(types)}) -> ()")
+        self.emit("}")
 
     def launch(self, name, sizes, operands):
         return self.hierarchy("launch", name, sizes, operands)
@@ -243,32 +241,48 @@ class LaunchBuilder:
         return self.hierarchy("herd", name, sizes, operands, link_with)
 
     def dma(self, dst: Value, dst_window: Window, src: Value, src_window: Window) -> None:
-        """``air.dma_memcpy_nd``: copy ``src_window`` of ``src`` into ``dst_window`` of ``dst``."""
+        """``air.dma_memcpy_nd``: copy ``src_window`` of ``src`` into ``dst_window`` of ``dst``.
+
+        Offsets, sizes and strides are SSA index values (constants where static): the custom form that
+        AIR before and after mlir-air #1762 both read (see the toolchain README).
+        """
         dst_count = dst_window.numel if dst_window.sizes else dst.type.numel
         src_count = src_window.numel if src_window.sizes else src.type.numel
         assert dst_count == src_count, f"DMA moves {src_count} elements into {dst_count}"
         assert dst.type.dtype == src.type.dtype, "DMA cannot convert element types"
-        operands, types, static, dynamic_counts = [], [], {}, []
-        for side, value, window in (("dst", dst, dst_window), ("src", src, src_window)):
-            dynamic = [o for o in window.offsets if isinstance(o, str)]
-            operands += [value.ssa, *dynamic]
-            types += [str(value.type)] + ["index"] * len(dynamic)
-            dynamic_counts.append(len(dynamic))
-            static[f"static_{side}_offsets"] = [DYNAMIC if isinstance(o, str) else o for o in window.offsets]
-            static[f"static_{side}_sizes"] = list(window.sizes)
-            static[f"static_{side}_strides"] = list(window.strides)
-        segments = f"array<i32: 0, 1, {dynamic_counts[0]}, 0, 0, 1, {dynamic_counts[1]}, 0, 0>"
-        props = [f"operandSegmentSizes = {segments}"] + [f"{k} = {_i64_array(v)}" for k, v in static.items()]
-        self.emit(f'"air.dma_memcpy_nd"({", ".join(operands)}) <{{{", ".join(props)}}}> : '
-                  f"({', '.join(types)}) -> ()")
+        sides = []
+        for value, window in ((dst, dst_window), (src, src_window)):
+            assert len(window.offsets) == len(window.sizes) == len(window.strides), window
+            lists = [[o if isinstance(o, str) else self.const(o) for o in window.offsets],
+                     [self.const(s) for s in window.sizes], [self.const(s) for s in window.strides]]
+            sides.append(value.ssa + " ".join(f"[{', '.join(values)}]" for values in lists))
+        self.emit(f"air.dma_memcpy_nd ({sides[0]}, {sides[1]}) : ({dst.type}, {src.type})")
+        self._dmas.append(Dma(dst_window, src_window))
+
+    def broadcast_dma(self, dst: Value, dst_window: Window, src: Value, src_window: Window) -> None:
+        """A copy every tile of a herd makes alike (AIR turns it into one broadcast stream), before a loop.
+
+        It is emitted inside a one-trip ``scf.for``: AIR 0e3df89d's air-dma-to-channel leaves the token of a
+        herd-level broadcast dangling when a later loop depends on it ("operand does not dominate this
+        use"; fixed upstream in mlir-air #1489), and the loop keeps that token inside its region.
+        """
+        with self.loop(0, 1, 1, "once"):
+            self.dma(dst, dst_window, src, src_window)
 
     # ---- upstream dialects ----------------------------------------------------------------------------
     @contextmanager
     def loop(self, lower: int, upper: int, step: int = 1, hint: str = "i"):
-        iv = self.fresh(hint)
-        self.emit(f"scf.for {iv} = {self.const(lower)} to {self.const(upper)} step {self.const(step)} {{")
+        """Iterates an index over ``[lower, upper)`` by ``step``; yields that index.
+
+        The ``scf.for`` itself always counts trips with step 1 and the index is an ``affine.apply`` of the
+        trip: AIR (0e3df89d) folds a DMA's enclosing loop into its access pattern using the loop's trip
+        count but not its step, so a DMA under a loop of step 8 would read rows 0, 1, 2 instead of 0, 8, 16.
+        """
+        assert (upper - lower) % step == 0, f"loop [{lower}, {upper}) is not whole steps of {step}"
+        trip = self.fresh(hint if step == 1 and lower == 0 else f"{hint}_trip")
+        self.emit(f"scf.for {trip} = {self.const(0)} to {self.const((upper - lower) // step)} step {self.const(1)} {{")
         with self._region(isolated=False):
-            yield iv
+            yield trip if step == 1 and lower == 0 else self.affine(f"s0 * {step} + {lower}", [trip], hint)
         self.emit("}")
 
     def affine(self, expr: str, symbols, hint: str = "idx") -> str:
@@ -328,4 +342,5 @@ class LaunchBuilder:
 
     def finish(self) -> LaunchIR:
         assert self._depth == 0, "unclosed region"
-        return LaunchIR(self.kind, "\n".join(self._lines), self.operands, tuple(self._externs.values()))
+        return LaunchIR(self.kind, "\n".join(self._lines), self.operands, tuple(self._externs.values()),
+                        tuple(self._dmas))

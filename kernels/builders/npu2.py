@@ -72,6 +72,13 @@ def check_budget(kind: str, level: str, buffers: dict[str, int], advice: str) ->
         raise LaunchConstraintError(kind, f"{level} bytes", total, f"exceeds {where} ({items}); {advice}")
 
 
+def pingpong_copies(trips: int) -> int:
+    """How many copies AIR's ping-pong transform keeps of a buffer a loop of ``trips`` iterations fills: none
+    extra for one trip (the loop folds away), ping and pong for an even count, and a third for an odd one
+    (the loop is unrolled by two and the left-over iteration gets buffers of its own)."""
+    return 1 if trips == 1 else 2 if trips % 2 == 0 else 3
+
+
 def nbytes(shape, dtype: str) -> int:
     n = ELEMENT_BYTES[dtype]
     for d in shape:

@@ -2,14 +2,17 @@
 
 Schedule: a row-parallel herd of up to 8 tiles (one per column), each normalizing its contiguous block of
 rows one row at a time. Rows are not reused, so they stream DDR → L1 directly (no memtile staging); the
-weight row is loaded once per tile and stays resident.
+weight row is loaded once per tile and stays resident (one broadcast stream for the herd).
 
 Compute is vector code (16 lanes): squares in bf16, widened to f32 and summed in an f32 L1 accumulator,
 the statistic ``rsqrt(mean + eps)`` in f32, the scaling ``(x * rstd) * w`` in bf16 (HF's order). The
-square makes a round trip through a small L1 scratch buffer and the accumulator lives in memory, not in
-a loop-carried vector: AIE vector legalization rejects an f32 add fed straight by the multiply and splits
-loop-carried wide vectors. f32 vector multiplies do not legalize either, so rstd is rounded to bf16
-before scaling, where HF scales in f32: up to half a bf16 ulp of extra relative error per row.
+square makes a round trip through the output row (overwritten by the scaling afterwards) and the
+accumulator lives in memory, not in a loop-carried vector: AIE vector legalization rejects an f32 add fed
+straight by the multiply and splits loop-carried wide vectors. A scratch buffer used only inside the
+square loop would make AIR 0e3df89d double-buffer that inner loop as well as the row loop, which its
+ping-pong transform cannot do (fixed upstream in mlir-air #1626). f32 vector multiplies do not legalize
+either, so rstd is rounded to bf16 before scaling, where HF scales in f32: up to half a bf16 ulp of extra
+relative error per row.
 
 Constraints: cols a multiple of 16; herd (default: the largest of 8, 4, 2, 1 dividing rows) divides rows;
 double-buffered x and out rows plus the weight row fit L1 (cols up to about 6400).
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 from .ir import L1, WHOLE, LaunchBuilder, LaunchIR, MemRef, Window, rows_window
 from .npu2 import (COLUMNS, HERD_CANDIDATES, VECTOR_LANES, check_budget, check_operands, check_params,
-                   check_tuning, largest_dividing, nbytes, require, row_shapes)
+                   check_tuning, largest_dividing, nbytes, pingpong_copies, require, row_shapes)
 
 KIND = "rmsnorm"
 PARAMS = ("rows", "cols", "eps")
@@ -36,10 +39,10 @@ def build(params: dict, operands, tuning: dict | None = None) -> LaunchIR:
     herd = tuning.get("herd", largest_dividing(rows, HERD_CANDIDATES))
     require(herd <= COLUMNS, KIND, "herd", herd, f"a row-parallel herd spans at most {COLUMNS} columns")
     require(rows % herd == 0, KIND, "herd", herd, f"must divide rows={rows}")
-    row_bytes = nbytes((cols,), "bf16")
-    check_budget(KIND, "L1", {"x row x2 (double-buffered)": 2 * row_bytes, "out row x2": 2 * row_bytes,
-                              "weight": row_bytes, "f32 accumulator": nbytes((VECTOR_LANES,), "f32"),
-                              "square scratch": nbytes((VECTOR_LANES,), "bf16")},
+    row_bytes, copies = nbytes((cols,), "bf16"), pingpong_copies(rows // herd)
+    check_budget(KIND, "L1", {f"x row x{copies} (ping-pong)": copies * row_bytes,
+                              f"out row x{copies}": copies * row_bytes,
+                              "weight": row_bytes, "f32 accumulator": nbytes((VECTOR_LANES,), "f32")},
                  "cols is too wide to normalize a row in one tile")
 
     b = LaunchBuilder(KIND, operands, ("x", "weight", "out"))
@@ -57,8 +60,7 @@ def _emit_tile(b: LaunchBuilder, x, weight, out, tx, rows_per_tile, cols, eps) -
     x_buf = b.alloc(row_type, "x_l1")
     out_buf = b.alloc(row_type, "out_l1")
     acc = b.alloc(MemRef((VECTOR_LANES,), "f32", L1), "sumsq_l1")
-    scratch = b.alloc(MemRef((VECTOR_LANES,), "bf16", L1), "square_l1")
-    b.dma(w_buf, WHOLE, weight, Window((0,), (cols,), (1,)))
+    b.broadcast_dma(w_buf, WHOLE, weight, Window((0,), (cols,), (1,)))
     bf16_vec, f32_vec = f"vector<{VECTOR_LANES}xbf16>", f"vector<{VECTOR_LANES}xf32>"
     with b.loop(0, rows_per_tile, 1, "r") as r:
         row = b.affine(f"s0 * {rows_per_tile} + s1", [tx, r], "row") if len(x.type.shape) == 2 else 0
@@ -69,8 +71,8 @@ def _emit_tile(b: LaunchBuilder, x, weight, out, tx, rows_per_tile, cols, eps) -
         with b.loop(0, cols, VECTOR_LANES, "j") as j:
             v = b.vector_read(x_buf, j, VECTOR_LANES, "xv")
             square = b.assign("sq", f"arith.mulf {v.ssa}, {v.ssa} : {bf16_vec}", bf16_vec)
-            b.vector_write(square, scratch, c0)
-            reread = b.vector_read(scratch, c0, VECTOR_LANES, "sqv")
+            b.vector_write(square, out_buf, j)
+            reread = b.vector_read(out_buf, j, VECTOR_LANES, "sqv")
             wide = b.assign("sqf", f"arith.extf {reread.ssa} : {bf16_vec} to {f32_vec}", f32_vec)
             running = b.vector_read(acc, c0, VECTOR_LANES, "accv")
             total = b.assign("accn", f"arith.addf {running.ssa}, {wide.ssa} : {f32_vec}", f32_vec)
@@ -89,4 +91,4 @@ def _emit_tile(b: LaunchBuilder, x, weight, out, tx, rows_per_tile, cols, eps) -
             weighted = b.assign("y", f"arith.mulf {normed.ssa}, {wv.ssa} : {bf16_vec}", bf16_vec)
             b.vector_write(weighted, out_buf, j)
         b.dma(out, rows_window(out.type, row, 1, 0, cols), out_buf, WHOLE)
-    b.dealloc(w_buf, x_buf, out_buf, acc, scratch)
+    b.dealloc(w_buf, x_buf, out_buf, acc)

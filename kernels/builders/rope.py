@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from .ir import L1, WHOLE, LaunchBuilder, LaunchIR, MemRef, rows_window
 from .npu2 import (COLUMNS, HERD_CANDIDATES, L1_AVAILABLE, VECTOR_LANES, check_budget, check_operands, check_params,
-                   check_tuning, largest_dividing, nbytes, require, row_shapes)
+                   check_tuning, largest_dividing, nbytes, pingpong_copies, require, row_shapes)
 
 KIND = "rope"
 PARAMS = ("rows", "heads", "head_dim")
@@ -23,10 +23,11 @@ OBJECT = "rope.o"
 TILE_ROWS_CANDIDATES = (4, 2, 1)
 
 
-def _l1_bytes(tile_rows: int, width: int, head_dim: int) -> dict[str, int]:
-    return {"x rows x2 (double-buffered)": 2 * nbytes((tile_rows, width), "bf16"),
-            "out rows x2": 2 * nbytes((tile_rows, width), "bf16"),
-            "lut rows x2": 2 * nbytes((tile_rows, head_dim), "bf16")}
+def _l1_bytes(tile_rows: int, width: int, head_dim: int, rows_per_tile: int) -> dict[str, int]:
+    copies = pingpong_copies(rows_per_tile // tile_rows)
+    return {f"x rows x{copies} (ping-pong)": copies * nbytes((tile_rows, width), "bf16"),
+            f"out rows x{copies}": copies * nbytes((tile_rows, width), "bf16"),
+            f"lut rows x{copies}": copies * nbytes((tile_rows, head_dim), "bf16")}
 
 
 def build(params: dict, operands, tuning: dict | None = None) -> LaunchIR:
@@ -50,9 +51,10 @@ def build(params: dict, operands, tuning: dict | None = None) -> LaunchIR:
                 f"must divide the {rows_per_tile} rows each tile owns")
     else:
         fitting = [t for t in TILE_ROWS_CANDIDATES
-                   if rows_per_tile % t == 0 and sum(_l1_bytes(t, width, head_dim).values()) <= L1_AVAILABLE]
+                   if rows_per_tile % t == 0
+                   and sum(_l1_bytes(t, width, head_dim, rows_per_tile).values()) <= L1_AVAILABLE]
         tile_rows = fitting[0] if fitting else 1
-    check_budget(KIND, "L1", _l1_bytes(tile_rows, width, head_dim), "lower tile_rows")
+    check_budget(KIND, "L1", _l1_bytes(tile_rows, width, head_dim, rows_per_tile), "lower tile_rows")
 
     b = LaunchBuilder(KIND, operands, ("x", "lut", "out"))
     b.comment(f"rope rows={rows} heads={heads} head_dim={head_dim}: herd {herd}x1, {tile_rows} rows per call")

@@ -1,8 +1,13 @@
 """Work split shared by the elementwise kinds (add, silu_mul): fixed-size chunks of a (rows, cols) array.
 
-The array is cut into chunks of ``chunk`` elements within a row (so a decode row of 1536 can still
-spread over several tiles) and each tile of a row-parallel herd takes a contiguous run of chunks. Each
-chunk streams DDR → L1 and back; nothing is reused, so there is no memtile staging.
+Each row is cut into chunks of ``chunk`` elements. Several rows (prefill) go to a row-parallel herd whole:
+a tile takes ``rows / herd`` rows and walks each row's chunks. A single row (decode) has its chunks spread
+over the herd, so a decode row of 1536 still runs on several tiles. Every chunk streams DDR → L1 and
+back; nothing is reused, so there is no memtile staging.
+
+DMA offsets stay affine without floordiv/mod (a row loop around a chunk loop, never one loop over
+``row * chunks_per_row + chunk``): AIR 0e3df89d folds a DMA's enclosing loops into its access pattern as
+if every offset were linear in the loop indices, and turns floordiv/mod offsets into wrong strides.
 """
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ from dataclasses import dataclass
 
 from .ir import LaunchBuilder
 from .npu2 import (COLUMNS, HERD_CANDIDATES, L1_AVAILABLE, VECTOR_LANES, LaunchConstraintError, check_budget,
-                   divisors_descending, nbytes, require)
+                   divisors_descending, nbytes, pingpong_copies, require)
 
 MAX_CHUNK = 2048  # elements per DMA: long enough to amortize a transfer, small enough to double-buffer
 
@@ -21,14 +26,14 @@ class ChunkPlan:
     herd: int
     chunk: int
     chunks_per_row: int
-    chunks_per_tile: int
+    rows_per_tile: int    # whole rows per tile; 0 for a single row split across the herd
+    chunks_per_tile: int  # chunks of that single row per tile (single-row plans)
 
 
 def plan_chunks(kind: str, rows: int, cols: int, tuning: dict, live_buffers: int) -> ChunkPlan:
-    """Picks (herd, chunk): widest herd first, then the longest chunk, unless tuning fixes them."""
+    """Picks (herd, chunk): widest herd first, then the longest chunk that fits L1, unless tuning fixes them."""
     require(cols % VECTOR_LANES == 0, kind, "cols", cols, f"must be a multiple of {VECTOR_LANES} (vector lanes)")
-    fit = L1_AVAILABLE // (2 * live_buffers * nbytes((1,), "bf16"))
-    chunks = [c for c in divisors_descending(cols, min(MAX_CHUNK, fit)) if c % VECTOR_LANES == 0]
+    chunks = [c for c in divisors_descending(cols, MAX_CHUNK) if c % VECTOR_LANES == 0]
     if "chunk" in tuning:
         chunk = tuning["chunk"]
         require(chunk % VECTOR_LANES == 0 and cols % chunk == 0, kind, "chunk", chunk,
@@ -37,27 +42,41 @@ def plan_chunks(kind: str, rows: int, cols: int, tuning: dict, live_buffers: int
     herds = [tuning["herd"]] if "herd" in tuning else list(HERD_CANDIDATES)
     for herd in herds:
         require(herd <= COLUMNS, kind, "herd", herd, f"a row-parallel herd spans at most {COLUMNS} columns")
+        plans = []
         for chunk in chunks:
-            total = rows * (cols // chunk)
-            if total % herd == 0:
-                check_budget(kind, "L1", {f"{live_buffers} buffers x2 (double-buffered)":
-                                          2 * live_buffers * nbytes((chunk,), "bf16")}, "lower chunk")
-                return ChunkPlan(herd, chunk, cols // chunk, total // herd)
+            per_row = cols // chunk
+            if rows == 1 and per_row % herd == 0:
+                plans.append(ChunkPlan(herd, chunk, per_row, 0, per_row // herd))
+            elif rows > 1 and rows % herd == 0:
+                plans.append(ChunkPlan(herd, chunk, per_row, rows // herd, per_row))
+        if plans:
+            plan = next((p for p in plans if sum(_l1_bytes(p, live_buffers).values()) <= L1_AVAILABLE), plans[-1])
+            check_budget(kind, "L1", _l1_bytes(plan, live_buffers), "lower chunk")
+            return plan
     # Herd 1 always divides, so only an explicit herd can leave no split.
-    raise LaunchConstraintError(kind, "herd", tuning["herd"],
-                                f"must divide the chunk count of a {rows}x{cols} array for chunk in {chunks}")
+    what = f"the chunk count of a {cols}-wide row for chunk in {chunks}" if rows == 1 else f"rows={rows}"
+    raise LaunchConstraintError(kind, "herd", tuning["herd"], f"must divide {what}")
+
+
+def _l1_bytes(plan: ChunkPlan, live_buffers: int) -> dict[str, int]:
+    """The chunk buffers, copied by AIR's ping-pong over the innermost loop that fills them."""
+    trips = (plan.chunks_per_tile if not plan.rows_per_tile
+             else plan.chunks_per_row if plan.chunks_per_row > 1 else plan.rows_per_tile)
+    copies = pingpong_copies(trips)
+    return {f"{live_buffers} buffers x{copies} (ping-pong)": copies * live_buffers * nbytes((plan.chunk,), "bf16")}
 
 
 @contextmanager
-def chunk_loop(b: LaunchBuilder, plan: ChunkPlan, tx: str, one_dimensional: bool):
-    """Loops over the tile's chunks; yields (row, col) element offsets (row is 0 for a 1-D operand)."""
-    with b.loop(0, plan.chunks_per_tile, 1, "n") as n:
-        item = f"s0 * {plan.chunks_per_tile} + s1"
-        if one_dimensional:
-            yield 0, b.affine(f"({item}) * {plan.chunk}", [tx, n], "col")
-        elif plan.chunks_per_row == 1:
-            yield b.affine(item, [tx, n], "row"), 0
+def chunk_loop(b: LaunchBuilder, plan: ChunkPlan, tx: str):
+    """Loops over the tile's chunks; yields (row, col) element offsets (row 0 for a single-row plan)."""
+    if not plan.rows_per_tile:
+        with b.loop(0, plan.chunks_per_tile, 1, "n") as n:
+            yield 0, b.affine(f"(s0 * {plan.chunks_per_tile} + s1) * {plan.chunk}", [tx, n], "col")
+        return
+    with b.loop(0, plan.rows_per_tile, 1, "r") as r:
+        row = b.affine(f"s0 * {plan.rows_per_tile} + s1", [tx, r], "row")
+        if plan.chunks_per_row == 1:
+            yield row, 0
         else:
-            row = b.affine(f"({item}) floordiv {plan.chunks_per_row}", [tx, n], "row")
-            col = b.affine(f"(({item}) mod {plan.chunks_per_row}) * {plan.chunk}", [tx, n], "col")
-            yield row, col
+            with b.loop(0, plan.chunks_per_row, 1, "c") as c:
+                yield row, b.affine(f"s0 * {plan.chunk}", [c], "col")

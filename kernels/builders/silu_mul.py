@@ -29,14 +29,14 @@ def build(params: dict, operands, tuning: dict | None = None) -> LaunchIR:
 
     b = LaunchBuilder(KIND, operands, ("gate", "up", "out"))
     b.comment(f"silu_mul rows={rows} cols={cols}: herd {plan.herd}x1, {plan.chunks_per_tile} chunks of "
-              f"{plan.chunk} per tile")
+              f"{plan.chunk} per {'row per ' if plan.rows_per_tile else ''}tile")
     with b.launch("silu_mul", (1, 1), b.operands) as (_, _, launch_args):
         with b.segment("silu_mul_seg", launch_args) as (_, _, segment_args):
             with b.herd("silu_mul_herd", (plan.herd, 1), segment_args, link_with=OBJECT) as (
                     (tx, _), _, (gate, up, out)):
                 chunk_type = MemRef((plan.chunk,), "bf16", L1)
                 gate_buf, up_buf, out_buf = (b.alloc(chunk_type, n) for n in ("gate_l1", "up_l1", "out_l1"))
-                with chunk_loop(b, plan, tx, len(gate.type.shape) == 1) as (row, col):
+                with chunk_loop(b, plan, tx) as (row, col):
                     b.dma(gate_buf, WHOLE, gate, rows_window(gate.type, row, 1, col, plan.chunk))
                     b.dma(up_buf, WHOLE, up, rows_window(up.type, row, 1, col, plan.chunk))
                     b.call("silu_mul_bf16", [gate_buf, up_buf, out_buf], {"SILU_MUL_LEN": plan.chunk})

@@ -10,6 +10,8 @@ from torch_npu2.kernels.compile import KERNEL_SOURCE_DIR
 from torch_npu2.kernels.program import Arg, Launch, Program, Role
 from torch_npu2.kernels.programs import o_ffn, o_gemv_ffn, rms_gemms_rope
 
+from .air_text import herd_headers, hierarchy
+
 BF16 = "bf16"
 KERNEL_OBJECTS_BY_SYMBOL = {s: k.object for k in EXTERNAL_KERNELS for s in k.symbols}
 
@@ -27,15 +29,17 @@ def operand_types(kind, p):
         return bf16((p["M"], p["K"]), (p["N"], p["K"]), (p["M"], p["N"]))
     if kind == "gemv":
         return bf16((p["K"],), (p["N"], p["K"]), (p["N"],))
-    if kind == "partitioned_gemv":
+    if kind == "gemv_f32":
         return [*bf16((p["K"],), (p["N"], p["K"])), MemRef((p["N"],), "f32")]
     if kind == "rope":
         width = p["heads"] * p["head_dim"]
         return bf16(row(p["rows"], width), row(p["rows"], p["head_dim"]), row(p["rows"], width))
     if kind in ("silu_mul", "add"):
         return bf16(*[row(p["rows"], p["cols"])] * 3)
-    q, kv = (p["seq"], p["heads"] * p["head_dim"]), (p["seq"], p["kv_heads"] * p["head_dim"])
-    return bf16(q, kv, kv, q)
+    if kind == "stack":
+        return bf16((p["rows"], p["cols"]), (p["rows"], p["cols"]), (2, p["rows"], p["cols"]))
+    q, kv = (p["seq"], p["heads"] * p["head_dim"]), (2, p["seq"], p["kv_heads"] * p["head_dim"])
+    return bf16(q, kv, q)
 
 
 # One representative launch per kind, at Llama-3.2-1B prefill (seq 2048) or decode sizes.
@@ -43,11 +47,12 @@ EXAMPLES = {
     "rmsnorm": dict(rows=2048, cols=2048, eps=1e-5),
     "gemm": dict(M=2048, K=2048, N=512),
     "gemv": dict(K=8192, N=2048),
-    "partitioned_gemv": dict(K=2048, N=128256, partitions=8),
+    "gemv_f32": dict(K=2048, N=128256),
     "rope": dict(rows=2048, heads=32, head_dim=64),
     "silu_mul": dict(rows=1, cols=8192),
     "add": dict(rows=2048, cols=2048),
     "attention": dict(seq=2048, heads=32, kv_heads=8, head_dim=64, causal=True),
+    "stack": dict(rows=2048, cols=512),
 }
 
 
@@ -56,35 +61,20 @@ def build(kind, tuning=None, **overrides):
     return BUILDERS[kind](params, operand_types(kind, params), tuning)
 
 
-def herd_headers(text):
-    """(name, sizes, link_with) of every air.herd, sizes resolved through the launch's index constants."""
-    constants = dict(re.findall(r"(%[\w$.]+) = arith.constant (\d+) : index", text))
-    herds = []
-    for operands, props in re.findall(r'"air\.herd"\(([^)]*)\) <\{([^}]*)\}>', text):
-        sizes = tuple(int(constants[o]) for o in operands.split(", ")[:2])
-        link = re.search(r'link_with = "([^"]*)"', props)
-        herds.append((re.search(r'sym_name = "([^"]*)"', props).group(1), sizes, link and link.group(1)))
-    return herds
-
-
 def test_every_launch_kind_has_a_builder_and_an_example():
     assert set(BUILDERS) == set(EXAMPLES)
 
 
 @pytest.mark.parametrize("kind", sorted(EXAMPLES))
 def test_hierarchy_nests_launch_segment_herd(kind):
-    ir = build(kind)
-    opened = re.findall(r'"air\.(launch|segment|herd)"|"air\.(launch|segment|herd)_terminator"', ir.text)
+    ops = hierarchy(build(kind).text)
     depth = {"launch": 0, "segment": 1, "herd": 2}
-    stack = []
-    for op, terminator in opened:
-        if op:
-            assert depth[op] == len(stack), f"{kind}: air.{op} opened at depth {len(stack)}"
-            stack.append(op)
-        else:
-            assert stack.pop() == terminator
-    assert not stack
-    assert {"launch", "segment", "herd"} <= {op for op, _ in opened if op}
+    for op in ops:
+        assert op.depth >= depth[op.op], f"{kind}: air.{op.op} @{op.name} at depth {op.depth}"
+    for launch in (op for op in ops if op.op == "launch"):
+        inner = hierarchy(launch.body)
+        assert inner and inner[0].op == "segment" and all(op.op == "herd" for op in inner[1:]), kind
+    assert {"launch", "segment", "herd"} <= {op.op for op in ops}
 
 
 @pytest.mark.parametrize("kind", sorted(EXAMPLES))
@@ -106,9 +96,9 @@ def test_external_kernel_contract_names_and_objects():
     assert [d.symbol for d in build("rope").externs] == ["rope_half_split_bf16"]
     assert [d.symbol for d in build("silu_mul").externs] == ["silu_mul_bf16"]
     assert [d.symbol for d in build("gemv").externs] == ["gemv_bf16"]
-    assert [d.symbol for d in build("partitioned_gemv").externs] == ["gemv_bf16_f32"]  # f32 logits
+    assert [d.symbol for d in build("gemv_f32").externs] == ["gemv_bf16_f32"]  # f32 logits
     assert {d.symbol for d in build("attention").externs} == set(KERNEL_OBJECTS["attention.o"].symbols)
-    assert not build("gemm").externs and not build("rmsnorm").externs and not build("add").externs
+    assert not any(build(kind).externs for kind in ("gemm", "rmsnorm", "add", "stack"))
 
 
 def test_calls_state_the_kernel_configuration_they_were_tiled_for():
@@ -136,7 +126,7 @@ def test_gemm_defaults_use_the_full_array_and_stage_through_l2():
     assert {sizes for _, sizes, _ in herd_headers(ir.text)} == {(8, 4)}
     # zero, accumulate and drain are one physical herd: the accumulator stays in its L1
     assert len({name for name, _, _ in herd_headers(ir.text)}) == 1 and len(herd_headers(ir.text)) == 3
-    assert "memref<256x128xbf16, 1 : i32>" in ir.text  # A slice staged in a memtile
+    assert "memref<512x64xbf16, 1 : i32>" in ir.text  # A slice staged in a memtile
     assert "affine_map<(d0, d1, d2) -> (d1, d2)>" in ir.text  # W read as (N, K): transpose in the maps
 
 
@@ -156,11 +146,13 @@ def test_decode_row_splits_into_chunks_across_tiles():
     assert "memref<144xbf16, 2 : i32>" in ir.text
 
 
-def test_partitioned_gemv_emits_one_launch_per_partition():
-    ir = build("partitioned_gemv")
-    assert ir.text.count('"air.launch"(') == 8
-    assert re.findall(r'sym_name = "(\w+_seg)"', ir.text) == [f"gemv_p{p}_seg" for p in range(8)]
-    assert "memref<16032xf32, 2 : i32>" not in ir.text  # only tile-sized f32 buffers in L1
+def test_lm_head_gemv_takes_the_most_rows_a_memtile_holds():
+    """One launch over the whole vocab, each tile's share of a step as large as a memtile holds: 167 launch
+    steps for Llama-3.2-1B's 128256 rows (an odd count: 128256 = 2^8 * 3 * 167)."""
+    ir = build("gemv_f32")
+    assert [op.name for op in hierarchy(ir.text) if op.op == "launch"] == ["gemv_f32"]
+    assert "herd 8x1, 96 rows per tile per step, 167 launch steps" in ir.text
+    assert "memref<96xf32, 2 : i32>" in ir.text  # only tile-sized f32 buffers in L1
 
 
 def test_tuning_overrides_reach_the_ir():
@@ -189,12 +181,13 @@ def test_builders_are_deterministic():
     ("gemv", {}, {"rows_per_call": 4}, r"gemv launch: L1 bytes=\d+: exceeds"),
     ("gemv", {}, {"tile_n": 64}, r"gemv launch: L2 bytes=\d+: exceeds"),
     ("gemv", {}, {"herd": 3}, r"gemv launch: herd=3: must divide N=2048"),
-    ("partitioned_gemv", dict(partitions=7), None, r"partitioned_gemv launch: partitions=7: must divide N=128256"),
+    ("gemv_f32", dict(K=2040), None, r"gemv_f32 launch: K=2040: must be a multiple of 32"),
     ("rope", dict(rows=16, heads=2, head_dim=48), None, r"rope launch: head_dim=48: must be a multiple of 32"),
     ("rope", {}, {"tile_rows": 3}, r"rope launch: tile_rows=3: must divide the 256 rows"),
     ("rope", {}, {"tile_rows": 8}, r"rope launch: L1 bytes=\d+: exceeds"),
     ("silu_mul", {}, {"chunk": 100}, r"silu_mul launch: chunk=100: must be a multiple of 16"),
-    ("add", dict(rows=3, cols=32), {"herd": 8}, r"add launch: herd=8: must divide the chunk count"),
+    ("add", dict(rows=3, cols=32), {"herd": 8}, r"add launch: herd=8: must divide rows=3"),
+    ("add", dict(rows=1, cols=48), {"herd": 2}, r"add launch: herd=2: must divide the chunk count of a 48-wide row"),
     ("attention", {}, {"tile_q": 64, "tile_kv": 64}, r"attention launch: L1 bytes=\d+: exceeds"),
     ("attention", {}, {"tile_kv": 24}, r"attention launch: tile_kv=24: must divide seq=2048"),
     ("attention", dict(causal=False), None, r"attention launch: causal=False: .*only causal=True"),
@@ -233,8 +226,7 @@ def test_default_plans_fit_l1_single_buffered_by_construction(program):
     """Independent of the builders' own bookkeeping: the herd-local L1 allocations of each herd fit."""
     for launch in program.launches:
         text = build_launch(program, launch).text
-        for body in re.split(r'"air\.herd"\(', text)[1:]:
-            body = body.split('"air.herd_terminator"')[0]
+        for body in (op.body for op in hierarchy(text) if op.op == "herd"):
             l1 = sum(MemRef(tuple(int(d) for d in shape.split("x")), dtype, 2).nbytes
                      for shape, dtype in re.findall(r"memref\.alloc\(\) : memref<([\dx]+)x(bf16|f32), 2 : i32>", body))
             assert l1 <= L1_AVAILABLE, (launch.kind, l1)

@@ -1,9 +1,10 @@
-"""The compile pipeline: toolchain discovery, fingerprint, and the Peano → aircc sequence.
+"""The compile pipeline: toolchain discovery, fingerprint, and the Peano → aircc (or air-opt → aiecc) sequence.
 
-Without the NPU toolchain, the sequence runs against stand-in ``clang++``/``aircc``/``aiecc`` scripts that
-log their command lines and write their outputs: this checks our side of the contract (flags, -D renames,
-private build directories, error reporting, artifact cache wiring), not the compilers. The real compile is
-the ``npu``-marked test at the end.
+Without Peano, the sequence runs against stand-in ``clang++``/``aircc``/``aiecc`` scripts that log their
+command lines and write their outputs: this checks our side of the contract (flags, -D renames, private
+build directories, error reporting, artifact cache wiring), not those compilers. The replay path runs the
+real air-opt when the AIR tools are there, with a stand-in only for the final aiecc ELF step (it needs
+Peano). The real compile is the ``npu``-marked test at the end.
 """
 import json
 import os
@@ -16,12 +17,14 @@ from pathlib import Path
 import pytest
 
 from torch_npu2.artifact_cache import ArtifactCache
-from torch_npu2.kernels import ModelDims, compile as pipeline
+from torch_npu2.kernels import ModelDims, compile as pipeline, toolchain
 from torch_npu2.kernels.programs import rms_gemv_rope
 from torch_npu2.kernels.stitch import emit_mlir
 
 SMOL = ModelDims(576, 9, 3, 64, 1536, 49152, 1e-5)
 PROGRAM = rms_gemv_rope(SMOL.hidden, SMOL.heads, SMOL.kv_heads, SMOL.head_dim, SMOL.eps)
+# The stand-in tools are not the verified AIR: every compile says so (checked on its own below).
+pytestmark = pytest.mark.filterwarnings("ignore:compiling rms_gemv_rope. the AIR in use is:UserWarning")
 
 FAKE_CLANG = """
 import json, os, sys
@@ -43,6 +46,15 @@ if os.environ.get("FAKE_AIRCC_FAIL"):
     sys.exit(1)
 open(args[args.index("--elf-name") + 1], "wb").write(b"\\x7fELF fake")
 """
+FAKE_AIECC = """
+import json, os, sys
+args = sys.argv[1:]
+with open(os.environ["FAKE_TOOL_LOG"], "a") as log:
+    log.write(json.dumps({"tool": "aiecc", "args": args, "cwd": os.getcwd(), "files": sorted(os.listdir(os.getcwd())),
+                          "npu_module": open(args[-1]).read()}) + "\\n")
+name = next(a.split("=", 1)[1] for a in args if a.startswith("--full-elf-name="))
+open(name, "wb").write(b"\\x7fELF fake")
+"""
 
 
 def write_tool(path: Path, body: str) -> None:
@@ -57,10 +69,10 @@ def no_toolchain(tmp_path, monkeypatch):
     empty = tmp_path / "empty-bin"
     empty.mkdir()
     monkeypatch.setenv("PATH", str(empty))
-    for variable in ("PEANO_INSTALL_DIR", "MLIR_AIE_INSTALL_DIR", "MLIR_AIR_INSTALL_DIR"):
+    for variable in ("PEANO_INSTALL_DIR", "MLIR_AIE_INSTALL_DIR", "MLIR_AIR_INSTALL_DIR", toolchain.AIR_TOOLS_VARIABLE):
         monkeypatch.delenv(variable, raising=False)
-    monkeypatch.setattr(pipeline, "_dist_file", lambda dists, relative: None)
-    monkeypatch.setattr(pipeline, "_package_root", lambda package: None)
+    monkeypatch.setattr(toolchain, "_dist_file", lambda dists, relative: None)
+    monkeypatch.setattr(toolchain, "_package_root", lambda package: None)
     return tmp_path
 
 
@@ -81,6 +93,7 @@ def fake_toolchain(no_toolchain, monkeypatch):
     monkeypatch.setenv("PEANO_INSTALL_DIR", str(root / "llvm-aie"))
     monkeypatch.setenv("FAKE_TOOL_LOG", str(no_toolchain / "tools.log"))
     monkeypatch.setattr(pipeline, "KERNEL_SOURCE_DIR", sources)
+    monkeypatch.setattr(toolchain, "KERNEL_SOURCE_DIR", sources)
     return root
 
 
@@ -92,8 +105,28 @@ def tool_calls(tmp_path, tool):
 
 def test_missing_toolchain_names_each_piece_and_how_to_get_it(no_toolchain):
     missing = pipeline.missing_toolchain()
-    assert [m.split(" ")[0] for m in missing] == ["aircc", "aiecc", "Peano", "aie_api"]
+    assert [m.split(" ")[0] for m in missing] == ["aircc", "Peano", "aie_api"]
+    assert "or the AIR tools" in missing[0] and toolchain.AIR_TOOLS_VARIABLE in missing[0]
+    assert "build.sh" in missing[0] and "pip install 'mlir_air[aie]'" in missing[0]
     assert all("pip install 'mlir_air[aie]'" in m or "PEANO_INSTALL_DIR" in m for m in missing)
+    assert toolchain.missing_lowering_tools()[0].startswith("AIR tools (air-opt and aiecc): not found")
+
+
+def test_air_tools_variable_that_names_no_tools_is_reported_not_bypassed(no_toolchain, monkeypatch):
+    monkeypatch.setenv(toolchain.AIR_TOOLS_VARIABLE, str(no_toolchain))
+    write_tool(no_toolchain / "empty-bin" / "air-opt", "")  # on PATH, but the variable wins
+    (problem,) = toolchain.missing_lowering_tools()
+    assert f"{toolchain.AIR_TOOLS_VARIABLE}={no_toolchain} holds neither bin/air-opt" in problem
+
+
+def test_air_tools_that_cannot_run_are_reported(no_toolchain, monkeypatch):
+    tools = no_toolchain / "broken"
+    write_tool(tools / "bin" / "air-opt", "import sys\nsys.stderr.write('error while loading shared libraries: "
+                                          "libMLIR.so.22.1\\n'); sys.exit(127)")
+    write_tool(tools / "bin" / "aiecc", "")
+    monkeypatch.setenv(toolchain.AIR_TOOLS_VARIABLE, str(tools))
+    (problem,) = toolchain.missing_lowering_tools()
+    assert "--version failed (Debian/Ubuntu: apt-get install mlir-22-tools)" in problem
 
 
 def test_peano_dir_without_clang_is_reported(no_toolchain, monkeypatch):
@@ -108,7 +141,7 @@ def test_compile_without_toolchain_raises_naming_what_is_missing(no_toolchain):
 
 def test_stand_in_toolchain_is_found(fake_toolchain):
     assert pipeline.missing_toolchain() == []
-    tc = pipeline.find_toolchain()
+    tc = toolchain.find_toolchain()
     assert tc.aircc == fake_toolchain / "mlir_air" / "bin" / "aircc"
     assert tc.aiecc == fake_toolchain / "mlir_aie" / "bin" / "aiecc"  # via $MLIR_AIE_INSTALL_DIR
 
@@ -117,8 +150,8 @@ def test_tools_are_found_in_the_python_packages_install_trees(fake_toolchain, mo
     monkeypatch.setenv("PATH", str(fake_toolchain.parent / "empty-bin"))
     monkeypatch.delenv("MLIR_AIE_INSTALL_DIR")
     roots = {"air": fake_toolchain / "mlir_air", "aie": fake_toolchain / "mlir_aie"}  # <install>/python/<pkg>
-    monkeypatch.setattr(pipeline, "_package_root", roots.get)
-    tc = pipeline.find_toolchain()
+    monkeypatch.setattr(toolchain, "_package_root", roots.get)
+    tc = toolchain.find_toolchain()
     assert tc.aircc == roots["air"] / "bin" / "aircc" and tc.aiecc == roots["aie"] / "bin" / "aiecc"
     assert tc.aie_include == roots["aie"] / "include"
 
@@ -145,12 +178,39 @@ def test_compile_program_builds_kernels_then_runs_aircc_in_a_private_directory(f
     (aircc,) = tool_calls(tmp_path, "aircc")
     assert aircc["args"] == ["--device", "npu2", "air.mlir", "--elf-name", "rms_gemv_rope.elf", "--output-format",
                              "elf", "--xclbin-instance-name", "rms_gemv_rope", "--peano",
-                             str(fake_toolchain / "llvm-aie"), "--no-xchesscc", "--no-xbridge", "--tmpdir=air_project"]
+                             str(fake_toolchain / "llvm-aie"), "--no-xchesscc", "--no-xbridge", "--tmpdir=air_project",
+                             # the Program's own compile options
+                             "--air-runtime-loop-tiling-sizes", "16", "16"]
     assert {"air.mlir", "gemv.o", "rope_v2.o"} <= set(aircc["files"])
     assert set(aircc["project"]) == {"gemv.o", "rope.o", "rope_v2.o"}
     assert aircc["aiecc"] == str(fake_toolchain / "mlir_aie" / "bin" / "aiecc")  # aircc can run aiecc
     assert aircc["peano"] == str(fake_toolchain / "llvm-aie")
     assert Path(aircc["cwd"]) != out and not Path(aircc["cwd"]).exists()  # private, removed after success
+
+
+def test_an_air_other_than_the_verified_one_is_reported(fake_toolchain, tmp_path):
+    with pytest.warns(UserWarning, match=r"compiling rms_gemv_rope: the AIR in use is aircc at .*, version unknown, "
+                                         r"not the mlir-air 0e3df89d \+ mlir-aie c668d2cb .* was verified against"):
+        pipeline.compile_program(PROGRAM, tmp_path / "out")
+    assert toolchain.air_version_warning() is not None
+
+
+def test_the_verified_air_is_recognised_by_the_archive_it_was_unpacked_from(air_tools, tmp_path, monkeypatch):
+    tools = tmp_path / "tools"
+    (tools / "bin").mkdir(parents=True)
+    for tool in (air_tools.air_opt, air_tools.aiecc):
+        try:
+            os.link(tool, tools / "bin" / tool.name)  # a second name, not a symlink that resolves back
+        except OSError:
+            shutil.copy2(tool, tools / "bin" / tool.name)
+    monkeypatch.setenv(toolchain.AIR_TOOLS_VARIABLE, str(tools))
+    unknown = f"an unknown build at {tools / 'bin' / 'air-opt'} (Debian LLVM version 22"
+    assert toolchain.air_version().startswith(unknown)
+    (tools / toolchain.ARCHIVE_MARKER).write_text("0" * 64 + "\n")
+    assert toolchain.air_version().startswith("an unknown build")
+    assert "not the mlir-air 0e3df89d" in toolchain.air_version_warning()
+    (tools / toolchain.ARCHIVE_MARKER).write_text(toolchain.VERIFIED_ARCHIVE_SHA256 + "\n")
+    assert toolchain.air_version() == toolchain.VERIFIED_AIR and toolchain.air_version_warning() is None
 
 
 def test_each_compile_gets_its_own_directory_and_extra_flags(fake_toolchain, tmp_path):
@@ -167,7 +227,7 @@ def test_aircc_failure_keeps_the_mlir_and_carries_stderr(fake_toolchain, tmp_pat
         pipeline.compile_program(PROGRAM, tmp_path / "out")
     error = info.value
     assert error.stage == "aircc" and error.returncode == 1
-    assert "boom in air-to-aie" in error.stderr and "boom in air-to-aie" in str(error)
+    assert "boom in air-to-aie" in error.message and "boom in air-to-aie" in str(error)
     assert error.mlir_path.read_text() == emit_mlir(PROGRAM) and str(error.mlir_path) in str(error)
     assert not (tmp_path / "out" / "rms_gemv_rope.elf").exists()
     shutil.rmtree(error.build_dir)
@@ -175,7 +235,7 @@ def test_aircc_failure_keeps_the_mlir_and_carries_stderr(fake_toolchain, tmp_pat
 
 def test_missing_kernel_source_is_a_compile_error(fake_toolchain, tmp_path):
     (fake_toolchain / "aie2p" / "gemv.cc").unlink()
-    with pytest.raises(pipeline.CompileError, match=r"peano failed.*\n.*\n.*gemv\.cc not found") as info:
+    with pytest.raises(pipeline.CompileError, match=r"peano failed.*\n.*gemv\.cc not found") as info:
         pipeline.compile_program(PROGRAM, tmp_path / "out")
     shutil.rmtree(info.value.build_dir)
 
@@ -184,8 +244,8 @@ def test_fingerprint_tracks_dists_binaries_and_kernel_sources(fake_toolchain):
     first = pipeline.toolchain_fingerprint()
     assert first == pipeline.toolchain_fingerprint()
     fields = dict(part.split("=", 1) for part in first.split(";"))
-    assert set(fields) == {"mlir_air", "mlir_aie", "mlir_aie_no_rtti", "llvm-aie", "aircc", "aiecc", "clang++",
-                           "kernels"}
+    assert set(fields) == {"mlir_air", "mlir_aie", "mlir_aie_no_rtti", "llvm-aie", "air", "aircc", "air-opt", "aiecc",
+                           "clang++", "kernels"}
     assert fields["aircc"] != "missing" and fields["clang++"] != "missing"
     (fake_toolchain / "aie2p" / "rope_half_split.cc").write_text("// changed kernel")
     second = pipeline.toolchain_fingerprint()
@@ -206,6 +266,23 @@ def test_artifact_cache_compiles_once_with_the_pipeline(fake_toolchain, tmp_path
     assert (elf.parent / "rms_gemv_rope.mlir").exists()
     assert cache.get(PROGRAM) == elf and cache.builds == 1
     assert len(tool_calls(tmp_path, "aircc")) == 1
+
+
+def test_replay_path_builds_the_elf_with_aiecc_after_the_real_air_opt(fake_toolchain, air_tools, tmp_path,
+                                                                      monkeypatch):
+    """No aircc: the AIR binaries replay aircc's flow; only the ELF step (Peano) is a stand-in here."""
+    (fake_toolchain / "mlir_air" / "bin" / "aircc").unlink()
+    write_tool(fake_toolchain / "air" / "bin" / "aiecc", FAKE_AIECC)
+    (fake_toolchain / "air" / "bin" / "air-opt").symlink_to(air_tools.air_opt)
+    monkeypatch.setenv(toolchain.AIR_TOOLS_VARIABLE, str(fake_toolchain / "air"))
+    elf = pipeline.compile_program(PROGRAM, tmp_path / "out")
+    assert elf.read_bytes().startswith(b"\x7fELF")
+    (aiecc,) = tool_calls(tmp_path, "aiecc")
+    assert aiecc["args"][:-1] == ["--no-aiesim", "--no-xchesscc", "--no-xbridge", "--no-compile-host",
+                                  "--tmpdir=air_project", "--peano", str(fake_toolchain / "llvm-aie"), "-O", "3",
+                                  "--generate-full-elf", "--expand-load-pdis", "--full-elf-name=rms_gemv_rope.elf"]
+    assert "aiex.configure" in aiecc["npu_module"] and "aie.runtime_sequence @rms_gemv_rope(" in aiecc["npu_module"]
+    assert {"gemv.o", "rope.o", "rope_v2.o", "air.mlir", "parsed.mlir", "npu.mlir"} <= set(aiecc["files"])
 
 
 @pytest.mark.npu

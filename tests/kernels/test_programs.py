@@ -2,7 +2,7 @@
 import pytest
 
 from torch_npu2.kernels import Arg, Launch, ModelDims, Program, Role, programs_for_model
-from torch_npu2.kernels.programs import lm_head_gemv, lm_head_partitions, o_ffn, rms_gemms_rope
+from torch_npu2.kernels.programs import lm_head_gemv, o_ffn, rms_gemms_rope
 
 SMOL = ModelDims(576, 9, 3, 64, 1536, 49152, 1e-5)
 
@@ -27,6 +27,12 @@ def test_prefill_and_decode_share_weight_layouts():
         assert weights_p == weights_d  # one buffer per weight serves both
 
 
+def test_lm_head_is_one_gemv_keeping_fp32_logits():
+    program = lm_head_gemv(576, 49152)
+    assert [(l.kind, l.p) for l in program.launches] == [("gemv_f32", {"K": 576, "N": 49152})]
+    assert program.arg("logits").dtype == "f32" and program.compile_options.runtime_loop_tiling_sizes == (16, 16)
+
+
 def test_json_round_trip_and_stable_key():
     p = o_ffn(576, 576, 1536, 1e-5, 16)
     q = Program.from_json(p.to_json())
@@ -37,11 +43,6 @@ def test_json_round_trip_and_stable_key():
 def test_programs_for_model_covers_buckets():
     names = [p.name for p in programs_for_model(SMOL, [16, 32])]
     assert names == ["rms_gemms_rope", "flash_attn", "o_ffn"] * 2 + ["rms_gemv_rope", "o_gemv_ffn", "lm_head_gemv"]
-
-
-def test_lm_head_partitions():
-    assert lm_head_partitions(128256) == 8 and lm_head_partitions(49152) == 8 and lm_head_partitions(1002) == 2
-    assert lm_head_gemv(576, 49152).launches[0].p["partitions"] == 8
 
 
 @pytest.mark.parametrize("launches,message", [

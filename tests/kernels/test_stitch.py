@@ -12,6 +12,8 @@ from torch_npu2.kernels.program import Arg, Launch, Role
 from torch_npu2.kernels.programs import o_gemv_ffn, rms_gemms_rope
 from torch_npu2.kernels.stitch import ObjectBuild, emit_mlir, stitch
 
+from .air_text import dma_endpoints, hierarchy, index_constants
+
 SMOL = ModelDims(576, 9, 3, 64, 1536, 49152, 1e-5)
 LLAMA = ModelDims(2048, 32, 8, 64, 8192, 128256, 1e-5)
 BUCKETS = [16, 32, 64, 128, 256, 512, 1024, 2048]
@@ -34,12 +36,6 @@ def each_program():
     return pytest.mark.parametrize("index", range(len(PROGRAMS)), ids=[name for name, _ in PROGRAMS])
 
 
-HIERARCHY = re.compile(r'"air\.(launch|segment|herd)"\(([^)]*)\) <\{[^}]*operandSegmentSizes = '
-                       r'array<i32: 0, (\d+), (\d+)>')
-BLOCK_ARGS = re.compile(r"\^bb0\((.*)\):")
-DMA = re.compile(r'"air\.dma_memcpy_nd"\(([^)]*)\) <\{operandSegmentSizes = array<i32: 0, 1, (\d+), 0, 0, 1,')
-
-
 def func_signature(text, name):
     match = re.search(rf"func\.func @{name}\((.*)\) \{{", text)
     return re.findall(r"%(\w+): (memref<[^>]*>)", match.group(1))
@@ -47,43 +43,30 @@ def func_signature(text, name):
 
 def dataflow(text):
     """Per top-level air.launch, the func args its DMAs read from and write to, traced through the
-    launch/segment/herd operand → block-argument renamings."""
+    launch/segment/herd operand → block-argument bindings."""
     origin = {f"%{name}": name for name, _ in func_signature(text, r"\w+")}
-    launches, pending = [], None
-    for line in text.splitlines():
-        header = HIERARCHY.search(line)
-        if header:
-            op, operands, sizes = header.group(1), header.group(2).split(", "), int(header.group(3))
-            pending = (sizes, operands[sizes:])
-            if op == "launch":
-                launches.append((set(), set(), [o.lstrip("%") for o in operands[sizes:]]))
-            continue
-        args = BLOCK_ARGS.search(line)
-        if args and pending:
-            sizes, operands = pending
-            names = re.findall(r"(%[\w$.]+):", args.group(1))[2 * sizes:]
-            for name, operand in zip(names, operands):
-                if operand in origin:
-                    origin[name] = origin[operand]
-            pending = None
-            continue
-        dma = DMA.search(line)
-        if dma:
-            operands = dma.group(1).split(", ")
-            dst, src = operands[0], operands[1 + int(dma.group(2))]
-            reads, writes, _ = launches[-1]
+    ops = hierarchy(text)
+    for op in ops:  # text order: a binding's operand is resolved before the op's own block arguments
+        for argument, operand in op.bindings:
+            if operand in origin:
+                origin[argument] = origin[operand]
+    launches = []
+    for launch in (op for op in ops if op.op == "launch"):
+        reads, writes = set(), set()
+        for dst, src in dma_endpoints(launch.body):
             if dst in origin:
                 writes.add(origin[dst])
             if src in origin:
                 reads.add(origin[src])
+        launches.append((reads, writes, [operand.lstrip("%") for _, operand in launch.bindings]))
     return launches
 
 
 def definitions(text):
     names = re.findall(r"^\s*(%[\w$.]+) = ", text, flags=re.M)
     names += re.findall(r"scf\.for (%[\w$.]+) =", text)
-    for block in BLOCK_ARGS.findall(text):
-        names += re.findall(r"(%[\w$.]+):", block)
+    for op in hierarchy(text):
+        names += list(op.ids) + [argument for argument, _ in op.bindings]
     names += [f"%{n}" for n, _ in func_signature(text, r"\w+")]
     return names
 
@@ -106,12 +89,8 @@ def test_func_signature_is_the_program_abi(index):
 def test_each_launch_reads_and_writes_the_args_the_program_says(index):
     name, program = PROGRAMS[index]
     flows = dataflow(stitched(index).text)
-    expected = []
-    for launch in program.launches:
-        # partitioned_gemv is one Program launch made of one air.launch per partition
-        copies = launch.p.get("partitions", 1) if launch.kind == "partitioned_gemv" else 1
-        expected += [(set(launch.reads), set(launch.writes), list(launch.reads + launch.writes))] * copies
-    assert flows == expected
+    assert flows == [(set(launch.reads), set(launch.writes), list(launch.reads + launch.writes))
+                     for launch in program.launches]
 
 
 @each_program()
@@ -122,7 +101,7 @@ def test_no_ssa_or_symbol_collisions(index):
     assert len(names) == len(set(names)), sorted(n for n in set(names) if names.count(n) > 1)
     owner = {}
     for i, section in enumerate(launch_sections(text)):
-        for symbol in set(re.findall(r'sym_name = "([^"]*)"', section)):
+        for symbol in {op.name for op in hierarchy(section)}:
             assert symbol.startswith(f"l{i}_") and symbol not in owner, symbol
             owner[symbol] = i
     declared = re.findall(r"func\.func private @(\w+)\(", text)
@@ -136,13 +115,29 @@ def test_herds_link_the_objects_declaring_the_symbols_they_call(index):
     text = stitched(index).text
     object_of = dict(re.findall(r'func\.func private @(\w+)\([^)]*\) attributes \{link_with = "([^"]+)"', text))
     built = {b.object for b in stitched(index).objects}
-    for herd in re.split(r'(?="air\.herd"\()', text)[1:]:
-        herd = herd.split('"air.herd_terminator"')[0]
-        calls = set(re.findall(r"func\.call @(\w+)\(", herd))
-        link = re.search(r'link_with = "([^"]+)"', herd.splitlines()[0])
-        assert {object_of[c] for c in calls} == ({link.group(1)} if link else set())
-        if link:
-            assert link.group(1) in built
+    for herd in (op for op in hierarchy(text) if op.op == "herd"):
+        calls = set(re.findall(r"func\.call @(\w+)\(", herd.body))
+        assert {object_of[c] for c in calls} == ({herd.link_with} if herd.link_with else set())
+        if herd.link_with:
+            assert herd.link_with in built
+
+
+@each_program()
+def test_no_offset_uses_floordiv_or_mod(index):
+    """AIR 0e3df89d folds loops into DMA access patterns as if every offset were linear in the loop indices
+    (see rowwise.py): a floordiv or mod anywhere would be a miscompile waiting for a DMA to use it."""
+    maps = re.findall(r"affine_map<[^>]*>", stitched(index).text)
+    assert maps and not [m for m in maps if re.search(r"floordiv|ceildiv|\bmod\b", m)]
+
+
+@each_program()
+def test_every_loop_counts_trips_with_step_one(index):
+    """AIR 0e3df89d folds a DMA's enclosing loop into its access pattern ignoring the loop's step (see
+    LaunchBuilder.loop): a stepped scf.for anywhere would be a silent miscompile waiting for a DMA."""
+    text = stitched(index).text
+    steps = re.findall(r"scf\.for %[\w$.]+ = %[\w$.]+ to %[\w$.]+ step (%[\w$.]+)", text)
+    constants = index_constants(text)
+    assert steps and all(constants[step] == 1 for step in steps)
 
 
 def test_rope_variants_get_suffixed_symbols_and_d_renamed_objects():

@@ -6,10 +6,18 @@ import torch
 from transformers import DynamicCache, MistralConfig, MistralForCausalLM, StaticCache
 
 import torch_npu2
-from torch_npu2 import compare_layers, patch_llama, unpatch_llama
+from torch_npu2 import compare_layers, create_runtime, patch_llama, unpatch_llama, use_runtime
+from torch_npu2.emulator import EmulatedXrt
 
 from .conftest import tiny_llama
 from .gate import check_topk_gate, greedy_with_topk
+
+# The tiny configs run on the emulated NPU2 but break NPU2 builder constraints (head_dim 16, widths that
+# are not whole vectors): patch_llama warns about that, which the tests below check on their own.
+NPU2_WARNING = "patch_llama: LlamaForCausalLM runs here on the emulated NPU2"
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:patch_llama. LlamaForCausalLM runs here on the emulated NPU2:UserWarning")
+NPU2_BUILDABLE = dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, intermediate_size=512)
 
 CONFIGS = {
     "odd_dims": dict(hidden_size=96, num_attention_heads=6, num_key_value_heads=2, intermediate_size=200),
@@ -232,8 +240,42 @@ def test_model_stays_usable_after_a_rejected_patch(runtime):
         assert torch.isfinite(model(prompt(5)).logits).all()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        warnings.filterwarnings("ignore", "patch_llama. LlamaForCausalLM runs here on the emulated NPU2")
         patch_llama(model.to(torch.bfloat16))
     assert torch_npu2.is_patched(model)
+
+
+def test_a_model_the_npu_can_build_patches_without_warnings(runtime):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        patch_llama(tiny_llama(**NPU2_BUILDABLE), prefill_buckets=(16, 32))
+
+
+def test_emulator_warns_once_per_model_about_programs_the_npu_cannot_build(runtime):
+    model = tiny_llama()  # head_dim 16, intermediate 200
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        patch_llama(model, prefill_buckets=(16, 32))
+    (warning,) = [w for w in caught if NPU2_WARNING in str(w.message)]
+    lines = str(warning.message).splitlines()
+    assert lines[0].endswith("but 6 of its Programs cannot be compiled for NPU2:")
+    assert lines[1] == ("  rms_gemms_rope (hidden=96, heads=6, kv_heads=2, head_dim=16, eps=1e-06, rows=16): "
+                        "rope launch: head_dim=16: must be a multiple of 32 so each rotated half is whole 16-lane "
+                        "vectors")
+    assert "o_ffn (hidden=96, q_dim=96, intermediate=200, eps=1e-06, rows=32): silu_mul launch: cols=200" in lines[4]
+    with torch.no_grad():  # and it runs all the same
+        assert torch.isfinite(model(prompt(5)).logits).all()
+
+
+def test_npu_backend_refuses_programs_it_cannot_build_before_any_weight_moves(tmp_path):
+    npu = create_runtime(driver=EmulatedXrt(), backend="npu", cache_root=tmp_path)
+    assert npu.target == "npu2"
+    model = tiny_llama()
+    snapshot = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with use_runtime(npu), pytest.raises(ValueError, match=r"(?s)6 of the model's Programs cannot be compiled for "
+                                                            r"NPU2:\n  rms_gemms_rope .*the model was not modified"):
+        patch_llama(model, backend="npu", prefill_buckets=(16, 32))
+    assert _unmodified(model, snapshot) and npu.stats["bo_allocs"] == 0
 
 
 def test_dynamic_cache_explicit(runtime, pair):

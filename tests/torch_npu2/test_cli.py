@@ -15,6 +15,7 @@ def test_info_reports_backend_toolchain_and_cache(capsys, monkeypatch, tmp_path)
     assert f"artifact cache: {tmp_path}" in out and "transformers" in out
 
 
+@pytest.mark.filterwarnings("ignore:patch_llama. LlamaForCausalLM runs here on the emulated NPU2:UserWarning")
 def test_generate_one_shot_on_a_checkpoint_directory(tmp_path, capsys, monkeypatch, smollm2_loaded):
     from tests.patch_llama.conftest import tiny_llama
 
@@ -57,3 +58,37 @@ def test_compile_without_toolchain_lists_what_is_missing(capsys, monkeypatch, sm
     assert cli.main(["compile"]) == 2
     err = capsys.readouterr().err
     assert "the NPU toolchain is incomplete" in err and "aircc (mlir-air)" in err and "Peano: unset" in err
+
+
+def test_compile_to_npu_instructions_prints_a_table_and_names_failures(air_tools, capsys, monkeypatch, smollm2_loaded):
+    """The real AIR passes on one decode Program, plus one that cannot lower (a GEMM without broadcasts)."""
+    import torch_npu2.kernels
+    from torch_npu2.kernels import programs
+    from torch_npu2.kernels.program import Arg, CompileOptions, Launch, Program, Role
+
+    broken = Program("gemm_probe", (Arg("a", (32, 576), "bf16", Role.INPUT), Arg("w", (192, 576), "bf16", Role.INPUT),
+                                    Arg("c", (32, 192), "bf16", Role.OUTPUT)),
+                     (Launch("gemm", (("K", 576), ("M", 32), ("N", 192)), ("a", "w"), ("c",)),),
+                     compile_options=CompileOptions(omit_auto_broadcast=True))
+    decode = programs.rms_gemv_rope(576, 9, 3, 64, 1e-5)
+    monkeypatch.setattr(torch_npu2.kernels, "programs_for_model", lambda dims, buckets: [decode, broken])
+    assert cli.main(["compile", "--target", "npu-insts"]) == 1
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
+    assert lines[0].split()[:3] == ["program", "result", "segments"]
+    row = lines[1].split()
+    assert row[:3] == ["rms_gemv_rope", "pass", "6"] and int(row[3]) == 8  # six launches, the GEMVs on 8 tiles
+    assert lines[2].split()[:5] == ["gemm_probe", "FAIL", "at", "air-to-aie", "(air-to-aie)"]
+    assert lines[3] == "1 of 2 Programs lowered to NPU instructions"
+    assert "gemm_probe: air-to-aie (air-to-aie): <unknown>:0: error: 'aie.memtile_dma' op has more than 48 blocks" \
+        in captured.err
+    assert "AIR: mlir-air 0e3df89d" in captured.err
+
+
+def test_compile_to_npu_instructions_without_the_air_tools_says_how_to_get_them(capsys, monkeypatch, smollm2_loaded):
+    from torch_npu2.kernels import toolchain
+
+    monkeypatch.setenv(toolchain.AIR_TOOLS_VARIABLE, "/nonexistent")
+    assert cli.main(["compile", "--target", "npu-insts"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot lower to NPU instructions" in err and "TORCH_NPU2_AIR_TOOLS=/nonexistent holds neither" in err

@@ -48,15 +48,18 @@ def add(p, a, b):
 ATTENTION_QUERY_BLOCK = 256
 
 
-def attention(p, q, k, v):
+def stack(p, first, second):
+    return torch.stack((first, second))
+
+
+def attention(p, q, kv):
     """Scores accumulate in fp32, softmax in fp32, probabilities enter the P·V matmul as bf16 (as the
     kernel's bf16 mmul and HF's eager attention do). Query blocks of one KV head's group at a time: a block
     only scores the keys causality lets it see, which bounds memory and skips the masked half."""
     seq, heads, kv_heads, hd = p["seq"], p["heads"], p["kv_heads"], p["head_dim"]
     group = heads // kv_heads
     qh = q.reshape(seq, heads, hd).transpose(0, 1)
-    kh = k.reshape(seq, kv_heads, hd).transpose(0, 1)
-    vh = v.reshape(seq, kv_heads, hd).transpose(0, 1)
+    kh, vh = kv.reshape(2, seq, kv_heads, hd).transpose(1, 2)
     out = torch.empty(heads, seq, hd, dtype=torch.bfloat16)
     for start in range(0, seq, ATTENTION_QUERY_BLOCK):
         stop = min(seq, start + ATTENTION_QUERY_BLOCK)
@@ -72,14 +75,13 @@ def attention(p, q, k, v):
     return out.transpose(0, 1)
 
 
-def partitioned_gemv(p, x, w):
+def gemv_f32(p, x, w):
     """fp32 logits (the LM head keeps its accumulator). torch has no CPU bf16 GEMV with an fp32 output, and
-    widening the whole weight every token costs ~10× the GEMV, so our C++ kernel's host build runs it, one
-    call per partition; without a host compiler, torch in fp32."""
-    rows = p["N"] // p["partitions"]
+    widening the whole weight every token costs ~10× the GEMV, so our C++ kernel's host build runs it, in one
+    call over all rows; without a host compiler, torch in fp32."""
     if host_build.host_compiler() is None:
         return torch.mv(w.reshape(p["N"], p["K"]).float(), x.float())
-    return host_build.gemv(w.reshape(p["N"], p["K"]), x, tile_rows=rows, out_dtype=torch.float32, fast=True)
+    return host_build.gemv(w.reshape(p["N"], p["K"]), x, tile_rows=p["N"], out_dtype=torch.float32, fast=True)
 
 
 LAUNCH_KINDS = {
@@ -90,5 +92,6 @@ LAUNCH_KINDS = {
     "silu_mul": silu_mul,
     "add": add,
     "attention": attention,
-    "partitioned_gemv": partitioned_gemv,
+    "stack": stack,
+    "gemv_f32": gemv_f32,
 }

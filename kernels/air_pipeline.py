@@ -1,0 +1,340 @@
+"""aircc's npu2 flow, replayed with the AIR binaries (``air-opt`` and the C++ ``aiecc``), no Python bindings.
+
+The pass pipelines are those of mlir-air ``python/air/compiler/aircc/main.py`` at 0e3df89d for
+``--device npu2`` with aircc's defaults (8 columns from column 0, placement rows anchored at row 2),
+parametrized by a Program's :class:`CompileOptions`:
+
+1. placement: ``air-insert-launch-around-herd`` … dependency analysis, broadcast detection, DMA → channel
+   conversion, L2 splitting, ping-pong … ``air-place-herds``;
+2. ``air-to-aie{device=npu2 …}`` + ``air-merge-unrolled-devices``: one ``aie.device`` per launch segment,
+   plus the main device whose runtime sequence configures and runs them in order;
+3. ``air-opt-shim-dma-bds`` (runtime loop tiling), ``air-to-std``, ``airrt-to-npu{output-elf=true}``;
+4. ``aiecc``: NPU instructions for each segment device (``--no-compile --no-link
+   --aie-generate-npu-insts``), or with Peano the full ELF (``--generate-full-elf --expand-load-pdis``).
+
+Before step 1 every DMA window is read back from ``air-opt``'s own print of the module and compared with
+what the builders meant (:func:`window_mismatches`): an AIR that drops or reads windows differently stops
+the build here. A failing pass is named (``--mlir-print-ir-after-failure``) with the error it printed.
+"""
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .builders.ir import ELEMENT_BYTES, Dma, Window
+from .program import CompileOptions, Program
+from .stitch import StitchedModule, stitch
+from .toolchain import Toolchain, ToolchainMissing, find_toolchain, missing_lowering_tools
+
+DEVICE = "npu2"
+NUM_COLS, COL_OFFSET, NUM_ROWS, ROW_OFFSET = 8, 0, 6, 2  # aircc's defaults for npu2
+PROCESS_TIMEOUT = 3600
+
+
+def _optimization_passes(o: CompileOptions) -> list[str]:
+    passes = ["air-dependency", "air-hoist-dma-in-accum-pattern"]
+    if not o.omit_auto_broadcast:
+        passes += ["air-broadcast-detection", "air-specialize-dma-broadcast"]
+    passes += ["air-dma-to-channel", "canonicalize", "cse", "air-dependency-canonicalize", "canonicalize", "cse",
+               "air-isolate-async-dma-loop-nests", "canonicalize", "cse", "air-fuse-channels", "canonicalize", "cse",
+               # L2 splitting (every device but npu*_1col)
+               "func.func(air-split-l2-memref)", "canonicalize", "cse", "air-isolate-async-dma-loop-nests",
+               "canonicalize", "cse",
+               "func.func(air-fuse-alloc-dealloc)", "func.func(air-shrink-memref-sizes-by-access)"]
+    if o.omit_pingpong != "all":
+        omit = f"{{omit-memory-space={o.omit_pingpong}}}" if o.omit_pingpong else ""
+        passes += [f"air-label-scf-for-to-ping-pong{omit}", f"air-ping-pong-transform{omit}", "canonicalize", "cse"]
+    passes += ["func.func(convert-linalg-to-loops)", f"func.func(air-opt-memtile-dma-bds{{device={DEVICE}}})",
+               "canonicalize", "cse"]
+    return passes
+
+
+def _module(passes: list[str]) -> str:
+    return f"builtin.module({','.join(passes)})"
+
+
+def placement_pipeline(o: CompileOptions) -> str:
+    return _module(["air-insert-launch-around-herd{insert-segment=true}", "func.func(air-lower-herd-parallel)",
+                    "scf-forall-to-parallel", *_optimization_passes(o),
+                    "func.func(air-collapse-herd{max-col-size=4 })", "canonicalize", "cse",
+                    f"air-place-herds{{num-rows={NUM_ROWS} num-cols={NUM_COLS} row-anchor={ROW_OFFSET} "
+                    f"col-anchor={COL_OFFSET}}}",
+                    "canonicalize", "cse", "func.func(air-renumber-dma)"])
+
+
+def air_to_aie_pipeline(o: CompileOptions) -> str:
+    flag = lambda value: str(value).lower()  # noqa: E731
+    return _module([f"air-to-aie{{emit-while-loop={flag(not o.omit_while_true_loop)} row-offset={ROW_OFFSET} "
+                    f"col-offset={COL_OFFSET} device={DEVICE} "
+                    f"use-lock-race-condition-fix={flag(o.use_lock_race_condition_fix)}}}",
+                    "air-merge-unrolled-devices"])
+
+
+def npu_pipeline(o: CompileOptions) -> str:
+    tiling = f" shim-dma-tile-sizes={','.join(map(str, o.runtime_loop_tiling_sizes))}"
+    return _module([f"func.func(air-opt-shim-dma-bds{{device={DEVICE}{tiling}}})", "canonicalize", "cse",
+                    "air-to-std", "symbol-dce", "affine-expand-index-ops", "canonicalize", "cse",
+                    "airrt-to-npu{ trace-size=0 trace-offset=0 output-elf=true}", "canonicalize", "cse"])
+
+
+PASS_STAGES = (("placement", placement_pipeline), ("air-to-aie", air_to_aie_pipeline), ("npu", npu_pipeline))
+
+
+class CompileError(RuntimeError):
+    """A stage of the build rejected a Program: the stage (and the pass, when air-opt names one), what the
+    tool printed, and the kept build directory with the stitched ``air.mlir`` and every intermediate."""
+
+    def __init__(self, program: str, stage: str, message: str, build_dir: Path, *, pass_name: str | None = None,
+                 command: list[str] | None = None, returncode: int | None = None):
+        self.program, self.stage, self.message, self.build_dir = program, stage, message, build_dir
+        self.pass_name, self.command, self.returncode = pass_name, command, returncode
+        self.mlir_path = build_dir / "air.mlir"
+        where = f"{stage} ({pass_name})" if pass_name else stage
+        exit_code = f" (exit {returncode})" if returncode is not None else ""
+        ran = f"\ncommand: {' '.join(command)}" if command else ""
+        super().__init__(f"{program}: {where} failed{exit_code}; MLIR kept at {self.mlir_path}{ran}\n{message}")
+
+
+# ---- DMA windows read back from air-opt's print ------------------------------------------------------
+_CONSTANT = re.compile(r"^\s*(%[\w$.-]+) = arith\.constant (-?\d+) : index\b", re.M)
+_DMA = re.compile(r"air\.dma_memcpy_nd (?:async \[[^\]]*\] )?\((%[\w$.-]+)\[([^\]]*)\] \[([^\]]*)\] \[([^\]]*)\], "
+                  r"(%[\w$.-]+)\[([^\]]*)\] \[([^\]]*)\] \[([^\]]*)\]\)")
+DYNAMIC = "dynamic"  # an offset that is not a constant (a loop or launch index)
+
+
+def _values(field: str) -> list[str]:
+    return [v.strip() for v in field.split(",")] if field.strip() else []
+
+
+def read_back_windows(printed: str) -> list[tuple[tuple, tuple]]:
+    """Every ``air.dma_memcpy_nd`` in ``printed`` (air-opt's custom-form print), in text order, as
+    ((offsets, sizes, strides) of dst, same of src): constants resolved to ints, other offsets DYNAMIC.
+
+    Sizes and strides must be constants: our builders only emit static ones.
+    """
+    constants: dict[str, int] = {}
+    for name, value in _CONSTANT.findall(printed):
+        if constants.setdefault(name, int(value)) != int(value):
+            raise ValueError(f"{name} names two different index constants; cannot read windows back")
+    windows = []
+    for match in _DMA.finditer(printed):
+        sides = []
+        for offsets, sizes, strides in (match.group(2, 3, 4), match.group(6, 7, 8)):
+            resolved_offsets = tuple(constants.get(v, DYNAMIC) for v in _values(offsets))
+            static = []
+            for field in (sizes, strides):
+                names = _values(field)
+                unknown = [n for n in names if n not in constants]
+                if unknown:
+                    raise ValueError(f"DMA size/stride {unknown[0]} is not a constant in: {match.group(0)}")
+                static.append(tuple(constants[n] for n in names))
+            sides.append((resolved_offsets, *static))
+        windows.append(tuple(sides))
+    return windows
+
+
+def _meant(window: Window) -> tuple:
+    return (tuple(DYNAMIC if isinstance(o, str) else o for o in window.offsets), tuple(window.sizes),
+            tuple(window.strides))
+
+
+def window_mismatches(dmas: tuple[Dma, ...], printed: str) -> list[str]:
+    """How the DMAs of air-opt's print differ from what the builders meant; empty when every window
+    survived the round trip."""
+    found = read_back_windows(printed)
+    if len(found) != len(dmas):
+        return [f"the builders emitted {len(dmas)} DMAs, air-opt printed {len(found)}"]
+    problems = []
+    for index, (dma, (dst, src)) in enumerate(zip(dmas, found)):
+        for side, meant, got in (("dst", _meant(dma.dst), dst), ("src", _meant(dma.src), src)):
+            if meant != got:
+                problems.append(f"DMA {index} {side}: meant offsets/sizes/strides {meant}, air-opt printed {got}")
+    return problems
+
+
+# ---- what a lowered device uses ----------------------------------------------------------------------
+_DEVICE = re.compile(r"^  aie\.device\(\w+\)(?: @(\w+))? \{$", re.M)
+
+
+@dataclass(frozen=True)
+class DeviceReport:
+    """One segment's device as air-to-aie placed and routed it, and its NPU instruction stream."""
+
+    name: str
+    compute_tiles: int
+    memtiles: int
+    shim_tiles: int
+    dma_channels: int      # tile and memtile DMA channels started, plus shim channels allocated
+    bds: int               # buffer descriptors in compute tiles and memtiles
+    shim_bd_tasks: int     # shim DMA tasks the runtime sequence configures
+    runtime_parameters: int  # host-written scalars a core reads (herd operands derived from launch indices)
+    l1_bytes: int          # buffers allocated in the fullest compute tile
+    l2_bytes: int          # buffers allocated in the fullest memtile
+    instruction_words: int  # 32-bit words of the NPU instruction stream
+
+
+@dataclass(frozen=True)
+class Lowering:
+    program: str
+    devices: tuple[DeviceReport, ...]
+    seconds: float
+
+    def total(self, field: str) -> int:
+        return sum(getattr(d, field) for d in self.devices)
+
+    def most(self, field: str) -> int:
+        return max(getattr(d, field) for d in self.devices)
+
+
+def _device_bodies(npu_module: str) -> dict[str, str]:
+    """Each named ``aie.device`` body of an npu-stage module (the unnamed main device is left out)."""
+    starts = list(_DEVICE.finditer(npu_module))
+    bodies = {}
+    for i, match in enumerate(starts):
+        end = starts[i + 1].start() if i + 1 < len(starts) else len(npu_module)
+        if match.group(1):
+            bodies[match.group(1)] = npu_module[match.end():end]
+    return bodies
+
+
+_BUFFER = re.compile(r"aie\.buffer\(%(tile|mem_tile)_(\d+_\d+)\)[^:]*: memref<([\dx]*)x?([a-z]+\d+)\b")
+
+
+def _fullest(config: str, kind: str) -> int:
+    """Bytes of aie.buffer allocations in the fullest tile of a kind ("tile": compute, "mem_tile")."""
+    used: dict[str, int] = {}
+    for tile_kind, tile, shape, dtype in _BUFFER.findall(config):
+        if tile_kind == kind:
+            used[tile] = used.get(tile, 0) + math.prod(int(d) for d in shape.split("x") if d) * ELEMENT_BYTES[dtype]
+    return max(used.values(), default=0)
+
+
+def _resources(name: str, body: str, instruction_words: int) -> DeviceReport:
+    config, _, sequence = body.partition("aie.runtime_sequence")
+    return DeviceReport(
+        name=name,
+        compute_tiles=len(re.findall(r"\baie\.core\(", config)),
+        memtiles=len(re.findall(r"\baie\.memtile_dma\(", config)),
+        shim_tiles=len(set(re.findall(r"aie\.shim_dma_allocation @\w+\((%\w+),", config))),
+        dma_channels=(len(re.findall(r"\baie\.dma_start\(", config))
+                      + len(re.findall(r"aie\.shim_dma_allocation", config))),
+        bds=len(re.findall(r"\baie\.dma_bd\(", config)),
+        shim_bd_tasks=len(re.findall(r"aiex\.dma_configure_task_for", sequence)),
+        runtime_parameters=len(re.findall(r"= aie\.buffer\([^)]*\) \{sym_name = \"__air_herd_rtp_", config)),
+        l1_bytes=_fullest(config, "tile"),
+        l2_bytes=_fullest(config, "mem_tile"),
+        instruction_words=instruction_words,
+    )
+
+
+# ---- running the tools --------------------------------------------------------------------------------
+def _failed_pass(stderr_path: Path) -> str | None:
+    with open(stderr_path, errors="replace") as f:
+        for line in f:
+            match = re.search(r"IR Dump After \S+ Failed \(([^)]*)\)", line)
+            if match:
+                return match.group(1)
+    return None
+
+
+def _errors(text: str, limit: int = 4000) -> str:
+    """The errors of a failed run with the lines that follow each (source, notes), without warnings or the
+    IR dump after them; the last lines when no line says error."""
+    lines = text.split("\n// -----// IR Dump", 1)[0].splitlines()
+    starts = [i for i, line in enumerate(lines) if ": error" in line or line.startswith("error")]
+    picked, seen = [], set()
+    for start in starts:
+        for i in range(start, min(start + 6, len(lines))):
+            if i not in seen and (i == start or ": error" not in lines[i]) and ": warning" not in lines[i]:
+                picked.append(lines[i])
+                seen.add(i)
+    text = "\n".join(picked or lines[-20:])
+    return text if len(text) <= limit else text[:limit] + "\n…"
+
+
+def _air_opt(tc: Toolchain, program: str, stage: str, source: Path, output: Path, pipeline: str | None,
+             build_dir: Path) -> None:
+    command = [str(tc.air_opt), str(source), "-o", str(output)]
+    if pipeline:
+        command += [f"--pass-pipeline={pipeline}", "--mlir-print-ir-after-failure"]
+    stderr = build_dir / f"{stage}.stderr"
+    with open(stderr, "w") as err:
+        result = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=err, timeout=PROCESS_TIMEOUT)
+    if result.returncode != 0:
+        with open(stderr, errors="replace") as f:
+            diagnostics = f.read(1 << 20)
+        raise CompileError(program, stage, _errors(diagnostics), build_dir, pass_name=_failed_pass(stderr),
+                           command=command, returncode=result.returncode)
+
+
+def _aiecc(tc: Toolchain, program: str, stage: str, arguments: list[str], build_dir: Path) -> None:
+    command = [str(tc.aiecc), *arguments]
+    result = subprocess.run(command, cwd=build_dir, capture_output=True, text=True, timeout=PROCESS_TIMEOUT)
+    if result.returncode != 0:
+        raise CompileError(program, stage, _errors(result.stderr + result.stdout), build_dir, command=command,
+                           returncode=result.returncode)
+
+
+def check_windows(program: str, stitched: StitchedModule, build_dir: Path, tc: Toolchain) -> None:
+    """Parse the stitched module with air-opt and compare every DMA window it prints with the builders'."""
+    source, printed = build_dir / "air.mlir", build_dir / "parsed.mlir"
+    source.write_text(stitched.text)
+    _air_opt(tc, program, "parse", source, printed, None, build_dir)
+    problems = window_mismatches(stitched.dmas, printed.read_text())
+    if problems:
+        raise CompileError(program, "DMA window round trip",
+                           f"air-opt at {tc.air_opt} does not read the windows the builders wrote:\n"
+                           + "\n".join(problems[:20]), build_dir)
+
+
+def prepare(program: Program, build_dir: Path, tc: Toolchain | None = None) -> Path:
+    """Stitch ``program``, check its DMA windows through air-opt, run the three pass stages; returns the
+    npu-stage module (``<build_dir>/npu.mlir``) that aiecc takes."""
+    tc = tc or find_toolchain()
+    check_windows(program.name, stitch(program), build_dir, tc)
+    current = build_dir / "air.mlir"
+    for stage, pipeline in PASS_STAGES:
+        output = build_dir / f"{stage}.mlir"
+        _air_opt(tc, program.name, stage, current, output, pipeline(program.compile_options), build_dir)
+        current = output
+    return current
+
+
+def lower_to_npu_insts(program: Program, keep_dir: Path | None = None) -> Lowering:
+    """Every segment of ``program`` lowered to an NPU instruction stream, with what each uses.
+
+    Needs only the AIR binaries (no Peano: cores are not compiled). The build happens in a private
+    temporary directory, removed on success and kept (named in the error) on failure; ``keep_dir``
+    keeps it in a directory of the caller's instead.
+    """
+    missing = missing_lowering_tools()
+    if missing:
+        raise ToolchainMissing(f"cannot lower {program.name} to NPU instructions; missing:\n  " + "\n  ".join(missing))
+    tc = find_toolchain()
+    started = time.perf_counter()
+    build_dir = Path(keep_dir) if keep_dir else Path(tempfile.mkdtemp(prefix=f"torch_npu2-{program.name}-"))
+    build_dir.mkdir(parents=True, exist_ok=True)
+    npu_module = prepare(program, build_dir, tc)
+    reports = []
+    for name, body in _device_bodies(npu_module.read_text()).items():
+        sequence = f"{name}_sequence"
+        if f"aie.runtime_sequence @{sequence}(" not in body:
+            continue  # a *_reset device: loaded by another segment's sequence, no sequence of its own
+        insts = build_dir / f"{name}.insts.bin"
+        _aiecc(tc, program.name, f"aiecc {name}",
+               ["--no-compile", "--no-link", "--aie-generate-npu-insts", f"--tmpdir={build_dir / ('aiecc_' + name)}",
+                f"--device-name={name}", f"--sequence-name={sequence}", f"--npu-insts-name={insts}",
+                str(npu_module)], build_dir)
+        reports.append(_resources(name, body, insts.stat().st_size // 4))
+    if not reports:
+        raise CompileError(program.name, "aiecc", "air-to-aie produced no segment device", build_dir)
+    lowering = Lowering(program.name, tuple(reports), time.perf_counter() - started)
+    if keep_dir is None:
+        shutil.rmtree(build_dir, ignore_errors=True)
+    return lowering

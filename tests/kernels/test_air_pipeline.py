@@ -1,0 +1,96 @@
+"""aircc's npu2 flow replayed with the real AIR binaries: the pass pipelines, every Program lowered to NPU
+instructions for SmolLM2-135M and Llama-3.2-1B dims, and failures that name the pass."""
+import dataclasses
+
+import pytest
+
+from torch_npu2.kernels import ModelDims, programs_for_model
+from torch_npu2.kernels.air_pipeline import (CompileError, air_to_aie_pipeline, lower_to_npu_insts, npu_pipeline,
+                                             placement_pipeline)
+from torch_npu2.kernels.builders.npu2 import L1_AVAILABLE, L2_BYTES
+from torch_npu2.kernels.program import Arg, CompileOptions, Launch, Program, Role
+
+SMOL = ModelDims(576, 9, 3, 64, 1536, 49152, 1e-5)
+LLAMA = ModelDims(2048, 32, 8, 64, 8192, 128256, 1e-5)
+BUCKETS = [16, 32, 64, 128, 256, 512, 1024, 2048]
+PROGRAMS = {f"{model}-{p.name}-{dict(p.params).get('rows', dict(p.params).get('seq'))}": p
+            for model, dims in (("smol", SMOL), ("llama", LLAMA)) for p in programs_for_model(dims, BUCKETS)}
+
+# What aircc (mlir-air python/air/compiler/aircc/main.py at 0e3df89d) runs for `--device npu2` with its
+# defaults: written out here from that file, so a change to our replay has to be a deliberate one.
+AIRCC_PLACEMENT = (
+    "builtin.module(air-insert-launch-around-herd{insert-segment=true},func.func(air-lower-herd-parallel),"
+    "scf-forall-to-parallel,air-dependency,air-hoist-dma-in-accum-pattern,air-broadcast-detection,"
+    "air-specialize-dma-broadcast,air-dma-to-channel,canonicalize,cse,air-dependency-canonicalize,canonicalize,cse,"
+    "air-isolate-async-dma-loop-nests,canonicalize,cse,air-fuse-channels,canonicalize,cse,"
+    "func.func(air-split-l2-memref),canonicalize,cse,air-isolate-async-dma-loop-nests,canonicalize,cse,"
+    "func.func(air-fuse-alloc-dealloc),func.func(air-shrink-memref-sizes-by-access),"
+    "air-label-scf-for-to-ping-pong,air-ping-pong-transform,canonicalize,cse,func.func(convert-linalg-to-loops),"
+    "func.func(air-opt-memtile-dma-bds{device=npu2}),canonicalize,cse,func.func(air-collapse-herd{max-col-size=4 }),"
+    "canonicalize,cse,air-place-herds{num-rows=6 num-cols=8 row-anchor=2 col-anchor=0},canonicalize,cse,"
+    "func.func(air-renumber-dma))")
+AIRCC_AIR_TO_AIE = ("builtin.module(air-to-aie{emit-while-loop=true row-offset=2 col-offset=0 device=npu2 "
+                    "use-lock-race-condition-fix=false},air-merge-unrolled-devices)")
+AIRCC_NPU = ("builtin.module(func.func(air-opt-shim-dma-bds{device=npu2 shim-dma-tile-sizes=4,4}),canonicalize,cse,"
+             "air-to-std,symbol-dce,affine-expand-index-ops,canonicalize,cse,"
+             "airrt-to-npu{ trace-size=0 trace-offset=0 output-elf=true},canonicalize,cse)")
+
+
+def test_default_pipelines_are_aircc_npu2():
+    options = CompileOptions()
+    assert placement_pipeline(options) == AIRCC_PLACEMENT
+    assert air_to_aie_pipeline(options) == AIRCC_AIR_TO_AIE
+    assert npu_pipeline(options) == AIRCC_NPU
+
+
+def test_options_change_the_passes_aircc_changes():
+    options = CompileOptions(runtime_loop_tiling_sizes=(2, 2), omit_pingpong="all", omit_while_true_loop=True,
+                             omit_auto_broadcast=True, use_lock_race_condition_fix=True)
+    placement = placement_pipeline(options)
+    assert "air-broadcast-detection" not in placement and "air-specialize-dma-broadcast" not in placement
+    assert "air-ping-pong-transform" not in placement
+    assert "emit-while-loop=false" in air_to_aie_pipeline(options)
+    assert "use-lock-race-condition-fix=true}" in air_to_aie_pipeline(options)
+    assert "shim-dma-tile-sizes=2,2}" in npu_pipeline(options)
+    l1_only = placement_pipeline(CompileOptions(omit_pingpong="L1"))
+    assert "air-label-scf-for-to-ping-pong{omit-memory-space=L1},air-ping-pong-transform{omit-memory-space=L1}" \
+        in l1_only
+    assert options.aircc_flags() == ["--air-runtime-loop-tiling-sizes", "2", "2", "--omit-ping-pong-transform=all",
+                                     "--omit-while-true-loop", "--omit-auto-broadcast", "--use-lock-race-condition-fix"]
+    with pytest.raises(ValueError, match="omit_pingpong must be one of"):
+        CompileOptions(omit_pingpong="L3")
+    with pytest.raises(ValueError, match="runtime_loop_tiling_sizes must be a tuple of positive ints"):
+        CompileOptions(runtime_loop_tiling_sizes=[4, 4])
+
+
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_program_lowers_to_npu_instructions(air_tools, name):
+    program = PROGRAMS[name]
+    lowering = lower_to_npu_insts(program)
+    assert len(lowering.devices) == len(program.launches)  # one aie.device per launch segment
+    for device in lowering.devices:
+        assert 1 <= device.compute_tiles <= 32 and device.memtiles <= 8 and 1 <= device.shim_tiles <= 8
+        assert device.bds > 0 and device.dma_channels > 0 and device.instruction_words > 0
+        assert 0 < device.l1_bytes <= L1_AVAILABLE and device.l2_bytes <= L2_BYTES
+    # Only attention's causal offset reaches its cores as a host-written scalar (a launch index turned into a
+    # runtime parameter; core-local state replaces it in the attention rewrite).
+    with_parameters = {d.name for d in lowering.devices if d.runtime_parameters}
+    assert with_parameters == ({"l1_attention_seg"} if program.name == "flash_attn" else set())
+
+
+def test_a_failing_stage_names_the_pass_and_the_op(air_tools):
+    """Without broadcast detection, a 4x4 GEMM herd reads its A and W windows as 32 separate streams: air-to-aie
+    runs out of memtile buffer descriptors, and the error says so."""
+    M, K, N = 32, 576, 192
+    args = (Arg("a", (M, K), "bf16", Role.INPUT), Arg("w", (N, K), "bf16", Role.INPUT),
+            Arg("c", (M, N), "bf16", Role.OUTPUT))
+    program = Program("gemm_probe", args, (Launch("gemm", (("K", K), ("M", M), ("N", N)), ("a", "w"), ("c",)),),
+                      compile_options=CompileOptions(omit_auto_broadcast=True))
+    with pytest.raises(CompileError) as info:
+        lower_to_npu_insts(program)
+    error = info.value
+    assert error.stage == "air-to-aie" and error.pass_name == "air-to-aie"
+    assert "'aie.memtile_dma' op has more than 48 blocks" in error.message
+    assert error.mlir_path.exists() and (error.build_dir / "placement.mlir").exists()
+    # with AIR's broadcast detection (the Program default) the same GEMM lowers
+    assert lower_to_npu_insts(dataclasses.replace(program, compile_options=CompileOptions())).devices
