@@ -37,6 +37,8 @@ class SharedState:
         return out
 
     def rope_lut(self, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():  # a memo would make dynamo guard on it and recompile every step
+            return reference.rope_lut(cos, sin).contiguous()
         if self.lut_memo[0] is not cos:
             self.lut_memo = (cos, reference.rope_lut(cos, sin).contiguous())
         return self.lut_memo[1]
@@ -48,6 +50,8 @@ class SharedState:
         """
         if mask is None:
             return [0] * batch
+        if torch.compiler.is_compiling():
+            return _left_padding_starts(mask, seq)
         if self.mask_memo[0] is not mask:
             self.mask_memo = (mask, _left_padding_starts(mask, seq))
         return self.mask_memo[1]
@@ -118,21 +122,33 @@ class NpuDecoderLayer:
         self.scale = attn.scaling
         self.heads = attn.q_proj.weight.shape[0] // self.head_dim
         self.kv_heads = attn.k_proj.weight.shape[0] // self.head_dim
-        self.eps_attn = float(layer.input_layernorm.variance_epsilon)
-        self.eps_mlp = float(layer.post_attention_layernorm.variance_epsilon)
+        # the norms themselves, not their eps: a variance_epsilon changed after patching still applies
+        self.input_norm, self.post_attention_norm = layer.input_layernorm, layer.post_attention_layernorm
         self.qkv_weights = (layer.input_layernorm.weight, attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
         self.ffn_weights = (attn.o_proj.weight, layer.post_attention_layernorm.weight, mlp.gate_proj.weight,
                             mlp.up_proj.weight, mlp.down_proj.weight)
         self.shared = shared
 
     def __call__(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
-                 use_cache=False, position_embeddings=None, **kwargs):
+                 use_cache=False, position_embeddings=None, output_attentions=False, **kwargs):
+        if output_attentions:
+            raise ValueError("torch_npu2: output_attentions=True is not supported by a patched model: the fused "
+                             "attention never materializes the attention weights; call "
+                             "torch_npu2.unpatch_llama(model) to get them from HF's own layers")
         with torch.no_grad():
             # cos/sin have batch 1 when every row shares its positions
             lut = self.shared.rope_lut(*position_embeddings).expand(hidden_states.shape[0], -1, -1)
             if hidden_states.shape[1] == 1:
                 return self._decode(hidden_states, lut, attention_mask, past_key_values)
             return self._prefill(hidden_states, lut, attention_mask, past_key_values)
+
+    @property
+    def eps_attn(self) -> float:
+        return float(self.input_norm.variance_epsilon)
+
+    @property
+    def eps_mlp(self) -> float:
+        return float(self.post_attention_norm.variance_epsilon)
 
     def _update_cache(self, cache, k, v):
         return (k, v) if cache is None else cache.update(k, v, self.layer_idx)
@@ -197,7 +213,10 @@ class NpuDecoderLayer:
 
 class NpuLmHead:
     """Replaces ``lm_head.forward``: the one-row-per-sequence case (generate's ``logits_to_keep=1``) runs
-    lm_head_gemv; full-sequence logits, when asked for, use the same resident weight on the host."""
+    lm_head_gemv; full-sequence logits, when asked for, use the same resident weight on the host. Both give
+    fp32 logits of bf16 products summed in fp32, so a token's logit does not depend on how it was asked for."""
+
+    VOCAB_CHUNK = 8192  # weight rows widened to fp32 at a time: bounds the host path's extra memory
 
     def __init__(self, lm_head):
         self.weight = lm_head.weight
@@ -207,4 +226,9 @@ class NpuLmHead:
             if hidden.dim() == 3 and hidden.shape[1] == 1:
                 rows = [lm_head_gemv(hidden[b, 0].contiguous(), self.weight) for b in range(hidden.shape[0])]
                 return rows[0].view(1, 1, -1) if len(rows) == 1 else torch.stack(rows).unsqueeze(1)
-            return F.linear(hidden, self.weight)
+            rows = hidden.float()
+            logits = rows.new_empty(*hidden.shape[:-1], self.weight.shape[0])
+            for start in range(0, self.weight.shape[0], self.VOCAB_CHUNK):
+                chunk = self.weight[start:start + self.VOCAB_CHUNK]
+                logits[..., start:start + chunk.shape[0]] = F.linear(rows, chunk.float())
+            return logits

@@ -74,11 +74,42 @@ def _check_npu2_builds(model, buckets, target: str) -> None:
                   f"Programs cannot be compiled for NPU2:\n  {listing}", stacklevel=3)
 
 
+def _set_instance_attr(state: PatchState, module, attr: str, value) -> None:
+    state.modules.append((module, attr, module.__dict__.get(attr)))
+    setattr(module, attr, value)
+
+
 def _replace_forward(state: PatchState, module, forward) -> None:
     """Instance-level patch; with accelerate hooks attached, the hook's saved forward is the one replaced."""
     attr = "_old_forward" if hasattr(module, "_hf_hook") and hasattr(module, "_old_forward") else "forward"
-    state.modules.append((module, attr, module.__dict__.get(attr)))
-    setattr(module, attr, forward)
+    _set_instance_attr(state, module, attr, forward)
+
+
+def _refuse_conversions(state: PatchState, model) -> None:
+    """Make ``.to(dtype/device)``, ``.half()``, ``.float()``… on the patched model (or any of its submodules)
+    raise before anything changes: the ops need bf16 CPU weights that are views of NPU buffers. Every
+    conversion goes through ``Module._apply``; its function, tried on an empty bf16 CPU tensor, tells
+    whether it would change a dtype or device. Guarding every submodule means no conversion can start on
+    one part (say the embedding) and then fail on a patched layer, leaving a half-converted model."""
+    for module in model.modules():
+        _set_instance_attr(state, module, "_apply", _conversion_guard(module._apply))
+
+
+def _conversion_guard(apply):
+    def guarded(fn, *args, **kwargs):
+        probe = torch.empty(0, dtype=torch.bfloat16)
+        try:
+            converted = fn(probe)
+        except Exception as exc:  # e.g. .cuda() without CUDA: still a conversion we refuse
+            converted = exc
+        if not isinstance(converted, torch.Tensor) or converted.dtype != probe.dtype or converted.device != probe.device:
+            target = (f"{converted.dtype} on {converted.device}" if isinstance(converted, torch.Tensor)
+                      else "another dtype or device")
+            raise RuntimeError(f"torch_npu2: cannot convert a patched model to {target}: its weights must stay "
+                               "bf16 on the CPU (they are views of NPU buffers); call torch_npu2.unpatch_llama(model) "
+                               "first, convert, and patch again if the result is bf16 on the CPU")
+        return apply(fn, *args, **kwargs)
+    return guarded
 
 
 def _npu_weights(model) -> list[nn.Parameter]:
@@ -119,6 +150,7 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
     for layer in model.model.layers:
         _replace_forward(state, layer, NpuDecoderLayer(layer, state.shared))
     _replace_forward(state, model.lm_head, NpuLmHead(model.lm_head))
+    _refuse_conversions(state, model)
     setattr(model, STATE_ATTR, state)
     return model
 
@@ -128,7 +160,7 @@ def unpatch_llama(model):
     state = getattr(model, STATE_ATTR, None)
     if state is None:
         raise ValueError("unpatch_llama: the model is not patched")
-    for module, attr, saved in reversed(state.modules):
+    for module, attr, saved in reversed(state.modules):  # instance attributes set by the patch
         if saved is None:
             delattr(module, attr)
         else:

@@ -1,0 +1,180 @@
+"""What transformers' generation tests exercise on a patched model, checked through the public API:
+every generate() mode runs the npu2 ops, attention weights and dtype changes are refused clearly, logits
+have one dtype on every path, a compiled forward does not recompile between decode steps, and a norm's
+epsilon is read when the layer runs."""
+import collections
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from transformers import StaticCache, TextIteratorStreamer
+
+from torch_npu2 import patch_llama, unpatch_llama
+
+from .conftest import tiny_llama
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:patch_llama. LlamaForCausalLM runs here on the emulated NPU2:UserWarning")
+
+PREFILL_OPS = {"rms_gemms_rope", "o_ffn"}
+DECODE_OPS = {"rms_gemv_rope", "o_gemv_ffn", "lm_head_gemv"}
+REPEATING = torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 8, 9, 10]])  # gives prompt lookup something to find
+
+
+class CountNpu2Calls(TorchDispatchMode):
+    """Counts calls of torch.ops.npu2.* ops under it, by op name."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "npu2":
+            self.calls[func._opname] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _assistant():
+    return tiny_llama(seed=3, num_hidden_layers=1)
+
+
+GENERATE_MODES = {
+    "greedy": dict(),
+    "sampling": dict(do_sample=True, temperature=0.7, top_k=20, top_p=0.9),
+    "beam_search": dict(num_beams=2),
+    "repetition_penalty": dict(repetition_penalty=1.3),
+    "static_cache": dict(cache_implementation="static"),
+    "prompt_lookup": dict(prompt_lookup_num_tokens=2),
+    "prompt_lookup_dict_outputs": dict(prompt_lookup_num_tokens=2, return_dict_in_generate=True,
+                                       output_scores=True, output_hidden_states=True),
+    "assisted": dict(assistant_model="assistant"),
+    "streamer": dict(streamer="streamer"),
+}
+
+
+@pytest.mark.parametrize("mode", list(GENERATE_MODES))
+def test_every_generate_mode_runs_the_npu2_ops(runtime, pair, mode):
+    reference, model = pair(tiny_llama())
+    patch_llama(model)
+    kwargs = dict(GENERATE_MODES[mode])
+    if kwargs.get("assistant_model"):
+        kwargs["assistant_model"] = _assistant()
+    if kwargs.get("streamer"):
+        kwargs["streamer"] = TextIteratorStreamer(_CharTokenizer())
+    torch.manual_seed(0)
+    with CountNpu2Calls() as counter:
+        out = model.generate(REPEATING, max_new_tokens=6, min_new_tokens=6, **kwargs)
+    assert PREFILL_OPS <= set(counter.calls), counter.calls
+    assert DECODE_OPS & set(counter.calls) or counter.calls["rms_gemms_rope"] > 2, counter.calls
+    if not kwargs.get("do_sample"):
+        kwargs.pop("streamer", None)
+        if "assistant_model" in kwargs:
+            kwargs["assistant_model"] = _assistant()
+        expected = reference.generate(REPEATING, max_new_tokens=6, min_new_tokens=6, **kwargs)
+        sequences = (lambda o: o.sequences if hasattr(o, "sequences") else o)
+        assert torch.equal(sequences(out), sequences(expected))
+
+
+class _CharTokenizer:
+    """The least a streamer needs from a tokenizer."""
+
+    def decode(self, ids, **kwargs):
+        return " ".join(str(int(i)) for i in ids)
+
+
+def test_batch_with_left_padding_runs_the_npu2_ops(runtime):
+    model = tiny_llama()
+    patch_llama(model)
+    ids = torch.tensor([[0, 0, 5, 6, 7, 8], [9, 10, 11, 12, 13, 14]])
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    with CountNpu2Calls() as counter:
+        model.generate(ids, attention_mask=mask, max_new_tokens=3, min_new_tokens=3, do_sample=False, pad_token_id=0)
+    assert PREFILL_OPS | DECODE_OPS <= set(counter.calls), counter.calls
+
+
+def test_output_attentions_is_refused_at_the_first_forward(runtime):
+    model = tiny_llama()
+    patch_llama(model)
+    with pytest.raises(ValueError, match="output_attentions=True is not supported by a patched model"):
+        model(REPEATING, output_attentions=True)
+    with pytest.raises(ValueError, match="output_attentions"):
+        model.generate(REPEATING, max_new_tokens=2, output_attentions=True, return_dict_in_generate=True)
+    with pytest.raises(ValueError, match="output_attentions"):
+        model.generate(REPEATING, max_new_tokens=2, output_attentions=True, return_dict_in_generate=True,
+                       assistant_model=_assistant())
+    assert model(REPEATING, output_attentions=False).logits.isfinite().all()
+    unpatch_llama(model)
+    model.config._attn_implementation = "eager"  # HF records attention weights only in eager attention
+    assert len(model(REPEATING, output_attentions=True).attentions) == model.config.num_hidden_layers
+
+
+@pytest.mark.parametrize("convert", [
+    lambda m: m.to(torch.float32), lambda m: m.half(), lambda m: m.float(), lambda m: m.to("meta"),
+    lambda m: m.model.to(torch.float16), lambda m: m.model.layers[0].to(dtype=torch.float32),
+    lambda m: m.model.embed_tokens.float(),
+], ids=["to_fp32", "half", "float", "to_meta", "inner_model_fp16", "one_layer_fp32", "embedding_float"])
+def test_dtype_or_device_change_of_a_patched_model_raises_before_any_change(runtime, convert):
+    model = tiny_llama()
+    patch_llama(model)
+    before = model(REPEATING).logits
+    with pytest.raises(RuntimeError, match="unpatch_llama"):
+        convert(model)
+    assert all(p.dtype == torch.bfloat16 and p.device.type == "cpu" for p in model.parameters())
+    assert torch.equal(model(REPEATING).logits, before)
+
+
+def test_no_op_conversions_pass_and_unpatch_lifts_the_guard(runtime):
+    model = tiny_llama()
+    patch_llama(model)
+    before = model(REPEATING).logits
+    assert model.to(torch.bfloat16) is model and model.cpu() is model and model.to("cpu", torch.bfloat16) is model
+    assert torch.equal(model(REPEATING).logits, before)
+    unpatch_llama(model)
+    assert "_apply" not in vars(model) and "_apply" not in vars(model.model.layers[0])
+    assert model.float().lm_head.weight.dtype == torch.float32
+
+
+def test_logits_have_one_dtype_on_every_path(runtime):
+    model = tiny_llama()
+    patch_llama(model)
+    with torch.no_grad():
+        full = model(REPEATING).logits                      # every position: the host path
+        last = model(REPEATING, logits_to_keep=1).logits     # generate()'s path: lm_head_gemv
+    assert full.dtype == last.dtype == torch.float32
+    torch.testing.assert_close(full[:, -1], last[:, -1], rtol=1e-5, atol=1e-5)
+
+
+def test_compiled_forward_does_not_recompile_between_decode_steps(runtime):
+    model = tiny_llama()
+    patch_llama(model)
+    cache = StaticCache(config=model.config, max_cache_len=32)
+    with torch.no_grad():
+        out = model(REPEATING, past_key_values=cache, use_cache=True)
+        token = out.logits[:, -1:].argmax(-1)
+        compiled = torch.compile(model.forward, fullgraph=True, backend="eager")
+        length = REPEATING.shape[1]
+        eager_tokens, compiled_tokens = [], []
+        for step in range(3):
+            position = torch.tensor([[length + step]])
+            with torch._dynamo.config.patch(error_on_recompile=step > 0):
+                logits = compiled(token, past_key_values=cache, position_ids=position,
+                                  cache_position=position[0], use_cache=True).logits
+            token = logits[:, -1:].argmax(-1)
+            compiled_tokens.append(int(token))
+    reference = tiny_llama()
+    eager_tokens = reference.generate(REPEATING, max_new_tokens=4, do_sample=False)[0, length + 1:].tolist()
+    assert compiled_tokens == eager_tokens
+
+
+def test_norm_epsilon_changed_after_patching_applies(runtime, pair):
+    reference, model = pair(tiny_llama())
+    patch_llama(model)
+    for m in (reference, model):
+        for layer in m.model.layers:
+            layer.input_layernorm.variance_epsilon = 0.5
+            layer.post_attention_layernorm.variance_epsilon = 0.5
+    with torch.no_grad():
+        ref, out = reference(REPEATING).logits[0, -1], model(REPEATING, logits_to_keep=1).logits[0, -1]
+    baseline = tiny_llama()(REPEATING).logits[0, -1]
+    assert torch.nn.functional.cosine_similarity(ref.float(), out.float(), dim=0) > 0.999
+    assert torch.nn.functional.cosine_similarity(baseline.float(), out.float(), dim=0) < 0.99
