@@ -40,6 +40,10 @@ def _validate(model, buckets) -> None:
     rope_type = rope.get("rope_type", "default")
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise _fail(f"unknown rope type {rope_type!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
+    act = type(model.model.layers[0].mlp.act_fn) if len(model.model.layers) else nn.SiLU
+    if not any(issubclass(act, silu) for silu in _silu_modules()):
+        raise _fail(f"config.hidden_act={config.hidden_act!r} ({act.__name__}) is not supported: the fused FFN "
+                    "computes SiLU(gate) * up (hidden_act 'silu')")
     quant = getattr(config, "quantization_config", None)
     method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
     method = getattr(method, "value", method)
@@ -56,6 +60,13 @@ def _validate(model, buckets) -> None:
             raise _fail(f"parameter {name} is on {param.device}, expected cpu (the NPU shares host memory)")
     if not buckets or any(not isinstance(b, int) or b <= 0 for b in buckets):
         raise _fail(f"prefill_buckets must be positive ints, got {buckets!r}")
+
+
+def _silu_modules() -> tuple[type, ...]:
+    """The activation modules HF builds for hidden_act 'silu'/'swish' (what the fused FFN computes)."""
+    from transformers.activations import ACT2FN
+
+    return (nn.SiLU, type(ACT2FN["silu"]), type(ACT2FN["swish"]))
 
 
 def _check_npu2_builds(model, buckets, target: str) -> None:

@@ -202,6 +202,8 @@ def _unmodified(model, snapshot):
      "expected a Llama-architecture LlamaForCausalLM .* got MistralForCausalLM"),
     (lambda: tiny_llama(attention_bias=True), "attention or MLP bias"),
     (lambda: tiny_llama(mlp_bias=True), "attention or MLP bias"),
+    (lambda: tiny_llama(hidden_act="relu"), r"config.hidden_act='relu' \(ReLU\) is not supported"),
+    (lambda: tiny_llama(hidden_act="gelu"), r"config.hidden_act='gelu' .* SiLU\(gate\)"),
     (lambda: tiny_llama().float(), "dtype torch.float32, expected torch.bfloat16"),
     (lambda: tiny_llama().to("meta"), "is on meta, expected cpu"),
 ])
