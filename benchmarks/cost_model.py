@@ -1,73 +1,415 @@
-"""A predicted-NPU view: a small cost MODEL of NPU2 run times, never a measurement.
+"""Predicted NPU2 times derived from the MLIR-AIR we emit: a cost MODEL, never a measurement.
 
-time(one ELF run) = dispatch + Σ over its launches (step + bytes moved / DDR bandwidth
-                      + GEMM FLOPs / GEMM throughput + attention FLOPs / attention throughput)
+Every launch of a Program is built by its builder (``kernels.builders.build_launch``) and the model walks that
+IR — air.launch → air.segment → air.herd, scf.for trip counts, DMAs, compute — without compiling it:
 
-- bytes moved by a launch: the bytes of every argument it reads or writes (from the Program's args);
-- FLOPs: gemm/gemv/gemv_f32 2·M·K·N (M = 1 for a GEMV), causal attention
-  2·heads·seq²·head_dim (half of the full 4·heads·seq²·head_dim); elementwise launches count bytes only;
-- constants fitted (least squares on relative error, dispatch and step bounded to the ranges FACTS.md
-  gives: 50–110 µs per dispatch, 3–15 µs per step) to the reference implementation's published per-call
-  times for Llama-3.2-1B on Strix (FACTS.md), whose Programs have the same launches as ours.
-The fitted model is then applied to our Programs (``kernels.programs.programs_for_model``) with our bucket
-choices, and to the reference's fixed-2048 prefill.
+* compute, per tile: each op's work (MACs or elements) over the throughput of the code that does it. A
+  ``func.call`` into one of our AIE2P kernels takes the class its symbol declares (``CALL_COSTS`` in
+  kernels/builders/externs.py: vectorized mmul, vector MAC, vector elementwise, ...); ``linalg.matmul`` and
+  ``linalg.generic`` left in a herd are lowered by aircc's convert-linalg-to-loops to scalar loops over
+  software-emulated float, and cost that; MLIR vector ops cost an instruction each;
+* DMAs, from the ``air.dma_memcpy_nd`` windows: DDR (shim) traffic over the DDR bandwidth the segment's columns
+  reach (a copy every tile of a herd makes alike is one broadcast read); memtile ↔ tile traffic over the tile's
+  two DMA channels;
+* overlap: a loop whose DMAs AIR double-buffers (ping-pong, unless the Program omits it at that level) takes
+  ``trips × max(compute, DMA) + one DMA``, anything else runs in sequence;
+* overheads: each air.launch iteration, each launch of the multi-launch ELF, one dispatch per Program run.
+
+Each constant below says where it comes from. Where upstream's published per-kernel times (KERNELS.md,
+llama32_1b profile on Strix) are used, they calibrate only a class of the same code: the BFP16 mmul rate
+from upstream's o_ffn, the DDR bandwidth from upstream's LM-head GEMV. Everything else is a stated
+hardware fact or an assumption, labelled as such.
 """
 from __future__ import annotations
 
-import itertools
 import json
+import math
+import re
 import time
-
-import numpy as np
+from dataclasses import dataclass, field
+from functools import lru_cache
 
 from . import common
 
 LLAMA_1B_LAYERS = 16
 REFERENCE_SEQ = 2048
-# (Program, its sequence length or None for decode programs, published ms per call incl. BO write/read)
-CALIBRATION = (
-    ("rms_gemms_rope", REFERENCE_SEQ, 7.3),
-    ("flash_attn", REFERENCE_SEQ, 21.6),
-    ("o_ffn", REFERENCE_SEQ, 41.0),
-    ("rms_gemv_rope", None, 0.9),
-    ("o_gemv_ffn", None, 3.6),  # the 8-launch version (same launches as ours); the later 3-launch one: 2.6 ms
-    ("lm_head_gemv", None, 13.6),
-)
-PUBLISHED_TOTALS = {"prefill_2048_s": 1.27, "decode_ms_per_token": 92.0, "decode_ms_per_token_3_launch_ffn": 78.0,
-                    "decode_cpu_attention_ms_per_token": 4.5}
-BOUNDS = {"dispatch_s": (50e-6, 110e-6), "step_s": (3e-6, 15e-6)}
-FEATURES = ("dispatch_s", "step_s", "s_per_byte", "s_per_gemm_flop", "s_per_attention_flop")
-# Largest |relative residual| the fit is allowed on its calibration points (tests hold the model to it).
-# The worst point is rms_gemv_rope (model ≈ −36%): its three small GEMVs (12.6 MB) ran at ≈ 16 GB/s effective
-# on the reference, half the bandwidth of the large ones, which one bandwidth constant cannot capture.
-CALIBRATION_TOLERANCE = 0.40
-PROMPTS = (16, 32, 128, 512, 1024, 2048)
+PROMPTS = (32, 128, 2048)
+
+# ---- hardware and overheads -----------------------------------------------------------------------------
+# FACTS.md's 59 TFLOP/s peak for 32 tiles at one 8×8×8 BFP16 mmul (512 MACs) per cycle: 59e12 / (2·512·32) Hz.
+CLOCK_HZ = 1.8e9
+# A tile DMA channel moves one 32-bit stream word per cycle (an assumption: the AIE-ML stream width); a compute
+# tile has two input and two output channels.
+TILE_CHANNEL_BYTES_PER_S = 4 * CLOCK_HZ
+TILE_CHANNELS = 2
+SHIM_COLUMN_BYTES_PER_S = 14e9  # FACTS.md: measured ≈ 14 GB/s per column
+# Calibrated: upstream's lm_head_gemv streams its 128256×2048 bf16 weight (525 MB) in 13.6 ms, a DMA-bound GEMV
+# like ours (38.6 GB/s, inside FACTS.md's 36–57 GB/s seen in practice).
+DDR_BYTES_PER_S = 128256 * 2048 * 2 / 13.6e-3
+DISPATCH_S = 80e-6           # FACTS.md: a dispatch costs 50–110 µs; the midpoint
+LAUNCH_S = 9e-6              # FACTS.md: a step inside a multi-launch ELF costs 3–15 µs; the midpoint
+LAUNCH_ITERATION_S = 3e-6    # assumption: an air.launch iteration reprograms shim BDs and waits, FACTS' smallest step
+
+# ---- throughput classes: work per cycle per tile ------------------------------------------------------------
+@dataclass(frozen=True)
+class Throughput:
+    per_cycle: float
+    unit: str
+    source: str
 
 
+THROUGHPUT = {
+    "mmul_bfp16": Throughput(
+        47.0, "MAC", "calibrated: upstream's o_ffn at 2048 (BFP16-emulated bf16 GEMMs), 111.7 GMAC in 41 ms on 32 "
+        "tiles (KERNELS.md), all of its time charged to the GEMMs: a floor on the kernel's rate (peak 512)"),
+    "mmul_bf16": Throughput(
+        23.5, "MAC", "half of mmul_bfp16: exact bf16 runs each 8×8×8 mmul as two 4×8×8 intrinsics on AIE2P (AIE API "
+        "aie2p mmul_bf16_bf16), BFP16 emulation as one 8×8×8"),
+    "vector_mac": Throughput(
+        32.0, "MAC", "assumption: gemv.cc issues one 32-lane aie::mac per step, taken as one per cycle (decode "
+        "GEMVs are DMA-bound, so this hardly matters)"),
+    "vector_elementwise": Throughput(
+        16.0, "element", "assumption: one 16-lane vector operation per cycle (512-bit f32 accumulators)"),
+    "vector_transcendental": Throughput(
+        4.0, "element", "assumption: a tanh/exp2 over 16 lanes takes about four vector operations"),
+    "mlir_vector_op": Throughput(
+        1.0, "op", "assumption: each MLIR vector op (≤ 16 lanes) is one instruction; Peano may split bf16 ones"),
+    "scalar_mac": Throughput(
+        0.05, "MAC", "KERNELS.md: scalar code on a tile runs ≈ 0.02–0.1 MAC/cycle (software-emulated float); "
+        "linalg.matmul reaches the core as scalar loops (aircc's convert-linalg-to-loops)"),
+    "scalar_float": Throughput(
+        0.05, "op", "the scalar_mac estimate for any other float op on the scalar unit (linalg.generic, "
+        "arith.*f and math.* on scalars)"),
+    "scalar_move": Throughput(1.0, "element", "assumption: one scalar load or store per cycle (linalg.fill, "
+                                              "memref.load/store)"),
+}
+PUBLISHED_MS = {  # upstream llama32_1b on Strix, per call (KERNELS.md)
+    ("rms_gemms_rope", REFERENCE_SEQ): 7.3, ("flash_attn", REFERENCE_SEQ): 21.6, ("o_ffn", REFERENCE_SEQ): 41.0,
+    ("rms_gemv_rope", None): 0.9, ("o_gemv_ffn", None): 3.6, ("lm_head_gemv", None): 13.6,
+}
+PUBLISHED_O_GEMV_FFN_3_LAUNCH_MS = 2.6
+PUBLISHED_PREFILL_2048_S = 1.21          # every prompt padded to 2048
+PUBLISHED_DECODE_TOKENS_PER_S = 12.2
+
+L3, L2, L1 = 0, 1, 2
+ELEMENT_BYTES = {"bf16": 2, "f32": 4, "i32": 4}
+
+
+# ---- the IR, as a tree ----------------------------------------------------------------------------------
+@dataclass
+class Region:
+    kind: str                       # "launch", "segment", "herd", "for"
+    sizes: tuple[int, ...] = ()     # launch/herd extents, or (trips,) for a loop
+    body: list = field(default_factory=list)
+
+    @property
+    def count(self) -> int:
+        return math.prod(self.sizes)
+
+
+@dataclass(frozen=True)
+class Compute:
+    throughput: str
+    work: float                     # in the class's unit, one execution
+
+
+@dataclass(frozen=True)
+class Transfer:
+    nbytes: int
+    src_space: int
+    dst_space: int
+    distinct: int                   # distinct copies among a herd's tiles (1: one broadcast read for all)
+
+
+_MEMREF = re.compile(r"memref<((?:\d+x)*)(bf16|f32|i32)(?:, strided<[^>]*>)?(?:, (\d) : i32)?>")
+_CONSTANT = re.compile(r"^(%[\w]+) = arith\.constant (-?\d+) : (?:index|i32)$")
+_SSA = re.compile(r"%[\w]+")
+_DMA = re.compile(r"^air\.dma_memcpy_nd \((%\w+)\[([^\]]*)\] \[([^\]]*)\] \[[^\]]*\], "
+                  r"(%\w+)\[([^\]]*)\] \[([^\]]*)\] \[[^\]]*\]\) : \((.*)\)$")
+_CALL = re.compile(r"^func\.call @(\w+)\(([^)]*)\) : \(([^)]*)\)")
+_EXTENTS = re.compile(r" in \(([^)]*)\)")
+_TILE_IDS = re.compile(r"tile \(([^)]*)\)")
+_FOR = re.compile(r"^scf\.for %\w+ = (%\w+) to (%\w+) step (%\w+) \{$")
+# Ops that cost nothing on the core: bookkeeping, index math, allocation.
+_FREE = ("arith.constant", "affine.apply", "arith.index_cast", "memref.alloc", "memref.dealloc", "memref.subview",
+         "linalg.yield", "//", "^bb0")
+
+
+def memref_types(text: str) -> list[tuple[tuple[int, ...], str, int]]:
+    """(shape, dtype, memory space) of every memref type in ``text``, in order."""
+    return [(tuple(int(d) for d in dims.split("x") if d), dtype, int(space or L3))
+            for dims, dtype, space in _MEMREF.findall(text)]
+
+
+def _numel(shape) -> int:
+    return math.prod(shape)
+
+
+class _Parser:
+    """Turns one launch's text (the form kernels/builders/ir.py emits) into a Region tree."""
+
+    def __init__(self, externs, precision: str | None):
+        self.constants: dict[str, int] = {}
+        self.tile_ids: dict[str, frozenset] = {}   # SSA value → the herd tile ids it is computed from
+        self.tile_extent: dict[str, int] = {}      # herd tile id → the herd's extent along it
+        self.herd_tiles = 1                        # tiles of the herd being read
+        self.defines = {decl.symbol: dict(decl.defines) for decl in externs}
+        self.precision = precision
+        self.dmas = 0
+
+    def parse(self, text: str) -> Region:
+        root = Region("root")
+        stack, opaque = [root], 0
+        for raw in text.splitlines():
+            line = raw.strip()
+            if opaque:  # inside a linalg.generic body: the generic itself was costed
+                opaque += line.endswith("{") - (line == "}")
+                continue
+            if line == "}":
+                stack.pop()
+                continue
+            self._track_values(line)
+            region = self._region(line)
+            if region is not None:
+                stack[-1].body.append(region)
+                stack.append(region)
+                continue
+            item = self._item(line, inside_herd=any(r.kind == "herd" for r in stack))
+            if item is not None:
+                stack[-1].body.append(item)
+            if line.startswith("linalg.generic") and line.endswith("{"):
+                opaque = 1
+        assert len(stack) == 1, "unbalanced regions"
+        return root
+
+    def _const(self, name: str) -> int:
+        try:
+            return self.constants[name]
+        except KeyError:
+            raise ValueError(f"cost model: {name} is not an integer constant in this launch") from None
+
+    def _track_values(self, line: str) -> None:
+        if m := _CONSTANT.match(line):
+            self.constants[m.group(1)] = int(m.group(2))
+        elif " = " in line and line.startswith("%"):
+            result, rhs = line.split(" = ", 1)
+            self.tile_ids[result] = frozenset().union(*(self.tile_ids.get(v, ()) for v in _SSA.findall(rhs)))
+
+    def _extents(self, line: str) -> tuple[int, ...]:
+        return tuple(self._const(pair.split("=")[1].strip()) for pair in _EXTENTS.search(line).group(1).split(","))
+
+    def _region(self, line: str) -> Region | None:
+        if line.startswith("air.launch "):
+            return Region("launch", self._extents(line))
+        if line.startswith("air.segment "):
+            return Region("segment")
+        if line.startswith("air.herd "):
+            extents = self._extents(line)
+            self.herd_tiles = math.prod(extents)
+            for tile_id, extent in zip(_TILE_IDS.search(line).group(1).split(","), extents):
+                self.tile_ids[tile_id.strip()] = frozenset([tile_id.strip()])
+                self.tile_extent[tile_id.strip()] = extent
+            return Region("herd", extents)
+        if m := _FOR.match(line):
+            assert self._const(m.group(3)) == 1, "the builders' loops step by 1"
+            return Region("for", (self._const(m.group(2)) - self._const(m.group(1)),))
+        return None
+
+    def _item(self, line: str, inside_herd: bool):
+        op = line.split(" = ", 1)[1] if line.startswith("%") and " = " in line else line
+        name = op.split(" ", 1)[0].split("(", 1)[0]
+        if name.startswith(_FREE):
+            return None
+        if name == "air.dma_memcpy_nd":
+            return self._transfer(line)
+        if name == "func.call":
+            return self._call(line)
+        if name == "linalg.matmul":
+            a, b, c = memref_types(line)[:3]
+            return Compute("scalar_mac", math.sqrt(_numel(a[0]) * _numel(b[0]) * _numel(c[0])))
+        if name == "linalg.generic":
+            return Compute("scalar_float", _numel(memref_types(line)[-1][0]))
+        if name == "linalg.fill":
+            return Compute("scalar_move", _numel(memref_types(line)[-1][0]))
+        if name in ("memref.load", "memref.store"):
+            return Compute("scalar_move", 1)
+        if "vector<" in line:
+            return Compute("mlir_vector_op", 1)
+        if name.startswith(("arith.", "math.")):
+            return Compute("scalar_float", 1)
+        raise ValueError(f"cost model: no cost for {name!r} ({line[:80]}); add it to benchmarks/cost_model.py")
+
+    def _transfer(self, line: str) -> Transfer:
+        m = _DMA.match(line)
+        assert m, f"unexpected DMA form: {line[:80]}"
+        (dst_shape, dtype, dst_space), (src_shape, _, src_space) = memref_types(m.group(7))
+        sizes = [s.strip() for s in m.group(6).split(",") if s.strip()]
+        count = math.prod(self._const(s) for s in sizes) if sizes else _numel(src_shape)
+        self.dmas += 1
+        if src_space == L1:  # every tile sends its own data
+            distinct = self.herd_tiles
+        else:  # one read per distinct source window: per value of the tile ids its offsets are computed from
+            offsets = [o.strip() for o in m.group(5).split(",") if o.strip()]
+            ids = frozenset().union(*(self.tile_ids.get(o, ()) for o in offsets))
+            distinct = math.prod(self.tile_extent[i] for i in ids)
+        return Transfer(count * ELEMENT_BYTES[dtype], src_space, dst_space, distinct)
+
+    def _call(self, line: str) -> Compute:
+        from torch_npu2.kernels.builders.externs import LAST_OPERAND, MATMUL_OPERANDS, call_cost
+
+        m = _CALL.match(line)
+        symbol = m.group(1)
+        cost = call_cost(symbol)
+        shapes = [shape for shape, _, _ in memref_types(m.group(3))]
+        if cost.work == (MATMUL_OPERANDS,):
+            work = math.sqrt(_numel(shapes[0]) * _numel(shapes[1]) * _numel(shapes[2]))
+        elif cost.work == (LAST_OPERAND,):
+            work = _numel(shapes[-1])
+        else:
+            work = math.prod(self.defines[symbol][macro] for macro in cost.work)
+        throughput = cost.throughput
+        if throughput == "mmul_bf16" and self._bfp16(symbol):
+            throughput = "mmul_bfp16"
+        return Compute(throughput, work)
+
+    def _bfp16(self, symbol: str) -> bool:
+        """BFP16 emulation is a -D choice of the call's build (a define naming BFP16, set), or the launch's
+        ``precision`` parameter when the build flag is not among the call's configuration macros."""
+        named = any("BFP16" in macro.upper() and value for macro, value in self.defines[symbol].items())
+        return named or self.precision == "bfp16"
+
+
+# ---- evaluation -------------------------------------------------------------------------------------------
+@dataclass
+class LaunchCost:
+    kind: str
+    seconds: float
+    iterations: int
+    compute_s: dict = field(default_factory=dict)   # class → serial compute time of one tile, whole launch
+    work: dict = field(default_factory=dict)        # class → work summed over every tile
+    ddr_bytes: float = 0.0
+    tile_dma_bytes: float = 0.0                     # memtile ↔ tile and DDR ↔ tile, summed over tiles
+
+
+class _Evaluator:
+    def __init__(self, pingpong_l1: bool, pingpong_l2: bool, cost: LaunchCost):
+        self.pingpong = {L1: pingpong_l1, L2: pingpong_l2}
+        self.cost = cost
+
+    def launch(self, region: Region) -> float:
+        segment_s = self.block(region.body, copies=region.count, tiles=0, ddr_rate=DDR_BYTES_PER_S)
+        return LAUNCH_S + region.count * (LAUNCH_ITERATION_S + segment_s)
+
+    def block(self, items, copies: int, tiles: int, ddr_rate: float) -> float:
+        """Time of a sequence of items run ``copies`` times over, each by ``tiles`` tiles in parallel (0: by the
+        segment, outside any herd)."""
+        return sum(self.item(i, copies, tiles, ddr_rate) for i in items)
+
+    def item(self, item, copies: int, tiles: int, ddr_rate: float) -> float:
+        if isinstance(item, Compute):
+            rate = THROUGHPUT[item.throughput].per_cycle * CLOCK_HZ
+            done = item.work * copies * max(tiles, 1)
+            self.cost.work[item.throughput] = self.cost.work.get(item.throughput, 0.0) + done
+            self.cost.compute_s[item.throughput] = self.cost.compute_s.get(item.throughput, 0.0) + \
+                item.work / rate * copies
+            return item.work / rate
+        if isinstance(item, Transfer):
+            return self.transfer(item, copies, tiles, ddr_rate)
+        if item.kind == "segment":
+            columns = max((r.sizes[0] for r in _regions(item, "herd")), default=1)
+            rate = min(DDR_BYTES_PER_S, columns * SHIM_COLUMN_BYTES_PER_S)
+            return self.block(item.body, copies, tiles, rate)
+        if item.kind == "herd":
+            return self.block(item.body, copies, max(tiles, 1) * item.count, ddr_rate)
+        if item.kind == "for":
+            return self.loop(item, copies, tiles, ddr_rate)
+        raise AssertionError(f"{item.kind} inside a launch")
+
+    def transfer(self, t: Transfer, copies: int, tiles: int, ddr_rate: float) -> float:
+        reads = t.distinct if tiles else 1   # a copy several tiles make alike is one broadcast read
+        if L3 in (t.src_space, t.dst_space):
+            self.cost.ddr_bytes += t.nbytes * copies * reads
+        if L1 in (t.src_space, t.dst_space):
+            self.cost.tile_dma_bytes += t.nbytes * copies * tiles
+            rate = TILE_CHANNEL_BYTES_PER_S
+            if L3 in (t.src_space, t.dst_space):
+                rate = min(rate, ddr_rate / reads)
+            return t.nbytes / rate
+        return t.nbytes / ddr_rate
+
+    def loop(self, region: Region, copies: int, tiles: int, ddr_rate: float) -> float:
+        trips = region.sizes[0]
+        inner = copies * trips
+        transfers = [i for i in region.body if isinstance(i, Transfer)]
+        rest = [i for i in region.body if not isinstance(i, Transfer)]
+        compute = self.block(rest, inner, tiles, ddr_rate)
+        times = [self.transfer(t, inner, tiles, ddr_rate) for t in transfers]
+        # Inside a herd, a tile's copies spread over its two channels each way; shared DDR serialises the rest.
+        dma = max(max(times, default=0.0), sum(times) / TILE_CHANNELS) if tiles else sum(times)
+        level = L1 if tiles else L2
+        if trips > 1 and transfers and rest and self.pingpong[level]:
+            return trips * max(compute, dma) + dma
+        return trips * (compute + dma)
+
+
+def _regions(region: Region, kind: str):
+    for item in region.body:
+        if isinstance(item, Region):
+            if item.kind == kind:
+                yield item
+            yield from _regions(item, kind)
+
+
+def launch_cost(ir, compile_options, precision: str | None = None) -> LaunchCost:
+    """Predicted time of one launch from its builder output (``LaunchIR``) and the Program's aircc options.
+    ``precision`` is the launch's matmul precision parameter, if it has one."""
+    parser = _Parser(ir.externs, precision)
+    root = parser.parse(ir.text)
+    assert parser.dmas == len(ir.dmas), f"parsed {parser.dmas} DMAs, the builder recorded {len(ir.dmas)}"
+    (launch,) = root.body
+    omitted = compile_options.omit_pingpong
+    cost = LaunchCost(ir.kind, 0.0, launch.count)
+    evaluator = _Evaluator(pingpong_l1=omitted not in ("L1", "all"), pingpong_l2=omitted not in ("L2", "all"),
+                           cost=cost)
+    cost.seconds = evaluator.launch(launch)
+    return cost
+
+
+@dataclass
+class ProgramCost:
+    name: str
+    seconds: float
+    launches: list[LaunchCost]
+
+    def compute_s(self) -> dict:
+        total: dict = {}
+        for launch in self.launches:
+            for cls, s in launch.compute_s.items():
+                total[cls] = total.get(cls, 0.0) + s
+        return total
+
+    def summary(self) -> dict:
+        return {"program": self.name, "predicted_ms": self.seconds * 1e3,
+                "launch_iterations": sum(l.iterations for l in self.launches),
+                "ddr_mb": sum(l.ddr_bytes for l in self.launches) / 1e6,
+                "compute_ms_by_class": {c: s * 1e3 for c, s in sorted(self.compute_s().items())},
+                "launches": [{"kind": l.kind, "predicted_ms": l.seconds * 1e3, "iterations": l.iterations}
+                             for l in self.launches]}
+
+
+def program_cost(program) -> ProgramCost:
+    from torch_npu2.kernels.builders import build_launch
+
+    launches = [launch_cost(build_launch(program, launch), program.compile_options, launch.p.get("precision"))
+                for launch in program.launches]
+    return ProgramCost(program.name, DISPATCH_S + sum(l.seconds for l in launches), launches)
+
+
+# ---- Llama-3.2-1B predictions -------------------------------------------------------------------------------
 def llama_1b_dims():
     from torch_npu2.kernels.programs import ModelDims
 
     return ModelDims.from_config(common.llama_config(**common.LLAMA_1B_SHAPE))
-
-
-def launch_flops(launch) -> tuple[float, float]:
-    """(GEMM FLOPs, attention FLOPs) of one launch."""
-    p = launch.p
-    if launch.kind in ("gemm", "gemv", "gemv_f32"):
-        return 2.0 * p.get("M", 1) * p["K"] * p["N"], 0.0
-    if launch.kind == "attention":
-        return 0.0, 2.0 * p["heads"] * p["seq"] ** 2 * p["head_dim"]
-    return 0.0, 0.0
-
-
-def features(program) -> np.ndarray:
-    """The model's inputs for one run of ``program``: [runs, launches, bytes, GEMM FLOPs, attention FLOPs]."""
-    moved = gemm = attention = 0.0
-    for launch in program.launches:
-        moved += sum(program.arg(name).nbytes for name in set(launch.reads + launch.writes))
-        g, a = launch_flops(launch)
-        gemm, attention = gemm + g, attention + a
-    return np.array([1.0, len(program.launches), moved, gemm, attention])
 
 
 def program(name: str, dims, seq: int | None = None):
@@ -85,94 +427,53 @@ def program(name: str, dims, seq: int | None = None):
     return build[name]()
 
 
-def _bounded_fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares of x·c ≈ y with c[0], c[1] in BOUNDS and c[2:] ≥ 0: the best feasible active set.
-
-    Each coefficient is either free or held at one of its bounds; the constrained optimum is the feasible
-    candidate of lowest cost (small enough to enumerate: 3·3·2·2·2 active sets).
-    """
-    choices = [(None, *BOUNDS["dispatch_s"]), (None, *BOUNDS["step_s"])] + [(None, 0.0)] * 3
-    lower = [BOUNDS["dispatch_s"][0], BOUNDS["step_s"][0], 0.0, 0.0, 0.0]
-    upper = [BOUNDS["dispatch_s"][1], BOUNDS["step_s"][1], np.inf, np.inf, np.inf]
-    best, best_cost = None, np.inf
-    for held in itertools.product(*choices):
-        coefficients = np.array([0.0 if h is None else h for h in held])
-        free = [i for i, h in enumerate(held) if h is None]
-        rest = y - x @ coefficients
-        if free:
-            coefficients[free] = np.linalg.lstsq(x[:, free], rest, rcond=None)[0]
-        if any(c < lo - 1e-15 or c > hi + 1e-15 for c, lo, hi in zip(coefficients, lower, upper)):
-            continue
-        cost = float(np.sum((x @ coefficients - y) ** 2))
-        if cost < best_cost:
-            best, best_cost = coefficients, cost
-    return best
+@lru_cache(maxsize=None)
+def _seconds(name: str, dims, seq: int | None) -> float:
+    return program_cost(program(name, dims, seq)).seconds
 
 
-class CostModel:
-    def __init__(self, coefficients):
-        self.coefficients = np.asarray(coefficients, dtype=float)
-
-    @classmethod
-    def calibrated(cls, dims=None) -> "CostModel":
-        dims = dims or llama_1b_dims()
-        x = np.array([features(program(name, dims, seq)) for name, seq, _ in CALIBRATION])
-        y = np.array([ms / 1e3 for _, _, ms in CALIBRATION])
-        weights = 1.0 / y  # relative error: a 0.9 ms kernel counts as much as a 41 ms one
-        return cls(_bounded_fit(x * weights[:, None], y * weights))
-
-    def seconds(self, program) -> float:
-        return float(features(program) @ self.coefficients)
-
-    def constants(self) -> dict:
-        d, s, per_byte, per_gemm, per_attention = self.coefficients
-        rate = (lambda inverse, unit: 1.0 / inverse / unit if inverse > 0 else float("inf"))
-        return {"dispatch_us": float(d * 1e6), "step_us": float(s * 1e6), "ddr_gb_per_s": float(rate(per_byte, 1e9)),
-                "gemm_tflop_per_s": float(rate(per_gemm, 1e12)),
-                "attention_tflop_per_s": float(rate(per_attention, 1e12))}
-
-    def residuals(self, dims=None) -> list[dict]:
-        dims = dims or llama_1b_dims()
-        rows = []
-        for name, seq, ms in CALIBRATION:
-            predicted = self.seconds(program(name, dims, seq)) * 1e3
-            rows.append({"program": name, "seq": seq, "published_ms": ms, "model_ms": predicted,
-                         "relative_residual": predicted / ms - 1.0})
-        return rows
-
-    def decode_ms(self, dims, layers: int) -> float:
-        """NPU time of one decode token: per layer rms_gemv_rope + o_gemv_ffn, then the LM head."""
-        per_layer = self.seconds(program("rms_gemv_rope", dims)) + self.seconds(program("o_gemv_ffn", dims))
-        return (layers * per_layer + self.seconds(program("lm_head_gemv", dims))) * 1e3
-
-    def prefill_ms(self, dims, layers: int, chunks) -> float:
-        """NPU time of a prefill over ``chunks`` [(start, stop, padded)], following NpuDecoderLayer: flash_attn
-        runs on the NPU only for a single chunk (several chunks attend on the host, not modelled here)."""
-        per_layer = 0.0
-        for _, _, padded in chunks:
-            per_layer += self.seconds(program("rms_gemms_rope", dims, padded))
-            per_layer += self.seconds(program("o_ffn", dims, padded))
-            if len(chunks) == 1:
-                per_layer += self.seconds(program("flash_attn", dims, padded))
-        return (layers * per_layer + self.seconds(program("lm_head_gemv", dims))) * 1e3
+def decode_ms(dims, layers: int) -> float:
+    """NPU time of one decode token: per layer rms_gemv_rope + o_gemv_ffn, then the LM head."""
+    per_layer = _seconds("rms_gemv_rope", dims, None) + _seconds("o_gemv_ffn", dims, None)
+    return (layers * per_layer + _seconds("lm_head_gemv", dims, None)) * 1e3
 
 
-def predictions(model: CostModel, prompts=PROMPTS, host_ms_per_token: float | None = None) -> dict:
+def prefill_ms(dims, layers: int, chunks) -> float:
+    """NPU time of a prefill over ``chunks`` [(start, stop, padded)], following NpuDecoderLayer: flash_attn
+    runs on the NPU only for a single chunk (several chunks attend on the host, not modelled here)."""
+    per_layer = 0.0
+    for _, _, padded in chunks:
+        per_layer += _seconds("rms_gemms_rope", dims, padded) + _seconds("o_ffn", dims, padded)
+        if len(chunks) == 1:
+            per_layer += _seconds("flash_attn", dims, padded)
+    return (layers * per_layer + _seconds("lm_head_gemv", dims, None)) * 1e3
+
+
+def per_program(dims) -> list[dict]:
+    rows = []
+    for (name, seq), published in PUBLISHED_MS.items():
+        row = program_cost(program(name, dims, seq)).summary()
+        rows.append({**row, "seq": seq, "upstream_published_ms": published,
+                     "ratio_to_upstream": row["predicted_ms"] / published})
+    return rows
+
+
+def predictions(prompts=PROMPTS, host_ms_per_token: float | None = None) -> dict:
     from .work import shared_state
 
     dims, layers, state = llama_1b_dims(), LLAMA_1B_LAYERS, shared_state()
-    reference_chunks = [(0, REFERENCE_SEQ, REFERENCE_SEQ)]
     prefill = []
     for length in prompts:
-        ours = model.prefill_ms(dims, layers, state.chunks(length))
-        reference = model.prefill_ms(dims, layers, reference_chunks)
+        ours = prefill_ms(dims, layers, state.chunks(length))
+        upstream = PUBLISHED_PREFILL_2048_S * 1e3
         prefill.append({"prompt_tokens": length, "buckets": [p for _, _, p in state.chunks(length)],
-                        "ours_ms": ours, "reference_fixed_2048_ms": reference, "speedup": reference / ours})
-    npu_ms = model.decode_ms(dims, layers)
+                        "predicted_ms": ours, "upstream_published_ms": upstream, "ratio_to_upstream": ours / upstream})
+    npu_ms = decode_ms(dims, layers)
+    total = npu_ms + (host_ms_per_token or 0.0)
     decode = {"npu_ms_per_token": npu_ms, "host_ms_per_token_measured_here": host_ms_per_token,
-              "total_ms_per_token": npu_ms + (host_ms_per_token or 0.0),
-              "tokens_per_s": 1e3 / (npu_ms + (host_ms_per_token or 0.0)),
-              "reference_published_ms_per_token": PUBLISHED_TOTALS["decode_ms_per_token"]}
+              "total_ms_per_token": total, "tokens_per_s": 1e3 / total,
+              "upstream_published_tokens_per_s": PUBLISHED_DECODE_TOKENS_PER_S,
+              "upstream_published_ms_per_token": 1e3 / PUBLISHED_DECODE_TOKENS_PER_S}
     return {"prefill": prefill, "decode": decode}
 
 
@@ -184,59 +485,60 @@ def _host_ms(out_dir) -> float | None:
     return json.loads(path.read_text())["contexts"][0]["token_ms"]
 
 
+def constants() -> dict:
+    return {"clock_hz": CLOCK_HZ, "tile_channel_gb_per_s": TILE_CHANNEL_BYTES_PER_S / 1e9,
+            "shim_column_gb_per_s": SHIM_COLUMN_BYTES_PER_S / 1e9, "ddr_gb_per_s": DDR_BYTES_PER_S / 1e9,
+            "dispatch_us": DISPATCH_S * 1e6, "launch_us": LAUNCH_S * 1e6,
+            "launch_iteration_us": LAUNCH_ITERATION_S * 1e6,
+            "throughput": {name: {"per_cycle_per_tile": t.per_cycle, "unit": t.unit, "source": t.source}
+                           for name, t in THROUGHPUT.items()}}
+
+
 def plot(data: dict, path) -> None:
     plt = common.pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
-    rows = data["predictions"]["prefill"]
-    lengths = [r["prompt_tokens"] for r in rows]
-    left.plot(lengths, [r["reference_fixed_2048_ms"] for r in rows], marker="o", color="tab:red",
-              label="reference scheme (pad to 2048)")
-    left.plot(lengths, [r["ours_ms"] for r in rows], marker="o", color="tab:blue", label="ours (buckets)")
-    left.set_xscale("log", base=2)
+    rows = data["per_program"]
+    names = [f"{r['program']}\n{r['seq'] or 'decode'}" for r in rows]
+    positions = range(len(rows))
+    left.bar([p - 0.2 for p in positions], [r["predicted_ms"] for r in rows], width=0.4, color="tab:blue",
+             label="ours (MODEL)")
+    left.bar([p + 0.2 for p in positions], [r["upstream_published_ms"] for r in rows], width=0.4, color="tab:red",
+             label="upstream (published)")
+    left.set_xticks(list(positions), names, fontsize=7)
     left.set_yscale("log")
-    left.set_xlabel("prompt tokens")
-    left.set_ylabel("predicted prefill, ms")
-    left.set_title("MODEL, not a measurement: NPU2 prefill, 1B shape", fontsize=10)
+    left.set_ylabel("ms per call")
+    left.set_title("Predicted (MODEL, not measured) vs upstream, Llama-3.2-1B", fontsize=10)
     left.legend(fontsize=8)
-    decode = data["predictions"]["decode"]
-    host = decode["host_ms_per_token_measured_here"] or 0.0
-    bars = {"ours (model + host measured here)": (decode["npu_ms_per_token"], host),
-            "reference (published)": (PUBLISHED_TOTALS["decode_ms_per_token"], 0.0)}
-    names = list(bars)
-    right.bar(names, [v[0] for v in bars.values()], label="NPU kernels (model) / published total")
-    right.bar(names, [v[1] for v in bars.values()], bottom=[v[0] for v in bars.values()],
-              label="host time (measured, compute=False)")
-    right.set_ylabel("ms per decode token")
-    right.set_title("MODEL, not a measurement: NPU2 decode, 1B shape", fontsize=10)
+    prefill = data["predictions"]["prefill"]
+    lengths = [r["prompt_tokens"] for r in prefill]
+    right.plot(lengths, [r["predicted_ms"] for r in prefill], marker="o", color="tab:blue", label="ours (MODEL)")
+    right.plot(lengths, [r["upstream_published_ms"] for r in prefill], marker="o", color="tab:red",
+               label="upstream, pad to 2048 (published)")
+    right.set_xscale("log", base=2)
+    right.set_yscale("log")
+    right.set_xlabel("prompt tokens")
+    right.set_ylabel("prefill ms (NPU)")
+    right.set_title("Prefill: MODEL, not a measurement", fontsize=10)
     right.legend(fontsize=8)
     common.save_figure(fig, path)
 
 
 def run(mode: str, out_dir, log=print) -> dict:
     started = time.perf_counter()
-    model = CostModel.calibrated()
-    residuals = model.residuals()
-    worst = max(abs(r["relative_residual"]) for r in residuals)
     dims = llama_1b_dims()
-    reference_prefill_model = model.prefill_ms(dims, LLAMA_1B_LAYERS, [(0, REFERENCE_SEQ, REFERENCE_SEQ)])
+    rows = per_program(dims)
     data = {
-        "label": "MODEL (predicted NPU2 times), not a measurement",
+        "label": "MODEL (predicted NPU2 times from our emitted IR), not a measurement",
         "method": __doc__.strip(),
-        "calibration": {"points": residuals, "worst_relative_residual": worst, "tolerance": CALIBRATION_TOLERANCE,
-                        "constants": model.constants(), "coefficients": [float(c) for c in model.coefficients],
-                        "features": list(FEATURES)},
-        "validation": {"reference_prefill_2048_model_npu_s": reference_prefill_model / 1e3,
-                       "reference_prefill_2048_published_s": PUBLISHED_TOTALS["prefill_2048_s"],
-                       "reference_decode_model_npu_ms": model.decode_ms(dims, LLAMA_1B_LAYERS),
-                       "reference_decode_published_ms": PUBLISHED_TOTALS["decode_ms_per_token"],
-                       "note": "published totals include host time (embedding, CPU attention, Python), the "
-                               "model covers NPU runs only"},
-        "predictions": predictions(model, host_ms_per_token=_host_ms(out_dir)),
+        "constants": constants(),
+        "per_program": rows,
+        "predictions": predictions(host_ms_per_token=_host_ms(out_dir)),
     }
-    constants = data["calibration"]["constants"]
-    log(f"model: dispatch {constants['dispatch_us']:.0f} µs, step {constants['step_us']:.1f} µs, DDR "
-        f"{constants['ddr_gb_per_s']:.1f} GB/s, GEMM {constants['gemm_tflop_per_s']:.2f} TFLOP/s, attention "
-        f"{constants['attention_tflop_per_s']:.2f} TFLOP/s; worst calibration residual {worst:.1%}")
+    for r in rows:
+        bound = max(r["compute_ms_by_class"].items(), key=lambda kv: kv[1])
+        log(f"{r['program']:>15} {str(r['seq'] or 'decode'):>6}: predicted {r['predicted_ms']:10.2f} ms, upstream "
+            f"{r['upstream_published_ms']:5.1f} ms (×{r['ratio_to_upstream']:.1f}); largest compute: {bound[0]} "
+            f"{bound[1]:.2f} ms")
     out_dir.mkdir(parents=True, exist_ok=True)
     plot(data, out_dir / "cost_model.png")
     common.write_result("cost_model", data, out_dir, mode, started)

@@ -54,3 +54,45 @@ def object_for_symbol(symbol: str) -> KernelObject:
         return KERNEL_OBJECTS[_OBJECT_OF_SYMBOL[symbol]]
     except KeyError:
         raise KeyError(f"{symbol} is not an external kernel listed in builders/externs.py") from None
+
+
+# ---- what one call computes, for the cost model (benchmarks/cost_model.py) ----------------------------------
+# A call's work is the product of its -D macros, or read off its memref operands when the macros do not say
+# it plainly (a pre-tiled GEMM tile whose macro names the cost model should not have to know).
+MATMUL_OPERANDS = "matmul operands"  # A, B, C: the first three memrefs; MACs = sqrt(|A|·|B|·|C|), any layout
+LAST_OPERAND = "last operand"        # elements of the last memref operand (what the call writes)
+
+
+@dataclass(frozen=True)
+class CallCost:
+    """The throughput class of a kernel symbol's code (a key of ``benchmarks.cost_model.THROUGHPUT``) and its
+    work per call: MACs for the matmul classes, elements for the others."""
+
+    throughput: str
+    work: tuple[str, ...]  # -D macro names whose product is the work, or (MATMUL_OPERANDS,) / (LAST_OPERAND,)
+
+
+_ATTENTION_BLOCK = ("ATTN_TQ", "ATTN_TK", "ATTN_HEAD_DIM")
+CALL_COSTS = {
+    "rope_half_split_bf16": CallCost("vector_elementwise", ("ROPE_ROWS", "ROPE_HEADS", "ROPE_HEAD_DIM")),
+    "silu_mul_bf16": CallCost("vector_transcendental", ("SILU_MUL_LEN",)),   # aie::tanh per element
+    "gemv_bf16": CallCost("vector_mac", ("GEMV_ROWS", "GEMV_K")),
+    "gemv_bf16_f32": CallCost("vector_mac", ("GEMV_ROWS", "GEMV_K")),
+    "attn_init_f32": CallCost("vector_elementwise", ("ATTN_TQ", "ATTN_HEAD_DIM")),
+    "attn_qk_tile_bf16": CallCost("mmul_bf16", _ATTENTION_BLOCK),              # aie::mmul<8, 8, 8> bf16
+    "attn_online_softmax_bf16": CallCost("vector_transcendental", ("ATTN_TQ", "ATTN_TK")),  # aie::exp2
+    "attn_pv_accumulate_bf16": CallCost("mmul_bf16", _ATTENTION_BLOCK),
+    "attn_finalize_bf16": CallCost("vector_elementwise", ("ATTN_TQ", "ATTN_HEAD_DIM")),
+    # gemm.o (gemm.cc), the prefill GEMM kernel: acc += A·Wᵀ through aie::mmul. Its precision ("bf16" exact or
+    # "bfp16" emulated) is a per-call -D choice, which the cost model reads from the call (mmul_bf16 → bfp16).
+    "gemm_zero_f32": CallCost("vector_elementwise", (LAST_OPERAND,)),
+    "gemm_bf16_f32_wnk": CallCost("mmul_bf16", (MATMUL_OPERANDS,)),
+    "gemm_f32_to_bf16": CallCost("vector_elementwise", (LAST_OPERAND,)),
+}
+
+
+def call_cost(symbol: str) -> CallCost:
+    try:
+        return CALL_COSTS[symbol]
+    except KeyError:
+        raise KeyError(f"{symbol} has no throughput class in builders/externs.py CALL_COSTS") from None
