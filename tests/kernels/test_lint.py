@@ -232,3 +232,18 @@ def test_lowered_programs_have_only_known_findings(air_tools, program):
     if program.name == "flash_attn":  # seen before placement and as a runtime parameter after it
         assert [f.where for f in findings if f.rule == "launch-id-in-core"] == [
             "launch 1 (attention), herd @attention_herd", "launch 1 (attention), device @l1_attention_seg"]
+
+
+def test_cli_prints_findings_per_program_and_exits_1(capsys, monkeypatch):
+    from types import SimpleNamespace
+
+    from torch_npu2 import cli
+
+    config = SimpleNamespace(hidden_size=576, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
+                             intermediate_size=1536, vocab_size=49152, rms_norm_eps=1e-5)
+    monkeypatch.setattr(cli, "_load_config", lambda path: config)
+    assert cli.main(["lint", "--buckets", "16"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert "flash_attn_16: 1 finding" in out and "lm_head_gemv: no findings" in out
+    assert any(line.startswith("  [launch-id-in-core] launch 1 (attention), herd @attention_herd:") for line in out)
+    assert out[-1] == "15 findings in 6 Programs"
