@@ -259,11 +259,20 @@ def check_launch_ids(text: str) -> list[tuple[str, str]]:
     return problems
 
 
-def window_problems(side: _Side) -> list[str]:
-    """``dma-wrap`` for one side of a DMA, by the BD rules of the tile that serves its memory space."""
+def _splits_into_wraps(words: int) -> bool:
+    """Whether AIR can re-express a contiguous run of ``words`` as two wraps within the shim's limit."""
+    return any(words % f == 0 and words // f <= SHIM_WRAP_MAX for f in range(1, SHIM_WRAP_MAX + 1))
+
+
+def window_problems(side: _Side, lowered: bool = False) -> list[str]:
+    """``dma-wrap`` for one side of a DMA, by the BD rules of the tile that serves its memory space.
+
+    A builder's window is first canonicalized as AIR does, and a long contiguous innermost run on the shim
+    passes when AIR can split it into two wraps; a ``lowered`` BD is taken as the hardware gets it."""
     if not side.sizes:
         return []
-    dims = canonical_dims(side.sizes, side.strides)
+    dims = ([(size, stride) for size, stride in zip(side.sizes, side.strides) if size != 1] if lowered
+            else canonical_dims(side.sizes, side.strides))
     if _linear(dims):
         return []
     where = SPACE_NAMES[side.space]
@@ -276,7 +285,8 @@ def window_problems(side: _Side) -> list[str]:
             problems.append(f"innermost stride {dims[-1][1]} on {where}: {side.dtype} moves in 4-byte words, "
                             f"the innermost dimension must be contiguous")
         inner_words = dims[-1][0] * width // WORD_BYTES
-        if inner_words > SHIM_WRAP_MAX:
+        splittable = not lowered and len(dims) < SHIM_DIMS and _splits_into_wraps(inner_words)
+        if inner_words > SHIM_WRAP_MAX and not splittable:
             problems.append(f"innermost size {dims[-1][0]} {side.dtype} = {inner_words} words on {where} exceeds "
                             f"{SHIM_WRAP_MAX}")
         if len(dims) >= 2 and dims[-2][0] > SHIM_WRAP_MAX:
@@ -467,7 +477,7 @@ def lint_lowered(program: Program, npu_module: str, lowering=None) -> list[Findi
         for text, in_sequence in ((config, False), (sequence, True)):
             for type_text, _, _, dims in _BD.findall(text):
                 space = L3 if in_sequence else _memref(type_text)[0]
-                for problem in window_problems(_bd_side(type_text, dims, space)):
+                for problem in window_problems(_bd_side(type_text, dims, space), lowered=True):
                     add("dma-wrap", f"aie.dma_bd on {type_text}: {problem}")
         for column, peak in sorted(_live_shim_bds(sequence, column_of).items()):
             if peak > SHIM_BDS:
