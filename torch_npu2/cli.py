@@ -227,6 +227,26 @@ def cmd_compile(args) -> int:
     return 0
 
 
+def cmd_lint(args) -> int:
+    """Findings of the IR lint per Program (kernels/lint.py); exit 1 when there are any."""
+    from .kernels import ModelDims, programs_for_model
+    from .kernels.lint import lint_program, lower_and_lint
+    from .patch_llama import DEFAULT_BUCKETS
+
+    config = _load_config(args.model)
+    buckets = tuple(args.buckets) if args.buckets else DEFAULT_BUCKETS
+    programs = programs_for_model(ModelDims.from_config(config), buckets)
+    total = 0
+    for program in programs:
+        findings = lower_and_lint(program) if args.lowered else lint_program(program)
+        total += len(findings)
+        print(f"{_program_label(program)}: {len(findings) or 'no'} finding{'s' if len(findings) != 1 else ''}")
+        for finding in findings:
+            print(f"  [{finding.rule}] {finding.where}: {finding.message}")
+    print(f"{total} findings in {len(programs)} Programs")
+    return 1 if total else 0
+
+
 def _load_config(path):
     from pathlib import Path
 
@@ -269,6 +289,14 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--emit-mlir", metavar="DIR", help="write each stitched module to DIR/<program>.mlir; "
                                                          "needs no toolchain")
     comp.set_defaults(func=cmd_compile)
+
+    lint = sub.add_parser("lint", help="check every Program's IR for patterns aircc lowers slowly or riskily "
+                                       "(exit 1 on findings)")
+    lint.add_argument("--model", help="a HF checkpoint directory or a .gguf file (default: SmolLM2-135M)")
+    lint.add_argument("--buckets", type=int, nargs="+", help="prefill bucket lengths (default: 16 … 2048)")
+    lint.add_argument("--lowered", action="store_true", help="also lower each Program with the AIR tools and "
+                                                             "check what placement did (channels, real BDs)")
+    lint.set_defaults(func=cmd_lint)
     return parser
 
 
