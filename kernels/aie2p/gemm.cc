@@ -115,10 +115,10 @@ extern "C" void gemm_bf16_f32_wnk(const bfloat16 *__restrict a, const bfloat16 *
         m10.mac(a1, b0);
         m11.mac(a1, b1);
       }
-      aie::store_v(c00, m00.template to_vector<float>());
-      aie::store_v(c01, m01.template to_vector<float>());
-      aie::store_v(c10, m10.template to_vector<float>());
-      aie::store_v(c11, m11.template to_vector<float>());
+      aie::store_v(c00, m00.to_vector<float>());
+      aie::store_v(c01, m01.to_vector<float>());
+      aie::store_v(c10, m10.to_vector<float>());
+      aie::store_v(c11, m11.to_vector<float>());
     }
 }
 
@@ -127,7 +127,7 @@ extern "C" void gemm_f32_to_bf16(const float *__restrict acc, bfloat16 *__restri
   for (int i = 0; i < kTileElements; i += kFloatLanes) {
     aie::accum<accfloat, kFloatLanes> sums;
     sums.from_vector(aie::load_v<kFloatLanes>(acc + i));
-    aie::store_v(c + i, sums.template to_vector<bfloat16>());
+    aie::store_v(c + i, sums.to_vector<bfloat16>());
   }
 }
 

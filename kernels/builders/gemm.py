@@ -27,13 +27,14 @@ blocks along K).
 Tiles, after upstream's drain-method registry entries (kernel_registry GEMM_bf16_in_bf16_out.json: tile_m
 32, tile_n 128, tile_k_l1 32, tile_k_l2 256 on an 8×4 herd): the widest herd that divides M and N into
 multiples of 16 (the kernel's 2×2 mmul expansion), then the largest tile_m ≤ 32 and tile_n ≤ 128 that divide
-the herd's share, tile_k_l1 32, and the largest tile_k_l2 whose double-buffered slices fit one memtile
-beside the C block.
+the herd's share, tile_k_l1 32, and the largest tile_k_l2 ≤ 256 dividing K whose double-buffered slices
+fit the fullest memtile beside the C block (``_l2_bytes``: AIR splits the L2 buffers of a multi-column herd
+over its columns' memtiles).
 
 Constraints: M, N multiples of 16 and K of 8; herd_m ≤ 8 and herd_n ≤ 4 divide M and N; tile_m, tile_n
 multiples of 16 dividing M/herd_m, N/herd_n; tile_k_l1 a multiple of 8, tile_k_l1 | tile_k_l2 | K; the
-accumulator, output tile and double-buffered A/W windows fit L1; double-buffered A/W slices and the C
-block fit one memtile.
+accumulator, output tile and double-buffered A/W windows fit L1; the double-buffered A/W slice pieces and
+C block pieces a memtile receives fit it.
 """
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ PRECISION_DEFINES = {"bf16": {}, "bfp16": {"AIE_API_EMULATE_BFLOAT16_MMUL_WITH_B
 BLOCK = MMUL_GRANULE          # the kernel's operands are pre-tiled into 8×8 blocks
 TILE_GRANULE = 2 * BLOCK      # tile_m and tile_n: the kernel works on 2×2 blocks of mmuls
 MAX_TILE_M, MAX_TILE_N = 32, 128
-TILE_K_L2_CANDIDATES = (256, 128, 64, 32, 16, 8)
+MAX_TILE_K_L2 = 256
 TILE_K_L1_CANDIDATES = (32, 16, 8)
 
 
@@ -61,11 +62,18 @@ def _l1_bytes(tile_m, tile_n, tile_k_l1, tile_k_l2) -> dict[str, int]:
             "bf16 output tile": nbytes((tile_m, tile_n), "bf16")}
 
 
-def _l2_bytes(block_m, block_n, tile_k_l2, K) -> dict[str, int]:
+def _l2_bytes(herd_m, herd_n, tile_m, tile_n, tile_k_l2, K) -> dict[str, int]:
+    """What the fullest memtile holds. A segment on more than one column of tiles has its L2 buffers split by
+    AIR's air-split-l2-memref into one piece per herd column (A, C) or row (W), spread over the memtiles of its
+    herd_m columns; on one column everything stays in one memtile. (Measured with the real passes: M=K=N=2048 on
+    8x4 at tile_k_l2 256 fills its fullest memtile with 192 KiB: one A, W and C piece, 32 + 128 + 32 KiB.)"""
     copies = pingpong_copies(K // tile_k_l2)
-    return {f"A slice x{copies} (ping-pong)": copies * nbytes((block_m, tile_k_l2), "bf16"),
-            f"W slice x{copies}": copies * nbytes((block_n, tile_k_l2), "bf16"),
-            "C block": nbytes((block_m, block_n), "bf16")}
+    memtiles = herd_m if herd_m * herd_n > ROWS else 1
+    per_memtile = lambda pieces: -(-pieces // memtiles)  # noqa: E731
+    a, w, c = per_memtile(herd_m), per_memtile(herd_n), per_memtile(herd_m)
+    return {f"A slice x{copies} (ping-pong), {a} of {herd_m} pieces": a * copies * nbytes((tile_m, tile_k_l2), "bf16"),
+            f"W slice x{copies}, {w} of {herd_n} pieces": w * copies * nbytes((tile_n, tile_k_l2), "bf16"),
+            f"C block, {c} of {herd_m} pieces": c * nbytes((herd_n, tile_m, tile_n), "bf16")}
 
 
 def _granular_divisor(extent: int, cap: int) -> int | None:
@@ -113,10 +121,15 @@ def build(params: dict, operands, tuning: dict | None = None) -> LaunchIR:
     require(tile_n is not None and (N // herd_n) % tile_n == 0 and tile_n % TILE_GRANULE == 0, KIND, "tile_n",
             tile_n, f"must divide N/herd_n={N // herd_n} and be a multiple of {TILE_GRANULE}")
     block_m, block_n = herd_m * tile_m, herd_n * tile_n
+    # The deepest K slice up to upstream's 256 that fits, preferring whole tile_k_l1 steps of 32.
+    k_l2_candidates = sorted((d for d in divisors_descending(K, MAX_TILE_K_L2) if d % BLOCK == 0),
+                             key=lambda d: (d % TILE_K_L1_CANDIDATES[0] != 0, -d))
     tile_k_l2 = tuning.get("tile_k_l2") or _fitting_k_tile(
-        K, TILE_K_L2_CANDIDATES, lambda t: sum(_l2_bytes(block_m, block_n, t, K).values()) <= L2_BYTES)
+        K, k_l2_candidates,
+        lambda t: sum(_l2_bytes(herd_m, herd_n, tile_m, tile_n, t, K).values()) <= L2_BYTES)
     require(K % tile_k_l2 == 0, KIND, "tile_k_l2", tile_k_l2, f"must divide K={K}")
-    check_budget(KIND, "L2", _l2_bytes(block_m, block_n, tile_k_l2, K), "lower tile_k_l2 or the block size")
+    check_budget(KIND, "L2", _l2_bytes(herd_m, herd_n, tile_m, tile_n, tile_k_l2, K),
+                 "lower tile_k_l2 or the block size")
     tile_k_l1 = tuning.get("tile_k_l1") or _fitting_k_tile(
         tile_k_l2, TILE_K_L1_CANDIDATES,
         lambda t: sum(_l1_bytes(tile_m, tile_n, t, tile_k_l2).values()) <= L1_AVAILABLE)

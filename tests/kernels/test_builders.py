@@ -132,8 +132,8 @@ def test_gemm_defaults_use_the_full_array_and_stage_through_l2():
     # zero, accumulate and drain are one physical herd: the accumulator stays in its L1
     assert len({name for name, _, _ in herd_headers(ir.text)}) == 1 and len(herd_headers(ir.text)) == 3
     assert {link for _, _, link in herd_headers(ir.text)} == {"gemm.o"}
-    assert "tiles m32 n128 k32 (L1) k64 (L2)" in ir.text  # upstream's drain-method tile m, n and k (L1)
-    assert "memref<8x1x32x64xbf16, 1 : i32>" in ir.text  # A slice staged in a memtile, one slab per herd column
+    assert "tiles m32 n128 k32 (L1) k256 (L2)" in ir.text  # upstream's drain-method tiles
+    assert "memref<8x1x32x256xbf16, 1 : i32>" in ir.text  # A slice staged in memtiles, one slab per herd column
     assert "memref<8x4x16x4x8x8xf32, 2 : i32>" in ir.text  # accumulators in the kernel's [n/8][m/8][8][8] blocks
     assert "linalg." not in ir.text  # all compute is in the kernel
     accumulate = re.search(r"func\.call @gemm_bf16_f32_wnk\((%\w+), (%\w+), (%\w+)\) : \(([^)]*)\)", ir.text)
@@ -202,6 +202,13 @@ def test_gemm_dmas_cut_and_restore_the_kernels_blocked_layouts():
     assert torch.equal(c_out.reshape(M, N), c)
 
 
+def test_gemm_l2_budget_counts_the_pieces_a_memtile_receives():
+    """Multi-column herds split their L2 slices over their columns' memtiles (upstream's 256-deep K slices then fit);
+    a one-column herd keeps everything in one memtile and takes shallower slices."""
+    assert "herd 8x4, tiles m32 n128 k32 (L1) k256 (L2)" in build("gemm", M=2048, K=8192, N=8192).text
+    assert "herd 1x4, tiles m16 n128 k32 (L1) k128 (L2)" in build("gemm", M=16, K=2048, N=8192).text
+
+
 def test_small_prefill_bucket_shrinks_the_gemm_herd():
     ir = build("gemm", M=16, K=576, N=192)
     assert {sizes for _, sizes, _ in herd_headers(ir.text)} == {(1, 4)}
@@ -250,8 +257,10 @@ def test_builders_are_deterministic():
     ("gemm", {}, {"herd_n": 8}, r"gemm launch: herd_n=8: the herd spans at most 4 rows"),
     ("gemm", {}, {"herd_m": 16}, r"gemm launch: herd_m=16: the herd spans at most 8 columns"),
     ("gemm", dict(M=1024), {"herd_m": 4, "tile_m": 64, "tile_k_l1": 32}, r"gemm launch: L1 bytes=\d+: exceeds"),
-    ("gemm", dict(M=1024), {"tile_m": 128}, r"gemm launch: L2 bytes=\d+: exceeds"),
-    ("gemm", {}, {"tile_k_l2": 512}, r"gemm launch: L2 bytes=\d+: exceeds 524288 B of one memtile"),
+    ("gemm", {}, {"tile_k_l2": 1024}, r"gemm launch: L2 bytes=\d+: exceeds 524288 B of one memtile .*"
+                                       r"W slice x2, 1 of 4 pieces 524288 B"),
+    # a herd on one column keeps its whole slices in one memtile
+    ("gemm", dict(M=16, N=2048), {"tile_k_l2": 512}, r"gemm launch: L2 bytes=\d+: exceeds .*4 of 4 pieces"),
     ("gemm", {}, {"tile_k_l2": 96}, r"gemm launch: tile_k_l2=96: must divide K=2048"),
     ("gemv", {}, {"rows_per_call": 4}, r"gemv launch: L1 bytes=\d+: exceeds"),
     ("gemv", {}, {"tile_n": 64}, r"gemv launch: L2 bytes=\d+: exceeds"),
