@@ -283,3 +283,53 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_dim:
                                  q_start, k_first)
             out[q_first:q_first + tile_q, head] = tiles.finalize(state)
     return out.reshape(q_padded.shape[0], -1)[:q_rows]
+
+
+GEMM_BLOCK = 8  # the side of the 8x8 blocks gemm.cc's L1 tiles are pre-tiled into
+
+
+def _gemm_l1_tiles(matrix: torch.Tensor, tile_rows: int, tile_k: int) -> torch.Tensor:
+    """A (rows, K) operand cut as the L2 -> L1 DMA cuts it: one contiguous [K/8][rows/8][8][8] buffer per
+    (row tile, K tile), indexed [row tile][K tile]."""
+    rows, depth = matrix.shape
+    b = GEMM_BLOCK
+    blocks = matrix.reshape(rows // tile_rows, tile_rows // b, b, depth // tile_k, tile_k // b, b)
+    # (row tile, row block, row, K tile, K block, k) -> (row tile, K tile, K block, row block, row, k)
+    return blocks.permute(0, 3, 4, 1, 2, 5).contiguous()
+
+
+def gemm(a: torch.Tensor, w: torch.Tensor, *, tile_m: int, tile_k: int, tile_n: int, out_dtype=torch.bfloat16,
+         defines: Defines | None = None) -> torch.Tensor:
+    """``C = A · Wᵀ`` for a (M, K) and w (N, K), with gemm.cc's three calls per output tile as the builder's herd
+    makes them: ``gemm_zero_f32``, ``gemm_bf16_f32_wnk`` once per ``tile_k`` step of K, ``gemm_f32_to_bf16``
+    (skipped for ``out_dtype=torch.float32``, which returns the fp32 accumulator). Operands are pre-tiled here the
+    way the DMAs pre-tile them; ``defines`` adds -D macros (e.g. the BFP16 emulation switch)."""
+    a, w = _require_bf16("a", a), _require_bf16("w", w)
+    (m, depth), (n, w_depth) = a.shape, w.shape
+    if w_depth != depth:
+        raise ValueError(f"a {tuple(a.shape)} and w {tuple(w.shape)}: expected the same K (w in (N, K) layout)")
+    for name, extent, tile in (("M", m, tile_m), ("K", depth, tile_k), ("N", n, tile_n)):
+        if extent % tile:
+            raise ValueError(f"{name}={extent}: expected a multiple of its tile {tile}")
+    if out_dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"out_dtype: expected torch.bfloat16 or torch.float32, got {out_dtype}")
+    library = load("gemm.cc", {"GEMM_TILE_M": tile_m, "GEMM_TILE_K": tile_k, "GEMM_TILE_N": tile_n, **(defines or {})})
+    zero = _function(library, "gemm_zero_f32", _PTR)
+    accumulate = _function(library, "gemm_bf16_f32_wnk", _PTR, _PTR, _PTR)
+    drain = _function(library, "gemm_f32_to_bf16", _PTR, _PTR)
+    a_tiles, w_tiles = _gemm_l1_tiles(a, tile_m, tile_k), _gemm_l1_tiles(w, tile_n, tile_k)
+    b = GEMM_BLOCK
+    # Output tiles in the kernel's [N/8][M/8][8][8] layout, indexed [M tile][N tile].
+    out = torch.empty(m // tile_m, n // tile_n, tile_n // b, tile_m // b, b, b, dtype=out_dtype)
+    acc = torch.empty(tile_n // b, tile_m // b, b, b, dtype=torch.float32)
+    for mi in range(m // tile_m):
+        for ni in range(n // tile_n):
+            zero(acc.data_ptr())
+            for ki in range(depth // tile_k):
+                accumulate(a_tiles[mi, ki].data_ptr(), w_tiles[ni, ki].data_ptr(), acc.data_ptr())
+            if out_dtype == torch.float32:
+                out[mi, ni] = acc
+            else:
+                drain(acc.data_ptr(), out[mi, ni].data_ptr())
+    # (M tile, N tile, N block, M block, m, n) -> (M tile, M block, m, N tile, N block, n)
+    return out.permute(0, 3, 4, 1, 2, 5).reshape(m, n)

@@ -19,6 +19,9 @@ Tolerances (|actual - expected| <= atol + rtol * |expected|). Half a bf16 ulp is
 |            | summation bound)                             | fp32 summation order)                            |
 | attention  | rtol 2^-8, atol 2^-8 * max|v| (probs rounded | rtol 2^-6, atol 2^-6 * max|v| (it rounds logits, |
 |            | to bf16 before the PV product)               | their scaling and the output to bf16)            |
+| gemm       | rtol 2^-8, atol K * 2^-24 * sum|a w| (as     | rtol 2^-7, atol 2^-16 * sum|a w|; bit-exact when |
+|            | gemv); its fp32 accumulator rounds to bf16   | every partial sum is exact in fp32 (small-integer|
+|            | bit-exactly as torch rounds it               | inputs), whatever the tiling                     |
 """
 from __future__ import annotations
 
@@ -35,7 +38,8 @@ import torch
 import torch.nn.functional as F
 
 from torch_npu2.emulator import launches
-from torch_npu2.kernels import host_build
+from torch_npu2.kernels import ModelDims, host_build, programs_for_model
+from torch_npu2.kernels.builders import build_launch
 from torch_npu2.ops import reference
 
 pytestmark = pytest.mark.skipif(host_build.host_compiler() is None,
@@ -216,6 +220,87 @@ def test_fp32_to_bf16_rounds_to_nearest_even():
     assert math.isnan(y[len(cases)].item())
 
 
+SMOLLM2_DIMS = ModelDims(SMOLLM2["hidden"], SMOLLM2["heads"], SMOLLM2["kv_heads"], SMOLLM2["head_dim"], SMOLLM2["ffn"],
+                         49152, 1e-5)
+LLAMA32_1B_DIMS = ModelDims(2048, 32, 8, 64, 8192, 128256, 1e-5)
+PREFILL_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
+# (tile_m, tile_k, tile_n) of every gemm.cc build the builders make for SmolLM2-135M and Llama-3.2-1B prefill.
+GEMM_TILE_CONFIGS = [(16, 32, 48), (16, 32, 128), (32, 32, 48), (32, 32, 128)]
+
+
+def builder_gemm_tile_configs() -> set[tuple[int, int, int]]:
+    configs = set()
+    for dims in (SMOLLM2_DIMS, LLAMA32_1B_DIMS):
+        for program in programs_for_model(dims, PREFILL_BUCKETS):
+            for launch in (l for l in program.launches if l.kind == "gemm"):
+                defines = dict(build_launch(program, launch).externs[0].defines)
+                configs.add((defines["GEMM_TILE_M"], defines["GEMM_TILE_K"], defines["GEMM_TILE_N"]))
+    return configs
+
+
+def test_gemm_tests_cover_every_tile_configuration_the_builders_choose():
+    assert builder_gemm_tile_configs() == set(GEMM_TILE_CONFIGS)
+
+
+def small_integers(rows: int, cols: int, generator: torch.Generator) -> torch.Tensor:
+    """bf16 values in [-8, 8] in steps of 1/2: every product and every partial sum of a GEMM with K < 2^14 is exact
+    in fp32, so any summation order gives the same fp32 result and the same bf16."""
+    return (torch.randint(-16, 17, (rows, cols), generator=generator) / 2).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("tile_m, tile_k, tile_n", GEMM_TILE_CONFIGS)
+def test_gemm_is_bit_exact_when_the_sums_are_exact(tile_m, tile_k, tile_n):
+    """Two tiles along M and N and three K steps: a block or tile put in the wrong place changes the result."""
+    generator = torch.Generator().manual_seed(tile_m * tile_n + tile_k)
+    m, k, n = 2 * tile_m, 3 * tile_k, 2 * tile_n
+    a, w = small_integers(m, k, generator), small_integers(n, k, generator)
+    out = host_build.gemm(a, w, tile_m=tile_m, tile_k=tile_k, tile_n=tile_n)
+    assert out.dtype == torch.bfloat16 and out.shape == (m, n)
+    assert_bitwise(out, (a.float() @ w.float().T).to(torch.bfloat16))
+    assert_bitwise(out, F.linear(a, w))
+
+
+@pytest.mark.parametrize("tile_m, tile_k, tile_n", GEMM_TILE_CONFIGS)
+def test_gemm_random_within_fp32_summation_bounds(tile_m, tile_k, tile_n):
+    generator = torch.Generator().manual_seed(tile_m + tile_n + tile_k)
+    m, k, n = 2 * tile_m, 4 * tile_k, 2 * tile_n
+    a = torch.randn(m, k, generator=generator).to(torch.bfloat16)
+    w = (torch.randn(n, k, generator=generator) / math.sqrt(k)).to(torch.bfloat16)
+    magnitude = a.double().abs() @ w.double().abs().T
+    exact = a.double() @ w.double().T
+    acc = host_build.gemm(a, w, tile_m=tile_m, tile_k=tile_k, tile_n=tile_n, out_dtype=torch.float32)
+    assert acc.dtype == torch.float32
+    assert_within(acc, exact, rtol=0, atol=k * 2**-24 * magnitude)
+    out = host_build.gemm(a, w, tile_m=tile_m, tile_k=tile_k, tile_n=tile_n)
+    assert_bitwise(out, acc.to(torch.bfloat16))  # the drain rounds to nearest-even, as torch does
+    assert_within(out, exact, rtol=2**-8, atol=k * 2**-24 * magnitude)
+    assert_within(out, F.linear(a, w), rtol=2**-7, atol=2**-16 * magnitude)
+
+
+def test_gemm_model_shape_with_the_builders_tiles():
+    """SmolLM2's k/v projection at the 16-row bucket, tiled as the builder tiles it (K=576: 18 K steps)."""
+    program = next(p for p in programs_for_model(SMOLLM2_DIMS, (16,)) if p.name == "rms_gemms_rope")
+    launch = next(l for l in program.launches if l.kind == "gemm" and l.p["N"] == 192)
+    defines = dict(build_launch(program, launch).externs[0].defines)
+    generator = torch.Generator().manual_seed(576)
+    a = torch.randn(16, 576, generator=generator).to(torch.bfloat16)
+    w = (torch.randn(192, 576, generator=generator) / 24).to(torch.bfloat16)
+    out = host_build.gemm(a, w, tile_m=defines["GEMM_TILE_M"], tile_k=defines["GEMM_TILE_K"],
+                          tile_n=defines["GEMM_TILE_N"])
+    magnitude = a.double().abs() @ w.double().abs().T
+    assert_within(out, a.double() @ w.double().T, rtol=2**-8, atol=576 * 2**-24 * magnitude)
+
+
+def test_gemm_wrapper_refuses_what_does_not_tile():
+    a, w = torch.zeros(32, 64, dtype=torch.bfloat16), torch.zeros(48, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"N=48: expected a multiple of its tile 32"):
+        host_build.gemm(a, w, tile_m=16, tile_k=32, tile_n=32)
+    with pytest.raises(ValueError, match=r"expected the same K"):
+        host_build.gemm(a, w[:, :32], tile_m=16, tile_k=32, tile_n=48)
+    with pytest.raises(TypeError, match="bfloat16"):
+        host_build.gemm(a.float(), w, tile_m=16, tile_k=32, tile_n=48)
+
+
 def attention_exact(q, k, v, head_dim: int, q_offset: int = 0) -> torch.Tensor:
     """fp64 causal GQA over the bf16 inputs; query row i sits at position q_offset + i."""
     qh = q.double().reshape(q.shape[0], -1, head_dim).transpose(0, 1)
@@ -364,6 +449,8 @@ def test_tile_constraints_are_compile_errors():
         host_build.build("rope_half_split.cc", {"ROPE_HEAD_DIM": 63})
     with pytest.raises(host_build.HostBuildError, match="ATTN_TQ must be a positive multiple of 8"):
         host_build.build("attention.cc", {"ATTN_TQ": 12})
+    with pytest.raises(host_build.HostBuildError, match="GEMM_TILE_M must be a positive multiple of 16"):
+        host_build.build("gemm.cc", {"GEMM_TILE_M": 24})
 
 
 def test_wrappers_take_bf16_only():
@@ -377,6 +464,7 @@ KERNEL_SYMBOLS = {
     "gemv.cc": ["gemv_bf16", "gemv_bf16_f32"],
     "attention.cc": ["attn_init_f32", "attn_qk_tile_bf16", "attn_online_softmax_bf16", "attn_pv_accumulate_bf16",
                      "attn_finalize_bf16"],
+    "gemm.cc": ["gemm_zero_f32", "gemm_bf16_f32_wnk", "gemm_f32_to_bf16"],
 }
 
 

@@ -81,7 +81,7 @@ def test_program_lowers_to_npu_instructions(air_tools, name):
 def test_a_failing_stage_names_the_pass_and_the_op(air_tools):
     """Without broadcast detection, a 4x4 GEMM herd reads its A and W windows as 32 separate streams: air-to-aie
     runs out of memtile buffer descriptors, and the error says so."""
-    M, K, N = 32, 576, 192
+    M, K, N = 64, 576, 192  # herd 4x4
     args = (Arg("a", (M, K), "bf16", Role.INPUT), Arg("w", (N, K), "bf16", Role.INPUT),
             Arg("c", (M, N), "bf16", Role.OUTPUT))
     program = Program("gemm_probe", args, (Launch("gemm", (("K", K), ("M", M), ("N", N)), ("a", "w"), ("c",)),),
@@ -94,3 +94,24 @@ def test_a_failing_stage_names_the_pass_and_the_op(air_tools):
     assert error.mlir_path.exists() and (error.build_dir / "placement.mlir").exists()
     # with AIR's broadcast detection (the Program default) the same GEMM lowers
     assert lower_to_npu_insts(dataclasses.replace(program, compile_options=CompileOptions())).devices
+
+
+def gemm_probe(M: int, K: int, N: int, options: CompileOptions) -> Program:
+    args = (Arg("a", (M, K), "bf16", Role.INPUT), Arg("w", (N, K), "bf16", Role.INPUT),
+            Arg("c", (M, N), "bf16", Role.OUTPUT))
+    return Program("gemm_probe", args, (Launch("gemm", (("K", K), ("M", M), ("N", N)), ("a", "w"), ("c",)),),
+                   compile_options=options)
+
+
+def test_gemm_l2_budget_is_what_the_fullest_memtile_holds(air_tools):
+    """The builder's memtile budget against placement by the real passes: on 8 columns AIR splits the L2 slices
+    into per-column pieces and the fullest memtile holds exactly one A, W and C piece; on one column it holds at
+    most the whole budget."""
+    from torch_npu2.kernels.builders import gemm
+
+    (spread,) = lower_to_npu_insts(gemm_probe(256, 512, 512, CompileOptions())).devices  # herd 8x4, m32 n128 k256
+    assert spread.compute_tiles == 32 and spread.memtiles == 8
+    assert spread.l2_bytes == sum(gemm._l2_bytes(8, 4, 32, 128, 256, 512).values()) == 192 * 1024
+    (one_column,) = lower_to_npu_insts(gemm_probe(16, 512, 512, CompileOptions())).devices  # herd 1x4, m16 n128 k128
+    assert one_column.compute_tiles == 4
+    assert 0 < one_column.l2_bytes <= sum(gemm._l2_bytes(1, 4, 16, 128, 128, 512).values()) <= L2_BYTES

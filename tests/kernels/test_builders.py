@@ -2,10 +2,12 @@
 import re
 
 import pytest
+import torch
 
 from torch_npu2.kernels.builders import (BUILDERS, EXTERNAL_KERNELS, KERNEL_OBJECTS, LaunchConstraintError, MemRef,
                                          build_launch)
 from torch_npu2.kernels.builders.npu2 import L1_AVAILABLE
+from torch_npu2.kernels import host_build
 from torch_npu2.kernels.compile import KERNEL_SOURCE_DIR
 from torch_npu2.kernels.program import Arg, Launch, Program, Role
 from torch_npu2.kernels.programs import o_ffn, o_gemv_ffn, rms_gemms_rope
@@ -91,14 +93,15 @@ def test_herds_fit_the_array_and_link_the_objects_they_call(kind):
 
 
 def test_external_kernel_contract_names_and_objects():
-    assert set(KERNEL_OBJECTS) == {"rope.o", "silu_mul.o", "gemv.o", "attention.o"}
+    assert set(KERNEL_OBJECTS) == {"rope.o", "silu_mul.o", "gemv.o", "attention.o", "gemm.o"}
     assert {"rope_half_split_bf16", "silu_mul_bf16", "gemv_bf16"} <= set(KERNEL_OBJECTS_BY_SYMBOL)
     assert [d.symbol for d in build("rope").externs] == ["rope_half_split_bf16"]
     assert [d.symbol for d in build("silu_mul").externs] == ["silu_mul_bf16"]
     assert [d.symbol for d in build("gemv").externs] == ["gemv_bf16"]
     assert [d.symbol for d in build("gemv_f32").externs] == ["gemv_bf16_f32"]  # f32 logits
     assert {d.symbol for d in build("attention").externs} == set(KERNEL_OBJECTS["attention.o"].symbols)
-    assert not any(build(kind).externs for kind in ("gemm", "rmsnorm", "add", "stack"))
+    assert [d.symbol for d in build("gemm").externs] == ["gemm_zero_f32", "gemm_bf16_f32_wnk", "gemm_f32_to_bf16"]
+    assert not any(build(kind).externs for kind in ("rmsnorm", "add", "stack"))
 
 
 def test_calls_state_the_kernel_configuration_they_were_tiled_for():
@@ -107,6 +110,8 @@ def test_calls_state_the_kernel_configuration_they_were_tiled_for():
     assert dict(build("gemv").externs[0].defines) == {"GEMV_ROWS": 1, "GEMV_K": 8192}
     assert {d.defines for d in build("attention").externs} == {
         (("ATTN_HEAD_DIM", 64), ("ATTN_TK", 64), ("ATTN_TQ", 32))}
+    assert {d.defines for d in build("gemm").externs} == {
+        (("GEMM_TILE_K", 32), ("GEMM_TILE_M", 32), ("GEMM_TILE_N", 128))}
     # the buffers handed to the kernel are exactly the configured tile
     assert "func.call @rope_half_split_bf16(%x_l1, %lut_l1, %out_l1) : (memref<4096xbf16, 2 : i32>, " \
            "memref<128xbf16, 2 : i32>, memref<4096xbf16, 2 : i32>)" in build("rope").text
@@ -126,13 +131,88 @@ def test_gemm_defaults_use_the_full_array_and_stage_through_l2():
     assert {sizes for _, sizes, _ in herd_headers(ir.text)} == {(8, 4)}
     # zero, accumulate and drain are one physical herd: the accumulator stays in its L1
     assert len({name for name, _, _ in herd_headers(ir.text)}) == 1 and len(herd_headers(ir.text)) == 3
-    assert "memref<512x64xbf16, 1 : i32>" in ir.text  # A slice staged in a memtile
-    assert "affine_map<(d0, d1, d2) -> (d1, d2)>" in ir.text  # W read as (N, K): transpose in the maps
+    assert {link for _, _, link in herd_headers(ir.text)} == {"gemm.o"}
+    assert "tiles m32 n128 k32 (L1) k256 (L2)" in ir.text  # upstream's drain-method tiles
+    assert "memref<8x1x32x256xbf16, 1 : i32>" in ir.text  # A slice staged in memtiles, one slab per herd column
+    assert "memref<8x4x16x4x8x8xf32, 2 : i32>" in ir.text  # accumulators in the kernel's [n/8][m/8][8][8] blocks
+    assert "linalg." not in ir.text  # all compute is in the kernel
+    accumulate = re.search(r"func\.call @gemm_bf16_f32_wnk\((%\w+), (%\w+), (%\w+)\) : \(([^)]*)\)", ir.text)
+    assert accumulate.group(4).startswith("memref<4x4x8x8xbf16, 2 : i32>, memref<4x16x8x8xbf16, 2 : i32>, "
+                                          "memref<16x4x8x8xf32, strided<")
+
+
+def test_gemm_precision_selects_the_kernel_build():
+    bf16 = build("gemm", precision="bf16")
+    bfp16 = build("gemm", precision="bfp16")
+    assert bf16.text.replace("bf16 multiplies", "bfp16 multiplies", 1) == bfp16.text  # the same schedule and windows
+    assert bf16.externs == build("gemm").externs  # bf16 is the default
+    assert {dict(d.defines).get("AIE_API_EMULATE_BFLOAT16_MMUL_WITH_BFP16") for d in bfp16.externs} == {1}
+    assert not any("AIE_API_EMULATE_BFLOAT16_MMUL_WITH_BFP16" in dict(d.defines) for d in bf16.externs)
+    with pytest.raises(LaunchConstraintError, match=r"gemm launch: precision='fp8': must be one of bf16, bfp16"):
+        build("gemm", precision="fp8")
+
+
+def gather(flat, window, index_values):
+    """The elements a DMA window reads from a flat buffer, in transfer order; SSA offsets resolved by the prefix of
+    their name (``index_values``: prefix -> value)."""
+    if not window.sizes:
+        return flat.clone()
+    offsets = [o if isinstance(o, int) else next(v for k, v in index_values.items() if o.startswith(k))
+               for o in window.offsets]
+    index = torch.tensor(sum(o * s for o, s in zip(offsets, window.strides)))
+    for size, stride in zip(window.sizes, window.strides):
+        index = (index.unsqueeze(-1) + torch.arange(size) * stride)
+    return flat[index.flatten()]
+
+
+def scatter(flat, window, index_values, values):
+    positions = gather(torch.arange(flat.numel()), window, index_values)
+    flat[positions] = values
+
+
+def test_gemm_dmas_cut_and_restore_the_kernels_blocked_layouts():
+    """The builder's own windows, applied to numbered operands, give each tile exactly the L1 buffers gemm.cc reads
+    (host_build pre-tiles the way the kernel expects) and put the kernel's output blocks back in C's rows."""
+    M, K, N = 64, 128, 64
+    ir = build("gemm", M=M, K=K, N=N)
+    assert "herd 4x4, tiles m16 n16 k32 (L1) k128 (L2), 1x1 launch steps" in ir.text
+    tile_m, tile_n, tile_k = 16, 16, 32
+    a_to_l2, w_to_l2, a_to_l1, w_to_l1, c_to_l2, c_to_l3 = ir.dmas
+    a, w = torch.arange(M * K).reshape(M, K), -torch.arange(N * K).reshape(N, K)
+    step0 = {"%row0": 0, "%col0": 0, "%k2": 0}
+    a_l2, w_l2 = gather(a.flatten(), a_to_l2.src, step0), gather(w.flatten(), w_to_l2.src, step0)
+    a_tiles, w_tiles = host_build._gemm_l1_tiles(a, tile_m, tile_k), host_build._gemm_l1_tiles(w, tile_n, tile_k)
+    for herd_index in range(4):
+        for k_step in range(K // tile_k):
+            at = {"%hx": herd_index, "%hy": herd_index, "%k1": k_step * tile_k}
+            assert torch.equal(gather(a_l2, a_to_l1.src, at), a_tiles[herd_index, k_step].flatten())
+            assert torch.equal(gather(w_l2, w_to_l1.src, at), w_tiles[herd_index, k_step].flatten())
+    # a plain row-major window would not do: the blocks really are rearranged
+    assert not torch.equal(a_tiles[0, 0].flatten(), a[:tile_m, :tile_k].flatten())
+
+    c = torch.randn(M, N)
+    c_l2, c_out = torch.zeros(M * N), torch.zeros(M * N)
+    for tx in range(4):
+        for ty in range(4):
+            tile = c[tx * tile_m:(tx + 1) * tile_m, ty * tile_n:(ty + 1) * tile_n]
+            kernel_layout = tile.reshape(tile_m // 8, 8, tile_n // 8, 8).permute(2, 0, 1, 3).flatten()
+            at = {"%hx": tx, "%hy": ty}
+            scatter(c_l2, c_to_l2.dst, at, gather(kernel_layout, c_to_l2.src, at))
+    scatter(c_out, c_to_l3.dst, step0, c_l2)
+    assert torch.equal(c_out.reshape(M, N), c)
+
+
+def test_gemm_l2_budget_counts_the_pieces_a_memtile_receives():
+    """Multi-column herds split their L2 slices over their columns' memtiles (upstream's 256-deep K slices then fit);
+    a one-column herd keeps everything in one memtile and takes shallower slices."""
+    assert "herd 8x4, tiles m32 n128 k32 (L1) k256 (L2)" in build("gemm", M=2048, K=8192, N=8192).text
+    assert "herd 1x4, tiles m16 n128 k32 (L1) k128 (L2)" in build("gemm", M=16, K=2048, N=8192).text
 
 
 def test_small_prefill_bucket_shrinks_the_gemm_herd():
     ir = build("gemm", M=16, K=576, N=192)
-    assert {sizes for _, sizes, _ in herd_headers(ir.text)} == {(2, 4)}
+    assert {sizes for _, sizes, _ in herd_headers(ir.text)} == {(1, 4)}
+    assert "tiles m16 n48 k32 (L1)" in ir.text
 
 
 def test_row_parallel_kinds_spread_over_eight_columns():
@@ -158,7 +238,7 @@ def test_lm_head_gemv_takes_the_most_rows_a_memtile_holds():
 def test_tuning_overrides_reach_the_ir():
     ir = build("gemm", tuning={"herd_m": 4, "tile_m": 16})
     assert {sizes for _, sizes, _ in herd_headers(ir.text)} == {(4, 4)}
-    assert "memref<4x4x16x64xf32, 2 : i32>" in ir.text
+    assert "memref<4x4x16x2x8x8xf32, 2 : i32>" in ir.text
 
 
 def test_builders_are_deterministic():
@@ -170,13 +250,17 @@ def test_builders_are_deterministic():
     ("rmsnorm", dict(rows=16, cols=570), None, r"rmsnorm launch: cols=570: must be a multiple of 16"),
     ("rmsnorm", dict(rows=16, cols=2048), {"herd": 3}, r"rmsnorm launch: herd=3: must divide rows=16"),
     ("rmsnorm", dict(rows=1, cols=16384), None, r"rmsnorm launch: L1 bytes=\d+: exceeds 64512 B"),
-    ("gemm", dict(M=20, K=64, N=64), None, r"gemm launch: M=20: must be a multiple of 8"),
+    ("gemm", dict(M=24, K=64, N=64), None, r"gemm launch: M=24: must be a multiple of 16"),
+    ("gemm", dict(M=32, K=60, N=64), None, r"gemm launch: K=60: must be a multiple of 8"),
+    ("gemm", {}, {"tile_m": 8}, r"gemm launch: tile_m=8: .*be a multiple of 16"),
     ("gemm", {}, {"tile_n": 40}, r"gemm launch: tile_n=40: must divide N/herd_n=128"),
     ("gemm", {}, {"herd_n": 8}, r"gemm launch: herd_n=8: the herd spans at most 4 rows"),
     ("gemm", {}, {"herd_m": 16}, r"gemm launch: herd_m=16: the herd spans at most 8 columns"),
-    ("gemm", dict(M=1024), {"herd_m": 4, "tile_m": 128, "tile_k_l1": 32}, r"gemm launch: L1 bytes=\d+: exceeds"),
-    ("gemm", dict(M=1024), {"tile_m": 128}, r"gemm launch: L2 bytes=\d+: exceeds"),
-    ("gemm", {}, {"tile_k_l2": 512}, r"gemm launch: L2 bytes=\d+: exceeds 524288 B of one memtile"),
+    ("gemm", dict(M=1024), {"herd_m": 4, "tile_m": 64, "tile_k_l1": 32}, r"gemm launch: L1 bytes=\d+: exceeds"),
+    ("gemm", {}, {"tile_k_l2": 1024}, r"gemm launch: L2 bytes=\d+: exceeds 524288 B of one memtile .*"
+                                       r"W slice x2, 1 of 4 pieces 524288 B"),
+    # a herd on one column keeps its whole slices in one memtile
+    ("gemm", dict(M=16, N=2048), {"tile_k_l2": 512}, r"gemm launch: L2 bytes=\d+: exceeds .*4 of 4 pieces"),
     ("gemm", {}, {"tile_k_l2": 96}, r"gemm launch: tile_k_l2=96: must divide K=2048"),
     ("gemv", {}, {"rows_per_call": 4}, r"gemv launch: L1 bytes=\d+: exceeds"),
     ("gemv", {}, {"tile_n": 64}, r"gemv launch: L2 bytes=\d+: exceeds"),

@@ -66,9 +66,9 @@ def test_compile_to_npu_instructions_prints_a_table_and_names_failures(air_tools
     from torch_npu2.kernels import programs
     from torch_npu2.kernels.program import Arg, CompileOptions, Launch, Program, Role
 
-    broken = Program("gemm_probe", (Arg("a", (32, 576), "bf16", Role.INPUT), Arg("w", (192, 576), "bf16", Role.INPUT),
-                                    Arg("c", (32, 192), "bf16", Role.OUTPUT)),
-                     (Launch("gemm", (("K", 576), ("M", 32), ("N", 192)), ("a", "w"), ("c",)),),
+    broken = Program("gemm_probe", (Arg("a", (64, 576), "bf16", Role.INPUT), Arg("w", (192, 576), "bf16", Role.INPUT),
+                                    Arg("c", (64, 192), "bf16", Role.OUTPUT)),
+                     (Launch("gemm", (("K", 576), ("M", 64), ("N", 192)), ("a", "w"), ("c",)),),
                      compile_options=CompileOptions(omit_auto_broadcast=True))
     decode = programs.rms_gemv_rope(576, 9, 3, 64, 1e-5)
     monkeypatch.setattr(torch_npu2.kernels, "programs_for_model", lambda dims, buckets: [decode, broken])
