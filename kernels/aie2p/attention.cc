@@ -39,6 +39,10 @@
 //   void attn_pv_accumulate_bf16(const bf16 *probs, const bf16 *kv, const float *row_scale, float *acc)
 //   void attn_finalize_bf16(const float *acc, const float *row_sum, bf16 *out)
 //
+// The AIE path uses the core's native bf16 x bf16 -> fp32 products only (fp32 x fp32 is composed from them,
+// see mul_f32), so it builds without the AIE API's fp32 emulation. It is written against the documented AIE API
+// and has not been compiled here (no Peano on the development machine); the scalar path is what tests run.
+//
 // Causality is by position: key j of the tile is visible to query row i iff k_start + j <= q_start + i. Decode
 // against a cache is the same call with q_start = the token's position. Scores live in base 2 because exp2
 // is the core's exponential; the softmax's result does not depend on the base.
@@ -97,10 +101,6 @@ inline int visible_keys(int32_t q_start, int32_t k_start, int row) {
 
 #if defined(__AIENGINE__)
 
-#if !__AIE_API_FP32_EMULATION__
-#error "attention.cc multiplies fp32 vectors: it needs the AIE API's fp32 emulation (a newer AIE2P toolchain)"
-#endif
-
 static_assert(kTileK % 16 == 0, "AIE path: ATTN_TK must be a multiple of 16");
 static_assert(kHeadDim % 16 == 0, "AIE path: ATTN_HEAD_DIM must be a multiple of 16");
 
@@ -125,7 +125,36 @@ inline void store_block(float *first, const aie::vector<float, 64> &block) {
     aie::store_v(first + r * Stride, block.extract<8>(r));
 }
 
-inline aie::accum<accfloat, 16> widen(const aie::vector<float, 16> &v) { return aie::accum<accfloat, 16>(v); }
+template <unsigned N>
+inline aie::accum<accfloat, N> widen(const aie::vector<float, N> &v) { return aie::accum<accfloat, N>(v); }
+
+// fp32 x fp32 from the core's native bf16 x bf16 -> fp32 products, so the AIE path needs no fp32 vector
+// multiply (the AIE API's fp32 emulation): each factor is split into a bf16 head and the bf16 rounding of its
+// remainder, and the three products that matter are summed in the fp32 accumulator (the fourth, tail x
+// tail, is below fp32's rounding). Relative error about 2^-16, far below the bf16 rounding of any output.
+template <unsigned N>
+inline aie::accum<accfloat, N> mul_f32(const aie::vector<float, N> &x, const aie::vector<float, N> &y) {
+  const aie::vector<bfloat16, N> x_head = widen(x).template to_vector<bfloat16>();
+  const aie::vector<bfloat16, N> y_head = widen(y).template to_vector<bfloat16>();
+  const aie::vector<bfloat16, N> x_tail = aie::sub(widen(x), x_head).template to_vector<bfloat16>();
+  const aie::vector<bfloat16, N> y_tail = aie::sub(widen(y), y_head).template to_vector<bfloat16>();
+  aie::accum<accfloat, N> product = aie::mul(x_head, y_head);
+  product = aie::mac(product, x_head, y_tail);
+  return aie::mac(product, x_tail, y_head);
+}
+
+// One 64-lane fp32 block times another, 16 lanes at a time (the width of the bf16 -> fp32 multiply).
+inline aie::vector<float, 64> mul_f32_block(const aie::vector<float, 64> &x, const aie::vector<float, 64> &y) {
+  aie::vector<float, 64> product;
+  for (int part = 0; part < 4; ++part)
+    product.insert(part, mul_f32<16>(x.extract<16>(part), y.extract<16>(part)).to_vector<float>());
+  return product;
+}
+
+// exp2 of one fp32 value through the core's 16-lane exp2 (native width), rounded to bf16 as every exp2 here.
+inline float exp2_scalar(float x) {
+  return static_cast<float>(aie::exp2<bfloat16>(aie::broadcast<float, 16>(x)).get(0));
+}
 
 #endif
 
@@ -166,8 +195,9 @@ void attn_qk_tile_bf16(const bf16_t *q, const bf16_t *kv, float *scores, int32_t
         else
           block.mac(q_block, k_block);
       }
-      const aie::accum<accfloat, 64> logits = aie::mul(block.to_vector<float>(), kLogitScale);
-      store_block<kTileK>(scores + qb * kTileK + kb, logits.to_vector<float>());
+      const aie::vector<float, 64> logits =
+          mul_f32_block(block.template to_vector<float>(), aie::broadcast<float, 64>(kLogitScale));
+      store_block<kTileK>(scores + qb * kTileK + kb, logits);
     }
   }
   if ((long long)k_start + kTileK - 1 <= q_start)
@@ -218,22 +248,21 @@ void attn_online_softmax_bf16(const float *scores, bf16_t *probs, float *row_max
     const float new_max = tile_max > old_max ? tile_max : old_max;
     const float anchor = new_max > kNoKeyYet ? new_max : 0.0f; // no key yet: every prob must come out 0
     row_max[row] = new_max;
-    row_scale[row] = old_max > kNoKeyYet ? old_max - new_max : kMasked; // exponentiated below, all rows at once
+    row_scale[row] = old_max > kNoKeyYet ? exp2_scalar(old_max - new_max) : 0.0f;
 
+    const aie::accum<accfloat, 16> anchor_lanes = widen(aie::broadcast<float, 16>(anchor));
     aie::accum<accfloat, 16> sum = aie::zeros<accfloat, 16>();
     for (int j = 0; j < kTileK; j += 16) {
       const aie::vector<bfloat16, 16> p =
-          aie::exp2<bfloat16>(aie::sub(widen(aie::load_v<16>(s + j)), anchor).to_vector<float>());
+          aie::exp2<bfloat16>(aie::sub(widen(aie::load_v<16>(s + j)), anchor_lanes).to_vector<float>());
       aie::store_v(probs + row * kTileK + j, p);
       sum = aie::add(sum, p); // the rounded probs, the very weights the PV product uses
     }
     tile_sum[row] = aie::reduce_add(sum.to_vector<float>());
   }
   for (int row = 0; row < kTileQ; row += 8) {
-    const aie::accum<accfloat, 8> scale(aie::exp2<bfloat16>(aie::load_v<8>(row_scale + row)));
-    aie::store_v(row_scale + row, scale.to_vector<float>());
-    const aie::accum<accfloat, 8> sum = aie::mul(aie::load_v<8>(row_sum + row), scale.to_vector<float>());
-    aie::store_v(row_sum + row, aie::add(sum, aie::load_v<8>(tile_sum + row)).to_vector<float>());
+    const aie::accum<accfloat, 8> sum = mul_f32<8>(aie::load_v<8>(row_sum + row), aie::load_v<8>(row_scale + row));
+    aie::store_v(row_sum + row, aie::add(sum, widen(aie::load_v<8>(tile_sum + row))).to_vector<float>());
   }
 #else
   for (int row = 0; row < kTileQ; ++row) {
@@ -267,7 +296,7 @@ void attn_pv_accumulate_bf16(const bf16_t *probs, const bf16_t *kv, const float 
       scale_by_row.insert(r, aie::broadcast<float, 8>(row_scale[qb + r]));
     for (int d = 0; d < kHeadDim; d += 8) {
       float *acc_block = acc + qb * kHeadDim + d;
-      BlockMmul block(aie::mul(load_block<kHeadDim>(acc_block), scale_by_row));
+      BlockMmul block(widen(mul_f32_block(load_block<kHeadDim>(acc_block), scale_by_row)));
       for (int kb = 0; kb < kTileK; kb += 8)
         block.mac(load_block<kTileK>(probs + qb * kTileK + kb), load_block<kHeadDim>(v + kb * kHeadDim + d));
       store_block<kHeadDim>(acc_block, block.to_vector<float>());
@@ -293,9 +322,9 @@ void attn_finalize_bf16(const float *acc, const float *row_sum, bf16_t *out) {
   RoundToNearestEven rounding;
   for (int row = 0; row < kTileQ; ++row) {
     const float sum = row_sum[row];
-    const float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
+    const aie::vector<float, 16> inverse = aie::broadcast<float, 16>(sum > 0.0f ? 1.0f / sum : 0.0f);
     for (int d = 0; d < kHeadDim; d += 16) {
-      const aie::accum<accfloat, 16> o = aie::mul(aie::load_v<16>(acc + row * kHeadDim + d), inverse);
+      const aie::accum<accfloat, 16> o = mul_f32<16>(aie::load_v<16>(acc + row * kHeadDim + d), inverse);
       aie::store_v(out + row * kHeadDim + d, o.to_vector<bfloat16>());
     }
   }

@@ -285,6 +285,21 @@ class LaunchBuilder:
             yield trip if step == 1 and lower == 0 else self.affine(f"s0 * {step} + {lower}", [trip], hint)
         self.emit("}")
 
+    @contextmanager
+    def when(self, condition: str):
+        """``scf.if`` on an ``i1`` value: the body runs only where ``condition`` holds. The else branch is
+        written out empty: AIR's dependency analysis gives the op a token result, and an ``scf.if`` with
+        results needs both branches."""
+        self.emit(f"scf.if {condition} {{")
+        with self._region(isolated=False):
+            yield
+        self.emit("} else {")
+        self.emit("}")
+
+    def index_at_most(self, lhs: str, rhs: str, hint: str = "at_most") -> str:
+        """``lhs <= rhs`` (signed) for two index values, as an ``i1``."""
+        return self.assign(hint, f"arith.cmpi sle, {lhs}, {rhs} : index", "i1").ssa
+
     def affine(self, expr: str, symbols, hint: str = "idx") -> str:
         """``affine.apply`` of ``expr`` over symbols ``s0..`` bound to the given index values."""
         names = ", ".join(f"s{i}" for i in range(len(symbols)))

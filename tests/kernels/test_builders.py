@@ -12,7 +12,7 @@ from torch_npu2.kernels.compile import KERNEL_SOURCE_DIR
 from torch_npu2.kernels.program import Arg, Launch, Program, Role
 from torch_npu2.kernels.programs import o_ffn, o_gemv_ffn, rms_gemms_rope
 
-from .air_text import herd_headers, hierarchy
+from .air_text import herd_headers, hierarchy, index_constants
 
 BF16 = "bf16"
 KERNEL_OBJECTS_BY_SYMBOL = {s: k.object for k in EXTERNAL_KERNELS for s in k.symbols}
@@ -275,6 +275,7 @@ def test_builders_are_deterministic():
     ("attention", {}, {"tile_q": 64, "tile_kv": 64}, r"attention launch: L1 bytes=\d+: exceeds"),
     ("attention", {}, {"tile_kv": 24}, r"attention launch: tile_kv=24: must divide seq=2048"),
     ("attention", dict(causal=False), None, r"attention launch: causal=False: .*only causal=True"),
+    ("attention", {}, {"herd_heads": 3}, r"attention launch: herd_heads=3: must divide the group of 4"),
     ("gemm", {}, {"tile_x": 8}, r"gemm launch: tile_x=8: unknown tuning parameter"),
 ])
 def test_constraint_violations_raise(kind, overrides, tuning, message):
@@ -314,3 +315,37 @@ def test_default_plans_fit_l1_single_buffered_by_construction(program):
             l1 = sum(MemRef(tuple(int(d) for d in shape.split("x")), dtype, 2).nbytes
                      for shape, dtype in re.findall(r"memref\.alloc\(\) : memref<([\dx]+)x(bf16|f32), 2 : i32>", body))
             assert l1 <= L1_AVAILABLE, (launch.kind, l1)
+
+
+@pytest.mark.parametrize("heads,kv_heads,herd", [(32, 8, (8, 4)), (9, 3, (8, 3))])
+def test_attention_spans_the_array_with_one_kv_head_per_step(heads, kv_heads, herd):
+    ir = build("attention", heads=heads, kv_heads=kv_heads)
+    assert herd_headers(ir.text) == [("attention_herd", herd, "attention.o")]
+    launch = next(h for h in hierarchy(ir.text) if h.op == "launch")
+    sizes = index_constants(ir.text)
+    assert tuple(sizes[s] for s in launch.sizes) == (kv_heads, heads // kv_heads // herd[1])
+
+
+def test_attention_cores_see_no_value_derived_from_a_launch_index():
+    """The herd's only scalar operand (the KV head's column) feeds DMAs alone: the causal positions the
+    kernels get come from herd coordinates and the cores' own loops, so aircc makes no runtime parameter."""
+    text = build("attention").text
+    herd = next(h for h in hierarchy(text) if h.op == "herd")
+    header_types = re.search(r"air\.herd .* args\(.*\) : (.*) attributes", text).group(1).split(", ")
+    assert header_types.count("index") == 1 and header_types[0] == "index"
+    kv_col = herd.bindings[0][0]
+    uses = [line.strip() for line in herd.body.splitlines() if re.search(rf"{re.escape(kv_col)}\b", line)]
+    assert uses and all(line.startswith("air.dma_memcpy_nd") for line in uses), uses
+
+
+def test_attention_skips_blocks_wholly_in_the_future_of_a_cores_queries():
+    body = next(h for h in hierarchy(build("attention").text) if h.op == "herd").body
+    guard = re.search(r"(%\w+) = arith\.cmpi sle, (%\w+), (%\w+) : index\n\s*scf\.if \1 \{\n(.*?)\n\s*\} else \{",
+                      body, re.S)
+    assert guard, "the per-block calls are not guarded"
+    assert re.findall(r"func\.call @(\w+)", guard.group(4)) == [
+        "attn_qk_tile_bf16", "attn_online_softmax_bf16", "attn_pv_accumulate_bf16"]
+    # guarded by the block's first key against the core's last query row: tx * tile_q + round start + tile_q - 1
+    last_row = re.search(rf"{re.escape(guard.group(3))} = affine\.apply affine_map<\(\)\[s0, s1\] -> "
+                         r"\(s0 \+ s1 \* 32 \+ 31\)>\(\)\[(%\w+), (%\w+)\]", body)
+    assert last_row and last_row.group(2) == next(h for h in hierarchy(build("attention").text) if h.op == "herd").ids[0]
