@@ -1,4 +1,4 @@
-"""`python -m benchmarks {speed,host,memory,work,model,all,report,publish} [--quick | --full] [--out DIR]`."""
+"""`python -m benchmarks {speed,host,memory,work,model,precision,all,report,publish} [--quick | --full] [--out DIR]`."""
 from __future__ import annotations
 
 import argparse
@@ -6,11 +6,11 @@ import sys
 import time
 from pathlib import Path
 
-from . import common, cost_model, host_overhead, memory, report, speed, work
+from . import common, cost_model, host_overhead, memory, precision, report, speed, work
 
 # "all" runs them in this order: the cost model reads the host-overhead result.
 SECTIONS = {"work": work.run, "host": host_overhead.run, "model": cost_model.run, "memory": memory.run,
-            "speed": speed.run}
+            "speed": speed.run, "precision": precision.run}
 
 
 def main(argv=None) -> int:

@@ -25,6 +25,12 @@ PREFILL_OPTIONS = CompileOptions(runtime_loop_tiling_sizes=(4, 4))
 ATTENTION_OPTIONS = CompileOptions(runtime_loop_tiling_sizes=(1, 1), omit_pingpong="all")
 DECODE_OPTIONS = CompileOptions(runtime_loop_tiling_sizes=(16, 16))
 
+# How the prefill GEMMs multiply: "bfp16" builds the GEMM kernel with AIE_API_EMULATE_BFLOAT16_MMUL_WITH_BFP16
+# (both operands converted to bfp16ebs8, blocks of 8 along K: fast), "bf16" with the AIE API's exact bf16 mmul
+# (slower). Decode GEMVs and the LM head use bf16 MACs either way. The default and its reason: README, "Numerics".
+MATMUL_PRECISIONS = ("bf16", "bfp16")
+DEFAULT_MATMUL_PRECISION = "bf16"
+
 
 @dataclass(frozen=True)
 class ModelDims:
@@ -72,16 +78,30 @@ def _launch(kind: str, reads, writes, **params) -> Launch:
     return Launch(kind, tuple(sorted(params.items())), tuple(reads), tuple(writes))
 
 
+def _check_precision(precision: str) -> None:
+    if precision not in MATMUL_PRECISIONS:
+        raise ValueError(f"matmul precision must be one of {', '.join(map(repr, MATMUL_PRECISIONS))}, "
+                         f"got {precision!r}")
+
+
 def _check_seq(seq: int) -> None:
     if not isinstance(seq, int) or seq <= 0:
         raise ValueError(f"sequence length must be a positive int, got {seq!r}")
 
 
-def _rms_qkv_rope(name, hidden, heads, kv_heads, head_dim, eps, rows, matmul, row_shape, options) -> Program:
+def _matmul_params(matmul: str, rows: int, precision: str | None):
+    """(K, N) → a matmul launch's params: a prefill GEMM carries its precision, a decode GEMV has none."""
+    if matmul == "gemm":
+        return lambda k, n: dict(M=rows, K=k, N=n, precision=precision)
+    return lambda k, n: dict(K=k, N=n)
+
+
+def _rms_qkv_rope(name, hidden, heads, kv_heads, head_dim, eps, rows, matmul, row_shape, options,
+                  precision=None) -> Program:
     """RMSNorm → Q/K/V projections → half-split RoPE on Q and K (prefill GEMM or decode GEMV)."""
     _check_attention_dims(heads, kv_heads, head_dim)
     h, q, kv, hd = hidden, heads * head_dim, kv_heads * head_dim, head_dim
-    mm = (lambda k, n: dict(M=rows, K=k, N=n)) if matmul == "gemm" else (lambda k, n: dict(K=k, N=n))
+    mm = _matmul_params(matmul, rows, precision)
     return Program(
         name=name,
         params=(("hidden", hidden), ("heads", heads), ("kv_heads", kv_heads), ("head_dim", head_dim), ("eps", eps),
@@ -112,10 +132,10 @@ def _rms_qkv_rope(name, hidden, heads, kv_heads, head_dim, eps, rows, matmul, ro
     )
 
 
-def _o_ffn(name, hidden, q_dim, intermediate, eps, rows, matmul, row_shape, options) -> Program:
+def _o_ffn(name, hidden, q_dim, intermediate, eps, rows, matmul, row_shape, options, precision=None) -> Program:
     """O projection + residual → RMSNorm → SwiGLU MLP + residual (prefill GEMM or decode GEMV)."""
     h, q, f = hidden, q_dim, intermediate
-    mm = (lambda k, n: dict(M=rows, K=k, N=n)) if matmul == "gemm" else (lambda k, n: dict(K=k, N=n))
+    mm = _matmul_params(matmul, rows, precision)
     return Program(
         name=name,
         params=(("hidden", hidden), ("q_dim", q_dim), ("intermediate", intermediate), ("eps", eps), ("rows", rows)),
@@ -157,15 +177,20 @@ def _check_attention_dims(heads: int, kv_heads: int, head_dim: int) -> None:
         raise ValueError(f"head_dim must be even for half-split RoPE, got {head_dim}")
 
 
-def rms_gemms_rope(hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float, seq: int) -> Program:
+def rms_gemms_rope(hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float, seq: int,
+                   precision: str = DEFAULT_MATMUL_PRECISION) -> Program:
     _check_seq(seq)
+    _check_precision(precision)
     return _rms_qkv_rope("rms_gemms_rope", hidden, heads, kv_heads, head_dim, eps, seq, "gemm", lambda n: (seq, n),
-                         PREFILL_OPTIONS)
+                         PREFILL_OPTIONS, precision)
 
 
-def o_ffn(hidden: int, q_dim: int, intermediate: int, eps: float, seq: int) -> Program:
+def o_ffn(hidden: int, q_dim: int, intermediate: int, eps: float, seq: int,
+          precision: str = DEFAULT_MATMUL_PRECISION) -> Program:
     _check_seq(seq)
-    return _o_ffn("o_ffn", hidden, q_dim, intermediate, eps, seq, "gemm", lambda n: (seq, n), PREFILL_OPTIONS)
+    _check_precision(precision)
+    return _o_ffn("o_ffn", hidden, q_dim, intermediate, eps, seq, "gemm", lambda n: (seq, n), PREFILL_OPTIONS,
+                  precision)
 
 
 def rms_gemv_rope(hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float) -> Program:
@@ -226,13 +251,17 @@ def lm_head_gemv(hidden: int, vocab: int) -> Program:
     )
 
 
-def programs_for_model(dims: ModelDims, prefill_buckets) -> list[Program]:
-    """Every Program a model needs: the prefill trio per bucket, the decode pair and the LM head."""
+def programs_for_model(dims: ModelDims, prefill_buckets,
+                       matmul_precision: str = DEFAULT_MATMUL_PRECISION) -> list[Program]:
+    """Every Program a model needs: the prefill trio per bucket (its GEMMs in ``matmul_precision``), the
+    decode pair and the LM head."""
+    _check_precision(matmul_precision)
     d = dims
     attn = (d.hidden, d.heads, d.kv_heads, d.head_dim, d.eps)
     ffn = (d.hidden, d.q_dim, d.intermediate, d.eps)
     out: list[Program] = []
     for seq in prefill_buckets:
-        out += [rms_gemms_rope(*attn, seq), flash_attn(d.heads, d.kv_heads, d.head_dim, seq), o_ffn(*ffn, seq)]
+        out += [rms_gemms_rope(*attn, seq, matmul_precision), flash_attn(d.heads, d.kv_heads, d.head_dim, seq),
+                o_ffn(*ffn, seq, matmul_precision)]
     out += [rms_gemv_rope(*attn), o_gemv_ffn(*ffn), lm_head_gemv(d.hidden, d.vocab)]
     return out

@@ -17,8 +17,8 @@ def _qkv_dims(shapes):
     return x[-1], _heads(wq[0], head_dim, "wq"), _heads(wk[0], head_dim, "wk"), head_dim
 
 
-def _rms_gemms_rope(shapes, eps):
-    return programs.rms_gemms_rope(*_qkv_dims(shapes), eps, shapes[0][0])
+def _rms_gemms_rope(shapes, eps, precision):
+    return programs.rms_gemms_rope(*_qkv_dims(shapes), eps, shapes[0][0], precision)
 
 
 def _rms_gemv_rope(shapes, eps):
@@ -30,8 +30,8 @@ def _ffn_dims(shapes):
     return x[-1], attn[-1], w_gate[0]
 
 
-def _o_ffn(shapes, eps):
-    return programs.o_ffn(*_ffn_dims(shapes), eps, shapes[0][0])
+def _o_ffn(shapes, eps, precision):
+    return programs.o_ffn(*_ffn_dims(shapes), eps, shapes[0][0], precision)
 
 
 def _o_gemv_ffn(shapes, eps):
@@ -51,11 +51,15 @@ def _lm_head_gemv(shapes):
 # Small dims that fix each op's argument names and ranks for its schema.
 _EX = dict(hidden=8, heads=2, kv_heads=1, head_dim=4, eps=1e-5)
 _EX_FFN = dict(hidden=8, q_dim=8, intermediate=16, eps=1e-5)
+# The prefill ops' GEMM precision ("bf16" or "bfp16": kernels/programs.py); optional, so calls without it keep
+# the default.
+_PRECISION = ("precision", "str", programs.DEFAULT_MATMUL_PRECISION)
 
 FUSED_OPS = {op.name: op for op in (
-    FusedOp("rms_gemms_rope", (("eps", "float"),), _rms_gemms_rope, programs.rms_gemms_rope(**_EX, seq=2)),
+    FusedOp("rms_gemms_rope", (("eps", "float"), _PRECISION), _rms_gemms_rope,
+            programs.rms_gemms_rope(**_EX, seq=2)),
     FusedOp("flash_attn", (("head_dim", "int"),), _flash_attn, programs.flash_attn(2, 1, 4, 2)),
-    FusedOp("o_ffn", (("eps", "float"),), _o_ffn, programs.o_ffn(**_EX_FFN, seq=2)),
+    FusedOp("o_ffn", (("eps", "float"), _PRECISION), _o_ffn, programs.o_ffn(**_EX_FFN, seq=2)),
     FusedOp("rms_gemv_rope", (("eps", "float"),), _rms_gemv_rope, programs.rms_gemv_rope(**_EX)),
     FusedOp("o_gemv_ffn", (("eps", "float"),), _o_gemv_ffn, programs.o_gemv_ffn(**_EX_FFN)),
     FusedOp("lm_head_gemv", (), _lm_head_gemv, programs.lm_head_gemv(8, 16)),

@@ -30,7 +30,7 @@ class FusedOp:
     """
 
     name: str
-    scalars: tuple[tuple[str, str], ...]  # (name, schema type)
+    scalars: tuple[tuple, ...]  # (name, schema type) or (name, schema type, default)
     program_for: Callable[..., Program]
     example: Program
 
@@ -38,15 +38,24 @@ class FusedOp:
     def qualname(self) -> str:
         return f"{NAMESPACE}.{self.name}"
 
+    def with_defaults(self, scalars: tuple) -> tuple:
+        """The scalar arguments of a call, defaults filled in (the dispatcher hands over only those given)."""
+        return tuple(scalars) + tuple(s[2] for s in self.scalars[len(scalars):])
+
     @cached_property
     def expected(self) -> tuple[tuple[str, torch.dtype, int], ...]:
         """(name, dtype, rank) of each tensor argument: what every call is checked against."""
         return tuple((a.name, TORCH_DTYPES[a.dtype], len(a.shape)) for a in self.example.host_args)
 
     def schema(self) -> str:
-        params = [f"Tensor {a.name}" for a in self.example.host_args] + [f"{t} {n}" for n, t in self.scalars]
+        params = [f"Tensor {a.name}" for a in self.example.host_args] + [
+            f"{s[1]} {s[0]}" + (f"={_schema_literal(s[2])}" if len(s) == 3 else "") for s in self.scalars]
         outs = ", ".join("Tensor" for _ in self.example.outputs)
         return f"{self.name}({', '.join(params)}) -> {'Tensor' if len(self.example.outputs) == 1 else f'({outs})'}"
+
+
+def _schema_literal(value) -> str:
+    return f'"{value}"' if isinstance(value, str) else repr(value)
 
 
 def _fail(op: FusedOp, arg: str, expected: str, given) -> ValueError:
@@ -94,13 +103,13 @@ def register(op: FusedOp):
     single = len(op.example.outputs) == 1
 
     def npu_impl(*args):
-        tensors, scalars = args[:count], args[count:]
+        tensors, scalars = args[:count], op.with_defaults(args[count:])
         program = program_of(op, tensors, scalars)
         outputs = get_runtime().run(program, tensors)
         return outputs[0] if single else outputs
 
     def fake_impl(*args):
-        tensors, scalars = args[:count], args[count:]
+        tensors, scalars = args[:count], op.with_defaults(args[count:])
         program = program_of(op, tensors, scalars, real=False)
         like = tensors[0]
         outputs = tuple(like.new_empty(a.shape, dtype=TORCH_DTYPES[a.dtype]) for a in program.outputs)

@@ -13,14 +13,17 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..kernels import DEFAULT_MATMUL_PRECISION
 from ..ops import flash_attn, lm_head_gemv, o_ffn, o_gemv_ffn, reference, rms_gemms_rope, rms_gemv_rope
 
 
 @dataclass
 class SharedState:
-    """Per-model state the layers share: prefill buckets and one-entry memos reused by every layer of a forward."""
+    """Per-model state the layers share: prefill buckets, the prefill GEMMs' precision and one-entry memos
+    reused by every layer of a forward."""
 
     buckets: tuple[int, ...]
+    matmul_precision: str = DEFAULT_MATMUL_PRECISION
     lut_memo: tuple = (None, None)   # (cos tensor, its RoPE LUT); holding cos keeps its id unique
     mask_memo: tuple = (None, None)  # (mask tensor, per-row first real token or None)
 
@@ -183,7 +186,8 @@ class NpuDecoderLayer:
             for start, stop, padded in self.shared.chunks(last - first):
                 lo, hi = first + start, first + stop
                 v, q, k = rms_gemms_rope(_pad_rows(hidden[b, lo:hi], padded), norm_w, wq, wk, wv,
-                                         _pad_rows(lut[b, lo:hi], padded), self.eps_attn)
+                                         _pad_rows(lut[b, lo:hi], padded), self.eps_attn,
+                                         self.shared.matmul_precision)
                 k_new[b, lo:hi], v_new[b, lo:hi] = k[: hi - lo], v[: hi - lo]
                 pieces.append((lo, hi, padded, v, q, k))
             qkv.append(pieces)
@@ -202,7 +206,8 @@ class NpuDecoderLayer:
         for b, pieces in enumerate(qkv):
             for lo, hi, padded, v, q, k in pieces:
                 attn = flash_attn(q, k, v, self.head_dim) if on_npu else _pad_rows(attn_all[b, lo:hi], padded)
-                out = o_ffn(attn, wo, _pad_rows(hidden[b, lo:hi], padded), norm2_w, w_gate, w_up, w_down, self.eps_mlp)
+                out = o_ffn(attn, wo, _pad_rows(hidden[b, lo:hi], padded), norm2_w, w_gate, w_up, w_down, self.eps_mlp,
+                            self.shared.matmul_precision)
                 if batch == 1 and hi - lo == seq == padded:
                     return out.view(1, seq, -1)  # the op's output is the layer's output: no copy
                 if result is None:

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from .. import runtime as npu_runtime
-from ..kernels import ModelDims, programs_for_model
+from ..kernels import DEFAULT_MATMUL_PRECISION, MATMUL_PRECISIONS, ModelDims, programs_for_model
 from ..kernels.stitch import npu2_build_problem
 from .layer import NpuDecoderLayer, NpuLmHead, SharedState
 
@@ -27,7 +27,7 @@ def _fail(message: str) -> ValueError:
     return ValueError(f"patch_llama: {message}; the model was not modified")
 
 
-def _validate(model, buckets) -> None:
+def _validate(model, buckets, matmul_precision) -> None:
     from transformers import LlamaForCausalLM
 
     if not isinstance(model, LlamaForCausalLM):
@@ -60,6 +60,9 @@ def _validate(model, buckets) -> None:
             raise _fail(f"parameter {name} is on {param.device}, expected cpu (the NPU shares host memory)")
     if not buckets or any(not isinstance(b, int) or b <= 0 for b in buckets):
         raise _fail(f"prefill_buckets must be positive ints, got {buckets!r}")
+    if matmul_precision not in MATMUL_PRECISIONS:
+        raise _fail(f"matmul_precision must be one of {', '.join(map(repr, MATMUL_PRECISIONS))}, "
+                    f"got {matmul_precision!r}")
 
 
 def _silu_modules() -> tuple[type, ...]:
@@ -69,11 +72,11 @@ def _silu_modules() -> tuple[type, ...]:
     return (nn.SiLU, type(ACT2FN["silu"]), type(ACT2FN["swish"]))
 
 
-def _check_npu2_builds(model, buckets, target: str) -> None:
+def _check_npu2_builds(model, buckets, matmul_precision, target: str) -> None:
     """Every Program the model needs against the NPU2 builders' constraints: an error on the NPU, where
     nothing could run; a warning on the emulator, which runs them anyway."""
-    problems = [(program, npu2_build_problem(program))
-                for program in programs_for_model(ModelDims.from_config(model.config), buckets)]
+    programs = programs_for_model(ModelDims.from_config(model.config), buckets, matmul_precision)
+    problems = [(program, npu2_build_problem(program)) for program in programs]
     problems = [f"{program.name} ({', '.join(f'{k}={v}' for k, v in program.params)}): {problem}"
                 for program, problem in problems if problem]
     if not problems:
@@ -135,22 +138,26 @@ def _npu_weights(model) -> list[nn.Parameter]:
     return list(unique.values())
 
 
-def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS, progress: bool = False):
+def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS,
+                matmul_precision: str = DEFAULT_MATMUL_PRECISION, progress: bool = False):
     """Run ``model`` (a HF ``LlamaForCausalLM``, patched in place and returned) through the npu2 ops.
 
     ``backend``: "auto" (NPU if present, else emulated), "npu" or "emulator" — the process-wide runtime.
     ``prefill_buckets``: the sequence lengths prefill kernels are compiled for; prompts pad to the next
     bucket, and prompts longer than the largest are processed in chunks of it.
+    ``matmul_precision``: how the prefill GEMMs multiply on the NPU: "bf16" (the AIE API's exact bf16 mmul)
+    or "bfp16" (operands converted to bfp16ebs8, blocks of 8 along K: faster, less accurate); the emulator
+    follows the choice. Decode and the LM head use bf16 either way. The default and why: README, "Numerics".
     ``progress``: show a progress bar while weights move into NPU buffers.
     """
     if getattr(model, STATE_ATTR, None) is not None:
         warnings.warn("patch_llama: the model is already patched; leaving it as it is", stacklevel=2)
         return model
     buckets = tuple(sorted(set(prefill_buckets)))
-    _validate(model, buckets)
+    _validate(model, buckets, matmul_precision)
     runtime = npu_runtime.runtime_for(backend)
-    _check_npu2_builds(model, buckets, runtime.target)
-    state = PatchState(SharedState(buckets))
+    _check_npu2_builds(model, buckets, matmul_precision, runtime.target)
+    state = PatchState(SharedState(buckets, matmul_precision))
     weights = _npu_weights(model)
     if progress:
         from tqdm import tqdm

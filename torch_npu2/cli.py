@@ -76,7 +76,7 @@ def _load_patched(args):
     runtime = runtime_for(args.backend)
     problems = [] if runtime.target == "npu2" else probe_npu().problems
     print(f"running on: {_backend_line(runtime, problems)}", file=sys.stderr)
-    patch_llama(model, backend=args.backend, progress=True)
+    patch_llama(model, backend=args.backend, matmul_precision=args.matmul_precision, progress=True)
     _prepare_decode_kernels(model, runtime)
     return model, tokenizer
 
@@ -199,7 +199,7 @@ def cmd_compile(args) -> int:
 
     config = _load_config(args.model)
     buckets = tuple(args.buckets) if args.buckets else DEFAULT_BUCKETS
-    programs = programs_for_model(ModelDims.from_config(config), buckets)
+    programs = programs_for_model(ModelDims.from_config(config), buckets, args.matmul_precision)
     if args.emit_mlir:
         out_dir = Path(args.emit_mlir)
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -260,6 +260,14 @@ def _load_config(path):
     return AutoConfig.from_pretrained(path)
 
 
+def _add_matmul_precision(parser) -> None:
+    from .kernels import DEFAULT_MATMUL_PRECISION, MATMUL_PRECISIONS
+
+    parser.add_argument("--matmul-precision", choices=MATMUL_PRECISIONS, default=DEFAULT_MATMUL_PRECISION,
+                        help="how the prefill GEMMs multiply: bf16 (exact bf16 mmul) or bfp16 (BFP16 emulation: "
+                             "faster, less accurate); default: %(default)s")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="torch-npu2", description=__doc__)
     parser.add_argument("--version", action="version", version=f"torch_npu2 {__version__}")
@@ -276,6 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     gen.add_argument("--top-p", type=float, default=0.9)
     gen.add_argument("--backend", choices=("auto", "npu", "emulator"), default="auto")
+    _add_matmul_precision(gen)
     gen.set_defaults(func=cmd_generate)
 
     comp = sub.add_parser("compile", help="precompile every Program a model needs (ELFs need aircc or the AIR "
@@ -288,6 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "what each uses")
     comp.add_argument("--emit-mlir", metavar="DIR", help="write each stitched module to DIR/<program>.mlir; "
                                                          "needs no toolchain")
+    _add_matmul_precision(comp)
     comp.set_defaults(func=cmd_compile)
 
     lint = sub.add_parser("lint", help="check every Program's IR for patterns aircc lowers slowly or riskily "

@@ -234,6 +234,40 @@ def test_bad_buckets_and_backend(runtime):
         patch_llama(tiny_llama(), backend="npu")
 
 
+@pytest.mark.parametrize("precision", ["fp8", "BFP16", None])
+def test_unknown_matmul_precision_is_rejected_before_any_change(runtime, precision):
+    model = tiny_llama()
+    snapshot = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with pytest.raises(ValueError, match=r"matmul_precision must be one of 'bf16', 'bfp16', got .*the model was not "
+                                         r"modified"):
+        patch_llama(model, matmul_precision=precision)
+    assert _unmodified(model, snapshot)
+
+
+def test_matmul_precision_reaches_the_prefill_gemms_only(runtime, pair, monkeypatch):
+    """What the emulated NPU runs: every prefill GEMM launch in the chosen precision, decode GEMVs without one;
+    bfp16 GEMMs change the prompt's logits."""
+    from torch_npu2.emulator import launches
+
+    seen = []
+    for kind in ("gemm", "gemv"):
+        def spy(p, a, w, kind=kind, run=launches.LAUNCH_KINDS[kind]):
+            seen.append((kind, p.get("precision")))
+            return run(p, a, w)
+        monkeypatch.setitem(launches.LAUNCH_KINDS, kind, spy)
+    ids, logits = prompt(12), {}
+    for precision in ("bf16", "bfp16"):
+        _, model = pair(tiny_llama())
+        patch_llama(model, matmul_precision=precision)
+        seen.clear()
+        with torch.no_grad():
+            logits[precision] = model(ids).logits
+        model.generate(ids, max_new_tokens=2, do_sample=False)
+        assert {p for kind, p in seen if kind == "gemm"} == {precision}
+        assert {p for kind, p in seen if kind == "gemv"} == {None}
+    assert not torch.equal(logits["bf16"], logits["bfp16"])
+
+
 def test_model_stays_usable_after_a_rejected_patch(runtime):
     model = tiny_llama().float()
     with pytest.raises(ValueError):

@@ -51,6 +51,22 @@ def test_compile_emit_mlir_needs_no_toolchain(tmp_path, capsys, smollm2_loaded):
     assert "wrote 9 modules" in capsys.readouterr().out
 
 
+def test_matmul_precision_option_reaches_the_programs(tmp_path, monkeypatch, smollm2_loaded):
+    import torch_npu2.kernels
+
+    made = []
+    real = torch_npu2.kernels.programs_for_model
+    monkeypatch.setattr(torch_npu2.kernels, "programs_for_model",
+                        lambda *a: made.append(real(*a)) or made[-1])
+    assert cli.main(["compile", "--emit-mlir", str(tmp_path), "--buckets", "16", "--matmul-precision", "bfp16"]) == 0
+    assert {l.p["precision"] for p in made[0] for l in p.launches if l.kind == "gemm"} == {"bfp16"}
+    args = cli.build_parser().parse_args(["generate", "--matmul-precision", "bfp16"])
+    assert args.matmul_precision == "bfp16"
+    assert cli.build_parser().parse_args(["compile"]).matmul_precision == "bf16"
+    with pytest.raises(SystemExit):
+        cli.main(["compile", "--matmul-precision", "fp8"])
+
+
 def test_compile_without_toolchain_lists_what_is_missing(capsys, monkeypatch, smollm2_loaded):
     from torch_npu2.kernels import compile as pipeline
 

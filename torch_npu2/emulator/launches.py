@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels import host_build
+from .bfp16 import quantize_bf16_to_bfp16
 
 
 def rmsnorm(p, x, weight):
@@ -22,7 +23,12 @@ def rmsnorm(p, x, weight):
 
 def matmul(p, a, w):
     # torch's bf16 CPU matmul accumulates in fp32 and rounds once: the AIE2P bf16 GEMM contract.
-    return F.linear(a.reshape(-1, p["K"]), w.reshape(p["N"], p["K"]))
+    a, w = a.reshape(-1, p["K"]), w.reshape(p["N"], p["K"])
+    if p.get("precision") == "bfp16":
+        # A GEMM built with BFP16 emulation first converts both operands to bfp16ebs8 (blocks of 8 along K);
+        # the converted values are bf16 values and their products exact, so the bf16 matmul then matches.
+        a, w = quantize_bf16_to_bfp16(a), quantize_bf16_to_bfp16(w)
+    return F.linear(a, w)
 
 
 def rope(p, x, lut):

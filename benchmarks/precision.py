@@ -1,0 +1,191 @@
+"""Accuracy of each prefill-GEMM precision ("bf16", "bfp16") against an fp32 run of the same model (measured
+on the emulated NPU2), and the predicted prefill cost of each (a MODEL, not a measurement).
+
+Per model and precision:
+- ``compare_layers`` against the fp32 model on one prompt: the worst decoder layer's and the logits' minimum
+  cosine over positions (and, for reference, HF's own bf16 run against the same fp32 model);
+- the top-5 gate (tests/patch_llama/gate.py, vLLM's rule) against the fp32 model's greedy tokens, per prompt;
+- first-token agreement: the first greedy token equals the fp32 model's, over the gate's prompts;
+- on SmolLM2, the answer to "What is the capital of France?".
+SmolLM2-135M-Instruct uses the gate's chat and raw prompts; the Llama-3.2-1B shape has random weights (no
+tokenizer, so random token prompts) and, in quick mode, only 2 decoder layers, 4 prompts and 4 new tokens (on 2
+shared cores a full 16-layer run of every variant takes hours).
+
+Predicted prefill cost: ``cost_model.CostModel`` is fitted to the reference implementation's published times,
+whose GEMMs ran BFP16 emulation; the bf16 prediction multiplies its GEMM time by 3, the ratio of upstream's
+published whole-array GEMM throughputs (mlir-aie programming_examples/ml/block_datatypes/matrix_multiplication
+README: bf16 with BFP16 emulation 4.8 TFLOP/s, plain bf16 1.6 TFLOP/s, 8 columns).
+"""
+from __future__ import annotations
+
+import copy
+import time
+from pathlib import Path
+
+import torch
+
+from . import common, cost_model
+
+PRECISIONS = ("bf16", "bfp16")
+BF16_GEMM_SLOWDOWN = 4.8 / 1.6  # upstream's published bf16-via-BFP16 vs plain bf16 GEMM throughput
+SETTINGS = {
+    "quick": dict(new_tokens=16, llama_layers=2, llama_prompts=4, llama_new_tokens=4, buckets=(16, 32, 64)),
+    "full": dict(new_tokens=32, llama_layers=16, llama_prompts=9, llama_new_tokens=32, buckets=(16, 32, 64)),
+}
+CAPITAL = "What is the capital of France?"
+
+
+def _greedy(model, ids, new_tokens):
+    from tests.patch_llama.gate import greedy_with_topk
+
+    with torch.no_grad():
+        return greedy_with_topk(model, ids, new_tokens)
+
+
+def _gate(reference, candidate) -> dict:
+    """The top-5 gate of ``candidate`` against ``reference`` (tokens, logits): first divergence and verdict."""
+    from tests.patch_llama.gate import check_topk_gate
+
+    try:
+        first = check_topk_gate(*reference, *candidate)[0]
+        passed = True
+    except AssertionError:
+        ref_tokens, out_tokens = reference[0][0], candidate[0][0]
+        first = next(i for i, (a, b) in enumerate(zip(ref_tokens.tolist(), out_tokens.tolist())) if a != b)
+        passed = False
+    return {"first_divergence": first, "gate_passed": passed,
+            "first_token_agrees": int(reference[0][0, 0]) == int(candidate[0][0, 0])}
+
+
+def _distance(reference, model, ids) -> dict:
+    from torch_npu2 import compare_layers
+
+    report = compare_layers(reference, model, ids)
+    layers, logits = report[:-1], report[-1]
+    worst = min(layers, key=lambda r: r.min_cosine)
+    return {"worst_layer": worst.name, "worst_layer_min_cosine": worst.min_cosine,
+            "last_layer_min_cosine": layers[-1].min_cosine, "logits_min_cosine": logits.min_cosine,
+            "per_layer_min_cosine": [r.min_cosine for r in layers]}
+
+
+def _evaluate(name, model, prompts, compare_ids, new_tokens, buckets, tokenizer, log) -> dict:
+    """fp32 reference, HF bf16 and each patched precision on one model."""
+    import torch_npu2
+
+    # nn.Module's own cast: HF refuses .float() on a GGUF-loaded model (dequantized bf16, flagged quantized)
+    fp32 = torch.nn.Module.float(copy.deepcopy(model))
+    reference = [_greedy(fp32, ids, new_tokens) for _, _, ids in prompts]
+    rows = {}
+    candidates = [("HF bf16 (CPU)", None)] + [(f"NPU2 {p}", p) for p in PRECISIONS]
+    for label, precision in candidates:
+        started = time.perf_counter()
+        candidate = copy.deepcopy(model)
+        if precision is not None:
+            torch_npu2.patch_llama(candidate, prefill_buckets=buckets, matmul_precision=precision)
+        gates = []
+        for (kind, text, ids), ref in zip(prompts, reference):
+            gates.append({"kind": kind, "prompt": text, **_gate(ref, _greedy(candidate, ids, new_tokens))})
+        row = {"label": label, "precision": precision, **_distance(fp32, candidate, compare_ids), "prompts": gates,
+               "gate_passed": sum(g["gate_passed"] for g in gates),
+               "first_token_agreement": sum(g["first_token_agrees"] for g in gates),
+               "identical": sum(g["first_divergence"] is None for g in gates), "count": len(gates)}
+        if tokenizer is not None:
+            from tests.patch_llama.test_smollm2 import chat_ids
+
+            ids = chat_ids(tokenizer, CAPITAL)
+            with torch.no_grad():
+                out = candidate.generate(ids, max_new_tokens=12, do_sample=False)
+            row["capital_answer"] = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+            log(f"  {name} {label}: {CAPITAL!r} -> {row['capital_answer']!r}")
+        rows[label] = row
+        log(f"  {name} {label}: worst layer {row['worst_layer_min_cosine']:.5f}, logits "
+            f"{row['logits_min_cosine']:.5f}, gate {row['gate_passed']}/{row['count']}, first token "
+            f"{row['first_token_agreement']}/{row['count']} ({time.perf_counter() - started:.0f} s)")
+        del candidate
+    if tokenizer is not None:
+        from tests.patch_llama.test_smollm2 import chat_ids
+
+        ids = chat_ids(tokenizer, CAPITAL)
+        with torch.no_grad():
+            out = fp32.generate(ids, max_new_tokens=12, do_sample=False)
+        rows["fp32"] = {"label": "fp32 (CPU)", "capital_answer": tokenizer.decode(out[0, ids.shape[1]:],
+                                                                                   skip_special_tokens=True)}
+    return rows
+
+
+def _smollm2(settings, log) -> dict:
+    from tests.patch_llama.test_smollm2 import all_prompts, chat_ids
+    from torch_npu2.patch_llama.models import load_model
+
+    model, tokenizer = load_model()
+    prompts = all_prompts(tokenizer)
+    compare_ids = chat_ids(tokenizer, "Explain what a neural network is in one sentence.")
+    return _evaluate("SmolLM2-135M", model, prompts, compare_ids, settings["new_tokens"], settings["buckets"],
+                     tokenizer, log)
+
+
+def _llama_1b(settings, log) -> dict:
+    shape = {**common.LLAMA_1B_SHAPE, "num_hidden_layers": settings["llama_layers"]}
+    model = common.random_llama(common.llama_config(**shape))
+    prompts = [("random", f"{length} random tokens", common.random_prompt(length, shape["vocab_size"], seed=i))
+               for i, length in enumerate((12, 20, 28, 36, 44, 52, 60, 9, 17)[:settings["llama_prompts"]])]
+    compare_ids = common.random_prompt(40, shape["vocab_size"], seed=99)
+    return _evaluate("Llama-3.2-1B shape", model, prompts, compare_ids, settings["llama_new_tokens"],
+                     settings["buckets"], None, log)
+
+
+def predicted_prefill_ms(seq: int) -> dict:
+    """Predicted ms per Llama-3.2-1B prefill (16 layers' rms_gemms_rope + flash_attn + o_ffn) per precision."""
+    from torch_npu2.kernels import programs
+
+    model = cost_model.CostModel.calibrated()
+    dims = cost_model.llama_1b_dims()
+    per_gemm = model.coefficients[3]
+    out = {}
+    for precision in PRECISIONS:
+        seconds = 0.0
+        for program in (programs.rms_gemms_rope(dims.hidden, dims.heads, dims.kv_heads, dims.head_dim, dims.eps,
+                                                seq, precision),
+                        programs.flash_attn(dims.heads, dims.kv_heads, dims.head_dim, seq),
+                        programs.o_ffn(dims.hidden, dims.q_dim, dims.intermediate, dims.eps, seq, precision)):
+            gemm_flops = cost_model.features(program)[3]
+            extra = (BF16_GEMM_SLOWDOWN - 1.0) * gemm_flops * per_gemm if precision == "bf16" else 0.0
+            seconds += model.seconds(program) + extra
+        out[precision] = float(seconds * cost_model.LLAMA_1B_LAYERS * 1e3)
+    return out
+
+
+def table(result: dict) -> str:
+    lines = ["| model | run | worst layer min cos | last layer min cos | logits min cos | top-5 gate passed | "
+             "identical tokens | first token = fp32 |", "|---|---|---|---|---|---|---|---|"]
+    for model, rows in result["models"].items():
+        for row in rows.values():
+            if "worst_layer_min_cosine" not in row:
+                continue
+            lines.append(f"| {model} | {row['label']} | {row['worst_layer_min_cosine']:.5f} ({row['worst_layer']}) | "
+                         f"{row['last_layer_min_cosine']:.5f} | {row['logits_min_cosine']:.5f} | "
+                         f"{row['gate_passed']}/{row['count']} | {row['identical']}/{row['count']} | "
+                         f"{row['first_token_agreement']}/{row['count']} |")
+    answers = [(row["label"], row["capital_answer"]) for row in result["models"].get("SmolLM2-135M", {}).values()
+               if "capital_answer" in row]
+    if answers:
+        lines += ["", f"SmolLM2, \"{CAPITAL}\" (greedy, 12 tokens):", ""]
+        lines += [f"- {label}: {answer!r}" for label, answer in answers]
+    lines += ["", "Predicted Llama-3.2-1B prefill (16 layers, cost MODEL, not measured): " + ", ".join(
+        f"seq {seq}: " + " / ".join(f"{p} {ms:.0f} ms" for p, ms in by_precision.items())
+        for seq, by_precision in result["predicted_prefill_ms"].items())]
+    return "\n".join(lines) + "\n"
+
+
+def run(mode: str, out_dir: Path, log=print) -> dict:
+    settings = SETTINGS[mode]
+    started = time.perf_counter()
+    with common.emulated_runtime(compute=True):
+        models = {"SmolLM2-135M": _smollm2(settings, log), "Llama-3.2-1B shape": _llama_1b(settings, log)}
+    result = {"settings": {**settings, "llama_1b_layers": settings["llama_layers"]}, "models": models,
+              "predicted_prefill_ms": {seq: predicted_prefill_ms(seq) for seq in (128, 2048)},
+              "method": __doc__}
+    common.write_result("precision", result, out_dir, mode, started)
+    (out_dir / "precision.md").write_text(table(result))
+    log(table(result))
+    return result

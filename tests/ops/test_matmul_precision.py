@@ -1,0 +1,79 @@
+"""The prefill GEMMs' precision: a Program built for "bf16" multiplies bf16 operands exactly (fp32 sums), one
+built for "bfp16" first converts both operands to bfp16ebs8 as AIE2P's BFP16 emulation does; decode and the
+LM head have no precision and stay bf16. Expected values are worked out by hand below."""
+import pytest
+import torch
+
+from torch_npu2.kernels import ModelDims, programs_for_model
+from torch_npu2.kernels.programs import o_ffn, rms_gemms_rope
+from torch_npu2.ops import rms_gemms_rope as rms_gemms_rope_op
+from torch_npu2.ops import rms_gemv_rope as rms_gemv_rope_op
+
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM, SEQ = 16, 2, 1, 8, 2
+SMALL = 0.01  # bf16(0.01) = 0.010009765625: below a bfp16 step of 2^-6 next to 1.0 in its block
+
+
+def hand_made_qkv(rows):
+    """x = 1 everywhere and RMSNorm's weight = [1 × 8 | 1, 0.01 × 7]: ``normed`` is exactly that weight
+    (rms 1). wv's rows: row 0 = [0 × 8 | 1 × 8] (only the activation's conversion matters), row 1 =
+    [1, 0.01 × 7 | 0 × 8] and row 2 = [1, -0.01 × 7 | 0 × 8] (only the weight's conversion matters); the rest 0."""
+    x = torch.ones(*rows, HIDDEN, dtype=torch.bfloat16)
+    norm_w = torch.tensor([1.0] * 8 + [1.0] + [SMALL] * 7).bfloat16()
+    wq = torch.zeros(HEADS * HEAD_DIM, HIDDEN, dtype=torch.bfloat16)
+    wk = torch.zeros(KV_HEADS * HEAD_DIM, HIDDEN, dtype=torch.bfloat16)
+    wv = torch.zeros(KV_HEADS * HEAD_DIM, HIDDEN, dtype=torch.bfloat16)
+    wv[0, 8:] = 1.0
+    wv[1, :8] = torch.tensor([1.0] + [SMALL] * 7)
+    wv[2, :8] = torch.tensor([1.0] + [-SMALL] * 7)
+    lut = torch.ones(*rows, HEAD_DIM, dtype=torch.bfloat16)
+    return x, norm_w, wq, wk, wv, lut
+
+
+# v[:, :3] per precision.
+# bf16: 1 ± 7·bf16(0.01) = 1.0700684 → bf16 1.0703125, 0.9299316 → 0.9296875.
+# bfp16: the 0.01s truncate to 0 (rows 0, 1: 1.0); -0.01 truncates down to -2^-6 (row 2: 1 - 7/64 = 0.890625).
+EXPECTED = {"bf16": [1.0703125, 1.0703125, 0.9296875], "bfp16": [1.0, 1.0, 1.0 - 7 / 64]}
+
+
+@pytest.mark.parametrize("precision", ["bf16", "bfp16"])
+def test_prefill_gemm_runs_the_programs_precision(runtime, precision):
+    v, _, _ = rms_gemms_rope_op(*hand_made_qkv((SEQ,)), 1e-5, precision)
+    assert v[:, :3].float().tolist() == [EXPECTED[precision]] * SEQ
+
+
+def test_prefill_default_precision_is_bf16_numerics(runtime):
+    v, _, _ = rms_gemms_rope_op(*hand_made_qkv((SEQ,)), 1e-5)
+    assert v[0, :3].float().tolist() == EXPECTED["bf16"]
+
+
+def test_decode_gemv_stays_bf16(runtime):
+    v, _, _ = rms_gemv_rope_op(*hand_made_qkv(()), 1e-5)
+    assert v[:3].float().tolist() == EXPECTED["bf16"]
+
+
+def test_precision_is_part_of_each_prefill_program_and_its_key():
+    dims = ModelDims(hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=128, vocab=256, eps=1e-5)
+    by_precision = {p: programs_for_model(dims, (16, 32), p) for p in ("bf16", "bfp16")}
+    for precision, programs in by_precision.items():
+        gemms = [l for prog in programs for l in prog.launches if l.kind == "gemm"]
+        assert len(gemms) == 2 * (3 + 4) and all(l.p["precision"] == precision for l in gemms)
+        assert all("precision" not in l.p for prog in programs for l in prog.launches if l.kind != "gemm")
+    keys = {p: {prog.name + str(prog.params): prog.key for prog in programs} for p, programs in by_precision.items()}
+    for label, key in keys["bf16"].items():
+        prefill = label.startswith(("rms_gemms_rope", "o_ffn"))
+        assert (key != keys["bfp16"][label]) == prefill, label
+
+
+@pytest.mark.parametrize("make", [
+    lambda: rms_gemms_rope(HIDDEN, HEADS, KV_HEADS, HEAD_DIM, 1e-5, SEQ, "fp8"),
+    lambda: o_ffn(HIDDEN, HIDDEN, 32, 1e-5, SEQ, "BF16"),
+    lambda: programs_for_model(ModelDims(16, 2, 1, 8, 32, 64, 1e-5), (16,), None),
+])
+def test_unknown_precision_is_refused(make):
+    with pytest.raises(ValueError, match="matmul precision must be one of 'bf16', 'bfp16'"):
+        make()
+
+
+def test_op_refuses_an_unknown_precision(runtime):
+    with pytest.raises(ValueError, match="npu2.rms_gemms_rope: inconsistent arguments: matmul precision"):
+        rms_gemms_rope_op(*hand_made_qkv((SEQ,)), 1e-5, "fp8")
