@@ -4,7 +4,7 @@ import dataclasses
 import pytest
 
 from benchmarks import cost_model
-from torch_npu2.kernels.builders import EXTERNAL_KERNELS, build_launch, gemm
+from torch_npu2.kernels.builders import EXTERNAL_KERNELS, build_launch
 from torch_npu2.kernels.builders.externs import CALL_COSTS
 from torch_npu2.kernels.builders.ir import L1, WHOLE, ExternDecl, LaunchBuilder, MemRef, Window
 from torch_npu2.kernels.program import CompileOptions
@@ -12,6 +12,9 @@ from torch_npu2.kernels.program import CompileOptions
 M, K, N = 256, 512, 256
 HERD_M, HERD_N, TILE_K = 4, 4, 64
 DEFAULT_OPTIONS = CompileOptions()
+# C += A·Wᵀ as a linalg.matmul over W's (N, K) rows: the scalar form the gemm builder emitted before gemm.cc
+MATMUL_TRANSPOSED_B = ("indexing_maps = [affine_map<(d0, d1, d2) -> (d0, d2)>, "
+                       "affine_map<(d0, d1, d2) -> (d1, d2)>, affine_map<(d0, d1, d2) -> (d0, d1)>]")
 
 
 def tile_gemm(kernel: bool, defines=()):
@@ -36,7 +39,7 @@ def tile_gemm(kernel: bool, defines=()):
                     if kernel:
                         b.emit(f"func.call @gemm_bf16_f32_wnk({a_buf.ssa}, {w_buf.ssa}, {acc.ssa}) : ({types}) -> ()")
                     else:
-                        b.emit(f"linalg.matmul {gemm.MATMUL_TRANSPOSED_B} ins({a_buf.ssa}, {w_buf.ssa} : {a_type}, "
+                        b.emit(f"linalg.matmul {MATMUL_TRANSPOSED_B} ins({a_buf.ssa}, {w_buf.ssa} : {a_type}, "
                                f"{w_type}) outs({acc.ssa} : {acc_type})")
                 b.dma(hc, Window((row, col), (tile_m, tile_n), (N, 1)), c_buf, WHOLE)
     ir = b.finish()
