@@ -344,7 +344,7 @@ def check_shim_bds(text: str, tiling) -> list[str]:
         window = canonical_dims(shim.sizes, shim.strides) if shim.sizes else []
         dims = len(window) + len(folded)
         fits = dims <= SHIM_DIMS and all(t <= SHIM_WRAP_MAX for t in folded) and not (
-            dims == SHIM_DIMS and folded[0] > SHIM_ITERATION_MAX)
+            dims == SHIM_DIMS and folded and folded[0] > SHIM_ITERATION_MAX)
         bds = 1 if fits else math.prod(folded)
         if bds > SHIM_BDS:
             problems.append(f"`{line[:120]}` needs {bds} shim BDs per batch of launch steps (launch {steps}, "

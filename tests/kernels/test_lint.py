@@ -1,5 +1,7 @@
 """The IR lint: each rule fires on a module made bad on purpose and stays quiet on a good one; every Program
 of SmolLM2-135M and Llama-3.2-1B dims has no findings beyond the known ones of issue 9."""
+from pathlib import Path
+
 import pytest
 
 from torch_npu2.kernels import ModelDims, programs_for_model
@@ -19,10 +21,19 @@ PROGRAMS = {f"{model}-{p.name}-{dict(p.params).get('rows', dict(p.params).get('s
 # Findings today's IR is known to have (issue 9, items 1 and 2), being fixed on other branches. The lead removes
 # an entry when its fix lands; the test below fails both on a new finding and on an entry that no longer occurs.
 KNOWN_FINDINGS = {
-    ("gemm-scalar-compute", "rms_gemms_rope"),  # issue 9: the prefill GEMM computes with linalg.matmul in L1
-    ("gemm-scalar-compute", "o_ffn"),           # issue 9: same GEMM builder
-    ("launch-id-in-core", "flash_attn"),        # issue 9: the causal row offset is a launch-id-derived herd operand
+    # issue 9: the full-width attention's query window has a 1024-row second dimension at seq >= 1024, over the
+    # shim's 1023; the real lowering of those Programs passes (test_air_pipeline), so either AIR splits the copy
+    # or this rule is stricter than the hardware — to reconcile before silicon.
+    ("dma-wrap", "flash_attn"),
 }
+
+
+DATA = Path(__file__).parent / "data"
+# Real launches as the builders emitted them at commit 72b89b4, before issue 9 fixed them: the scalar GEMM
+# (linalg.matmul and a linalg.generic drain in the herd) and the attention whose causal row offset was a
+# launch-id-derived herd operand. The rules must keep catching what those builders did.
+OLD_SCALAR_GEMM = (DATA / "scalar_gemm_launch_72b89b4.mlir").read_text()
+OLD_ATTENTION = (DATA / "attention_launch_72b89b4.mlir").read_text()
 
 
 def _launch_text(program, kind):
@@ -47,8 +58,7 @@ def test_every_program_has_only_known_findings():
 
 # ---- gemm-scalar-compute ---------------------------------------------------------------------------------------
 def test_scalar_gemm_compute_fires_on_linalg_in_a_gemm_herd():
-    _, text = _launch_text(o_ffn(576, 576, 1536, 1e-5, 16), "gemm")
-    found = [message for _, message in check_core_compute(text, "gemm")]
+    found = [message for _, message in check_core_compute(OLD_SCALAR_GEMM, "gemm")]
     assert any(m.startswith("linalg.matmul in herd @gemm_herd") for m in found)
     assert any(m.startswith("linalg.generic") for m in found)  # the drain's f32 → bf16 cast, scalar too
     assert all("func.call into a vectorized AIE2P kernel" in m for m in found)
@@ -68,8 +78,7 @@ def test_scalar_gemm_compute_passes_a_kernel_call_and_fires_on_scalar_arithmetic
 
 # ---- launch-id-in-core -------------------------------------------------------------------------------------------
 def test_launch_id_in_core_fires_on_the_attention_row_offset():
-    _, text = _launch_text(flash_attn(9, 3, 64, 16), "attention")
-    found = check_launch_ids(text)
+    found = check_launch_ids(OLD_ATTENTION)
     assert len(found) == 1
     herd, message = found[0]
     assert herd == "attention_herd" and "%q_row0 (index)" in message and "attn_qk_tile_bf16" in message
@@ -78,7 +87,7 @@ def test_launch_id_in_core_fires_on_the_attention_row_offset():
 
 
 def test_launch_id_in_core_passes_when_the_scalar_only_offsets_dmas():
-    _, text = _launch_text(flash_attn(9, 3, 64, 16), "attention")
+    text = OLD_ATTENTION
     q_start = next(line for line in text.splitlines() if "%q_start = arith.index_cast" in line)
     indent = q_start[:len(q_start) - len(q_start.lstrip())]
     # the core's row offset from its herd index alone: nothing launch-derived reaches core code
@@ -134,7 +143,7 @@ def test_dma_wrap_limits_per_memory_space():
 
 
 def test_dma_wrap_fires_on_a_mutated_real_window():
-    _, text = _launch_text(flash_attn(9, 3, 64, 16), "attention")
+    text = OLD_ATTENTION
     assert check_windows(text) == []
     # the Q block read with a head_dim of 640 columns: 640 > 512 elements on the memtile side of the herd DMA
     bad = text.replace("%q_l1[] [] [], %q_l2_2[%local_row, %c0] [%c16_2, %c64_2]",
@@ -233,9 +242,7 @@ def test_lowered_rules_pass_a_good_module_and_fire_on_each_bad_one():
 def test_lowered_programs_have_only_known_findings(air_tools, program):
     findings = lower_and_lint(program)
     assert {(f.rule, f.program) for f in findings} <= KNOWN_FINDINGS
-    if program.name == "flash_attn":  # seen before placement and as a runtime parameter after it
-        assert [f.where for f in findings if f.rule == "launch-id-in-core"] == [
-            "launch 1 (attention), herd @attention_herd", "launch 1 (attention), device @l1_attention_seg"]
+    assert [f for f in findings if f.rule == "launch-id-in-core"] == []  # no runtime parameter after placement
 
 
 def test_cli_prints_findings_per_program_and_exits_1(capsys, monkeypatch):
@@ -246,8 +253,8 @@ def test_cli_prints_findings_per_program_and_exits_1(capsys, monkeypatch):
     config = SimpleNamespace(hidden_size=576, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
                              intermediate_size=1536, vocab_size=49152, rms_norm_eps=1e-5)
     monkeypatch.setattr(cli, "_load_config", lambda path: config)
-    assert cli.main(["lint", "--buckets", "16"]) == 1
+    assert cli.main(["lint", "--buckets", "1024"]) == 1
     out = capsys.readouterr().out.splitlines()
-    assert "flash_attn_16: 1 finding" in out and "lm_head_gemv: no findings" in out
-    assert any(line.startswith("  [launch-id-in-core] launch 1 (attention), herd @attention_herd:") for line in out)
-    assert out[-1] == "15 findings in 6 Programs"
+    assert "flash_attn_1024: 2 findings" in out and "lm_head_gemv: no findings" in out
+    assert any(line.startswith("  [dma-wrap] launch 1 (attention): src of") for line in out)
+    assert out[-1] == "2 findings in 6 Programs"
