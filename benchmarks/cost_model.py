@@ -213,12 +213,15 @@ class _Parser:
         if m := _FOR.match(line):
             assert self._const(m.group(3)) == 1, "the builders' loops step by 1"
             return Region("for", (self._const(m.group(2)) - self._const(m.group(1)),))
+        if line.startswith("scf.if "):
+            # counted as always taken: an upper bound (the attention's causal skip is not credited)
+            return Region("for", (1,))
         return None
 
     def _item(self, line: str, inside_herd: bool):
         op = line.split(" = ", 1)[1] if line.startswith("%") and " = " in line else line
         name = op.split(" ", 1)[0].split("(", 1)[0]
-        if name.startswith(_FREE):
+        if name.startswith(_FREE) or line == "} else {":  # the builders' else branches are empty
             return None
         if name == "air.dma_memcpy_nd":
             return self._transfer(line)

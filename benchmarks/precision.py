@@ -11,10 +11,7 @@ SmolLM2-135M-Instruct uses the gate's chat and raw prompts; the Llama-3.2-1B sha
 tokenizer, so random token prompts) and, in quick mode, only 2 decoder layers, 4 prompts and 4 new tokens (on 2
 shared cores a full 16-layer run of every variant takes hours).
 
-Predicted prefill cost: ``cost_model.CostModel`` is fitted to the reference implementation's published times,
-whose GEMMs ran BFP16 emulation; the bf16 prediction multiplies its GEMM time by 3, the ratio of upstream's
-published whole-array GEMM throughputs (mlir-aie programming_examples/ml/block_datatypes/matrix_multiplication
-README: bf16 with BFP16 emulation 4.8 TFLOP/s, plain bf16 1.6 TFLOP/s, 8 columns).
+Predicted prefill cost: the IR-derived cost model (``cost_model.program_cost``) of each precision's Programs.
 """
 from __future__ import annotations
 
@@ -27,7 +24,6 @@ import torch
 from . import common, cost_model
 
 PRECISIONS = ("bf16", "bfp16")
-BF16_GEMM_SLOWDOWN = 4.8 / 1.6  # upstream's published bf16-via-BFP16 vs plain bf16 GEMM throughput
 SETTINGS = {
     "quick": dict(new_tokens=16, llama_layers=2, llama_prompts=4, llama_new_tokens=4, buckets=(16, 32, 64)),
     "full": dict(new_tokens=32, llama_layers=16, llama_prompts=9, llama_new_tokens=32, buckets=(16, 32, 64)),
@@ -135,22 +131,18 @@ def _llama_1b(settings, log) -> dict:
 
 
 def predicted_prefill_ms(seq: int) -> dict:
-    """Predicted ms per Llama-3.2-1B prefill (16 layers' rms_gemms_rope + flash_attn + o_ffn) per precision."""
+    """Predicted ms per Llama-3.2-1B prefill (16 layers' rms_gemms_rope + flash_attn + o_ffn) per precision, from
+    the IR-derived cost model (each precision's GEMM kernel has its own mmul throughput there)."""
     from torch_npu2.kernels import programs
 
-    model = cost_model.CostModel.calibrated()
     dims = cost_model.llama_1b_dims()
-    per_gemm = model.coefficients[3]
     out = {}
     for precision in PRECISIONS:
-        seconds = 0.0
-        for program in (programs.rms_gemms_rope(dims.hidden, dims.heads, dims.kv_heads, dims.head_dim, dims.eps,
-                                                seq, precision),
-                        programs.flash_attn(dims.heads, dims.kv_heads, dims.head_dim, seq),
-                        programs.o_ffn(dims.hidden, dims.q_dim, dims.intermediate, dims.eps, seq, precision)):
-            gemm_flops = cost_model.features(program)[3]
-            extra = (BF16_GEMM_SLOWDOWN - 1.0) * gemm_flops * per_gemm if precision == "bf16" else 0.0
-            seconds += model.seconds(program) + extra
+        layer = (programs.rms_gemms_rope(dims.hidden, dims.heads, dims.kv_heads, dims.head_dim, dims.eps, seq,
+                                         precision),
+                 programs.flash_attn(dims.heads, dims.kv_heads, dims.head_dim, seq),
+                 programs.o_ffn(dims.hidden, dims.q_dim, dims.intermediate, dims.eps, seq, precision))
+        seconds = sum(cost_model.program_cost(program).seconds for program in layer)
         out[precision] = float(seconds * cost_model.LLAMA_1B_LAYERS * 1e3)
     return out
 
