@@ -87,7 +87,7 @@ def test_compile_to_npu_instructions_prints_a_table_and_names_failures(air_tools
                      (Launch("gemm", (("K", 576), ("M", 64), ("N", 192)), ("a", "w"), ("c",)),),
                      compile_options=CompileOptions(omit_auto_broadcast=True))
     decode = programs.rms_gemv_rope(576, 9, 3, 64, 1e-5)
-    monkeypatch.setattr(torch_npu2.kernels, "programs_for_model", lambda dims, buckets: [decode, broken])
+    monkeypatch.setattr(torch_npu2.kernels, "programs_for_model", lambda dims, buckets, precision: [decode, broken])
     assert cli.main(["compile", "--target", "npu-insts"]) == 1
     captured = capsys.readouterr()
     lines = captured.out.splitlines()
