@@ -19,6 +19,7 @@ the build here. A failing pass is named (``--mlir-print-ir-after-failure``) with
 from __future__ import annotations
 
 import math
+import os
 import re
 import shutil
 import subprocess
@@ -34,7 +35,22 @@ from .toolchain import Toolchain, ToolchainMissing, find_toolchain, missing_lowe
 
 DEVICE = "npu2"
 NUM_COLS, COL_OFFSET, NUM_ROWS, ROW_OFFSET = 8, 0, 6, 2  # aircc's defaults for npu2
-PROCESS_TIMEOUT = 3600
+TIMEOUT_VARIABLE = "TORCH_NPU2_AIR_TIMEOUT"
+DEFAULT_PROCESS_TIMEOUT = 3600  # seconds for one air-opt or aiecc run
+
+
+def process_timeout() -> float:
+    """Seconds one air-opt or aiecc run may take: ``$TORCH_NPU2_AIR_TIMEOUT``, else an hour."""
+    value = os.environ.get(TIMEOUT_VARIABLE)
+    if value is None:
+        return DEFAULT_PROCESS_TIMEOUT
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:
+        raise ValueError(f"${TIMEOUT_VARIABLE} must be a positive number of seconds, got {value!r}")
+    return seconds
 
 
 def _optimization_passes(o: CompileOptions) -> list[str]:
@@ -258,6 +274,16 @@ def _errors(text: str, limit: int = 4000) -> str:
     return text if len(text) <= limit else text[:limit] + "\n…"
 
 
+def _run(program: str, stage: str, command: list[str], build_dir: Path, **kwargs) -> subprocess.CompletedProcess:
+    """``subprocess.run`` under :func:`process_timeout`; a tool that does not finish is a CompileError."""
+    timeout = process_timeout()
+    try:
+        return subprocess.run(command, timeout=timeout, **kwargs)
+    except subprocess.TimeoutExpired:
+        raise CompileError(program, stage, f"{Path(command[0]).name} did not finish within {timeout:g} s "
+                           f"(${TIMEOUT_VARIABLE} sets the limit)", build_dir, command=command) from None
+
+
 def _air_opt(tc: Toolchain, program: str, stage: str, source: Path, output: Path, pipeline: str | None,
              build_dir: Path) -> None:
     command = [str(tc.air_opt), str(source), "-o", str(output)]
@@ -265,7 +291,7 @@ def _air_opt(tc: Toolchain, program: str, stage: str, source: Path, output: Path
         command += [f"--pass-pipeline={pipeline}", "--mlir-print-ir-after-failure"]
     stderr = build_dir / f"{stage}.stderr"
     with open(stderr, "w") as err:
-        result = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=err, timeout=PROCESS_TIMEOUT)
+        result = _run(program, stage, command, build_dir, stdout=subprocess.DEVNULL, stderr=err)
     if result.returncode != 0:
         with open(stderr, errors="replace") as f:
             diagnostics = f.read(1 << 20)
@@ -275,7 +301,7 @@ def _air_opt(tc: Toolchain, program: str, stage: str, source: Path, output: Path
 
 def _aiecc(tc: Toolchain, program: str, stage: str, arguments: list[str], build_dir: Path) -> None:
     command = [str(tc.aiecc), *arguments]
-    result = subprocess.run(command, cwd=build_dir, capture_output=True, text=True, timeout=PROCESS_TIMEOUT)
+    result = _run(program, stage, command, build_dir, cwd=build_dir, capture_output=True, text=True)
     if result.returncode != 0:
         raise CompileError(program, stage, _errors(result.stderr + result.stdout), build_dir, command=command,
                            returncode=result.returncode)

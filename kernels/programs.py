@@ -14,14 +14,14 @@ from .program import Arg, CompileOptions, Launch, Program, Role
 W, I, S, O = Role.WEIGHT, Role.INPUT, Role.SCRATCH, Role.OUTPUT
 
 # aircc options per Program, from upstream llama32_1b's presets (mlir-air llms/shared/infra/backend_presets.py
-# and llama32_1b_prefill.py): [16, 16] runtime loop tiling for the decode GEMV ELFs, [1, 1] without ping-pong
-# for attention. Two departures, for our kernels: upstream's prefill ELFs use [2, 2] (for the BD-ID recycling
-# of its external-kernel GEMMs); our prefill Programs take aircc's default [4, 4], which folds four times as
-# many launch steps into each shim BD task: Llama-3.2-1B's o_ffn at 2048 lowers in 30 s instead of 173 s, to
-# 54 158 NPU instruction words instead of 107 886 (measured with lower_to_npu_insts, commit 0502d7a). And
-# upstream's o_gemv_ffn omits ping-pong because its K=8192 GEMV does not fit L1 twice; ours plans its tiles
-# with the ping-pong copies counted, so it keeps double buffering.
-PREFILL_OPTIONS = CompileOptions(runtime_loop_tiling_sizes=(4, 4))
+# and llama32_1b_prefill.py): [2, 2] runtime loop tiling for the prefill ELFs, [16, 16] for the decode GEMV
+# ELFs, [1, 1] without ping-pong for attention. aircc's default [4, 4] would fold more launch steps into each
+# shim BD task, but with it air-opt-shim-dma-bds does not finish on the vectorized GEMM's down projection
+# (M=1024, K=8192, N=2048: killed after 15 min; 1.0 s at [2, 2]), and Llama-3.2-1B's o_ffn at 2048 lowers in
+# 126 s at [2, 2] (measured with lower_to_npu_insts). One departure: upstream's o_gemv_ffn omits ping-pong because
+# its K=8192 GEMV does not fit L1 twice; ours plans its tiles with the ping-pong copies counted, so it keeps
+# double buffering.
+PREFILL_OPTIONS = CompileOptions(runtime_loop_tiling_sizes=(2, 2))
 ATTENTION_OPTIONS = CompileOptions(runtime_loop_tiling_sizes=(1, 1), omit_pingpong="all")
 DECODE_OPTIONS = CompileOptions(runtime_loop_tiling_sizes=(16, 16))
 

@@ -5,14 +5,17 @@ import dataclasses
 import pytest
 
 from torch_npu2.kernels import ModelDims, programs_for_model
-from torch_npu2.kernels.air_pipeline import (CompileError, air_to_aie_pipeline, lower_to_npu_insts, npu_pipeline,
-                                             placement_pipeline)
+from torch_npu2.kernels.air_pipeline import (TIMEOUT_VARIABLE, CompileError, air_to_aie_pipeline, lower_to_npu_insts,
+                                             npu_pipeline, placement_pipeline)
 from torch_npu2.kernels.builders.npu2 import L1_AVAILABLE, L2_BYTES
 from torch_npu2.kernels.program import Arg, CompileOptions, Launch, Program, Role
 
 SMOL = ModelDims(576, 9, 3, 64, 1536, 49152, 1e-5)
 LLAMA = ModelDims(2048, 32, 8, 64, 8192, 128256, 1e-5)
 BUCKETS = [16, 32, 64, 128, 256, 512, 1024, 2048]
+# The slowest Program (Llama-3.2-1B's o_ffn at 2048) lowers in about two minutes; a pass that stops making
+# progress fails its test here instead of running into CI's time limit.
+LOWERING_TIMEOUT = "600"
 PROGRAMS = {f"{model}-{p.name}-{dict(p.params).get('rows', dict(p.params).get('seq'))}": p
             for model, dims in (("smol", SMOL), ("llama", LLAMA)) for p in programs_for_model(dims, BUCKETS)}
 
@@ -64,7 +67,8 @@ def test_options_change_the_passes_aircc_changes():
 
 
 @pytest.mark.parametrize("name", list(PROGRAMS))
-def test_program_lowers_to_npu_instructions(air_tools, name):
+def test_program_lowers_to_npu_instructions(air_tools, monkeypatch, name):
+    monkeypatch.setenv(TIMEOUT_VARIABLE, LOWERING_TIMEOUT)
     program = PROGRAMS[name]
     lowering = lower_to_npu_insts(program)
     assert len(lowering.devices) == len(program.launches)  # one aie.device per launch segment
@@ -98,6 +102,15 @@ def test_a_failing_stage_names_the_pass_and_the_op(air_tools):
     assert error.mlir_path.exists() and (error.build_dir / "placement.mlir").exists()
     # with AIR's broadcast detection (the Program default) the same GEMM lowers
     assert lower_to_npu_insts(dataclasses.replace(program, compile_options=CompileOptions())).devices
+
+
+def test_a_tool_that_does_not_finish_is_a_compile_error(air_tools, monkeypatch, tmp_path):
+    monkeypatch.setenv(TIMEOUT_VARIABLE, "0.001")
+    with pytest.raises(CompileError, match=rf"air-opt did not finish within 0.001 s \(\${TIMEOUT_VARIABLE}"):
+        lower_to_npu_insts(PROGRAMS["smol-o_ffn-16"], keep_dir=tmp_path)
+    monkeypatch.setenv(TIMEOUT_VARIABLE, "soon")
+    with pytest.raises(ValueError, match=rf"\${TIMEOUT_VARIABLE} must be a positive number of seconds, got 'soon'"):
+        lower_to_npu_insts(PROGRAMS["smol-o_ffn-16"], keep_dir=tmp_path)
 
 
 def gemm_probe(M: int, K: int, N: int, options: CompileOptions) -> Program:
