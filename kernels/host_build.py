@@ -200,6 +200,62 @@ def gemv(w: torch.Tensor, x: torch.Tensor, *, tile_rows: int = 32, out_dtype=tor
     return y[:rows]
 
 
+def gemv_add(w: torch.Tensor, x: torch.Tensor, residual: torch.Tensor, *, tile_rows: int = 8,
+             k_chunk: int | None = None) -> torch.Tensor:
+    """``bf16(W x) + residual`` the way the fused ``gemv_add`` launch walks it: per ``tile_rows`` rows,
+    ``gemv_partial_f32`` over K in chunks of ``k_chunk`` (default: all of K), then ``gemv_add_bf16``."""
+    w, x, residual = _require_bf16("w", w), _require_bf16("x", x), _require_bf16("residual", residual)
+    rows, depth = w.shape
+    k_chunk = k_chunk or depth
+    if x.shape != (depth,) or residual.shape != (rows,) or depth % k_chunk or rows % tile_rows:
+        raise ValueError(f"w {tuple(w.shape)}, x {tuple(x.shape)}, residual {tuple(residual.shape)}: expected "
+                         f"x of the row length, residual of the row count, k_chunk ({k_chunk}) dividing K and "
+                         f"tile_rows ({tile_rows}) dividing the rows")
+    library = load("gemv.cc", {"GEMV_ROWS": tile_rows, "GEMV_K": k_chunk})
+    partial = _function(library, "gemv_partial_f32", _PTR, _PTR, _PTR, ctypes.c_int32)
+    finish = _function(library, "gemv_add_bf16", _PTR, _PTR, _PTR, ctypes.c_int32)
+    acc = torch.empty(tile_rows, dtype=torch.float32)
+    y = torch.empty(rows, dtype=torch.bfloat16)
+    for row0 in range(0, rows, tile_rows):
+        for k0 in range(0, depth, k_chunk):
+            chunk = w[row0:row0 + tile_rows, k0:k0 + k_chunk].contiguous()
+            partial(chunk.data_ptr(), x.data_ptr(), acc.data_ptr(), k0)
+        finish(acc.data_ptr(), residual.data_ptr(), y.data_ptr(), row0)
+    return y
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``rmsnorm_bf16`` of one row (gemv.cc's in-tile RMSNorm of the fused decode FFN)."""
+    x, weight = _require_bf16("x", x), _require_bf16("weight", weight)
+    if x.dim() != 1 or weight.shape != x.shape:
+        raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)}: expected two vectors of one length")
+    norm = _function(load("gemv.cc", {"GEMV_ROWS": 1, "GEMV_K": x.shape[0]}), "rmsnorm_bf16",
+                     _PTR, _PTR, _PTR, ctypes.c_float)
+    out = torch.empty_like(x)
+    norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), float(eps))
+    return out
+
+
+def rms_gemv_swiglu(x: torch.Tensor, norm_weight: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
+                    eps: float, *, tile_rows: int = 2) -> torch.Tensor:
+    """``silu(W_gate n) * (W_up n)`` with ``n = rmsnorm(x) * norm_weight``, the way the fused
+    ``rms_gemv_swiglu`` launch walks it: ``rmsnorm_bf16`` once, then ``gemv_swiglu_bf16`` per ``tile_rows`` rows."""
+    x, norm_weight = _require_bf16("x", x), _require_bf16("norm_weight", norm_weight)
+    w_gate, w_up = _require_bf16("w_gate", w_gate), _require_bf16("w_up", w_up)
+    rows, depth = w_gate.shape
+    if x.shape != (depth,) or norm_weight.shape != (depth,) or w_up.shape != w_gate.shape or rows % tile_rows:
+        raise ValueError(f"x {tuple(x.shape)}, norm_weight {tuple(norm_weight.shape)}, w_gate {tuple(w_gate.shape)}, "
+                         f"w_up {tuple(w_up.shape)}: expected vectors of the row length, equal weights and "
+                         f"tile_rows ({tile_rows}) dividing the rows")
+    swiglu = _function(load("gemv.cc", {"GEMV_ROWS": tile_rows, "GEMV_K": depth}), "gemv_swiglu_bf16",
+                       _PTR, _PTR, _PTR, _PTR, ctypes.c_int32)
+    normed = rmsnorm(x, norm_weight, eps)
+    act = torch.empty(rows, dtype=torch.bfloat16)
+    for row0 in range(0, rows, tile_rows):
+        swiglu(w_gate[row0].data_ptr(), w_up[row0].data_ptr(), normed.data_ptr(), act.data_ptr(), row0)
+    return act
+
+
 class AttentionTiles:
     """The five attention tile primitives of one compiled variant, on torch tensors shaped as in attention.cc."""
 
