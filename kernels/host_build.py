@@ -213,47 +213,57 @@ def gemv_add(w: torch.Tensor, x: torch.Tensor, residual: torch.Tensor, *, tile_r
                          f"tile_rows ({tile_rows}) dividing the rows")
     library = load("gemv.cc", {"GEMV_ROWS": tile_rows, "GEMV_K": k_chunk})
     partial = _function(library, "gemv_partial_f32", _PTR, _PTR, _PTR, ctypes.c_int32)
-    finish = _function(library, "gemv_add_bf16", _PTR, _PTR, _PTR, ctypes.c_int32)
+    finish = _function(library, "gemv_add_bf16", _PTR, _PTR, _PTR, ctypes.c_int32, ctypes.c_int32)
     acc = torch.empty(tile_rows, dtype=torch.float32)
     y = torch.empty(rows, dtype=torch.bfloat16)
     for row0 in range(0, rows, tile_rows):
         for k0 in range(0, depth, k_chunk):
             chunk = w[row0:row0 + tile_rows, k0:k0 + k_chunk].contiguous()
             partial(chunk.data_ptr(), x.data_ptr(), acc.data_ptr(), k0)
-        finish(acc.data_ptr(), residual.data_ptr(), y.data_ptr(), row0)
+        finish(acc.data_ptr(), residual.data_ptr(), y.data_ptr(), row0, row0)
     return y
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``rmsnorm_bf16`` of one row (gemv.cc's in-tile RMSNorm of the fused decode FFN)."""
+    """``rmsnorm_bf16`` of one row, x and weight packed into one buffer as the fused decode FFN's tiles get them."""
     x, weight = _require_bf16("x", x), _require_bf16("weight", weight)
     if x.dim() != 1 or weight.shape != x.shape:
         raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)}: expected two vectors of one length")
     norm = _function(load("gemv.cc", {"GEMV_ROWS": 1, "GEMV_K": x.shape[0]}), "rmsnorm_bf16",
-                     _PTR, _PTR, _PTR, ctypes.c_float)
+                     _PTR, _PTR, ctypes.c_float)
+    packed = torch.cat((x, weight))
     out = torch.empty_like(x)
-    norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), float(eps))
+    norm(packed.data_ptr(), out.data_ptr(), float(eps))
     return out
 
 
-def rms_gemv_swiglu(x: torch.Tensor, norm_weight: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
-                    eps: float, *, tile_rows: int = 2) -> torch.Tensor:
-    """``silu(W_gate n) * (W_up n)`` with ``n = rmsnorm(x) * norm_weight``, the way the fused
-    ``rms_gemv_swiglu`` launch walks it: ``rmsnorm_bf16`` once, then ``gemv_swiglu_bf16`` per ``tile_rows`` rows."""
-    x, norm_weight = _require_bf16("x", x), _require_bf16("norm_weight", norm_weight)
-    w_gate, w_up = _require_bf16("w_gate", w_gate), _require_bf16("w_up", w_up)
-    rows, depth = w_gate.shape
-    if x.shape != (depth,) or norm_weight.shape != (depth,) or w_up.shape != w_gate.shape or rows % tile_rows:
-        raise ValueError(f"x {tuple(x.shape)}, norm_weight {tuple(norm_weight.shape)}, w_gate {tuple(w_gate.shape)}, "
-                         f"w_up {tuple(w_up.shape)}: expected vectors of the row length, equal weights and "
-                         f"tile_rows ({tile_rows}) dividing the rows")
-    swiglu = _function(load("gemv.cc", {"GEMV_ROWS": tile_rows, "GEMV_K": depth}), "gemv_swiglu_bf16",
-                       _PTR, _PTR, _PTR, _PTR, ctypes.c_int32)
+def rms_gemv_rows(x: torch.Tensor, norm_weight: torch.Tensor, w: torch.Tensor, eps: float, *,
+                  tile_rows: int = 8) -> torch.Tensor:
+    """``W · (rmsnorm(x) * norm_weight)`` the way a tile of the fused ``rms_gemv`` launch walks it:
+    ``rmsnorm_bf16`` once, then ``gemv_rows_bf16`` per ``tile_rows`` rows into one output buffer."""
+    w = _require_bf16("w", w)
+    rows, depth = w.shape
+    if rows % tile_rows or x.shape != (depth,):
+        raise ValueError(f"w {tuple(w.shape)}, x {tuple(x.shape)}: expected x of the row length and tile_rows "
+                         f"({tile_rows}) dividing the rows")
+    rows_kernel = _function(load("gemv.cc", {"GEMV_ROWS": tile_rows, "GEMV_K": depth}), "gemv_rows_bf16",
+                            _PTR, _PTR, _PTR, ctypes.c_int32)
     normed = rmsnorm(x, norm_weight, eps)
-    act = torch.empty(rows, dtype=torch.bfloat16)
+    y = torch.empty(rows, dtype=torch.bfloat16)
     for row0 in range(0, rows, tile_rows):
-        swiglu(w_gate[row0].data_ptr(), w_up[row0].data_ptr(), normed.data_ptr(), act.data_ptr(), row0)
-    return act
+        rows_kernel(w[row0].data_ptr(), normed.data_ptr(), y.data_ptr(), row0)
+    return y
+
+
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """``swiglu_bf16`` of a (2, n) gate/up pair: silu(gate) * up, as the fused down projection's tiles make it."""
+    gate_up = _require_bf16("gate_up", gate_up)
+    if gate_up.dim() != 2 or gate_up.shape[0] != 2:
+        raise ValueError(f"gate_up {tuple(gate_up.shape)}: expected (2, n), gate then up")
+    kernel = _function(load("gemv.cc", {"GEMV_ROWS": 1, "GEMV_K": 32}), "swiglu_bf16", _PTR, ctypes.c_int32)
+    work = gate_up.clone()
+    kernel(work.data_ptr(), gate_up.shape[1])
+    return work[0]
 
 
 class AttentionTiles:

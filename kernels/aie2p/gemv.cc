@@ -1,5 +1,5 @@
 // Matrix-vector products for decode projections: y = W x with W in HuggingFace's (out, in) layout, and the
-// fused decode-FFN stages built on them (residual add, RMSNorm + gate/up + SiLU*up).
+// fused decode-FFN stages built on them (residual add, in-tile RMSNorm, SiLU*up; builders/gemv_fused.py).
 //
 // Tile sizes, compile-time (override with -D):
 //   GEMV_ROWS  output rows per call (rows of W)                  default 32
@@ -16,16 +16,20 @@
 //   void gemv_partial_f32(const bf16 *w, const bf16 *x, float *acc, int32_t k0)
 //     one K chunk of a longer product: w GEMV_ROWS x GEMV_K (the chunk's columns), x the whole vector;
 //     acc[m] = (k0 == 0 ? 0 : acc[m]) + sum_k w[m][k] * x[k0 + k], in fp32 (the first chunk starts the sum)
-//   void gemv_add_bf16(const float *acc, const bf16 *residual, bf16 *y, int32_t row0)
-//     y[row0 + m] = bf16(bf16(acc[m]) + residual[row0 + m]) for the GEMV_ROWS rows of acc: a projection
-//     rounded to bf16, then the residual add in fp32 rounded once (the unfused gemv -> add chain, bit for bit)
-//   void rmsnorm_bf16(const bf16 *x, const bf16 *weight, bf16 *out, float eps)
-//     GEMV_K elements; out[k] = bf16(bf16(x[k] * rstd) * weight[k]), rstd = 1 / sqrt(mean(x^2) + eps) in fp32
+//   void gemv_add_bf16(const float *acc, const bf16 *residual, bf16 *y, int32_t residual_row0, int32_t row0)
+//     y[row0 + m] = bf16(bf16(acc[m]) + residual[residual_row0 + m]) for the GEMV_ROWS rows of acc: a
+//     projection rounded to bf16, then the residual add in fp32 rounded once (the unfused gemv -> add chain,
+//     bit for bit). Two offsets: a tile's y holds its own rows, its residual the whole launch step's rows.
+//   void gemv_rows_bf16(const bf16 *w, const bf16 *x, bf16 *y, int32_t row0)
+//     gemv_bf16 writing its GEMV_ROWS results at y + row0 (a tile's rows, call after call, in one buffer)
+//   void rmsnorm_bf16(const bf16 *x_and_weight, bf16 *out, float eps)
+//     x_and_weight: x (GEMV_K) then the norm weight (GEMV_K), one buffer (one DMA stream into the tile);
+//     out[k] = bf16(bf16(x[k] * rstd) * weight[k]), rstd = 1 / sqrt(mean(x^2) + eps) in fp32
 //     (HF's order: normalize in fp32, round, then scale by the weight)
-//   void gemv_swiglu_bf16(const bf16 *w_gate, const bf16 *w_up, const bf16 *x, bf16 *act, int32_t row0)
-//     act[row0 + m] = bf16(bf16(silu(g)) * u), g = bf16(gate row m . x), u = bf16(up row m . x), silu in fp32:
-//     the unfused gate gemv, up gemv and silu_mul_bf16, bit for bit
-//   AIE path: every buffer 64-byte aligned; k0 a multiple of 32.
+//   void swiglu_bf16(bf16 *gate_up, int32_t length)
+//     gate_up: gate (length) then up (length); in place, gate[k] = bf16(bf16(silu(gate[k])) * up[k]), silu in
+//     fp32: silu_mul_bf16's rounding points (HF's act_fn(gate) * up)
+//   AIE path: every buffer 64-byte aligned; k0 a multiple of 32; swiglu_bf16's length a multiple of 16.
 #include "npu2_kernel.h"
 
 #if !defined(__AIENGINE__)
@@ -74,7 +78,6 @@ template <typename Store> void row_dots(const bf16_t *w, const bf16_t *x, Store 
 inline bf16_t to_bf16(float value) { return static_cast<bfloat16>(value); }
 inline float to_float(bf16_t value) { return static_cast<float>(value); }
 inline float bf16_round(float value) { return to_float(to_bf16(value)); }
-inline float sigmoid(float value) { return 1.0f / (1.0f + aie::exp2<float>(-value * 1.4426950408889634f)); }
 #else
 inline bf16_t to_bf16(float value) { return float_to_bf16(value); }
 inline float to_float(bf16_t value) { return bf16_to_float(value); }
@@ -99,15 +102,25 @@ extern "C" void gemv_partial_f32(const bf16_t *w, const bf16_t *x, float *acc, i
   row_dots(w, x + k0, [acc, first](int m, float sum) { acc[m] = first ? sum : acc[m] + sum; });
 }
 
-extern "C" void gemv_add_bf16(const float *acc, const bf16_t *residual, bf16_t *y, int32_t row0) {
+extern "C" void gemv_add_bf16(const float *acc, const bf16_t *residual, bf16_t *y, int32_t residual_row0,
+                              int32_t row0) {
 #if defined(__AIENGINE__)
   RoundToNearestEven rounding;
 #endif
   for (int m = 0; m < kRows; ++m)
-    y[row0 + m] = to_bf16(bf16_round(acc[m]) + to_float(residual[row0 + m]));
+    y[row0 + m] = to_bf16(bf16_round(acc[m]) + to_float(residual[residual_row0 + m]));
 }
 
-extern "C" void rmsnorm_bf16(const bf16_t *x, const bf16_t *weight, bf16_t *out, float eps) {
+extern "C" void gemv_rows_bf16(const bf16_t *w, const bf16_t *x, bf16_t *y, int32_t row0) {
+#if defined(__AIENGINE__)
+  RoundToNearestEven rounding;
+#endif
+  row_dots(w, x, [y, row0](int m, float sum) { y[row0 + m] = to_bf16(sum); });
+}
+
+extern "C" void rmsnorm_bf16(const bf16_t *x_and_weight, bf16_t *out, float eps) {
+  const bf16_t *x = x_and_weight;
+  const bf16_t *weight = x_and_weight + kDepth;
 #if defined(__AIENGINE__)
   RoundToNearestEven rounding;
   constexpr int kLanes = 16;
@@ -121,7 +134,7 @@ extern "C" void rmsnorm_bf16(const bf16_t *x, const bf16_t *weight, bf16_t *out,
   const aie::vector<float, kLanes> scale = aie::broadcast<float, kLanes>(rstd);
   for (int k = 0; k < kDepth; k += kLanes) {
     const aie::vector<bfloat16, kLanes> normed =
-        aie::mul(aie::load_v<kLanes>(x + k).template cast_to<bfloat16>(), scale).template to_vector<bfloat16>();
+        aie::mul(aie::load_v<kLanes>(x + k), scale).template to_vector<bfloat16>();
     aie::store_v(out + k, aie::mul(normed, aie::load_v<kLanes>(weight + k)).template to_vector<bfloat16>());
   }
 #else
@@ -136,20 +149,27 @@ extern "C" void rmsnorm_bf16(const bf16_t *x, const bf16_t *weight, bf16_t *out,
 #endif
 }
 
-extern "C" void gemv_swiglu_bf16(const bf16_t *w_gate, const bf16_t *w_up, const bf16_t *x, bf16_t *act,
-                                 int32_t row0) {
+extern "C" void swiglu_bf16(bf16_t *gate_up, int32_t length) {
+  bf16_t *gate = gate_up;
+  const bf16_t *up = gate_up + length;
 #if defined(__AIENGINE__)
+  // silu_mul_bf16's vector path: silu(g) = h + h * tanh(h), h = g / 2, with the core's 16-lane tanh.
+  constexpr int kLanes = 16;
   RoundToNearestEven rounding;
-#endif
-  for (int m = 0; m < kRows; ++m) {
-    const float gate = bf16_round(row_dot(w_gate + m * kDepth, x));
-    const float up = bf16_round(row_dot(w_up + m * kDepth, x));
-#if defined(__AIENGINE__)
-    const float silu = bf16_round(gate * sigmoid(gate));
-#else
-    // torch's fp32 formula, so the bf16 silu is torch's (silu_mul.cc's host path).
-    const float silu = round_to_bf16(gate / (1.0f + std::exp(-gate)));
-#endif
-    act[row0 + m] = to_bf16(silu * up);
+  const aie::vector<bfloat16, kLanes> half = aie::broadcast<bfloat16, kLanes>(0.5f);
+  for (int k = 0; k < length; k += kLanes) {
+    const aie::accum<accfloat, kLanes> half_g = aie::mul(aie::load_v<kLanes>(gate + k), half);
+    const aie::vector<bfloat16, kLanes> h = half_g.to_vector<bfloat16>();
+    const aie::vector<bfloat16, kLanes> t = aie::tanh<bfloat16>(half_g.to_vector<float>());
+    const aie::vector<bfloat16, kLanes> silu = aie::add(aie::mul(h, t), h).to_vector<bfloat16>();
+    aie::store_v(gate + k, aie::mul(silu, aie::load_v<kLanes>(up + k)).to_vector<bfloat16>());
   }
+#else
+  for (int k = 0; k < length; ++k) {
+    const float g = bf16_to_float(gate[k]);
+    // torch's fp32 formula, so the bf16 silu is torch's (silu_mul.cc's host path).
+    const float silu = round_to_bf16(g / (1.0f + std::exp(-g)));
+    gate[k] = float_to_bf16(silu * bf16_to_float(up[k]));
+  }
+#endif
 }

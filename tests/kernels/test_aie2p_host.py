@@ -258,21 +258,24 @@ def test_rmsnorm_kernel(depth):
     assert_within(out, exact, rtol=2**-7)
 
 
-@pytest.mark.parametrize("rows, depth, tile_rows", [(SMOLLM2["ffn"], SMOLLM2["hidden"], 2), (64, 2048, 4)])
-def test_rms_gemv_swiglu_is_the_unfused_chain(rows, depth, tile_rows):
-    """RMSNorm once, then per row pair of gate/up dots: bit for bit the gate gemv, up gemv and silu_mul."""
+@pytest.mark.parametrize("rows, depth, tile_rows", [(SMOLLM2["ffn"], SMOLLM2["hidden"], 8), (64, 2048, 4)])
+def test_rms_gemv_rows_is_rmsnorm_then_gemv(rows, depth, tile_rows):
+    """Each call's rows land at their own offset of one buffer: bit for bit the gemv of the normed row."""
     torch.manual_seed(rows)
     x, norm_w = torch.randn(depth).to(torch.bfloat16), (1 + torch.randn(depth) / 8).to(torch.bfloat16)
-    w_gate = (torch.randn(rows, depth) / math.sqrt(depth)).to(torch.bfloat16)
-    w_up = (torch.randn(rows, depth) / math.sqrt(depth)).to(torch.bfloat16)
-    act = host_build.rms_gemv_swiglu(x, norm_w, w_gate, w_up, 1e-5, tile_rows=tile_rows)
-    normed = host_build.rmsnorm(x, norm_w, 1e-5)
-    unfused = host_build.silu_mul(host_build.gemv(w_gate, normed, tile_rows=tile_rows),
-                                  host_build.gemv(w_up, normed, tile_rows=tile_rows), tile=rows)
-    assert_bitwise(act, unfused)
-    # And against the reference's order (F.linear sums in another order): the gemv tolerance, through silu*up.
-    gate, up = F.linear(normed, w_gate), F.linear(normed, w_up)
-    assert_within(act, F.silu(gate) * up, rtol=2**-5, atol=2**-10)
+    w = (torch.randn(rows, depth) / math.sqrt(depth)).to(torch.bfloat16)
+    y = host_build.rms_gemv_rows(x, norm_w, w, 1e-5, tile_rows=tile_rows)
+    assert_bitwise(y, host_build.gemv(w, host_build.rmsnorm(x, norm_w, 1e-5), tile_rows=tile_rows))
+
+
+def test_swiglu_is_silu_mul():
+    torch.manual_seed(3)
+    gate_up = (torch.randn(2, SMOLLM2["ffn"]) * 4).to(torch.bfloat16)
+    act = host_build.swiglu(gate_up)
+    assert_bitwise(act, host_build.silu_mul(gate_up[0], gate_up[1], tile=SMOLLM2["ffn"]))
+    assert_bitwise(act, launches.silu_mul({}, gate_up[0], gate_up[1]))
+    with pytest.raises(ValueError, match=r"expected \(2, n\)"):
+        host_build.swiglu(gate_up.reshape(4, -1))
 
 
 def attention_exact(q, k, v, head_dim: int, q_offset: int = 0) -> torch.Tensor:
@@ -433,8 +436,8 @@ def test_wrappers_take_bf16_only():
 KERNEL_SYMBOLS = {
     "rope_half_split.cc": ["rope_half_split_bf16"],
     "silu_mul.cc": ["silu_mul_bf16"],
-    "gemv.cc": ["gemv_bf16", "gemv_bf16_f32", "gemv_partial_f32", "gemv_add_bf16", "rmsnorm_bf16",
-                "gemv_swiglu_bf16"],
+    "gemv.cc": ["gemv_bf16", "gemv_bf16_f32", "gemv_partial_f32", "gemv_add_bf16", "gemv_rows_bf16",
+                "rmsnorm_bf16", "swiglu_bf16"],
     "attention.cc": ["attn_init_f32", "attn_qk_tile_bf16", "attn_online_softmax_bf16", "attn_pv_accumulate_bf16",
                      "attn_finalize_bf16"],
 }
