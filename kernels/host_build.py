@@ -200,6 +200,72 @@ def gemv(w: torch.Tensor, x: torch.Tensor, *, tile_rows: int = 32, out_dtype=tor
     return y[:rows]
 
 
+def gemv_add(w: torch.Tensor, x: torch.Tensor, residual: torch.Tensor, *, tile_rows: int = 8,
+             k_chunk: int | None = None) -> torch.Tensor:
+    """``bf16(W x) + residual`` the way the fused ``gemv_add`` launch walks it: per ``tile_rows`` rows,
+    ``gemv_partial_f32`` over K in chunks of ``k_chunk`` (default: all of K), then ``gemv_add_bf16``."""
+    w, x, residual = _require_bf16("w", w), _require_bf16("x", x), _require_bf16("residual", residual)
+    rows, depth = w.shape
+    k_chunk = k_chunk or depth
+    if x.shape != (depth,) or residual.shape != (rows,) or depth % k_chunk or rows % tile_rows:
+        raise ValueError(f"w {tuple(w.shape)}, x {tuple(x.shape)}, residual {tuple(residual.shape)}: expected "
+                         f"x of the row length, residual of the row count, k_chunk ({k_chunk}) dividing K and "
+                         f"tile_rows ({tile_rows}) dividing the rows")
+    library = load("gemv.cc", {"GEMV_ROWS": tile_rows, "GEMV_K": k_chunk})
+    partial = _function(library, "gemv_partial_f32", _PTR, _PTR, _PTR, ctypes.c_int32)
+    finish = _function(library, "gemv_add_bf16", _PTR, _PTR, _PTR, ctypes.c_int32, ctypes.c_int32)
+    acc = torch.empty(tile_rows, dtype=torch.float32)
+    y = torch.empty(rows, dtype=torch.bfloat16)
+    for row0 in range(0, rows, tile_rows):
+        for k0 in range(0, depth, k_chunk):
+            chunk = w[row0:row0 + tile_rows, k0:k0 + k_chunk].contiguous()
+            partial(chunk.data_ptr(), x.data_ptr(), acc.data_ptr(), k0)
+        finish(acc.data_ptr(), residual.data_ptr(), y.data_ptr(), row0, row0)
+    return y
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``rmsnorm_bf16`` of one row, x and weight packed into one buffer as the fused decode FFN's tiles get them."""
+    x, weight = _require_bf16("x", x), _require_bf16("weight", weight)
+    if x.dim() != 1 or weight.shape != x.shape:
+        raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)}: expected two vectors of one length")
+    norm = _function(load("gemv.cc", {"GEMV_ROWS": 1, "GEMV_K": x.shape[0]}), "rmsnorm_bf16",
+                     _PTR, _PTR, ctypes.c_float)
+    packed = torch.cat((x, weight))
+    out = torch.empty_like(x)
+    norm(packed.data_ptr(), out.data_ptr(), float(eps))
+    return out
+
+
+def rms_gemv_rows(x: torch.Tensor, norm_weight: torch.Tensor, w: torch.Tensor, eps: float, *,
+                  tile_rows: int = 8) -> torch.Tensor:
+    """``W · (rmsnorm(x) * norm_weight)`` the way a tile of the fused ``rms_gemv`` launch walks it:
+    ``rmsnorm_bf16`` once, then ``gemv_rows_bf16`` per ``tile_rows`` rows into one output buffer."""
+    w = _require_bf16("w", w)
+    rows, depth = w.shape
+    if rows % tile_rows or x.shape != (depth,):
+        raise ValueError(f"w {tuple(w.shape)}, x {tuple(x.shape)}: expected x of the row length and tile_rows "
+                         f"({tile_rows}) dividing the rows")
+    rows_kernel = _function(load("gemv.cc", {"GEMV_ROWS": tile_rows, "GEMV_K": depth}), "gemv_rows_bf16",
+                            _PTR, _PTR, _PTR, ctypes.c_int32)
+    normed = rmsnorm(x, norm_weight, eps)
+    y = torch.empty(rows, dtype=torch.bfloat16)
+    for row0 in range(0, rows, tile_rows):
+        rows_kernel(w[row0].data_ptr(), normed.data_ptr(), y.data_ptr(), row0)
+    return y
+
+
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """``swiglu_bf16`` of a (2, n) gate/up pair: silu(gate) * up, as the fused down projection's tiles make it."""
+    gate_up = _require_bf16("gate_up", gate_up)
+    if gate_up.dim() != 2 or gate_up.shape[0] != 2:
+        raise ValueError(f"gate_up {tuple(gate_up.shape)}: expected (2, n), gate then up")
+    kernel = _function(load("gemv.cc", {"GEMV_ROWS": 1, "GEMV_K": 32}), "swiglu_bf16", _PTR, ctypes.c_int32)
+    work = gate_up.clone()
+    kernel(work.data_ptr(), gate_up.shape[1])
+    return work[0]
+
+
 class AttentionTiles:
     """The five attention tile primitives of one compiled variant, on torch tensors shaped as in attention.cc."""
 

@@ -132,10 +132,10 @@ def _rms_qkv_rope(name, hidden, heads, kv_heads, head_dim, eps, rows, matmul, ro
     )
 
 
-def _o_ffn(name, hidden, q_dim, intermediate, eps, rows, matmul, row_shape, options, precision=None) -> Program:
-    """O projection + residual → RMSNorm → SwiGLU MLP + residual (prefill GEMM or decode GEMV)."""
+def _o_ffn(name, hidden, q_dim, intermediate, eps, rows, row_shape, options, precision) -> Program:
+    """O projection + residual → RMSNorm → SwiGLU MLP + residual (prefill GEMM)."""
     h, q, f = hidden, q_dim, intermediate
-    mm = _matmul_params(matmul, rows, precision)
+    matmul, mm = "gemm", _matmul_params("gemm", rows, precision)
     return Program(
         name=name,
         params=(("hidden", hidden), ("q_dim", q_dim), ("intermediate", intermediate), ("eps", eps), ("rows", rows)),
@@ -189,8 +189,7 @@ def o_ffn(hidden: int, q_dim: int, intermediate: int, eps: float, seq: int,
           precision: str = DEFAULT_MATMUL_PRECISION) -> Program:
     _check_seq(seq)
     _check_precision(precision)
-    return _o_ffn("o_ffn", hidden, q_dim, intermediate, eps, seq, "gemm", lambda n: (seq, n), PREFILL_OPTIONS,
-                  precision)
+    return _o_ffn("o_ffn", hidden, q_dim, intermediate, eps, seq, lambda n: (seq, n), PREFILL_OPTIONS, precision)
 
 
 def rms_gemv_rope(hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float) -> Program:
@@ -199,7 +198,38 @@ def rms_gemv_rope(hidden: int, heads: int, kv_heads: int, head_dim: int, eps: fl
 
 
 def o_gemv_ffn(hidden: int, q_dim: int, intermediate: int, eps: float) -> Program:
-    return _o_ffn("o_gemv_ffn", hidden, q_dim, intermediate, eps, 1, "gemv", lambda n: (n,), DECODE_OPTIONS)
+    """The decode o_ffn in 4 fused launches after upstream's 3 (builders/gemv_fused.py says where and why
+    they differ): O projection + residual → RMSNorm + gate projection → RMSNorm + up projection → SiLU·up +
+    down projection + residual. Only the post-attention residual (read again by the last launch), gate and
+    up cross DDR between launches.
+
+    Host arguments are o_ffn's, in the same order: attn, wo, x, norm_w, w_gate, w_up, w_down.
+    """
+    h, q, f = hidden, q_dim, intermediate
+    return Program(
+        name="o_gemv_ffn",
+        params=(("hidden", hidden), ("q_dim", q_dim), ("intermediate", intermediate), ("eps", eps), ("rows", 1)),
+        args=(
+            Arg("attn", (q,), "bf16", I),
+            Arg("wo", (h, q), "bf16", W),
+            Arg("x", (h,), "bf16", I),
+            Arg("res1", (h,), "bf16", S),
+            Arg("norm_w", (h,), "bf16", W),
+            Arg("w_gate", (f, h), "bf16", W),
+            Arg("gate", (f,), "bf16", S),
+            Arg("w_up", (f, h), "bf16", W),
+            Arg("up", (f,), "bf16", S),
+            Arg("w_down", (h, f), "bf16", W),
+            Arg("out", (h,), "bf16", O),
+        ),
+        launches=(
+            _launch("gemv_add", ["attn", "wo", "x"], ["res1"], K=q, N=h),
+            _launch("rms_gemv", ["res1", "norm_w", "w_gate"], ["gate"], K=h, N=f, eps=eps),
+            _launch("rms_gemv", ["res1", "norm_w", "w_up"], ["up"], K=h, N=f, eps=eps),
+            _launch("swiglu_gemv_add", ["gate", "up", "w_down", "res1"], ["out"], K=f, N=h),
+        ),
+        compile_options=DECODE_OPTIONS,
+    )
 
 
 def flash_attn(heads: int, kv_heads: int, head_dim: int, seq: int) -> Program:

@@ -1,8 +1,10 @@
-// Matrix-vector product for decode projections: y = W x with W in HuggingFace's (out, in) layout.
+// Matrix-vector products for decode projections: y = W x with W in HuggingFace's (out, in) layout, and the
+// fused decode-FFN stages built on them (residual add, in-tile RMSNorm, SiLU*up; builders/gemv_fused.py).
 //
 // Tile sizes, compile-time (override with -D):
 //   GEMV_ROWS  output rows per call (rows of W)                  default 32
-//   GEMV_K     row length of W and length of x (AIE path: a multiple of 32)   default 2048
+//   GEMV_K     row length of W per call, and length of x (AIE path: a multiple of 32)   default 2048
+//              (gemv_partial_f32: the K chunk one call covers; rmsnorm_bf16: the vector length)
 //
 // Symbols (rename with -Dgemv_bf16=<name> to link two variants, e.g. two K, into one ELF):
 //   void gemv_bf16(const bf16 *w, const bf16 *x, bf16 *y)
@@ -11,8 +13,28 @@
 //     y  GEMV_ROWS;  y[m] = sum_k w[m][k] * x[k], accumulated in fp32, rounded once to bf16 (nearest-even)
 //   void gemv_bf16_f32(const bf16 *w, const bf16 *x, float *y)
 //     the same sums written as fp32: the LM head keeps its accumulator for the logits
-//   AIE path: every buffer 64-byte aligned.
+//   void gemv_partial_f32(const bf16 *w, const bf16 *x, float *acc, int32_t k0)
+//     one K chunk of a longer product: w GEMV_ROWS x GEMV_K (the chunk's columns), x the whole vector;
+//     acc[m] = (k0 == 0 ? 0 : acc[m]) + sum_k w[m][k] * x[k0 + k], in fp32 (the first chunk starts the sum)
+//   void gemv_add_bf16(const float *acc, const bf16 *residual, bf16 *y, int32_t residual_row0, int32_t row0)
+//     y[row0 + m] = bf16(bf16(acc[m]) + residual[residual_row0 + m]) for the GEMV_ROWS rows of acc: a
+//     projection rounded to bf16, then the residual add in fp32 rounded once (the unfused gemv -> add chain,
+//     bit for bit). Two offsets: a tile's y holds its own rows, its residual the whole launch step's rows.
+//   void gemv_rows_bf16(const bf16 *w, const bf16 *x, bf16 *y, int32_t row0)
+//     gemv_bf16 writing its GEMV_ROWS results at y + row0 (a tile's rows, call after call, in one buffer)
+//   void rmsnorm_bf16(const bf16 *x_and_weight, bf16 *out, float eps)
+//     x_and_weight: x (GEMV_K) then the norm weight (GEMV_K), one buffer (one DMA stream into the tile);
+//     out[k] = bf16(bf16(x[k] * rstd) * weight[k]), rstd = 1 / sqrt(mean(x^2) + eps) in fp32
+//     (HF's order: normalize in fp32, round, then scale by the weight)
+//   void swiglu_bf16(bf16 *gate_up, int32_t length)
+//     gate_up: gate (length) then up (length); in place, gate[k] = bf16(bf16(silu(gate[k])) * up[k]), silu in
+//     fp32: silu_mul_bf16's rounding points (HF's act_fn(gate) * up)
+//   AIE path: every buffer 64-byte aligned; k0 a multiple of 32; swiglu_bf16's length a multiple of 16.
 #include "npu2_kernel.h"
+
+#if !defined(__AIENGINE__)
+#include <cmath>
+#endif
 
 #ifndef GEMV_ROWS
 #define GEMV_ROWS 32
@@ -27,46 +49,127 @@ constexpr int kRows = GEMV_ROWS;
 constexpr int kDepth = GEMV_K;
 static_assert(kRows > 0 && kDepth > 0, "GEMV_ROWS and GEMV_K must be positive");
 
-} // namespace
-
-namespace {
-
-// Calls store(m, sum) with row m's fp32 dot product, for every row of the tile.
-template <typename Store> void row_dots(const bf16_t *w, const bf16_t *x, Store store) {
+// row . x over kDepth elements, in fp32.
+inline float row_dot(const bf16_t *row, const bf16_t *x) {
 #if defined(__AIENGINE__)
   static_assert(kDepth % 32 == 0, "AIE path: GEMV_K must be a multiple of 32");
   // 32 lanes: the native width of the bf16 multiplier. Decode GEMV is bound by the DMA that feeds W, so one
   // accumulator per row is enough to keep up with it.
   constexpr int kLanes = 32;
-  for (int m = 0; m < kRows; ++m) {
-    const bfloat16 *row = w + m * kDepth;
-    aie::accum<accfloat, kLanes> acc = aie::zeros<accfloat, kLanes>();
-    for (int k = 0; k < kDepth; k += kLanes)
-      acc = aie::mac(acc, aie::load_v<kLanes>(row + k), aie::load_v<kLanes>(x + k));
-    store(m, aie::reduce_add(acc.to_vector<float>()));
-  }
+  aie::accum<accfloat, kLanes> acc = aie::zeros<accfloat, kLanes>();
+  for (int k = 0; k < kDepth; k += kLanes)
+    acc = aie::mac(acc, aie::load_v<kLanes>(row + k), aie::load_v<kLanes>(x + k));
+  return aie::reduce_add(acc.to_vector<float>());
 #else
-  for (int m = 0; m < kRows; ++m) {
-    const bf16_t *row = w + m * kDepth;
-    float acc = 0.0f;
-    for (int k = 0; k < kDepth; ++k)
-      acc += bf16_to_float(row[k]) * bf16_to_float(x[k]);
-    store(m, acc);
-  }
+  float acc = 0.0f;
+  for (int k = 0; k < kDepth; ++k)
+    acc += bf16_to_float(row[k]) * bf16_to_float(x[k]);
+  return acc;
 #endif
 }
+
+// Calls store(m, sum) with row m's fp32 dot product, for every row of the tile.
+template <typename Store> void row_dots(const bf16_t *w, const bf16_t *x, Store store) {
+  for (int m = 0; m < kRows; ++m)
+    store(m, row_dot(w + m * kDepth, x));
+}
+
+#if defined(__AIENGINE__)
+inline bf16_t to_bf16(float value) { return static_cast<bfloat16>(value); }
+inline float to_float(bf16_t value) { return static_cast<float>(value); }
+inline float bf16_round(float value) { return to_float(to_bf16(value)); }
+#else
+inline bf16_t to_bf16(float value) { return float_to_bf16(value); }
+inline float to_float(bf16_t value) { return bf16_to_float(value); }
+inline float bf16_round(float value) { return round_to_bf16(value); }
+#endif
 
 } // namespace
 
 extern "C" void gemv_bf16(const bf16_t *w, const bf16_t *x, bf16_t *y) {
 #if defined(__AIENGINE__)
   RoundToNearestEven rounding;
-  row_dots(w, x, [y](int m, float sum) { y[m] = static_cast<bfloat16>(sum); });
-#else
-  row_dots(w, x, [y](int m, float sum) { y[m] = float_to_bf16(sum); });
 #endif
+  row_dots(w, x, [y](int m, float sum) { y[m] = to_bf16(sum); });
 }
 
 extern "C" void gemv_bf16_f32(const bf16_t *w, const bf16_t *x, float *y) {
   row_dots(w, x, [y](int m, float sum) { y[m] = sum; });
+}
+
+extern "C" void gemv_partial_f32(const bf16_t *w, const bf16_t *x, float *acc, int32_t k0) {
+  const bool first = k0 == 0;
+  row_dots(w, x + k0, [acc, first](int m, float sum) { acc[m] = first ? sum : acc[m] + sum; });
+}
+
+extern "C" void gemv_add_bf16(const float *acc, const bf16_t *residual, bf16_t *y, int32_t residual_row0,
+                              int32_t row0) {
+#if defined(__AIENGINE__)
+  RoundToNearestEven rounding;
+#endif
+  for (int m = 0; m < kRows; ++m)
+    y[row0 + m] = to_bf16(bf16_round(acc[m]) + to_float(residual[residual_row0 + m]));
+}
+
+extern "C" void gemv_rows_bf16(const bf16_t *w, const bf16_t *x, bf16_t *y, int32_t row0) {
+#if defined(__AIENGINE__)
+  RoundToNearestEven rounding;
+#endif
+  row_dots(w, x, [y, row0](int m, float sum) { y[row0 + m] = to_bf16(sum); });
+}
+
+extern "C" void rmsnorm_bf16(const bf16_t *x_and_weight, bf16_t *out, float eps) {
+  const bf16_t *x = x_and_weight;
+  const bf16_t *weight = x_and_weight + kDepth;
+#if defined(__AIENGINE__)
+  RoundToNearestEven rounding;
+  constexpr int kLanes = 16;
+  static_assert(kDepth % kLanes == 0, "AIE path: GEMV_K must be a multiple of 16");
+  aie::accum<accfloat, kLanes> squares = aie::zeros<accfloat, kLanes>();
+  for (int k = 0; k < kDepth; k += kLanes) {
+    const aie::vector<bfloat16, kLanes> v = aie::load_v<kLanes>(x + k);
+    squares = aie::mac(squares, v, v);
+  }
+  const float rstd = aie::invsqrt(aie::reduce_add(squares.to_vector<float>()) / kDepth + eps);
+  const aie::vector<float, kLanes> scale = aie::broadcast<float, kLanes>(rstd);
+  for (int k = 0; k < kDepth; k += kLanes) {
+    const aie::vector<bfloat16, kLanes> normed =
+        aie::mul(aie::load_v<kLanes>(x + k), scale).template to_vector<bfloat16>();
+    aie::store_v(out + k, aie::mul(normed, aie::load_v<kLanes>(weight + k)).template to_vector<bfloat16>());
+  }
+#else
+  float sum = 0.0f;
+  for (int k = 0; k < kDepth; ++k) {
+    const float v = bf16_to_float(x[k]);
+    sum += v * v;
+  }
+  const float rstd = 1.0f / std::sqrt(sum / kDepth + eps);
+  for (int k = 0; k < kDepth; ++k)
+    out[k] = float_to_bf16(round_to_bf16(bf16_to_float(x[k]) * rstd) * bf16_to_float(weight[k]));
+#endif
+}
+
+extern "C" void swiglu_bf16(bf16_t *gate_up, int32_t length) {
+  bf16_t *gate = gate_up;
+  const bf16_t *up = gate_up + length;
+#if defined(__AIENGINE__)
+  // silu_mul_bf16's vector path: silu(g) = h + h * tanh(h), h = g / 2, with the core's 16-lane tanh.
+  constexpr int kLanes = 16;
+  RoundToNearestEven rounding;
+  const aie::vector<bfloat16, kLanes> half = aie::broadcast<bfloat16, kLanes>(0.5f);
+  for (int k = 0; k < length; k += kLanes) {
+    const aie::accum<accfloat, kLanes> half_g = aie::mul(aie::load_v<kLanes>(gate + k), half);
+    const aie::vector<bfloat16, kLanes> h = half_g.to_vector<bfloat16>();
+    const aie::vector<bfloat16, kLanes> t = aie::tanh<bfloat16>(half_g.to_vector<float>());
+    const aie::vector<bfloat16, kLanes> silu = aie::add(aie::mul(h, t), h).to_vector<bfloat16>();
+    aie::store_v(gate + k, aie::mul(silu, aie::load_v<kLanes>(up + k)).to_vector<bfloat16>());
+  }
+#else
+  for (int k = 0; k < length; ++k) {
+    const float g = bf16_to_float(gate[k]);
+    // torch's fp32 formula, so the bf16 silu is torch's (silu_mul.cc's host path).
+    const float silu = round_to_bf16(g / (1.0f + std::exp(-g)));
+    gate[k] = float_to_bf16(silu * bf16_to_float(up[k]));
+  }
+#endif
 }

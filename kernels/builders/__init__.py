@@ -6,7 +6,7 @@ types are the launch's reads then writes, as the Program's argument shapes and d
 from __future__ import annotations
 
 from ..program import Launch, Program
-from . import add, attention, gemm, gemv, rmsnorm, rope, silu_mul, stack
+from . import add, attention, gemm, gemv, gemv_fused, rmsnorm, rope, silu_mul, stack
 from .externs import EXTERNAL_KERNELS, KERNEL_OBJECTS, KernelObject
 from .ir import LaunchIR, MemRef
 from .npu2 import LaunchConstraintError
@@ -16,6 +16,9 @@ BUILDERS = {
     "gemm": gemm.build,
     "gemv": gemv.build,
     "gemv_f32": gemv.build_f32,
+    "gemv_add": gemv_fused.build_add,
+    "rms_gemv": gemv_fused.build_rms_gemv,
+    "swiglu_gemv_add": gemv_fused.build_swiglu_add,
     "rope": rope.build,
     "silu_mul": silu_mul.build,
     "add": add.build,

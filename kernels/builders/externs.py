@@ -12,7 +12,11 @@ first (``-D<symbol>=<symbol>_v<n>``). A memref reaches C as a bare pointer to it
   ``silu_mul_bf16(const bf16 *gate, const bf16 *up, bf16 *out)``
 * gemv.o (gemv.cc), configured by GEMV_ROWS, GEMV_K:
   ``gemv_bf16(const bf16 *w, const bf16 *x, bf16 *y)`` and, for the LM head's fp32 logits,
-  ``gemv_bf16_f32(const bf16 *w, const bf16 *x, float *y)``
+  ``gemv_bf16_f32(const bf16 *w, const bf16 *x, float *y)``; for the fused decode FFN (gemv_fused.py)
+  ``gemv_partial_f32(const bf16 *w, const bf16 *x, float *acc, int32_t k0)``,
+  ``gemv_add_bf16(const float *acc, const bf16 *residual, bf16 *y, int32_t residual_row0, int32_t row0)``,
+  ``gemv_rows_bf16(const bf16 *w, const bf16 *x, bf16 *y, int32_t row0)``,
+  ``rmsnorm_bf16(const bf16 *x_and_weight, bf16 *out, float eps)`` and ``swiglu_bf16(bf16 *gate_up, int32_t n)``
 * attention.o (attention.cc), configured by ATTN_TQ, ATTN_TK, ATTN_HEAD_DIM:
   ``attn_init_f32(float *row_max, float *row_sum, float *acc)``,
   ``attn_qk_tile_bf16(const bf16 *q, const bf16 *kv, float *scores, int32_t q_start, int32_t k_start)``,
@@ -44,7 +48,8 @@ EXTERNAL_KERNELS = (
     KernelObject("rope.o", "rope_half_split.cc", ("rope_half_split_bf16",),
                  ("ROPE_ROWS", "ROPE_HEADS", "ROPE_HEAD_DIM")),
     KernelObject("silu_mul.o", "silu_mul.cc", ("silu_mul_bf16",), ("SILU_MUL_LEN",)),
-    KernelObject("gemv.o", "gemv.cc", ("gemv_bf16", "gemv_bf16_f32"), ("GEMV_ROWS", "GEMV_K")),
+    KernelObject("gemv.o", "gemv.cc", ("gemv_bf16", "gemv_bf16_f32", "gemv_partial_f32", "gemv_add_bf16",
+                                       "gemv_rows_bf16", "rmsnorm_bf16", "swiglu_bf16"), ("GEMV_ROWS", "GEMV_K")),
     KernelObject("attention.o", "attention.cc",
                  ("attn_init_f32", "attn_qk_tile_bf16", "attn_online_softmax_bf16", "attn_pv_accumulate_bf16",
                   "attn_finalize_bf16"),
@@ -96,6 +101,14 @@ CALL_COSTS = {
     "gemm_zero_f32": CallCost("vector_elementwise", (LAST_OPERAND,)),
     "gemm_bf16_f32_wnk": CallCost("mmul_bf16", (MATMUL_OPERANDS,)),
     "gemm_f32_to_bf16": CallCost("vector_elementwise", (LAST_OPERAND,)),
+    # gemv.o's fused decode-FFN entry points (builders/gemv_fused.py).
+    "gemv_partial_f32": CallCost("vector_mac", ("GEMV_ROWS", "GEMV_K")),
+    "gemv_rows_bf16": CallCost("vector_mac", ("GEMV_ROWS", "GEMV_K")),
+    "gemv_add_bf16": CallCost("vector_elementwise", ("GEMV_ROWS",)),
+    "rmsnorm_bf16": CallCost("vector_elementwise", ("GEMV_K",)),
+    # Counted over the vector it is handed (gate, up and the residual panel): an overestimate of about 2×, as
+    # it computes len(gate) values; a few µs per decode token.
+    "swiglu_bf16": CallCost("vector_transcendental", (LAST_OPERAND,)),
 }
 
 

@@ -301,6 +301,68 @@ def test_gemm_wrapper_refuses_what_does_not_tile():
         host_build.gemm(a.float(), w, tile_m=16, tile_k=32, tile_n=48)
 
 
+@pytest.mark.parametrize("rows, depth, tile_rows, k_chunk", [
+    (SMOLLM2["hidden"], SMOLLM2["hidden"], 8, None),    # o projection + residual, K whole
+    (SMOLLM2["hidden"], SMOLLM2["ffn"], 8, 512),        # down projection + residual, K in chunks
+    (64, 8192, 8, 512),                                 # Llama-3.2-1B's down projection depth
+])
+def test_gemv_add_is_the_unfused_gemv_then_add(rows, depth, tile_rows, k_chunk):
+    """Chunked fp32 partial sums in one order, so bit for bit the one-call gemv rounded, then the add launch."""
+    torch.manual_seed(rows + depth)
+    w = (torch.randn(rows, depth) / math.sqrt(depth)).to(torch.bfloat16)
+    x, residual = torch.randn(depth).to(torch.bfloat16), torch.randn(rows).to(torch.bfloat16)
+    y = host_build.gemv_add(w, x, residual, tile_rows=tile_rows, k_chunk=k_chunk)
+    projection = host_build.gemv(w, x, tile_rows=tile_rows)
+    unfused = launches.add(dict(rows=1, cols=rows), residual, projection).to(torch.bfloat16)
+    if k_chunk is None:
+        assert_bitwise(y, unfused)
+    else:  # the chunks are summed in another order: within the gemv's own fp32 bound, then rounded twice
+        magnitude = w.double().abs() @ x.double().abs()
+        assert_within(y, unfused, rtol=2**-7, atol=depth * 2**-24 * magnitude + 2**-8 * projection.double().abs())
+    exact = w.double() @ x.double() + residual.double()
+    assert_within(y, exact, rtol=2**-7, atol=2**-7 * (w.double() @ x.double()).abs() + depth * 2**-23 * (
+        w.double().abs() @ x.double().abs()))
+
+
+def test_gemv_add_refuses_a_chunk_that_does_not_divide_k():
+    w, x, r = torch.zeros(8, 96, dtype=torch.bfloat16), torch.zeros(96, dtype=torch.bfloat16), torch.zeros(8, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="k_chunk"):
+        host_build.gemv_add(w, x, r, tile_rows=8, k_chunk=64)
+
+
+@pytest.mark.parametrize("depth", [SMOLLM2["hidden"], 2048])
+def test_rmsnorm_kernel(depth):
+    torch.manual_seed(depth)
+    x, weight = (torch.randn(depth) * 3).to(torch.bfloat16), (1 + torch.randn(depth) / 8).to(torch.bfloat16)
+    out = host_build.rmsnorm(x, weight, 1e-5)
+    # The emulator's rmsnorm launch rounds at the same two points; sum order and 1/sqrt vs rsqrt may move a
+    # value across one rounding boundary, so one ulp.
+    emulated = launches.rmsnorm(dict(rows=1, cols=depth, eps=1e-5), x, weight).reshape(-1)
+    assert_within(out, emulated, rtol=2**-7)
+    exact = x.double() * torch.rsqrt(x.double().pow(2).mean() + 1e-5) * weight.double()
+    assert_within(out, exact, rtol=2**-7)
+
+
+@pytest.mark.parametrize("rows, depth, tile_rows", [(SMOLLM2["ffn"], SMOLLM2["hidden"], 8), (64, 2048, 4)])
+def test_rms_gemv_rows_is_rmsnorm_then_gemv(rows, depth, tile_rows):
+    """Each call's rows land at their own offset of one buffer: bit for bit the gemv of the normed row."""
+    torch.manual_seed(rows)
+    x, norm_w = torch.randn(depth).to(torch.bfloat16), (1 + torch.randn(depth) / 8).to(torch.bfloat16)
+    w = (torch.randn(rows, depth) / math.sqrt(depth)).to(torch.bfloat16)
+    y = host_build.rms_gemv_rows(x, norm_w, w, 1e-5, tile_rows=tile_rows)
+    assert_bitwise(y, host_build.gemv(w, host_build.rmsnorm(x, norm_w, 1e-5), tile_rows=tile_rows))
+
+
+def test_swiglu_is_silu_mul():
+    torch.manual_seed(3)
+    gate_up = (torch.randn(2, SMOLLM2["ffn"]) * 4).to(torch.bfloat16)
+    act = host_build.swiglu(gate_up)
+    assert_bitwise(act, host_build.silu_mul(gate_up[0], gate_up[1], tile=SMOLLM2["ffn"]))
+    assert_bitwise(act, launches.silu_mul({}, gate_up[0], gate_up[1]))
+    with pytest.raises(ValueError, match=r"expected \(2, n\)"):
+        host_build.swiglu(gate_up.reshape(4, -1))
+
+
 def attention_exact(q, k, v, head_dim: int, q_offset: int = 0) -> torch.Tensor:
     """fp64 causal GQA over the bf16 inputs; query row i sits at position q_offset + i."""
     qh = q.double().reshape(q.shape[0], -1, head_dim).transpose(0, 1)
@@ -461,7 +523,8 @@ def test_wrappers_take_bf16_only():
 KERNEL_SYMBOLS = {
     "rope_half_split.cc": ["rope_half_split_bf16"],
     "silu_mul.cc": ["silu_mul_bf16"],
-    "gemv.cc": ["gemv_bf16", "gemv_bf16_f32"],
+    "gemv.cc": ["gemv_bf16", "gemv_bf16_f32", "gemv_partial_f32", "gemv_add_bf16", "gemv_rows_bf16",
+                "rmsnorm_bf16", "swiglu_bf16"],
     "attention.cc": ["attn_init_f32", "attn_qk_tile_bf16", "attn_online_softmax_bf16", "attn_pv_accumulate_bf16",
                      "attn_finalize_bf16"],
     "gemm.cc": ["gemm_zero_f32", "gemm_bf16_f32_wnk", "gemm_f32_to_bf16"],

@@ -33,6 +33,12 @@ def operand_types(kind, p):
         return bf16((p["K"],), (p["N"], p["K"]), (p["N"],))
     if kind == "gemv_f32":
         return [*bf16((p["K"],), (p["N"], p["K"])), MemRef((p["N"],), "f32")]
+    if kind == "gemv_add":
+        return bf16((p["K"],), (p["N"], p["K"]), (p["N"],), (p["N"],))
+    if kind == "swiglu_gemv_add":
+        return bf16((p["K"],), (p["K"],), (p["N"], p["K"]), (p["N"],), (p["N"],))
+    if kind == "rms_gemv":
+        return bf16((p["K"],), (p["K"],), (p["N"], p["K"]), (p["N"],))
     if kind == "rope":
         width = p["heads"] * p["head_dim"]
         return bf16(row(p["rows"], width), row(p["rows"], p["head_dim"]), row(p["rows"], width))
@@ -50,6 +56,9 @@ EXAMPLES = {
     "gemm": dict(M=2048, K=2048, N=512),
     "gemv": dict(K=8192, N=2048),
     "gemv_f32": dict(K=2048, N=128256),
+    "gemv_add": dict(K=2048, N=2048),
+    "rms_gemv": dict(K=2048, N=8192, eps=1e-5),
+    "swiglu_gemv_add": dict(K=8192, N=2048),
     "rope": dict(rows=2048, heads=32, head_dim=64),
     "silu_mul": dict(rows=1, cols=8192),
     "add": dict(rows=2048, cols=2048),
@@ -102,6 +111,10 @@ def test_external_kernel_contract_names_and_objects():
     assert {d.symbol for d in build("attention").externs} == set(KERNEL_OBJECTS["attention.o"].symbols)
     assert [d.symbol for d in build("gemm").externs] == ["gemm_zero_f32", "gemm_bf16_f32_wnk", "gemm_f32_to_bf16"]
     assert not any(build(kind).externs for kind in ("rmsnorm", "add", "stack"))
+    assert [d.symbol for d in build("gemv_add").externs] == ["gemv_partial_f32", "gemv_add_bf16"]
+    assert [d.symbol for d in build("rms_gemv").externs] == ["rmsnorm_bf16", "gemv_rows_bf16"]
+    assert [d.symbol for d in build("swiglu_gemv_add").externs] == ["swiglu_bf16", "gemv_partial_f32",
+                                                                    "gemv_add_bf16"]
 
 
 def test_calls_state_the_kernel_configuration_they_were_tiled_for():
@@ -235,6 +248,28 @@ def test_lm_head_gemv_takes_the_most_rows_a_memtile_holds():
     assert "memref<96xf32, 2 : i32>" in ir.text  # only tile-sized f32 buffers in L1
 
 
+def test_decode_ffn_launches_plan_llama_sizes():
+    """Llama-3.2-1B's decode FFN: whole-K row groups up to K=2048, the K=8192 down projection in chunks of all
+    the tile's rows (one loop with a DMA: this AIR cannot ping-pong a DMA in a nested loop)."""
+    assert "herd 8x1, 64 rows per tile per step, 4 launch steps, 4 rows per call, K in chunks of 2048" in \
+        build("gemv_add").text
+    assert "herd 8x1, 64 rows per tile per step, 16 launch steps, 4 rows per call" in build("rms_gemv").text
+    down = build("swiglu_gemv_add").text
+    assert "herd 8x1, 16 rows per tile per step, 16 launch steps, 16 rows per call, K in chunks of 256" in down
+    assert "memref<16x256xbf16, 2 : i32>" in down  # a chunk of all 16 rows per call
+    assert "memref<16512xbf16, 2 : i32>" in down  # gate, up and the step's 128 residual rows: one L1 vector
+    assert dict(build("swiglu_gemv_add").externs[0].defines) == {"GEMV_ROWS": 16, "GEMV_K": 256}
+
+
+def test_decode_ffn_herds_take_two_streams_per_tile():
+    """A compute tile has two S2MM channels: the weight rows and one packed vector, never a third stream."""
+    for kind in ("gemv_add", "rms_gemv", "swiglu_gemv_add"):
+        herd = next(op for op in hierarchy(build(kind).text) if op.op == "herd")
+        into_l1 = re.findall(r"air\.dma_memcpy_nd \((%[\w$.]+)\[", herd.body)
+        l1_buffers = set(re.findall(r"(%[\w$.]+) = memref\.alloc\(\) : memref<[^>]*, 2 : i32>", herd.body))
+        assert len({dst for dst in into_l1 if dst in l1_buffers}) == 2, kind
+
+
 def test_tuning_overrides_reach_the_ir():
     ir = build("gemm", tuning={"herd_m": 4, "tile_m": 16})
     assert {sizes for _, sizes, _ in herd_headers(ir.text)} == {(4, 4)}
@@ -266,6 +301,11 @@ def test_builders_are_deterministic():
     ("gemv", {}, {"tile_n": 64}, r"gemv launch: L2 bytes=\d+: exceeds"),
     ("gemv", {}, {"herd": 3}, r"gemv launch: herd=3: must divide N=2048"),
     ("gemv_f32", dict(K=2040), None, r"gemv_f32 launch: K=2040: must be a multiple of 32"),
+    ("gemv_add", dict(K=8192), {"k_chunk": 2048}, r"gemv_add launch: k_chunk=2048: a split chunk spans at most"),
+    ("swiglu_gemv_add", {}, {"k_chunk": 1024, "tile_n": 16}, r"swiglu_gemv_add launch: L1 bytes=\d+: exceeds"),
+    ("swiglu_gemv_add", {}, {"rows_per_call": 4, "tile_n": 8}, r"rows_per_call=4: .*must equal tile_n"),
+    ("rms_gemv", dict(K=8192), None, r"rms_gemv launch: L1 bytes=\d+: exceeds"),
+    ("rms_gemv", {}, {"herd": 3}, r"rms_gemv launch: herd=3: must divide N=8192"),
     ("rope", dict(rows=16, heads=2, head_dim=48), None, r"rope launch: head_dim=48: must be a multiple of 32"),
     ("rope", {}, {"tile_rows": 3}, r"rope launch: tile_rows=3: must divide the 256 rows"),
     ("rope", {}, {"tile_rows": 8}, r"rope launch: L1 bytes=\d+: exceeds"),

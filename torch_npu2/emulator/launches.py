@@ -31,6 +31,21 @@ def matmul(p, a, w):
     return F.linear(a, w)
 
 
+def gemv_add(p, x, w, residual):
+    # The projection rounds to bf16, then the residual add in fp32 rounds once: the unfused gemv → add.
+    return add(p, residual, matmul(p, x, w).reshape(-1))
+
+
+def rms_gemv(p, x, norm_w, w):
+    # RMSNorm, then the projection rounded to bf16: the unfused rmsnorm → gemv.
+    return matmul(p, rmsnorm(dict(rows=1, cols=p["K"], eps=p["eps"]), x, norm_w).reshape(-1), w)
+
+
+def swiglu_gemv_add(p, gate, up, w, residual):
+    # silu_mul's rounding, then gemv_add's: the unfused silu_mul → gemv → add.
+    return gemv_add(p, silu_mul(p, gate, up), w, residual)
+
+
 def rope(p, x, lut):
     # bf16 products, then a bf16 sum: the rounding points of HF's (q * cos) + (rotate_half(q) * sin).
     rows, heads, hd = p["rows"], p["heads"], p["head_dim"]
@@ -100,4 +115,7 @@ LAUNCH_KINDS = {
     "attention": attention,
     "stack": stack,
     "gemv_f32": gemv_f32,
+    "gemv_add": gemv_add,
+    "rms_gemv": rms_gemv,
+    "swiglu_gemv_add": swiglu_gemv_add,
 }

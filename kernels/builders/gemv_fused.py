@@ -1,0 +1,287 @@
+"""The fused decode-FFN launches, after upstream's 3-launch o_gemv_ffn (mlir-air
+``llms/shared/builders/o_gemv_ffn_multi.py``): no projection or norm result crosses DDR on its own; only
+the post-attention residual, gate and up cross between launches.
+
+* gemv_add(K, N): ``y[N] = bf16(W[N, K] · x[K]) + residual[N]`` (upstream's ``matvec_2tile_add``). Up to
+  K=2048 a call takes ``rows_per_call`` whole rows (``gemv_partial_f32`` then ``gemv_add_bf16``); a longer
+  K (Llama-3.2-1B's 8192-long down projection) is split: one loop over K chunks of ``k_chunk``, each call
+  adding a chunk of all the tile's rows to fp32 partial sums in L1, then the rounding and the residual add.
+* swiglu_gemv_add(K, N): the same with ``x = silu(gate) * up`` made in each tile first (``swiglu_bf16``, in
+  place over gate): the down projection with SwiGLU's product folded in.
+* rms_gemv(K, N, eps): ``y = W · (rmsnorm(x) * norm_w)``; each tile normalizes the whole x itself
+  (``rmsnorm_bf16``: K MACs, small next to its rows' K MACs each), then walks its rows (``gemv_rows_bf16``).
+
+o_gemv_ffn is gemv_add → rms_gemv (gate) → rms_gemv (up) → swiglu_gemv_add. Every launch keeps the unfused
+chain's rounding points (projection to bf16, then the add; gate and up to bf16, then SiLU and the product),
+so the fused Program computes what the 8-launch one did.
+
+Departures from upstream, each for a limit of this AIR (0e3df89d) or of our weights:
+
+* No cascade. Upstream reduces a 4-tile K-split over ``npu_cascade`` channels and hands the residual add to
+  a second tile over one; this AIR predates upstream's cascade fixes (placement of cascade chains #1583,
+  air-collapse-herd with cascades #1554, cascade locks across re-dispatch #1694), so K-split partial sums
+  stay in the tile's own L1.
+* Four launches, not three. Upstream interleaves gate and up rows into one weight, so a tile gets both
+  over one stream and applies SiLU·up at once. Ours stay two HF-layout buffers (one buffer per weight
+  serves prefill and decode), and a compute tile has two S2MM channels, which this AIR cannot share between
+  streams from different sources (aiecc's router refuses a second connection to a DMA channel): gate rows,
+  up rows and the vector would need three. Tried and refused by this AIR: two 4-tile herds in one segment
+  (air-collapse-herd folds each into one column, whose memtile then bounds the panel: 128 launch steps for
+  Llama-3.2-1B, and air-opt-shim-dma-bds ran for over ten minutes); one herd over a panel filled from both
+  weights, or interleaved by strided DMAs (air-split-l2-memref leaves a panel with two writers whole).
+  So gate and up are one launch each, and SiLU·up moves into the down projection's tiles.
+* Each tile gets exactly two streams: its weight rows, and one packed vector (x with the step's residual
+  rows; x with the norm weight; gate and up with the step's residual rows) that the segment gathers in a
+  memtile from its DDR pieces and broadcasts to the herd. DDR → array streams are one per tile (AIR gives
+  each tile's share of a step's panel its own memtile buffer, fed by its own shim channel) plus one per
+  vector piece, at most 16 (two MM2S per shim tile).
+
+Schedule (per launch step, ``herd * tile_n`` output rows), as in gemv.py: the step's weight panel goes
+DDR → memtile at segment level; each tile takes its ``tile_n`` rows from the memtile; results go
+L1 → memtile → DDR. Offsets inside herds derive from tile ids and loop indices only (no launch-id runtime
+parameters).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .gemv import DMA_GRANULE_BYTES, GEMV_K_GRANULE, MAX_TILE_N, ROWS_PER_CALL_CANDIDATES, OBJECT
+from .ir import L1, L2, WHOLE, LaunchBuilder, LaunchIR, MemRef, Value, Window
+from .npu2 import (COLUMNS, HERD_CANDIDATES, ROWS, L1_AVAILABLE, L2_BYTES, check_budget, check_operands, check_params,
+                   check_tuning, divisors_descending, largest_dividing, nbytes, pingpong_copies, require)
+
+ADD_KIND = "gemv_add"
+SWIGLU_ADD_KIND = "swiglu_gemv_add"
+RMS_KIND = "rms_gemv"
+TUNING = ("herd", "tile_n", "rows_per_call", "k_chunk")
+RMS_TUNING = ("herd", "tile_n", "rows_per_call")
+# A split chunk row is one DMA dimension: at most 1023 4-byte words per BD dimension, so 1024 bf16 fits.
+MAX_SPLIT_K_CHUNK = 1024
+MAX_WHOLE_K = 2048  # up to here a row is one chunk (a contiguous window: no per-dimension limit applies)
+SHIM_MM2S_CHANNELS = 2 * COLUMNS  # DDR → array streams: 2 per shim tile
+# DDR → array streams of each kind: (per tile of the widest herd, shared vector pieces).
+STREAMS = {ADD_KIND: (1, 2), SWIGLU_ADD_KIND: (1, 3), RMS_KIND: (1, 2)}
+
+
+@dataclass(frozen=True)
+class FusedGemvPlan:
+    herd: int
+    tile_n: int
+    rows_per_call: int
+    k_chunk: int
+
+    @property
+    def panel_rows(self) -> int:
+        return self.herd * self.tile_n
+
+
+def _k_chunk(kind: str, K: int, tuning: dict) -> int:
+    k_chunk = tuning["k_chunk"]
+    require(K % k_chunk == 0 and k_chunk % GEMV_K_GRANULE == 0, kind, "k_chunk", k_chunk,
+            f"must divide K={K} and be a multiple of {GEMV_K_GRANULE}")
+    require(k_chunk <= MAX_SPLIT_K_CHUNK, kind, "k_chunk", k_chunk,
+            f"a split chunk spans at most {MAX_SPLIT_K_CHUNK} elements (one DMA dimension)")
+    return k_chunk
+
+
+def _vector_elements(kind: str, K: int, panel: int) -> int:
+    """The packed vector each tile gets: x or gate/up, then the step's residual rows; or x, then the norm weight."""
+    return {ADD_KIND: K + panel, SWIGLU_ADD_KIND: 2 * K + panel, RMS_KIND: 2 * K}[kind]
+
+
+def _l1_bytes(kind: str, K: int, herd: int, tile_n: int, rows: int, k_chunk: int) -> dict[str, int]:
+    trips = K // k_chunk if K > k_chunk else tile_n // rows  # the loop that refills the W buffer
+    copies = pingpong_copies(trips)
+    buffers = {"packed vector": nbytes((_vector_elements(kind, K, herd * tile_n),), "bf16"),
+               f"W chunk x{copies} (ping-pong)": copies * nbytes((rows, k_chunk), "bf16"),
+               "y": nbytes((tile_n,), "bf16")}
+    if kind == RMS_KIND:
+        buffers["normed x"] = nbytes((K,), "bf16")
+    else:
+        buffers["f32 partial sums"] = nbytes((rows,), "f32")
+    return buffers
+
+
+def _tiles_per_memtile(herd: int) -> int:
+    """aircc's air-collapse-herd{max-col-size=4} folds a herd of up to 4 tiles into one column, whose memtile
+    then holds every tile's share of the panel; a wider herd keeps one column, so one memtile, per tile."""
+    return herd if herd <= ROWS else 1
+
+
+def _l2_bytes(kind: str, K: int, herd: int, tile_n: int) -> dict[str, int]:
+    """The fullest memtile: the W rows and y of the tiles in its column, and maybe the packed vector."""
+    tiles = _tiles_per_memtile(herd)
+    return {f"W rows of {tiles} tile(s)": tiles * nbytes((tile_n, K), "bf16"),
+            f"y of {tiles} tile(s)": tiles * nbytes((tile_n,), "bf16"),
+            "packed vector": nbytes((_vector_elements(kind, K, tile_n * herd),), "bf16")}
+
+
+def plan(kind: str, K: int, N: int, tuning: dict) -> FusedGemvPlan:
+    """Widest herd dividing N that the shim channels can feed, then the longest tile a memtile holds (fewest
+    launch steps), then the most rows per call that fit L1 (K in chunks when a row is longer than
+    ``MAX_WHOLE_K``; rms_gemv keeps K whole, its calls take the whole normed x)."""
+    require(K % GEMV_K_GRANULE == 0, kind, "K", K, f"must be a multiple of {GEMV_K_GRANULE} (gemv.cc's multiplier)")
+    per_tile_streams, shared_streams = STREAMS[kind]
+    fed = [h for h in HERD_CANDIDATES if per_tile_streams * h + shared_streams <= SHIM_MM2S_CHANNELS]
+    herd = tuning.get("herd", largest_dividing(N, fed))
+    require(herd <= COLUMNS, kind, "herd", herd, f"the herd spans at most {COLUMNS} columns")
+    require(per_tile_streams * herd + shared_streams <= SHIM_MM2S_CHANNELS, kind, "herd", herd,
+            f"{per_tile_streams} weight stream(s) per tile plus {shared_streams} vector pieces need more than "
+            f"the {SHIM_MM2S_CHANNELS} shim MM2S channels")
+    require(N % herd == 0, kind, "herd", herd, f"must divide N={N}")
+    per_tile = N // herd
+    split = kind != RMS_KIND and (K > MAX_WHOLE_K or tuning.get("k_chunk", K) != K)
+
+    def whole_words(rows: int) -> bool:
+        return nbytes((rows,), "bf16") % DMA_GRANULE_BYTES == 0
+
+    if "tile_n" in tuning:
+        tile_n = tuning["tile_n"]
+        require(per_tile % tile_n == 0 and whole_words(tile_n), kind, "tile_n", tile_n,
+                f"must divide N/herd={per_tile} and span whole {DMA_GRANULE_BYTES}-byte words")
+        tiles = [tile_n]
+    else:
+        tiles = [t for t in divisors_descending(per_tile, MAX_TILE_N) if whole_words(t)]
+        require(bool(tiles), kind, "N", N, f"N/herd={per_tile} has no tile of whole {DMA_GRANULE_BYTES}-byte words")
+    if split:
+        # One loop over K chunks, each call covering the tile's rows: AIR 0e3df89d's ping-pong transform
+        # cannot double-buffer a DMA in a loop nested in another (fixed upstream in mlir-air #1626).
+        if "rows_per_call" in tuning:
+            rows = tuning["rows_per_call"]
+            require(rows in tiles and tuning.get("tile_n", rows) == rows, kind, "rows_per_call", rows,
+                    f"with K in chunks a call covers the tile's rows: must equal tile_n (candidates {tiles})")
+            tiles = [rows]
+        chunks = [_k_chunk(kind, K, tuning)] if "k_chunk" in tuning else [
+            c for c in divisors_descending(K, MAX_SPLIT_K_CHUNK) if c % GEMV_K_GRANULE == 0]
+        candidates = [(tile_n, tile_n, k_chunk) for tile_n in tiles for k_chunk in chunks]
+    else:
+        calls = [tuning["rows_per_call"]] if "rows_per_call" in tuning else list(ROWS_PER_CALL_CANDIDATES)
+        candidates = [(tile_n, rows, K) for tile_n in tiles for rows in calls if tile_n % rows == 0]
+        require(bool(candidates), kind, "rows_per_call", calls[0], f"must divide tile_n (candidates {tiles})")
+
+    def fits(tile_n: int, rows: int, k_chunk: int) -> bool:
+        return (sum(_l1_bytes(kind, K, herd, tile_n, rows, k_chunk).values()) <= L1_AVAILABLE
+                and sum(_l2_bytes(kind, K, herd, tile_n).values()) <= L2_BYTES)
+
+    tile_n, rows_per_call, k_chunk = next((c for c in candidates if fits(*c)), candidates[-1])
+    check_budget(kind, "L1", _l1_bytes(kind, K, herd, tile_n, rows_per_call, k_chunk),
+                 "K is too long for one tile" + ("" if kind == RMS_KIND else ", or lower k_chunk"))
+    check_budget(kind, "L2", _l2_bytes(kind, K, herd, tile_n), "lower tile_n")
+    return FusedGemvPlan(herd, tile_n, rows_per_call, k_chunk)
+
+
+def build_add(params: dict, operands, tuning: dict | None = None) -> LaunchIR:
+    return _build_add(ADD_KIND, params, operands, tuning)
+
+
+def build_swiglu_add(params: dict, operands, tuning: dict | None = None) -> LaunchIR:
+    return _build_add(SWIGLU_ADD_KIND, params, operands, tuning)
+
+
+def _build_add(kind: str, params: dict, operands, tuning: dict | None) -> LaunchIR:
+    tuning = dict(tuning or {})
+    check_params(kind, params, ("K", "N"))
+    check_tuning(kind, tuning, TUNING)
+    K, N = params["K"], params["N"]
+    inputs = [("x", {(K,)}, "bf16")] if kind == ADD_KIND else [("gate", {(K,)}, "bf16"), ("up", {(K,)}, "bf16")]
+    check_operands(kind, operands, [*inputs, ("W", {(N, K)}, "bf16"), ("residual", {(N,)}, "bf16"),
+                                    ("y", {(N,)}, "bf16")])
+    p = plan(kind, K, N, tuning)
+    panel = p.panel_rows
+    x_len = K if kind == ADD_KIND else 2 * K
+    b = LaunchBuilder(kind, operands, (*(role for role, _, _ in inputs), "w", "residual", "y"))
+    b.comment(f"{kind} K={K} N={N}: herd {p.herd}x1, {p.tile_n} rows per tile per step, {N // panel} launch "
+              f"steps, {p.rows_per_call} rows per call, K in chunks of {p.k_chunk}")
+    with b.launch(kind, (N // panel, 1), b.operands) as ((step, _), _, launch_args):
+        with b.segment(f"{kind}_seg", [Value(step, "index"), *launch_args]) as (_, _, (seg_step, *segment_args)):
+            *xs, sw, sr, sy = segment_args
+            row0 = b.affine(f"s0 * {panel}", [seg_step.ssa], "row0")
+            vector = b.alloc(MemRef((x_len + panel,), "bf16", L2), "vector_l2")
+            w_panel = b.alloc(MemRef((panel, K), "bf16", L2), "w_l2")
+            y_panel = b.alloc(MemRef((panel,), "bf16", L2), "y_l2")
+            for i, piece in enumerate(xs):  # x, or gate then up
+                b.dma(vector, Window((i * K,), (K,), (1,)), piece, WHOLE)
+            b.dma(vector, Window((x_len,), (panel,), (1,)), sr, Window((row0,), (panel,), (1,)))
+            b.dma(w_panel, WHOLE, sw, Window((row0, 0), (panel, K), (K, 1)))
+            with b.herd(f"{kind}_herd", (p.herd, 1), [vector, w_panel, y_panel], link_with=OBJECT) as (
+                    (tx, _), _, (hv, hw, hy)):
+                _emit_add_tile(b, kind, p, K, x_len, tx, hv, hw, hy)
+            b.dma(sy, Window((row0,), (panel,), (1,)), y_panel, WHOLE)
+            b.dealloc(vector, w_panel, y_panel)
+    return b.finish()
+
+
+def _emit_add_tile(b: LaunchBuilder, kind: str, p: FusedGemvPlan, K: int, x_len: int, tx, hv, hw, hy) -> None:
+    vector = b.alloc(MemRef((x_len + p.panel_rows,), "bf16", L1), "vector_l1")
+    w_buf = b.alloc(MemRef((p.rows_per_call, p.k_chunk), "bf16", L1), "w_l1")
+    partial = b.alloc(MemRef((p.rows_per_call,), "f32", L1), "partial_l1")
+    y_buf = b.alloc(MemRef((p.tile_n,), "bf16", L1), "y_l1")
+    b.broadcast_dma(vector, WHOLE, hv, Window((0,), (x_len + p.panel_rows,), (1,)))
+    config = {"GEMV_ROWS": p.rows_per_call, "GEMV_K": p.k_chunk}
+    if kind == SWIGLU_ADD_KIND:  # x = silu(gate) * up, written over gate
+        b.call("swiglu_bf16", [vector, Value(b.const(K, "i32"), "i32")], config)
+    first_row = b.affine(f"s0 * {p.tile_n}", [tx], "tile_row0")
+    if p.k_chunk == K:  # a row group per call: partial sums of the whole rows, then the add
+        with b.loop(0, p.tile_n, p.rows_per_call, "r") as r:
+            w_row = b.affine(f"s0 * {p.tile_n} + s1", [tx, r], "w_row")
+            b.dma(w_buf, WHOLE, hw, Window((w_row, 0), (p.rows_per_call, K), (K, 1)))
+            b.call("gemv_partial_f32", [w_buf, vector, partial, Value(b.const(0, "i32"), "i32")], config)
+            residual_row = b.affine(f"s0 + {x_len}", [w_row], "residual_row")
+            b.call("gemv_add_bf16", [partial, vector, y_buf, b.index_to_i32(residual_row, "residual_row0"),
+                                     b.index_to_i32(r, "row0")], config)
+    else:  # a K chunk of all the tile's rows per call, then the add
+        with b.loop(0, K, p.k_chunk, "k0") as k0:
+            b.dma(w_buf, WHOLE, hw, Window((first_row, k0), (p.tile_n, p.k_chunk), (K, 1)))
+            b.call("gemv_partial_f32", [w_buf, vector, partial, b.index_to_i32(k0, "k0_i32")], config)
+        residual_row = b.affine(f"s0 + {x_len}", [first_row], "residual_row")
+        b.call("gemv_add_bf16", [partial, vector, y_buf, b.index_to_i32(residual_row, "residual_row0"),
+                                 Value(b.const(0, "i32"), "i32")], config)
+    b.dma(hy, Window((first_row,), (p.tile_n,), (1,)), y_buf, WHOLE)
+    b.dealloc(vector, w_buf, partial, y_buf)
+
+
+def build_rms_gemv(params: dict, operands, tuning: dict | None = None) -> LaunchIR:
+    kind = RMS_KIND
+    tuning = dict(tuning or {})
+    check_params(kind, params, ("K", "N", "eps"))
+    check_tuning(kind, tuning, RMS_TUNING)
+    K, N, eps = params["K"], params["N"], float(params["eps"])
+    check_operands(kind, operands, [("x", {(K,)}, "bf16"), ("norm_w", {(K,)}, "bf16"), ("W", {(N, K)}, "bf16"),
+                                    ("y", {(N,)}, "bf16")])
+    p = plan(kind, K, N, tuning)
+    panel = p.panel_rows
+    b = LaunchBuilder(kind, operands, ("x", "norm_w", "w", "y"))
+    b.comment(f"{kind} K={K} N={N} eps={eps}: herd {p.herd}x1, {p.tile_n} rows per tile per step, "
+              f"{N // panel} launch steps, {p.rows_per_call} rows per call")
+    with b.launch(kind, (N // panel, 1), b.operands) as ((step, _), _, (x, norm_w, w, y)):
+        with b.segment(f"{kind}_seg", [Value(step, "index"), x, norm_w, w, y]) as (_, _, (seg_step, sx, snw, sw, sy)):
+            row0 = b.affine(f"s0 * {panel}", [seg_step.ssa], "row0")
+            vector = b.alloc(MemRef((2 * K,), "bf16", L2), "vector_l2")
+            w_panel = b.alloc(MemRef((panel, K), "bf16", L2), "w_l2")
+            y_panel = b.alloc(MemRef((panel,), "bf16", L2), "y_l2")
+            b.dma(vector, Window((0,), (K,), (1,)), sx, WHOLE)
+            b.dma(vector, Window((K,), (K,), (1,)), snw, WHOLE)
+            b.dma(w_panel, WHOLE, sw, Window((row0, 0), (panel, K), (K, 1)))
+            with b.herd(f"{kind}_herd", (p.herd, 1), [vector, w_panel, y_panel], link_with=OBJECT) as (
+                    (tx, _), _, (hv, hw, hy)):
+                _emit_rms_tile(b, p, K, eps, tx, hv, hw, hy)
+            b.dma(sy, Window((row0,), (panel,), (1,)), y_panel, WHOLE)
+            b.dealloc(vector, w_panel, y_panel)
+    return b.finish()
+
+
+def _emit_rms_tile(b: LaunchBuilder, p: FusedGemvPlan, K: int, eps: float, tx, hv, hw, hy) -> None:
+    vector = b.alloc(MemRef((2 * K,), "bf16", L1), "vector_l1")
+    normed = b.alloc(MemRef((K,), "bf16", L1), "normed_l1")
+    w_buf = b.alloc(MemRef((p.rows_per_call, K), "bf16", L1), "w_l1")
+    y_buf = b.alloc(MemRef((p.tile_n,), "bf16", L1), "y_l1")
+    b.broadcast_dma(vector, WHOLE, hv, Window((0,), (2 * K,), (1,)))
+    config = {"GEMV_ROWS": p.rows_per_call, "GEMV_K": K}
+    b.call("rmsnorm_bf16", [vector, normed, Value(b.const(eps, "f32"), "f32")], config)
+    with b.loop(0, p.tile_n, p.rows_per_call, "r") as r:
+        w_row = b.affine(f"s0 * {p.tile_n} + s1", [tx, r], "w_row")
+        b.dma(w_buf, WHOLE, hw, Window((w_row, 0), (p.rows_per_call, K), (K, 1)))
+        b.call("gemv_rows_bf16", [w_buf, normed, y_buf, b.index_to_i32(r, "row0")], config)
+    b.dma(hy, Window((b.affine(f"s0 * {p.tile_n}", [tx], "tile_row0"),), (p.tile_n,), (1,)), y_buf, WHOLE)
+    b.dealloc(vector, normed, w_buf, y_buf)
+
