@@ -135,26 +135,48 @@ class View:
     def contiguous(self) -> bool:
         return self.strides == _row_major(self.shape)
 
-    def indices(self) -> torch.Tensor:
-        return _pattern(self.shape, self.strides) + self.offset
+    def indices(self) -> torch.Tensor | slice:
+        return _shifted(_pattern(self.shape, self.strides), self.offset)
 
 
 def _row_major(shape) -> tuple[int, ...]:
     return tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
 
 
-_PATTERNS: dict[tuple, torch.Tensor] = {}
+_PATTERNS: dict[tuple, torch.Tensor | slice] = {}
 
-
-def _pattern(sizes, strides) -> torch.Tensor:
-    """Flat element offsets of an access pattern from 0, in row-major order of its dims."""
+def _pattern(sizes, strides) -> torch.Tensor | slice:
+    """Flat element offsets of an access pattern from 0, in row-major order of its dims: a slice when they are
+    one contiguous run (most windows; slicing is much faster than gathering), else an index tensor."""
     key = (tuple(sizes), tuple(strides))
     if key not in _PATTERNS:
-        offsets = torch.zeros((), dtype=torch.int64)
-        for size, stride in zip(sizes, strides):
-            offsets = offsets.unsqueeze(-1) + torch.arange(size, dtype=torch.int64) * stride
-        _PATTERNS[key] = offsets.reshape(-1)
+        moving = [(size, stride) for size, stride in zip(sizes, strides) if size != 1]
+        if all(stride == math.prod(size for size, _ in moving[i + 1:]) for i, (_, stride) in enumerate(moving)):
+            _PATTERNS[key] = slice(0, math.prod(sizes))
+        else:
+            offsets = torch.zeros((), dtype=torch.int64)
+            for size, stride in zip(sizes, strides):
+                offsets = offsets.unsqueeze(-1) + torch.arange(size, dtype=torch.int64) * stride
+            _PATTERNS[key] = offsets.reshape(-1)
     return _PATTERNS[key]
+
+
+def _shifted(indices: torch.Tensor | slice, base: int) -> torch.Tensor | slice:
+    return slice(indices.start + base, indices.stop + base) if isinstance(indices, slice) else indices + base
+
+
+def _count(indices: torch.Tensor | slice) -> int:
+    return indices.stop - indices.start if isinstance(indices, slice) else indices.numel()
+
+
+def _bounds(indices: torch.Tensor | slice) -> tuple[int, int]:
+    if isinstance(indices, slice):
+        return indices.start, indices.stop - 1
+    return int(indices.min()), int(indices.max())
+
+
+def _element(indices: torch.Tensor | slice, position: int) -> int:
+    return indices.start + position if isinstance(indices, slice) else int(indices[position])
 
 
 # ---- parsing -----------------------------------------------------------------------------------------------
@@ -504,19 +526,19 @@ class Interpreter:
         text = text.strip()
         return self._value(env, text) if text.startswith("%") else int(text)
 
-    def _access(self, view: View, indices: torch.Tensor, write: bool, what: str, tile, herd_run) -> None:
+    def _access(self, view: View, indices: torch.Tensor | slice, write: bool, what: str, tile, herd_run) -> None:
         """Checks one read or write of ``indices`` (flat, into the view's buffer) before it happens."""
         buffer = view.buffer
         if buffer.freed:
             raise InterpretError(f"{what}: {buffer.name} was deallocated")
-        low, high = int(indices.min()), int(indices.max())
+        low, high = _bounds(indices)
         if low < 0 or high >= buffer.numel:
             raise OutOfBounds(f"{what}: elements [{low}, {high}] of {buffer.name} ({buffer.numel} elements, "
                               f"memref<{'x'.join(map(str, buffer.shape))}x{buffer.dtype}, {buffer.space}>)")
         if not write:
             unwritten = ~buffer.written[indices]
             if bool(unwritten.any()):
-                first = int(indices[unwritten.nonzero()[0, 0]])
+                first = _element(indices, int(unwritten.nonzero()[0, 0]))
                 raise UninitializedRead(f"{what}: reads {int(unwritten.sum())} element(s) of {buffer.name} "
                                         f"nothing wrote (first: element {first})")
         if tile is None:
@@ -545,7 +567,7 @@ class Interpreter:
 
     def _read(self, view: View, indices, what, tile, herd_run) -> torch.Tensor:
         self._access(view, indices, False, what, tile, herd_run)
-        return view.buffer.data[indices]
+        return view.buffer.data[indices].clone()  # a value, not a view of memory that later writes change
 
     def _write(self, view: View, indices, values: torch.Tensor, what, tile, herd_run) -> None:
         self._access(view, indices, True, what, tile, herd_run)
@@ -562,7 +584,7 @@ class Interpreter:
             raise OutOfBounds(f"{lanes} element(s) from index {indices} leave memref shape {view.shape} of "
                               f"{view.buffer.name}")
         start = view.offset + sum(i * s for i, s in zip(indices, view.strides))
-        return torch.arange(lanes) * view.strides[-1] + start
+        return _shifted(_pattern((lanes,), (view.strides[-1],)), start)
 
     def _transfer_read(self, op, env, tile, herd_run):
         match = re.fullmatch(rf"\s*({_SSA})\[([^\]]*)\], ({_SSA}) \{{in_bounds = \[true\]\}} : (.*), "
@@ -607,8 +629,7 @@ class Interpreter:
             return view.indices()
         if view.offset or not view.contiguous:
             raise UnsupportedOp("a DMA window on a subview")
-        base = sum(o * s for o, s in zip(offsets, strides))
-        return _pattern(sizes, strides) + base
+        return _shifted(_pattern(sizes, strides), sum(o * s for o, s in zip(offsets, strides)))
 
     def _dma(self, op, env, tile, herd_run):
         match = self._DMA.fullmatch(op.body)
@@ -617,8 +638,8 @@ class Interpreter:
         dst, src = self._value(env, match.group(1)), self._value(env, match.group(5))
         dst_indices = self._window(env, dst, *match.group(2, 3, 4))
         src_indices = self._window(env, src, *match.group(6, 7, 8))
-        if dst_indices.numel() != src_indices.numel():
-            raise InterpretError(f"DMA moves {src_indices.numel()} elements into {dst_indices.numel()}")
+        if _count(dst_indices) != _count(src_indices):
+            raise InterpretError(f"DMA moves {_count(src_indices)} elements into {_count(dst_indices)}")
         if dst.buffer.dtype != src.buffer.dtype:
             raise InterpretError(f"DMA from {src.buffer.dtype} to {dst.buffer.dtype}")
         values = self._read(src, src_indices, f"DMA source {src.buffer.name}", tile, herd_run)
@@ -661,18 +682,19 @@ class Interpreter:
             if mode in "rm":
                 contents = self._read(value, indices, what, tile, herd_run)
             else:
-                contents = torch.full((indices.numel(),), float("nan"), dtype=value.buffer.data.dtype)
+                contents = torch.full((_count(indices),), float("nan"), dtype=value.buffer.data.dtype)
             guard = _canary(value.buffer.data.dtype)
             copy = torch.cat((contents, guard))
             staged.append((value, indices, mode, copy, guard))
             c_args.append(ctypes.c_void_p(copy.data_ptr()))
         kernel(*c_args)
         for number, (value, indices, mode, copy, guard) in enumerate(staged):
-            if not torch.equal(copy[indices.numel():].view(torch.uint8), guard.view(torch.uint8)):
+            count = _count(indices)
+            if not torch.equal(copy[count:].view(torch.uint8), guard.view(torch.uint8)):
                 raise KernelOverrun(f"@{original} wrote past the end of argument {number} "
-                                    f"({value.buffer.name}, {indices.numel()} elements)")
+                                    f"({value.buffer.name}, {count} elements)")
             if mode in "wm":
-                self._write(value, indices, copy[:indices.numel()], f"@{original}", tile, herd_run)
+                self._write(value, indices, copy[:count], f"@{original}", tile, herd_run)
 
     # ---- control flow and hierarchy ----------------------------------------------------------------------
     def _for(self, op, env, tile, herd_run):
