@@ -760,8 +760,8 @@ def _element_dtype(type_text: str) -> torch.dtype:
 
 def _canary(dtype: torch.dtype) -> torch.Tensor:
     element_bytes = torch.empty((), dtype=dtype).element_size()
-    pattern = torch.tensor([0xA5, 0x5A, 0xC3, 0x3C], dtype=torch.uint8).repeat(KERNEL_GUARD_ELEMENTS * element_bytes // 4)
-    return pattern.view(dtype).clone()
+    pattern = torch.tensor([0xA5, 0x5A, 0xC3, 0x3C], dtype=torch.uint8)
+    return pattern.repeat(KERNEL_GUARD_ELEMENTS * element_bytes // 4).view(dtype).clone()
 
 
 _BINARY_FLOAT = {"addf": torch.add, "subf": torch.sub, "mulf": torch.mul, "divf": torch.div,

@@ -3,7 +3,8 @@ against the emulated NPU2 at small dims, and broken modules that must fail.
 
 The Program tests read each module as the real air-opt prints it (the ``air_tools`` fixture), run it with the
 kernels' host builds, and compare every argument a launch writes with the emulator (the op tests' tolerances,
-torch_npu2/emulator/ir_check.py). Measured: about 25 s for all of them on this machine (2 shared cores).
+torch_npu2/emulator/ir_check.py). Measured: about 40 s for the whole file on this machine (2 shared cores, host
+kernels already built).
 """
 import re
 import subprocess
