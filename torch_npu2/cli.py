@@ -247,6 +247,39 @@ def cmd_lint(args) -> int:
     return 1 if total else 0
 
 
+def cmd_check_kernels(args) -> int:
+    """Every Program's IR run by the AIR interpreter against the emulated NPU2 (torch_npu2/emulator/ir_check.py):
+    one row per Program with its worst-matching argument; exit 1 when any is out of tolerance or fails to run."""
+    from .emulator.ir_check import check_program_ir
+    from .kernels import ModelDims, programs_for_model
+    from .kernels.interpret import InterpretError
+    from .kernels.toolchain import missing_lowering_tools
+
+    missing = missing_lowering_tools()
+    if missing:
+        print("cannot check kernels: the interpreter reads air-opt's print of each module; missing:\n  "
+              + "\n  ".join(missing), file=sys.stderr)
+        return 2
+    config = _load_config(args.model)
+    programs = programs_for_model(ModelDims.from_config(config), tuple(args.buckets), args.matmul_precision)
+    print(f"{'program':<24} {'worst argument':<16} {'max abs diff / max':>18} {'cosine':>10} {'time':>8}  result")
+    failed = 0
+    for program in programs:
+        label = _program_label(program)
+        try:
+            check = check_program_ir(program, seed=args.seed)
+        except InterpretError as exc:
+            failed += 1
+            print(f"{label:<24} FAILED TO RUN: {type(exc).__name__}: {exc}")
+            continue
+        worst = check.worst
+        failed += not check.passed
+        print(f"{label:<24} {worst.name:<16} {worst.max_rel:>18.3e} {worst.cosine:>10.6f} {check.seconds:>7.1f}s  "
+              f"{'ok' if check.passed else 'OUT OF TOLERANCE: ' + '; '.join(check.failures())}")
+    print(f"{len(programs) - failed} of {len(programs)} Programs match the emulator")
+    return 1 if failed else 0
+
+
 def _load_config(path):
     from pathlib import Path
 
@@ -307,6 +340,17 @@ def build_parser() -> argparse.ArgumentParser:
     lint.add_argument("--lowered", action="store_true", help="also lower each Program with the AIR tools and "
                                                              "check what placement did (channels, real BDs)")
     lint.set_defaults(func=cmd_lint)
+
+    check = sub.add_parser("check-kernels", help="run every Program's MLIR-AIR through the AIR interpreter (with "
+                                                 "the kernels' host builds) and compare it with the emulated NPU2 "
+                                                 "(needs air-opt; exit 1 on a mismatch)")
+    check.add_argument("--model", help="a HF checkpoint directory or a .gguf file (default: SmolLM2-135M)")
+    check.add_argument("--buckets", type=int, nargs="+", default=[16],
+                       help="prefill bucket lengths (default: 16; the interpreter runs in Python, so long buckets "
+                            "of large models take minutes)")
+    check.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    _add_matmul_precision(check)
+    check.set_defaults(func=cmd_check_kernels)
     return parser
 
 

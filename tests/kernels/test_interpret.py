@@ -1,0 +1,293 @@
+"""The AIR interpreter (kernels/interpret.py): its semantics on small handwritten modules, every Program's IR
+against the emulated NPU2 at small dims, and broken modules that must fail.
+
+The Program tests read each module as the real air-opt prints it (the ``air_tools`` fixture), run it with the
+kernels' host builds, and compare every argument a launch writes with the emulator (the op tests' tolerances,
+torch_npu2/emulator/ir_check.py). Measured: about 40 s for the whole file on this machine (2 shared cores, host
+kernels already built).
+"""
+import re
+import subprocess
+
+import pytest
+import torch
+
+from torch_npu2.emulator.ir_check import check_program_ir
+from torch_npu2.kernels import ModelDims, host_build, programs_for_model
+from torch_npu2.kernels.builders import EXTERNAL_KERNELS
+from torch_npu2.kernels.interpret import (KERNEL_ARGUMENT_ACCESS, Interpreter, KernelOverrun, OutOfBounds,
+                                          TileAliasing, TileRace, UninitializedRead, UnsupportedOp,
+                                          UnwrittenOutput, canonical_text)
+from torch_npu2.kernels.programs import flash_attn, o_ffn, o_gemv_ffn, rms_gemms_rope
+from torch_npu2.kernels.stitch import ObjectBuild, stitch
+from torch_npu2.kernels.toolchain import KERNEL_SOURCE_DIR
+
+needs_host_compiler = pytest.mark.skipif(host_build.host_compiler() is None,
+                                         reason="no host C++ compiler (g++): the kernels' host builds are needed")
+
+# Small dims that satisfy every builder: GEMM M, N multiples of 16 dividing their herds, head_dim a multiple
+# of 32 (RoPE) and 16 (attention), K a multiple of 32 (GEMV).
+SMALL = ModelDims(hidden=256, heads=4, kv_heads=2, head_dim=64, intermediate=512, vocab=2048, eps=1e-5)
+EPS = SMALL.eps
+
+
+def _label(program, tuning=None) -> str:
+    params = dict(program.params)
+    size = params.get("rows", params.get("seq", params.get("vocab")))
+    return f"{program.name}-{size}" + ("-tuned" if tuning else "")
+
+
+# The model's Programs at buckets 16 and 32, plus tunings that reach what the defaults do not at these dims:
+# GEMM launch grids and K loops longer than one step, attention rounds and causally skipped blocks, rows cut
+# into several chunks, GEMV panels over several launch steps, and the BFP16 GEMM.
+CASES = [(p, None) for p in programs_for_model(SMALL, (16, 32))] + [
+    (rms_gemms_rope(256, 4, 2, 64, EPS, 64),
+     {1: dict(herd_m=2, herd_n=2, tile_m=16, tile_n=32, tile_k_l2=64, tile_k_l1=32)}),
+    (flash_attn(4, 2, 64, 128), {1: dict(herd_q=2, tile_q=16, tile_kv=32)}),
+    (o_gemv_ffn(256, 256, 512, EPS), {1: dict(chunk=16), 3: dict(tile_n=16)}),
+    (o_ffn(256, 256, 512, EPS, 16, "bfp16"), {1: dict(chunk=64)}),
+]
+
+
+# ---- handwritten modules ----------------------------------------------------------------------------------
+def copy_module(read="[%0, %c0] [%c2, %c16] [%c16, %c1]", write="[%0, %c0] [%c2, %c16] [%c16, %c1]",
+                read_dma=True, body="") -> str:
+    """A 2x1 herd: each tile copies its two rows of a (4, 16) input to the output through L1."""
+    load = f"air.dma_memcpy_nd (%alloc[] [] [], %arg14{read}) : (memref<32xbf16, 2 : i32>, memref<4x16xbf16>)"
+    return f"""#map = affine_map<()[s0] -> (s0 * 2)>
+module {{
+  func.func @copy(%arg0: memref<4x16xbf16>, %arg1: memref<4x16xbf16>) {{
+    %c1 = arith.constant 1 : index
+    air.launch @launch (%arg2, %arg3) in (%arg4=%c1, %arg5=%c1) args(%arg6=%arg0, %arg7=%arg1) : memref<4x16xbf16>, memref<4x16xbf16> {{
+      air.segment @seg  args(%arg8=%arg6, %arg9=%arg7) : memref<4x16xbf16>, memref<4x16xbf16> {{
+        %c2 = arith.constant 2 : index
+        %c1_0 = arith.constant 1 : index
+        air.herd @herd  tile (%arg10, %arg11) in (%arg12=%c2, %arg13=%c1_0) args(%arg14=%arg8, %arg15=%arg9) : memref<4x16xbf16>, memref<4x16xbf16> {{
+          %c0 = arith.constant 0 : index
+          %c1 = arith.constant 1 : index
+          %c2 = arith.constant 2 : index
+          %c16 = arith.constant 16 : index
+          %alloc = memref.alloc() : memref<32xbf16, 2 : i32>
+          %0 = affine.apply #map()[%arg10]
+          {load if read_dma else ""}
+          {body}
+          air.dma_memcpy_nd (%arg15{write}, %alloc[] [] []) : (memref<4x16xbf16>, memref<32xbf16, 2 : i32>)
+          memref.dealloc %alloc : memref<32xbf16, 2 : i32>
+        }}
+      }}
+    }}
+    return
+  }}
+}}
+"""
+
+
+def run_copy(text, objects=()):
+    x = torch.arange(64, dtype=torch.float32).reshape(4, 16).to(torch.bfloat16)
+    buffers = Interpreter(text, objects).run("copy", [x, None])
+    return x, buffers[1]
+
+
+def test_copy_through_l1_moves_every_element():
+    x, out = run_copy(copy_module())
+    assert bool(out.written.all())
+    assert torch.equal(out.data.reshape(4, 16), x)
+
+
+def test_a_window_is_read_in_the_order_of_its_dims():
+    # Each tile reads its (2, 16) block column by column: sizes [16, 2], strides [1, 16]; each offset counts
+    # in its own dimension's stride, so the row offset is the second one.
+    x, out = run_copy(copy_module(read="[%c0, %0] [%c16, %c2] [%c1, %c16]"))
+    expected = x.reshape(2, 2, 16).transpose(1, 2).reshape(4, 16)
+    assert torch.equal(out.data.reshape(4, 16), expected)
+
+
+def test_a_window_outside_its_buffer_is_an_error():
+    with pytest.raises(OutOfBounds, match="arg14"):
+        run_copy(copy_module(read="[%0, %c1] [%c2, %c16] [%c16, %c1]"))  # one element past the end for tile 1
+
+
+def test_reading_what_no_dma_wrote_is_reported():
+    with pytest.raises(UninitializedRead, match="alloc"):
+        run_copy(copy_module(read_dma=False))
+
+
+def test_two_tiles_writing_the_same_shared_elements_race():
+    with pytest.raises(TileRace, match=r"tile \(1, 0\)"):
+        run_copy(copy_module(write="[%c0, %c0] [%c2, %c16] [%c16, %c1]"))
+
+
+def test_an_unknown_op_is_named():
+    with pytest.raises(UnsupportedOp, match="linalg.fill"):
+        run_copy(copy_module(body="linalg.fill ins(%c0 : index) outs(%alloc : memref<32xbf16, 2 : i32>)"))
+
+
+def slab_module(slab_offsets: str) -> str:
+    """A segment-scope L1 buffer (2, 32) handed to a 2x1 herd: each tile copies its rows through its slab."""
+    return f"""#map = affine_map<()[s0] -> (s0 * 2)>
+module {{
+  func.func @copy(%arg0: memref<4x16xbf16>, %arg1: memref<4x16xbf16>) {{
+    %c1 = arith.constant 1 : index
+    air.launch @launch (%arg2, %arg3) in (%arg4=%c1, %arg5=%c1) args(%arg6=%arg0, %arg7=%arg1) : memref<4x16xbf16>, memref<4x16xbf16> {{
+      air.segment @seg  args(%arg8=%arg6, %arg9=%arg7) : memref<4x16xbf16>, memref<4x16xbf16> {{
+        %c2 = arith.constant 2 : index
+        %c1_0 = arith.constant 1 : index
+        %alloc = memref.alloc() : memref<2x32xbf16, 2 : i32>
+        air.herd @herd  tile (%arg10, %arg11) in (%arg12=%c2, %arg13=%c1_0) args(%arg14=%arg8, %arg15=%arg9, %arg16=%alloc) : memref<4x16xbf16>, memref<4x16xbf16>, memref<2x32xbf16, 2 : i32> {{
+          %c0 = arith.constant 0 : index
+          %c1 = arith.constant 1 : index
+          %c2 = arith.constant 2 : index
+          %c16 = arith.constant 16 : index
+          %subview = memref.subview %arg16[{slab_offsets}] [1, 32] [1, 1] : memref<2x32xbf16, 2 : i32> to memref<32xbf16, strided<[1], offset: ?>, 2 : i32>
+          %0 = affine.apply #map()[%arg10]
+          air.dma_memcpy_nd (%subview[] [] [], %arg14[%0, %c0] [%c2, %c16] [%c16, %c1]) : (memref<32xbf16, strided<[1], offset: ?>, 2 : i32>, memref<4x16xbf16>)
+          air.dma_memcpy_nd (%arg15[%0, %c0] [%c2, %c16] [%c16, %c1], %subview[] [] []) : (memref<4x16xbf16>, memref<32xbf16, strided<[1], offset: ?>, 2 : i32>)
+        }}
+        memref.dealloc %alloc : memref<2x32xbf16, 2 : i32>
+      }}
+    }}
+    return
+  }}
+}}
+"""
+
+
+def test_a_segment_scope_l1_buffer_is_one_slab_per_tile():
+    x, out = run_copy(slab_module("%arg10, 0"))
+    assert torch.equal(out.data.reshape(4, 16), x)
+    with pytest.raises(TileAliasing, match=r"tile \(1, 0\) of herd touches"):
+        run_copy(slab_module("0, 0"))
+
+
+SILU_OBJECT = "silu_mul.o"
+
+
+def silu_module(length: int) -> str:
+    """One tile: silu(x) * x over 32 elements through silu_mul_bf16 (built with SILU_MUL_LEN=``length``)."""
+    ref = "memref<32xbf16, 2 : i32>"
+    return copy_module(body=f"""%alloc_1 = memref.alloc() : {ref}
+          func.call @silu_mul_bf16(%alloc, %alloc, %alloc_1) : ({ref}, {ref}, {ref}) -> ()
+          air.dma_memcpy_nd (%alloc[] [] [], %alloc_1[] [] []) : ({ref}, {ref})""").replace(
+        "module {", f'module {{\n  func.func private @silu_mul_bf16({ref}, {ref}, {ref}) attributes '
+                    f'{{link_with = "{SILU_OBJECT}", llvm.emit_c_interface}}', 1)
+
+
+@needs_host_compiler
+def test_a_kernel_call_runs_the_host_build_of_its_configuration():
+    x, out = run_copy(silu_module(32), (ObjectBuild(SILU_OBJECT, "silu_mul.cc", (("SILU_MUL_LEN", 32),)),))
+    assert torch.equal(out.data.reshape(4, 16), host_build.silu_mul(x, x, tile=32))
+
+
+@needs_host_compiler
+def test_a_kernel_writing_past_its_argument_is_caught():
+    with pytest.raises(KernelOverrun, match="silu_mul_bf16 wrote past the end of argument 2"):
+        run_copy(silu_module(64), (ObjectBuild(SILU_OBJECT, "silu_mul.cc", (("SILU_MUL_LEN", 64),)),))
+
+
+def _c_signatures() -> dict[str, list[list[str]]]:
+    """Every extern "C" kernel's parameter lists in kernels/aie2p (the AIE and the host path each declare one)."""
+    found: dict[str, list[list[str]]] = {}
+    for source in KERNEL_SOURCE_DIR.glob("*.cc"):
+        for name, params in re.findall(r"\bvoid\s+(\w+)\s*\(([^)]*)\)\s*\{", source.read_text()):
+            found.setdefault(name, []).append([p.strip() for p in params.split(",")])
+    return found
+
+
+def test_kernel_argument_access_matches_the_cxx_signatures():
+    signatures = _c_signatures()
+    assert set(KERNEL_ARGUMENT_ACCESS) == {s for k in EXTERNAL_KERNELS for s in k.symbols}
+    for symbol, access in KERNEL_ARGUMENT_ACCESS.items():
+        for params in signatures[symbol]:
+            pointers = [p for p in params if "*" in p]
+            assert len(pointers) == len(access), (symbol, params)
+            assert ["r" if p.startswith("const") else "wm" for p in pointers] == \
+                   ["r" if a == "r" else "wm" for a in access], (symbol, params)
+
+
+# ---- every Program's IR ----------------------------------------------------------------------------------
+@needs_host_compiler
+@pytest.mark.parametrize("program,tuning", CASES, ids=[_label(p, t) for p, t in CASES])
+def test_program_ir_matches_the_emulator(air_tools, program, tuning):
+    check = check_program_ir(program, seed=1, tuning=tuning)
+    assert check.passed, check.failures()
+    assert {c.name for c in check.comparisons} == {l.writes[0] for l in program.launches}
+
+
+# ---- broken modules ---------------------------------------------------------------------------------------
+MUTATED = rms_gemms_rope(256, 4, 2, 64, EPS, 16)
+
+
+@pytest.fixture(scope="module")
+def printed(air_tools) -> str:
+    return canonical_text(MUTATED)
+
+
+def mutate(air_tools, text: str, pattern: str, replacement: str) -> str:
+    """``text`` with the first match of ``pattern`` replaced, re-read through air-opt: the broken module is
+    still one the compiler accepts."""
+    broken, count = re.subn(pattern, replacement, text, count=1)
+    assert count == 1, f"the mutation {pattern!r} does not apply to the printed module"
+    result = subprocess.run([str(air_tools.air_opt), "-"], input=broken, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout
+
+
+def run_mutated(text: str):
+    return check_program_ir(MUTATED, seed=1, text=text)
+
+
+@needs_host_compiler
+def test_the_unbroken_module_passes(printed):
+    assert run_mutated(printed).passed
+
+
+@needs_host_compiler
+def test_a_shifted_dma_offset_fails(air_tools, printed):
+    # RMSNorm reads each row one element late: the last row's window leaves the input.
+    broken = mutate(air_tools, printed,
+                    r"(air\.dma_memcpy_nd \(%\w+\[\] \[\] \[\], %\w+\[%\w+, )%c0(\] \[[^\]]*\] \[%\w+, (%\w+)\])",
+                    r"\1\3\2")
+    with pytest.raises(OutOfBounds, match="DMA source"):
+        run_mutated(broken)
+
+
+@needs_host_compiler
+def test_a_swapped_stride_fails(air_tools, printed):
+    # The Q GEMM's W blocks reach L1 with the block-row and row strides swapped: rows of W permuted.
+    broken = mutate(air_tools, printed, r"(\[%c16384, %c8, )(%c2048\w*), (%c256\w*)", r"\1\3, \2")
+    check = run_mutated(broken)
+    assert sorted(f.split(":")[0] for f in check.failures()) == ["q", "q_roped"]
+
+
+@needs_host_compiler
+def test_a_dropped_input_dma_fails(air_tools, printed):
+    # The Q GEMM's A rows never reach the memtile.
+    broken = mutate(air_tools, printed,
+                    r"\n[ ]*air\.dma_memcpy_nd [^\n]*: \(memref<[\dx]+xbf16, 1 : i32>, memref<16x256xbf16>\)", "")
+    with pytest.raises(UninitializedRead, match="nothing wrote"):
+        run_mutated(broken)
+
+
+@needs_host_compiler
+def test_a_dropped_output_dma_fails(air_tools, printed):
+    # The last RoPE never writes its result back.
+    broken = mutate(air_tools, printed, r"\n[ ]*air\.dma_memcpy_nd [^\n]*(?![\s\S]*air\.dma_memcpy_nd)", "")
+    with pytest.raises(UnwrittenOutput, match="k_roped"):
+        run_mutated(broken)
+
+
+@needs_host_compiler
+def test_tiles_sharing_an_l1_slab_fail(air_tools, printed):
+    # The Q GEMM's accumulator zeroing indexes the slab by the herd's column only.
+    broken = mutate(air_tools, printed, r"(memref\.subview %\w+\[%\w+, )%\w+(, 0, 0, 0, 0\])", r"\g<1>0\2")
+    with pytest.raises(TileAliasing, match="L1 memory is private to a tile"):
+        run_mutated(broken)
+
+
+@needs_host_compiler
+def test_tiles_writing_one_memtile_block_fail(air_tools, printed):
+    # Every tile of the Q GEMM drains its output tile to the same place of the memtile's C block.
+    broken = mutate(air_tools, printed, r"(air\.dma_memcpy_nd \(%\w+\[%\w+, )%\w+(, (%c0_\d+), %c0_\d+\])",
+                    r"\1\3\2")
+    with pytest.raises(TileRace, match="another tile of the herd wrote"):
+        run_mutated(broken)

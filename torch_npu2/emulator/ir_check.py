@@ -1,0 +1,97 @@
+"""A Program's MLIR-AIR, run by the interpreter (kernels/interpret.py), against the emulated NPU2's launches.
+
+The emulator checks the plan (what each launch computes); the interpreter runs the IR the compiler would get
+(tiling, DMA windows, herd indexing, the C++ kernels). Every argument a launch writes, scratch included, is
+compared, so a wrong launch is named even when a later one hides it.
+
+Tolerances are the op tests' (tests/ops/test_fused_ops.py), by dtype: the largest absolute difference as a
+fraction of the reference's largest magnitude, and the cosine similarity.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..kernels.interpret import run_program_ir
+from ..kernels.program import Program, Role
+from ..kernels.stitch import stitch
+from .driver import TORCH_DTYPES
+from .launches import LAUNCH_KINDS
+
+TOLERANCE = {torch.bfloat16: dict(max_rel=2.5e-2, min_cosine=0.9995),
+             torch.float32: dict(max_rel=1e-4, min_cosine=0.99999)}
+
+
+def random_inputs(program: Program, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Normal bf16 values for every host argument; 2-D weights scaled by 1/sqrt(in_features), as a Linear's."""
+    generator = torch.Generator().manual_seed(seed)
+    inputs = {}
+    for arg in program.host_args:
+        scale = arg.shape[-1] ** -0.5 if arg.role is Role.WEIGHT and len(arg.shape) == 2 else 1.0
+        values = torch.randn(arg.shape, generator=generator) * scale
+        inputs[arg.name] = values.to(TORCH_DTYPES[arg.dtype])
+    return inputs
+
+
+def emulate(program: Program, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Every argument after the emulator's launches ran on ``inputs``."""
+    values = dict(inputs)
+    for launch in program.launches:
+        out = program.arg(launch.writes[0])
+        result = LAUNCH_KINDS[launch.kind](launch.p, *(values[n] for n in launch.reads))
+        values[out.name] = result.reshape(out.shape).to(TORCH_DTYPES[out.dtype])
+    return values
+
+
+@dataclass(frozen=True)
+class ArgComparison:
+    name: str
+    max_rel: float  # max |interpreted - emulated| / max |emulated|
+    cosine: float
+
+    def within(self, dtype: torch.dtype) -> bool:
+        tolerance = TOLERANCE[dtype]
+        return self.max_rel <= tolerance["max_rel"] and self.cosine >= tolerance["min_cosine"]
+
+
+@dataclass(frozen=True)
+class ProgramCheck:
+    program: Program
+    comparisons: tuple[ArgComparison, ...]
+    seconds: float  # interpreting the IR (air-opt's print included)
+
+    def failures(self) -> list[str]:
+        return [f"{c.name}: max_rel {c.max_rel:.3g}, cosine {c.cosine:.6f}" for c in self.comparisons
+                if not c.within(TORCH_DTYPES[self.program.arg(c.name).dtype])]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures()
+
+    @property
+    def worst(self) -> ArgComparison:
+        return max(self.comparisons, key=lambda c: (c.max_rel != c.max_rel, c.max_rel))
+
+
+def compare(name: str, interpreted: torch.Tensor, emulated: torch.Tensor) -> ArgComparison:
+    got, want = interpreted.double().flatten(), emulated.double().flatten()
+    scale = want.abs().max().item()
+    max_rel = (got - want).abs().max().item() / scale if scale else (got - want).abs().max().item()
+    cosine = torch.nn.functional.cosine_similarity(got, want, dim=0).item()
+    return ArgComparison(name, max_rel, cosine)
+
+
+def check_program_ir(program: Program, seed: int = 0, text: str | None = None,
+                     tuning: dict[int, dict] | None = None) -> ProgramCheck:
+    """Interprets ``program``'s IR (built with the builders' ``tuning`` per launch index, or ``text``, a printed
+    module standing in for it) on random inputs and compares every argument a launch writes with the
+    emulator's."""
+    inputs = random_inputs(program, seed)
+    started = time.perf_counter()
+    interpreted = run_program_ir(program, inputs, text=text, stitched=stitch(program, tuning))
+    seconds = time.perf_counter() - started
+    emulated = emulate(program, inputs)
+    written = [a.name for a in program.args if a.role in (Role.SCRATCH, Role.OUTPUT)]
+    return ProgramCheck(program, tuple(compare(n, interpreted[n], emulated[n]) for n in written), seconds)
