@@ -48,7 +48,9 @@ TORCH_DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
 INTEGER_TYPES = ("index", "i32", "i64", "i1")
 
 # How each external kernel uses its memref arguments, in order: "r" reads it whole, "w" writes it whole,
-# "m" reads and then writes it whole. The C++ signatures are the contract: "r" exactly for the const pointers
+# "m" reads and then writes it whole, "p" reads and writes part of it (a row range, or a partial sum it starts
+# or continues): staged with its contents as they are, unwritten elements still poisoned with NaN, and only
+# the elements the call changed are written back. The C++ signatures are the contract: "r" exactly for the const pointers
 # (tests/kernels/test_interpret.py holds this table to kernels/aie2p/*.cc).
 KERNEL_ARGUMENT_ACCESS = {
     "rope_half_split_bf16": "rrw",
@@ -63,7 +65,13 @@ KERNEL_ARGUMENT_ACCESS = {
     "gemm_zero_f32": "w",
     "gemm_bf16_f32_wnk": "rrm",
     "gemm_f32_to_bf16": "rw",
+    "gemv_partial_f32": "rrp",
+    "gemv_add_bf16": "rrp",
+    "gemv_rows_bf16": "rrp",
+    "rmsnorm_bf16": "rw",
+    "swiglu_bf16": "m",
 }
+_SAME_WIDTH_INTEGER = {torch.bfloat16: torch.int16, torch.float32: torch.int32}  # to compare values bit for bit
 KERNEL_GUARD_ELEMENTS = 64  # canary elements after each staged kernel argument
 
 
@@ -681,6 +689,9 @@ class Interpreter:
             what = f"@{original} argument {len(staged)} ({value.buffer.name})"
             if mode in "rm":
                 contents = self._read(value, indices, what, tile, herd_run)
+            elif mode == "p":
+                self._access(value, indices, True, what, tile, herd_run)
+                contents = value.buffer.data[indices].clone()
             else:
                 contents = torch.full((_count(indices),), float("nan"), dtype=value.buffer.data.dtype)
             guard = _canary(value.buffer.data.dtype)
@@ -695,6 +706,13 @@ class Interpreter:
                                     f"({value.buffer.name}, {count} elements)")
             if mode in "wm":
                 self._write(value, indices, copy[:count], f"@{original}", tile, herd_run)
+            elif mode == "p":
+                before = value.buffer.data[indices]
+                bits = _SAME_WIDTH_INTEGER[copy.dtype]
+                changed = (copy[:count].view(bits) != before.view(bits)).nonzero().flatten()
+                if changed.numel():
+                    flat = indices if isinstance(indices, torch.Tensor) else torch.arange(indices.start, indices.stop)
+                    self._write(value, flat[changed], copy[:count][changed], f"@{original}", tile, herd_run)
 
     # ---- control flow and hierarchy ----------------------------------------------------------------------
     def _for(self, op, env, tile, herd_run):

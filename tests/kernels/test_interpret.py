@@ -44,7 +44,10 @@ CASES = [(p, None) for p in programs_for_model(SMALL, (16, 32))] + [
     (rms_gemms_rope(256, 4, 2, 64, EPS, 64),
      {1: dict(herd_m=2, herd_n=2, tile_m=16, tile_n=32, tile_k_l2=64, tile_k_l1=32)}),
     (flash_attn(4, 2, 64, 128), {1: dict(herd_q=2, tile_q=16, tile_kv=32)}),
-    (o_gemv_ffn(256, 256, 512, EPS), {1: dict(chunk=16), 3: dict(tile_n=16)}),
+    # o_gemv_ffn: two launch steps and row groups for the residual GEMV, row groups for the normed one, and the
+    # K-split down projection (k_chunk < K)
+    (o_gemv_ffn(256, 256, 512, EPS), {0: dict(herd=2, tile_n=64, rows_per_call=16), 1: dict(rows_per_call=8),
+                                      3: dict(k_chunk=128)}),
     (o_ffn(256, 256, 512, EPS, 16, "bfp16"), {1: dict(chunk=64)}),
 ]
 
