@@ -260,19 +260,24 @@ def create_app(model, tokenizer, model_name: str, api_key: str | None = None, ma
                            kind="authentication_error")
 
     async def result_of(job: Job, request: Request) -> Generation:
-        """Wait for a non-streamed job, cancelling it if the client goes away."""
+        """Wait for a non-streamed job, cancelling it if the client goes away (checked every POLL_SECONDS,
+        whether or not text keeps arriving)."""
+        loop = asyncio.get_running_loop()
+        check_at = loop.time() + POLL_SECONDS
         try:
             while True:
                 try:
                     kind, value = await asyncio.wait_for(job.events.get(), POLL_SECONDS)
                 except asyncio.TimeoutError:
-                    if await request.is_disconnected():
-                        raise ApiError(499, "client disconnected") from None
-                    continue
+                    kind, value = "waiting", None
                 if kind == "done":
                     return value
                 if kind == "error":
                     raise ApiError(500, f"generation failed: {type(value).__name__}: {value}", kind="server_error")
+                if loop.time() >= check_at:
+                    if await request.is_disconnected():
+                        raise ApiError(499, "client disconnected")
+                    check_at = loop.time() + POLL_SECONDS
         finally:
             job.cancel.set()  # a no-op once done
 

@@ -28,7 +28,7 @@ def test_generate_one_shot_on_a_checkpoint_directory(tmp_path, capsys, monkeypat
     assert cli.main(["generate", "--model", str(tmp_path / "ckpt"), "--prompt", "Hello", "--max-new-tokens", "6",
                      "--backend", "emulator"]) == 0
     err = capsys.readouterr().err
-    assert "running on: emulated NPU2" in err and "6 tokens in" in err
+    assert "running on: emulated NPU2" in err and "decode: 6 tokens, " in err
 
 
 @pytest.fixture

@@ -207,3 +207,41 @@ def test_an_api_key_is_required_when_set(tiny_patched):
         good = openai.OpenAI(base_url=url, api_key="s3cret", max_retries=0)
         assert [m.id for m in good.models.list()] == [MODEL]
         assert good.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2).usage.completion_tokens == 2
+
+
+def test_a_client_giving_up_on_a_plain_request_cancels_it(server):
+    import socket
+    from urllib.parse import urlsplit
+
+    url, worker, _, _ = server
+    _idle(worker)
+    where = urlsplit(url)
+    body = json.dumps({"messages": HELLO, "max_tokens": 400, "temperature": 0}).encode()
+    with socket.create_connection((where.hostname, where.port)) as connection:
+        connection.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                           b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        deadline = time.monotonic() + 30
+        while worker.outstanding == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.5)  # generating now
+    _idle(worker)
+    assert worker.finished[-1].finish_reason == "cancelled" and worker.finished[-1].completion_tokens < 400
+
+
+def test_a_failing_generation_gets_500_and_the_server_goes_on(tiny_patched):
+    model, tokenizer = tiny_patched
+
+    class Failing:
+        config, generation_config = model.config, model.generation_config
+
+        def generate(self, **kwargs):
+            raise RuntimeError("the NPU fell over")
+
+    with serving(create_app(Failing(), tokenizer, MODEL)) as url:
+        client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0)
+        with pytest.raises(openai.InternalServerError, match="generation failed: RuntimeError: the NPU fell over"):
+            client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2)
+        stream = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2, stream=True)
+        with pytest.raises(openai.APIError, match="the NPU fell over"):
+            list(stream)
+        assert [m.id for m in client.models.list()] == [MODEL]
