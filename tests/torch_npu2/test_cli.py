@@ -28,12 +28,100 @@ def test_generate_one_shot_on_a_checkpoint_directory(tmp_path, capsys, monkeypat
     assert cli.main(["generate", "--model", str(tmp_path / "ckpt"), "--prompt", "Hello", "--max-new-tokens", "6",
                      "--backend", "emulator"]) == 0
     err = capsys.readouterr().err
-    assert "running on: emulated NPU2" in err and "6 tokens in" in err
+    assert "running on: emulated NPU2" in err and "decode: 6 tokens, " in err
 
 
-def test_generate_rejects_a_missing_model(tmp_path):
-    with pytest.raises(FileNotFoundError, match="neither a HF checkpoint directory nor a .gguf file"):
-        cli.main(["generate", "--model", str(tmp_path / "nope"), "--prompt", "x"])
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Argument errors must come before the model load: loading fails the test."""
+    from torch_npu2.patch_llama import models
+
+    def load_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(models, "load_model", load_model)
+
+
+def _usage_error(capsys, argv) -> str:
+    """The argparse-style error line of ``argv`` (exit code 2, no traceback)."""
+    with pytest.raises(SystemExit) as exited:
+        cli.main(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--temperature", "-1"], "argument --temperature: expected a number >= 0 (0 = greedy), got -1.0"),
+    (["--temperature", "nan"], "argument --temperature: expected a number >= 0 (0 = greedy), got nan"),
+    (["--top-p", "2"], "argument --top-p: expected a number in (0, 1], got 2.0"),
+    (["--top-p", "0"], "argument --top-p: expected a number in (0, 1], got 0.0"),
+    (["--max-new-tokens", "0"], "argument --max-new-tokens: expected an int >= 1, got 0"),
+    (["--top-k", "-3"], "argument --top-k: expected an int >= 0 (0 = off), got -3"),
+    (["--repetition-penalty", "0"], "argument --repetition-penalty: expected a number > 0 (1 = off), got 0.0"),
+    (["--stop", ""], "argument --stop: expected non-empty strings, got ('',)"),
+    (["--json"], "argument --json: needs a prompt (--prompt or --prompt-file); the chat is interactive"),
+])
+def test_generate_rejects_bad_sampling_before_loading(capsys, no_model_load, argv, message):
+    assert _usage_error(capsys, ["generate", *argv]) == f"torch-npu2 generate: error: {message}"
+
+
+def test_generate_rejects_a_missing_model_before_loading(tmp_path, capsys, no_model_load):
+    line = _usage_error(capsys, ["generate", "--model", str(tmp_path / "nope"), "--prompt", "x"])
+    assert line.endswith(f"argument --model: {tmp_path / 'nope'} does not exist (expected a HF checkpoint "
+                         "directory or a .gguf file)")
+    (tmp_path / "empty").mkdir()
+    assert "is a directory without config.json" in _usage_error(
+        capsys, ["generate", "--model", str(tmp_path / "empty"), "--prompt", "x"])
+    (tmp_path / "weights.bin").write_bytes(b"")
+    assert "is neither a HF checkpoint directory nor a .gguf file" in _usage_error(
+        capsys, ["serve", "--model", str(tmp_path / "weights.bin")])
+
+
+def test_prompt_file_errors_name_the_file(tmp_path, capsys, no_model_load):
+    line = _usage_error(capsys, ["generate", "--prompt-file", str(tmp_path / "missing.txt")])
+    assert line.startswith("torch-npu2 generate: error: argument --prompt-file: cannot read") and "missing.txt" in line
+    (tmp_path / "blank.txt").write_text("  \n")
+    assert _usage_error(capsys, ["generate", "--prompt-file", str(tmp_path / "blank.txt")]).endswith(
+        f"argument --prompt-file: the prompt read from {tmp_path / 'blank.txt'} is empty")
+    with pytest.raises(SystemExit):
+        cli.main(["generate", "--prompt", "a", "--prompt-file", "b"])
+
+
+def test_a_bogus_backend_variable_is_refused_up_front(capsys, monkeypatch, no_model_load):
+    monkeypatch.setenv("TORCH_NPU2_BACKEND", "gpu")
+    expected = "error: TORCH_NPU2_BACKEND='gpu': expected one of auto, npu, emulator"
+    assert _usage_error(capsys, ["generate", "--prompt", "x"]) == f"torch-npu2 generate: {expected}"
+    assert _usage_error(capsys, ["info"]) == f"torch-npu2 info: {expected}"
+
+
+def test_an_unavailable_npu_backend_fails_before_loading_and_info_says_so(capsys, monkeypatch, no_model_load):
+    monkeypatch.setitem(__import__("sys").modules, "pyxrt", None)
+    line = _usage_error(capsys, ["generate", "--backend", "npu", "--prompt", "x"])
+    assert "the npu backend was requested but cannot run here: pyxrt: cannot be imported" in line
+    monkeypatch.setenv("TORCH_NPU2_BACKEND", "npu")
+    assert "cannot run here" in _usage_error(capsys, ["generate", "--prompt", "x"])
+    assert cli.main(["info"]) == 1
+    assert "backend that would be used: unavailable: the npu backend was requested" in capsys.readouterr().out
+    monkeypatch.delenv("TORCH_NPU2_BACKEND")
+    assert cli.main(["info", "--backend", "emulator"]) == 0
+
+
+def test_compile_buckets_are_checked_against_the_builders(tmp_path, capsys):
+    from transformers import LlamaConfig
+
+    LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,
+                num_hidden_layers=1, vocab_size=256).save_pretrained(tmp_path / "config")
+    model = ["--model", str(tmp_path / "config")]
+    assert _usage_error(capsys, ["compile", "--buckets", "0"]).endswith(
+        "argument --buckets: expected a positive int, got 0")
+    line = _usage_error(capsys, ["compile", *model, "--emit-mlir", str(tmp_path / "out"), "--buckets", "16", "17"])
+    assert line.endswith("argument --buckets: the model's prefill Programs at 17 cannot be built for NPU2 "
+                         "(rms_gemms_rope: gemm launch: M=17: must be a multiple of 16)")
+    assert not (tmp_path / "out").exists()  # refused before anything was written
+    assert "at 24 cannot be built" in _usage_error(capsys, ["lint", *model, "--buckets", "24"])
+    assert cli.main(["compile", *model, "--emit-mlir", str(tmp_path / "out"), "--buckets", "32"]) == 0
 
 
 def test_unknown_backend_is_refused():
@@ -108,3 +196,114 @@ def test_compile_to_npu_instructions_without_the_air_tools_says_how_to_get_them(
     assert cli.main(["compile", "--target", "npu-insts"]) == 2
     err = capsys.readouterr().err
     assert "cannot lower to NPU instructions" in err and "TORCH_NPU2_AIR_TOOLS=/nonexistent holds neither" in err
+
+
+@pytest.fixture
+def tiny_cli(tiny_checkpoint, tmp_path, monkeypatch):
+    """The generate arguments for the tiny checkpoint on the emulator, with a private artifact cache."""
+    monkeypatch.setenv("TORCH_NPU2_CACHE_DIR", str(tmp_path / "cache"))
+    return ["generate", "--model", str(tiny_checkpoint), "--backend", "emulator"]
+
+
+def _reference_answer(tiny_checkpoint, messages, max_new_tokens):
+    """The unpatched model's greedy answer, for comparison."""
+    from torch_npu2.patch_llama.models import load_model
+    from torch_npu2.textgen import chat_input_ids
+
+    model, tokenizer = load_model(tiny_checkpoint)
+    ids = chat_input_ids(tokenizer, messages)
+    out = model.generate(input_ids=ids, attention_mask=ids.new_ones(ids.shape), max_new_tokens=max_new_tokens,
+                         do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+
+
+@pytest.mark.filterwarnings("ignore:patch_llama. LlamaForCausalLM runs here on the emulated NPU2:UserWarning")
+def test_generate_json_with_a_system_message_from_a_prompt_file(tiny_cli, tiny_checkpoint, tmp_path, capsys):
+    import json
+
+    (tmp_path / "prompt.txt").write_text("Hello")
+    assert cli.main([*tiny_cli, "--prompt-file", str(tmp_path / "prompt.txt"), "--system", "Be brief.",
+                     "--max-new-tokens", "5", "--json"]) == 0
+    captured = capsys.readouterr()
+    answer = json.loads(captured.out)
+    expected = _reference_answer(tiny_checkpoint, [{"role": "system", "content": "Be brief."},
+                                                   {"role": "user", "content": "Hello"}], 5)
+    assert answer["text"] == expected and answer["completion_tokens"] == 5 and answer["finish_reason"] == "length"
+    assert answer["time_to_first_token_s"] > 0 and answer["decode_tokens_per_s"] > 0
+    assert answer["model"] == tiny_checkpoint.name
+    assert "[prefill: " in captured.err and "first token after" in captured.err and "decode: 5 tokens" in captured.err
+
+
+@pytest.mark.filterwarnings("ignore:patch_llama. LlamaForCausalLM runs here on the emulated NPU2:UserWarning")
+def test_generate_reads_the_prompt_from_stdin_without_streaming(tiny_cli, tiny_checkpoint, capsys, monkeypatch):
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("Hello"))
+    printed = []
+    monkeypatch.setattr(cli, "_print_now", printed.append)
+    assert cli.main([*tiny_cli, "--prompt", "-", "--max-new-tokens", "4", "--no-stream"]) == 0
+    assert not printed  # nothing streamed
+    assert capsys.readouterr().out == _reference_answer(tiny_checkpoint, [{"role": "user", "content": "Hello"}], 4) + "\n"
+
+
+@pytest.mark.filterwarnings("ignore:patch_llama. LlamaForCausalLM runs here on the emulated NPU2:UserWarning")
+def test_chat_ctrl_c_stops_an_answer_and_the_next_one_is_unaffected(tiny_cli, tiny_checkpoint, capsys, monkeypatch):
+    """Ctrl-C in the middle of the ops (raised from the streamer) leaves the model and runtime usable: the same
+    question asked again gets the answer a fresh conversation gets."""
+    lines = iter(["Hello", "Hello", "/exit"])
+    monkeypatch.setattr("builtins.input", lambda prompt: next(lines))
+    chunks = []
+
+    def print_now(text):
+        chunks.append(text)
+        if len(chunks) == 2:
+            raise KeyboardInterrupt
+        print(text, end="")
+
+    monkeypatch.setattr(cli, "_print_now", print_now)
+    assert cli.main([*tiny_cli, "--max-new-tokens", "12"]) == 0
+    captured = capsys.readouterr()
+    expected = _reference_answer(tiny_checkpoint, [{"role": "user", "content": "Hello"}], 12)
+    assert captured.out.endswith(expected + "\n") and "answer stopped" in captured.err
+
+
+def test_python_dash_m_runs_the_command():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "torch_npu2", "generate", "--top-p", "2"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2 and "argument --top-p: expected a number in (0, 1], got 2.0" in done.stderr
+
+
+@pytest.mark.filterwarnings("ignore:patch_llama. LlamaForCausalLM runs here on the emulated NPU2:UserWarning")
+def test_sigint_in_a_real_process_stops_the_answer_not_the_chat(tiny_checkpoint, tmp_path):
+    """A real SIGINT, as a terminal's Ctrl-C sends: the answer stops, the chat goes on, /exit exits 0."""
+    import os
+    import select
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "TORCH_NPU2_CACHE_DIR": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
+    chat = subprocess.Popen([sys.executable, "-m", "torch_npu2", "generate", "--model", str(tiny_checkpoint),
+                             "--backend", "emulator", "--max-new-tokens", "400"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        chat.stdin.write("Hello\n")
+        chat.stdin.flush()
+        deadline, seen = time.monotonic() + 120, b""
+        while len(seen) < 20 and time.monotonic() < deadline:  # wait until the answer is streaming
+            if select.select([chat.stdout], [], [], 0.5)[0]:
+                seen += os.read(chat.stdout.fileno(), 4096)
+        assert len(seen) >= 20, "the answer did not start streaming"
+        chat.send_signal(signal.SIGINT)
+        time.sleep(1)
+        chat.stdin.write("/exit\n")
+        chat.stdin.flush()
+        assert chat.wait(timeout=60) == 0
+    finally:
+        chat.kill()
+    err = chat.stderr.read()
+    assert "answer stopped" in err and "Traceback" not in err

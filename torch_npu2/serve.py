@@ -1,0 +1,380 @@
+"""``torch-npu2 serve``: an OpenAI-compatible HTTP server for one patched model (FastAPI + uvicorn).
+
+``/v1/chat/completions``, ``/v1/completions`` (both also as server-sent events with ``"stream": true``) and
+``/v1/models``. The model is loaded once; requests run one at a time, in arrival order, on one generation
+thread, and at most ``max_queue`` wait behind the running one (more get 503 with a Retry-After). A client that
+disconnects cancels its generation after the current token, or before it starts if it was still waiting.
+Malformed bodies and out-of-range parameters get 400 with a message naming the parameter; nothing a request
+does stops the server.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import threading
+import time
+import uuid
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Literal
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict
+from starlette.exceptions import HTTPException
+
+from .textgen import Generation, Sampling, SamplingError, chat_input_ids, generate, text_input_ids
+
+API_KEY_VARIABLE = "TORCH_NPU2_API_KEY"
+DEFAULT_MAX_TOKENS = 256
+POLL_SECONDS = 0.2  # how often a waiting non-streaming request checks whether its client is still there
+# Our sampling field names where OpenAI's differ, for error messages.
+OPENAI_NAMES = {"max_new_tokens": "max_tokens"}
+
+log = logging.getLogger("torch_npu2.serve")
+
+
+class ApiError(Exception):
+    """An error answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
+                 headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind, self.headers = status, message, param, kind, headers
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": None}}
+
+
+# ---- request bodies -------------------------------------------------------------------------------------------
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # clients send fields we do not use (user, metadata, …)
+
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # an extension (as in vLLM and llama.cpp's server)
+    repetition_penalty: float = 1.0  # an extension
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: dict | None = None
+    n: int = 1
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+
+
+class ChatBody(_Body):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+
+
+class CompletionBody(_Body):
+    prompt: str | list[str]
+
+
+# ---- the generation queue --------------------------------------------------------------------------------------
+
+@dataclass
+class JobRecord:
+    """What a finished job did (kept for logs and tests)."""
+
+    finish_reason: str
+    completion_tokens: int
+    started: float
+    ended: float
+
+
+@dataclass
+class Job:
+    input_ids: object
+    sampling: Sampling
+    loop: asyncio.AbstractEventLoop
+    cancel: threading.Event = field(default_factory=threading.Event)
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)  # ("text", str), ("done", Generation), ("error", exc)
+
+    def _post(self, event) -> None:
+        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+    def run(self, model, tokenizer) -> Generation | None:
+        """On the generation thread."""
+        try:
+            result = generate(model, tokenizer, self.input_ids, self.sampling,
+                              on_text=lambda text: self._post(("text", text)), cancel=self.cancel)
+        except Exception as exc:  # reported to the request; the server goes on
+            log.exception("generation failed")
+            self._post(("error", exc))
+            return None
+        self._post(("done", result))
+        return result
+
+
+class Worker:
+    """One generation at a time on one thread, in arrival order; at most ``max_queue`` jobs wait behind it."""
+
+    def __init__(self, model, tokenizer, max_queue: int):
+        if not isinstance(max_queue, int) or max_queue < 0:
+            raise ValueError(f"max_queue must be an int >= 0, got {max_queue!r}")
+        self.model, self.tokenizer, self.max_queue = model, tokenizer, max_queue
+        self.outstanding = 0  # accepted and not finished: the running job and those waiting
+        self.finished: deque[JobRecord] = deque(maxlen=256)
+        self._jobs: asyncio.Queue | None = None
+        self._task: asyncio.Task | None = None
+        self._current: Job | None = None
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="torch-npu2-generate")
+
+    async def start(self) -> None:
+        self._jobs = asyncio.Queue()
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._current is not None:
+            self._current.cancel.set()
+        if self._task is not None:
+            self._task.cancel()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def submit(self, input_ids, sampling: Sampling) -> Job:
+        if self.outstanding > self.max_queue:
+            raise ApiError(503, f"the server is busy: one request is running and {self.max_queue} are waiting "
+                                "(the most it queues); retry later", kind="server_busy", headers={"Retry-After": "1"})
+        job = Job(input_ids, sampling, asyncio.get_running_loop())
+        self.outstanding += 1
+        self._jobs.put_nowait(job)
+        return job
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            job = await self._jobs.get()
+            started = time.perf_counter()
+            try:
+                if job.cancel.is_set():  # its client left while it waited
+                    self.finished.append(JobRecord("cancelled", 0, started, started))
+                    continue
+                self._current = job
+                result = await loop.run_in_executor(self._executor, job.run, self.model, self.tokenizer)
+                if result is not None:
+                    self.finished.append(JobRecord(result.finish_reason, result.completion_tokens, started,
+                                                   time.perf_counter()))
+                    log.info("%s %s", result.finish_reason, result.stats_line())
+            finally:
+                self._current = None
+                self.outstanding -= 1
+
+
+# ---- the app ---------------------------------------------------------------------------------------------------
+
+def _sampling(body: _Body, max_tokens: int | None, prompt_tokens: int, context: int) -> Sampling:
+    if body.n != 1:
+        raise ApiError(400, f"n: only 1 choice per request is supported, got {body.n}", "n")
+    room = context - prompt_tokens
+    if room < 1:
+        raise ApiError(400, f"the prompt has {prompt_tokens} tokens; the model's context is {context}", "messages")
+    if max_tokens is not None and max_tokens > room:
+        raise ApiError(400, f"max_tokens: the prompt ({prompt_tokens} tokens) leaves room for {room} tokens in the "
+                            f"model's context of {context}, got {max_tokens}", "max_tokens")
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    try:
+        return Sampling(max_new_tokens=min(DEFAULT_MAX_TOKENS, room) if max_tokens is None else max_tokens,
+                        temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
+                        repetition_penalty=body.repetition_penalty, stop=stop, seed=body.seed)
+    except SamplingError as exc:
+        name = OPENAI_NAMES.get(exc.field, exc.field)
+        raise ApiError(400, f"{name}: expected {exc.expected}, got {exc.value!r}", name) from None
+
+
+def _usage(result: Generation) -> dict:
+    return {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
+            "total_tokens": result.prompt_tokens + result.completion_tokens}
+
+
+def _sse(payload) -> str:
+    return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
+
+
+def create_app(model, tokenizer, model_name: str, api_key: str | None = None, max_queue: int = 8):
+    """The ASGI app serving ``model`` (already patched) under the id ``model_name``; ``app.state.worker`` runs
+    the generations."""
+    worker = Worker(model, tokenizer, max_queue)
+    context = getattr(model.config, "max_position_embeddings", None) or 2 ** 31
+    created = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(app):
+        await worker.start()
+        yield
+        await worker.stop()
+
+    app = FastAPI(title="torch_npu2", lifespan=lifespan)
+    app.state.worker = worker
+
+    def error_response(error: ApiError) -> JSONResponse:
+        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request, exc: ApiError):
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(request, exc: RequestValidationError):
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
+        message = "the body is not valid JSON" if first.get("type") == "json_invalid" else first.get("msg", "invalid")
+        return error_response(ApiError(400, f"{where}: {message}" if where else message, where or None))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request, exc: HTTPException):
+        return error_response(ApiError(exc.status_code, str(exc.detail), kind="invalid_request_error"))
+
+    @app.exception_handler(Exception)
+    async def server_error(request, exc: Exception):
+        log.exception("request failed")
+        return error_response(ApiError(500, f"{type(exc).__name__}: {exc}", kind="server_error"))
+
+    async def authorized(request: Request) -> None:
+        if api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), api_key.encode()):
+            raise ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                           kind="authentication_error")
+
+    async def result_of(job: Job, request: Request) -> Generation:
+        """Wait for a non-streamed job, cancelling it if the client goes away (checked every POLL_SECONDS,
+        whether or not text keeps arriving)."""
+        loop = asyncio.get_running_loop()
+        check_at = loop.time() + POLL_SECONDS
+        try:
+            while True:
+                try:
+                    kind, value = await asyncio.wait_for(job.events.get(), POLL_SECONDS)
+                except asyncio.TimeoutError:
+                    kind, value = "waiting", None
+                if kind == "done":
+                    return value
+                if kind == "error":
+                    raise ApiError(500, f"generation failed: {type(value).__name__}: {value}", kind="server_error")
+                if loop.time() >= check_at:
+                    if await request.is_disconnected():
+                        raise ApiError(499, "client disconnected")
+                    check_at = loop.time() + POLL_SECONDS
+        finally:
+            job.cancel.set()  # a no-op once done
+
+    async def stream_of(job: Job, chunk, final, include_usage: bool):
+        """Server-sent events of a job; closing the stream (the client left) cancels the job."""
+        try:
+            yield _sse(chunk(""))
+            while True:
+                kind, value = await job.events.get()
+                if kind == "text":
+                    yield _sse(chunk(value))
+                elif kind == "error":
+                    yield _sse(ApiError(500, f"generation failed: {type(value).__name__}: {value}",
+                                        kind="server_error").body())
+                    break
+                else:
+                    yield _sse(final(value))
+                    if include_usage:
+                        yield _sse({**final(value), "choices": [], "usage": _usage(value)})
+                    break
+            yield _sse("[DONE]")
+        finally:
+            job.cancel.set()
+
+    def start(body: _Body, input_ids, max_tokens: int | None) -> Job:
+        sampling = _sampling(body, max_tokens, input_ids.shape[1], context)
+        return worker.submit(input_ids, sampling)
+
+    @app.get("/v1/models", dependencies=[Depends(authorized)])
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
+                                            "owned_by": "torch_npu2"}]}
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
+    async def chat_completions(body: ChatBody, request: Request):
+        if not body.messages:
+            raise ApiError(400, "messages: expected at least one message", "messages")
+        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+                    for m in body.messages]
+        job = start(body, chat_input_ids(tokenizer, messages), body.max_completion_tokens or body.max_tokens)
+        ident, stamp = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        head = {"id": ident, "model": model_name, "created": stamp}
+        if body.stream:
+            def chunk(text):
+                delta = {"role": "assistant", "content": ""} if text == "" else {"content": text}
+                return {**head, "object": "chat.completion.chunk",
+                        "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+
+            def final(result):
+                return {**head, "object": "chat.completion.chunk",
+                        "choices": [{"index": 0, "delta": {}, "finish_reason": _finish(result)}]}
+
+            include_usage = bool((body.stream_options or {}).get("include_usage"))
+            return StreamingResponse(stream_of(job, chunk, final, include_usage), media_type="text/event-stream")
+        result = await result_of(job, request)
+        return {**head, "object": "chat.completion",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text},
+                             "finish_reason": _finish(result)}],
+                "usage": _usage(result)}
+
+    @app.post("/v1/completions", dependencies=[Depends(authorized)])
+    async def completions(body: CompletionBody, request: Request):
+        prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+        if len(prompts) != 1 or not prompts[0]:
+            raise ApiError(400, "prompt: expected one non-empty string", "prompt")
+        job = start(body, text_input_ids(tokenizer, prompts[0]), body.max_tokens)
+        ident, stamp = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        head = {"id": ident, "object": "text_completion", "model": model_name, "created": stamp}
+        if body.stream:
+            def chunk(text):
+                return {**head, "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": None}]}
+
+            def final(result):
+                return {**head, "choices": [{"index": 0, "text": "", "logprobs": None,
+                                             "finish_reason": _finish(result)}]}
+
+            include_usage = bool((body.stream_options or {}).get("include_usage"))
+            return StreamingResponse(stream_of(job, chunk, final, include_usage), media_type="text/event-stream")
+        result = await result_of(job, request)
+        return {**head, "choices": [{"index": 0, "text": result.text, "logprobs": None,
+                                     "finish_reason": _finish(result)}], "usage": _usage(result)}
+
+    return app
+
+
+def _finish(result: Generation) -> str:
+    return "length" if result.finish_reason == "length" else "stop"
+
+
+def run(model, tokenizer, model_name: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
+        max_queue: int = 8) -> int:
+    """Serve until interrupted (Ctrl-C: uvicorn shuts down cleanly)."""
+    import uvicorn
+
+    app = create_app(model, tokenizer, model_name, api_key=api_key, max_queue=max_queue)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    print(f"serving {model_name} at http://{host}:{port}/v1 (OpenAI-compatible; "
+          f"{'API key required' if api_key else 'no API key'}; Ctrl-C stops)", flush=True)
+    uvicorn.run(app, host=host, port=port, log_level="info")
+    return 0
