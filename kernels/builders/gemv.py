@@ -49,7 +49,7 @@ ROWS_PER_CALL_CANDIDATES = (16, 8, 4, 2, 1)
 DMA_GRANULE_BYTES = 4  # DMAs move whole 4-byte words
 GEMV_K_GRANULE = 32
 MAX_TILE_N = 1024
-MIN_PANELS = 4  # panels per tile before a larger panel is preferred: streaming needs a few to overlap
+MIN_PANELS = 16  # panels per tile before a larger panel is preferred: the first panel's DMA is not overlapped
 
 
 @dataclass(frozen=True)

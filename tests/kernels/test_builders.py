@@ -278,6 +278,14 @@ def test_gemv_panel_rows_fit_a_memtile_twice():
         build("gemv_f32", tuning={"tile_n": 96})
 
 
+def test_gemv_panels_leave_a_steady_state_to_overlap():
+    """At least 16 panels per tile where the rows allow (the first panel's DMA is not overlapped), else the
+    most there are; the largest panel otherwise."""
+    assert "256 rows per tile per step in 16 panels of 16" in build("gemv", K=2048).text
+    assert "24 rows per tile per step in 12 panels of 2" in build("gemv", K=576, N=192).text
+    assert "16032 rows per tile per step in 334 panels of 48" in build("gemv_f32").text
+
+
 def test_gemv_steps_tuning_splits_the_rows_over_launch_steps():
     ir = build("gemv", tuning={"steps": 4})
     assert "herd 8x1, 4 launch step(s), 64 rows per tile per step in" in ir.text
@@ -288,7 +296,7 @@ def test_decode_ffn_launches_plan_llama_sizes():
     """Llama-3.2-1B's decode FFN, one launch step each: whole-K row groups up to K=2048, the K=8192 down
     projection in chunks of all the panel's rows (one loop with a DMA: this AIR cannot ping-pong a DMA in a
     nested loop)."""
-    assert ("herd 8x1, 1 launch step(s), 256 rows per tile per step in 8 panels of 32, 4 rows per call, K in "
+    assert ("herd 8x1, 1 launch step(s), 256 rows per tile per step in 16 panels of 16, 4 rows per call, K in "
             "chunks of 2048") in build("gemv_add").text
     assert "herd 8x1, 1 launch step(s), 1024 rows per tile per step in 32 panels of 32, 4 rows per call" in \
         build("rms_gemv").text
