@@ -49,7 +49,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .gemv import (GEMV_K_GRANULE, ROWS_PER_CALL_CANDIDATES, OBJECT, describe, panel_candidates, panel_loop,
-                   panel_windows, split_rows)
+                   panel_windows, split_rows, whole_words)
 from .ir import L1, L2, WHOLE, LaunchBuilder, LaunchIR, MemRef, Value, Window
 from .npu2 import (COLUMNS, HERD_CANDIDATES, ROWS, L1_AVAILABLE, L2_BYTES, check_budget, check_operands, check_params,
                    check_tuning, divisors_descending, nbytes, pingpong_copies, require)
@@ -63,6 +63,10 @@ RMS_TUNING = ("herd", "steps", "tile_n", "rows_per_call")
 MAX_SPLIT_K_CHUNK = 1024
 MAX_WHOLE_K = 2048  # up to here a row is one chunk (a contiguous window: no per-dimension limit applies)
 SHIM_MM2S_CHANNELS = 2 * COLUMNS  # DDR → array streams: 2 per shim tile
+# Panels per launch step. The packed vector is read from DDR again every panel; AIR folds those reads into a
+# shim BD with a stride-0 wrap, which aiecc rejects ("Stride 1 must be a positive integer") at 64 panels
+# (measured on rms_gemv K=576, N=2048; 32 panels lower).
+MAX_PANELS = 32
 # DDR → array streams of each kind: (per tile of the widest herd, shared vector pieces).
 STREAMS = {ADD_KIND: (1, 2), SWIGLU_ADD_KIND: (1, 3), RMS_KIND: (1, 2)}
 
@@ -127,18 +131,8 @@ def _l2_bytes(kind: str, K: int, herd: int, tile_n: int, panels: int) -> dict[st
             f"packed vector x{copies}": copies * nbytes((_vector_elements(kind, K, tile_n * herd),), "bf16")}
 
 
-def plan(kind: str, K: int, N: int, tuning: dict) -> FusedGemvPlan:
-    """Widest herd dividing N that the shim channels can feed, one launch step, then the panel (gemv.py's
-    :func:`~.gemv.panel_candidates`) and the most rows per call that fit L1 and a memtile (K in chunks when a
-    row is longer than ``MAX_WHOLE_K``; rms_gemv keeps K whole, its calls take the whole normed x)."""
-    require(K % GEMV_K_GRANULE == 0, kind, "K", K, f"must be a multiple of {GEMV_K_GRANULE} (gemv.cc's multiplier)")
-    per_tile_streams, shared_streams = STREAMS[kind]
-    fed = [h for h in HERD_CANDIDATES if per_tile_streams * h + shared_streams <= SHIM_MM2S_CHANNELS]
-    herd, steps, rows_per_tile = split_rows(kind, N, tuning, fed)
-    require(per_tile_streams * herd + shared_streams <= SHIM_MM2S_CHANNELS, kind, "herd", herd,
-            f"{per_tile_streams} weight stream(s) per tile plus {shared_streams} vector pieces need more than "
-            f"the {SHIM_MM2S_CHANNELS} shim MM2S channels")
-    split = kind != RMS_KIND and (K > MAX_WHOLE_K or tuning.get("k_chunk", K) != K)
+def _candidates(kind: str, K: int, rows_per_tile: int, split: bool, tuning: dict) -> list[tuple[int, int, int]]:
+    """(tile_n, rows_per_call, k_chunk) to try for a tile's rows of one step, best first."""
     tiles = panel_candidates(kind, rows_per_tile, "bf16", tuning)
     if split:
         # One loop over K chunks, each call covering the tile's rows: AIR 0e3df89d's ping-pong transform
@@ -150,20 +144,50 @@ def plan(kind: str, K: int, N: int, tuning: dict) -> FusedGemvPlan:
             tiles = [rows]
         chunks = [_k_chunk(kind, K, tuning)] if "k_chunk" in tuning else [
             c for c in divisors_descending(K, MAX_SPLIT_K_CHUNK) if c % GEMV_K_GRANULE == 0]
-        candidates = [(tile_n, tile_n, k_chunk) for tile_n in tiles for k_chunk in chunks]
-    else:
-        calls = [tuning["rows_per_call"]] if "rows_per_call" in tuning else list(ROWS_PER_CALL_CANDIDATES)
-        candidates = [(tile_n, rows, K) for tile_n in tiles for rows in calls if tile_n % rows == 0]
-        require(bool(candidates), kind, "rows_per_call", calls[0], f"must divide tile_n (candidates {tiles})")
+        return [(tile_n, tile_n, k_chunk) for tile_n in tiles for k_chunk in chunks]
+    calls = [tuning["rows_per_call"]] if "rows_per_call" in tuning else list(ROWS_PER_CALL_CANDIDATES)
+    candidates = [(tile_n, rows, K) for tile_n in tiles for rows in calls if tile_n % rows == 0]
+    require(bool(candidates), kind, "rows_per_call", calls[0], f"must divide tile_n (candidates {tiles})")
+    return candidates
 
-    def fits(tile_n: int, rows: int, k_chunk: int) -> bool:
+
+def plan(kind: str, K: int, N: int, tuning: dict) -> FusedGemvPlan:
+    """Widest herd dividing N that the shim channels can feed; the fewest launch steps whose rows a tile walks
+    in at most ``MAX_PANELS`` panels that fit; then the panel (gemv.py's :func:`~.gemv.panel_candidates`) and
+    the most rows per call that fit L1 and a memtile (K in chunks when a row is longer than ``MAX_WHOLE_K``;
+    rms_gemv keeps K whole, its calls take the whole normed x)."""
+    require(K % GEMV_K_GRANULE == 0, kind, "K", K, f"must be a multiple of {GEMV_K_GRANULE} (gemv.cc's multiplier)")
+    per_tile_streams, shared_streams = STREAMS[kind]
+    fed = [h for h in HERD_CANDIDATES if per_tile_streams * h + shared_streams <= SHIM_MM2S_CHANNELS]
+    herd, steps, rows_per_tile = split_rows(kind, N, tuning, fed)
+    require(per_tile_streams * herd + shared_streams <= SHIM_MM2S_CHANNELS, kind, "herd", herd,
+            f"{per_tile_streams} weight stream(s) per tile plus {shared_streams} vector pieces need more than "
+            f"the {SHIM_MM2S_CHANNELS} shim MM2S channels")
+    split = kind != RMS_KIND and (K > MAX_WHOLE_K or tuning.get("k_chunk", K) != K)
+
+    def fits(rows_per_tile: int, tile_n: int, rows: int, k_chunk: int) -> bool:
         return (sum(_l1_bytes(kind, K, herd, tile_n, rows, k_chunk).values()) <= L1_AVAILABLE
                 and sum(_l2_bytes(kind, K, herd, tile_n, rows_per_tile // tile_n).values()) <= L2_BYTES)
 
-    tile_n, rows_per_call, k_chunk = next((c for c in candidates if fits(*c)), candidates[-1])
+    step_choices = [steps] if "steps" in tuning else [
+        s for s in reversed(divisors_descending(N // herd)) if whole_words(N // (herd * s), "bf16")
+        and ("tile_n" not in tuning or (N // (herd * s)) % tuning["tile_n"] == 0)]
+    for choice in step_choices:
+        tile_rows = N // (herd * choice)
+        good = [c for c in _candidates(kind, K, tile_rows, split, tuning)
+                if fits(tile_rows, *c) and tile_rows // c[0] <= MAX_PANELS]
+        if good:
+            steps, rows_per_tile, (tile_n, rows_per_call, k_chunk) = choice, tile_rows, good[0]
+            break
+    else:  # nothing fits: the first candidate that does, else the last, for the checks below to name
+        candidates = _candidates(kind, K, rows_per_tile, split, tuning)
+        tile_n, rows_per_call, k_chunk = next((c for c in candidates if fits(rows_per_tile, *c)), candidates[-1])
     check_budget(kind, "L1", _l1_bytes(kind, K, herd, tile_n, rows_per_call, k_chunk),
                  "K is too long for one tile" + ("" if kind == RMS_KIND else ", or lower k_chunk"))
     check_budget(kind, "L2", _l2_bytes(kind, K, herd, tile_n, rows_per_tile // tile_n), "lower tile_n")
+    require(rows_per_tile // tile_n <= MAX_PANELS, kind, "steps", steps,
+            f"a tile walks its {rows_per_tile} rows per step in {rows_per_tile // tile_n} panels of {tile_n}, more "
+            f"than {MAX_PANELS}: raise steps or tile_n")
     return FusedGemvPlan(herd, steps, rows_per_tile, tile_n, rows_per_call, k_chunk)
 
 

@@ -286,6 +286,13 @@ def test_gemv_panels_leave_a_steady_state_to_overlap():
     assert "16032 rows per tile per step in 334 panels of 48" in build("gemv_f32").text
 
 
+def test_fused_gemv_takes_launch_steps_beyond_32_panels():
+    """The fused kinds read their packed vector from DDR every panel; aiecc rejects that at 64 panels, so a
+    plan with more takes launch steps instead."""
+    ir = build("rms_gemv", tuning={"tile_n": 4}, K=576, N=2048)
+    assert "herd 8x1, 2 launch step(s), 128 rows per tile per step in 32 panels of 4" in ir.text
+
+
 def test_gemv_steps_tuning_splits_the_rows_over_launch_steps():
     ir = build("gemv", tuning={"steps": 4})
     assert "herd 8x1, 4 launch step(s), 64 rows per tile per step in" in ir.text
@@ -360,6 +367,8 @@ def test_builders_are_deterministic():
     ("swiglu_gemv_add", {}, {"rows_per_call": 4, "tile_n": 8}, r"rows_per_call=4: .*must equal tile_n"),
     ("rms_gemv", dict(K=8192), None, r"rms_gemv launch: L1 bytes=\d+: exceeds"),
     ("rms_gemv", {}, {"herd": 3}, r"rms_gemv launch: herd=3: must divide N=8192"),
+    ("rms_gemv", dict(K=576, N=2048), {"tile_n": 4, "steps": 1},
+     r"rms_gemv launch: steps=1: a tile walks its 256 rows per step in 64 panels of 4, more than 32"),
     ("rope", dict(rows=16, heads=2, head_dim=48), None, r"rope launch: head_dim=48: must be a multiple of 32"),
     ("rope", {}, {"tile_rows": 3}, r"rope launch: tile_rows=3: must divide the 256 rows"),
     ("rope", {}, {"tile_rows": 8}, r"rope launch: L1 bytes=\d+: exceeds"),
