@@ -3,25 +3,37 @@
 W is HF's (out, in) layout, so each output row is a contiguous K-vector: no transpose anywhere. gemv's y
 is bf16; gemv_f32's y keeps the accumulator's precision (the LM head's logits), through ``gemv_bf16_f32``.
 
-Schedule (per launch step, ``herd * tile_n`` output rows):
+A launch step covers ``herd * rows_per_tile`` consecutive rows in panels of ``herd * tile_n`` consecutive
+rows, ``tile_n`` per tile. (Dealing each tile one contiguous run instead would make a panel's DDR window
+stride ``rows_per_tile`` rows between tiles, beyond a shim BD's 2^20-word stride before AIR splits it.)
 
-* DDR → memtile: the W panel of those rows; AIR gives each tile's ``tile_n`` rows a memtile buffer of
-  their own (air-split-l2-memref), so the panel spans up to 8 memtiles.
-* DDR → L1: x, once per tile per step. It is identical for every tile, so AIR broadcasts it.
-* Each tile walks its rows ``rows_per_call`` at a time (W rows L2 → L1, double-buffered, one kernel
-  call, its outputs copied into the tile's ``tile_n`` results), then sends those back through the
-  memtile. The kernel's row count and K are compile-time (GEMV_ROWS, GEMV_K), so the call writes a
-  buffer of exactly ``rows_per_call`` outputs.
+Schedule, per launch step (few of them: one unless tuned otherwise):
 
-Fewer, larger launch steps compile faster and need fewer shim buffer descriptors, so each tile takes the
-most rows a memtile holds.
+* x DDR → memtile, once;
+* the segment loops over the panels (``scf.for``); each trip moves the panel's rows DDR → memtile (AIR's
+  air-split-l2-memref gives each tile's ``tile_n`` rows a memtile buffer and a shim channel of their own),
+  enters the herd, and moves the panel's results memtile → DDR. The DMAs and the herd share the loop, so
+  AIR's ping-pong transform double-buffers the memtile buffers: the next panel streams in from DDR while
+  the herd works on this one;
+* the herd: x memtile → L1 (identical for every tile, so AIR broadcasts it), then the tile's ``tile_n`` rows
+  ``rows_per_call`` at a time (W rows memtile → L1, double-buffered, one kernel call, its outputs copied
+  into the tile's ``tile_n`` results), then those results back to the memtile. The kernel's row count and K
+  are compile-time (GEMV_ROWS, GEMV_K), so a call writes a buffer of exactly ``rows_per_call`` outputs.
 
-Constraints: K a multiple of 32; herd divides N; tile_n divides N/herd and is whole 4-byte words of y;
-rows_per_call divides tile_n; x, double-buffered W rows and y fit L1; one tile's W rows and results fit
-one memtile.
+Panels are as large as a memtile holds twice (ping and pong), but at least ``MIN_PANELS`` per tile when the
+rows allow, so that streaming has a steady state to overlap. x goes through the memtile rather than straight
+from DDR into every herd entry: re-read from DDR per panel, AIR folds the reads into a shim BD with a
+stride-0 wrap that aiecc rejects from 64 panels on ("Stride 1 must be a positive integer"), and at 334
+panels (Llama-3.2-1B's LM head in one step) air-opt-shim-dma-bds grew past 16 GB before it was stopped.
+Staged, the LM head's 334 panels lower in about 2 s.
+
+Constraints: K a multiple of 32; herd divides N; steps divides N/herd; tile_n divides N/(herd·steps) and is
+whole 4-byte words of y; rows_per_call divides tile_n; x, double-buffered W rows and y fit L1; one tile's
+W rows and results, times the ping-pong copies, fit one memtile.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from .ir import L1, L2, WHOLE, LaunchBuilder, LaunchIR, MemRef, Value, Window
@@ -31,7 +43,7 @@ from .npu2 import (COLUMNS, HERD_CANDIDATES, L1_AVAILABLE, L2_BYTES, check_budge
 KIND = "gemv"
 F32_KIND = "gemv_f32"
 PARAMS = ("K", "N")
-TUNING = ("herd", "tile_n", "rows_per_call")
+TUNING = ("herd", "steps", "tile_n", "rows_per_call")
 OBJECT = "gemv.o"
 GEMV_ROLES = ("x", "w", "y")
 SYMBOL_FOR_OUTPUT = {"bf16": "gemv_bf16", "f32": "gemv_bf16_f32"}
@@ -39,17 +51,20 @@ ROWS_PER_CALL_CANDIDATES = (16, 8, 4, 2, 1)
 DMA_GRANULE_BYTES = 4  # DMAs move whole 4-byte words
 GEMV_K_GRANULE = 32
 MAX_TILE_N = 1024
+MIN_PANELS = 16  # panels per tile before a larger panel is preferred: the first panel's DMA is not overlapped
 
 
 @dataclass(frozen=True)
 class GemvPlan:
     herd: int
-    tile_n: int
+    steps: int          # launch steps
+    rows_per_tile: int  # a tile's contiguous rows in one launch step
+    tile_n: int         # rows of one panel, per tile
     rows_per_call: int
 
     @property
-    def panel_rows(self) -> int:
-        return self.herd * self.tile_n
+    def panels(self) -> int:
+        return self.rows_per_tile // self.tile_n
 
 
 def _l1_bytes(K: int, tile_n: int, rows_per_call: int, out_dtype: str) -> dict[str, int]:
@@ -58,45 +73,63 @@ def _l1_bytes(K: int, tile_n: int, rows_per_call: int, out_dtype: str) -> dict[s
             f"y per call x{copies}": copies * nbytes((rows_per_call,), out_dtype), "y": nbytes((tile_n,), out_dtype)}
 
 
-def _l2_bytes(K: int, tile_n: int, out_dtype: str) -> dict[str, int]:
-    """One memtile's share of a step's panel: AIR's air-split-l2-memref gives the rows each tile reads (and
-    the results it writes) a memtile buffer of their own."""
-    return {"W rows of one tile": nbytes((tile_n, K), "bf16"), "y of one tile": nbytes((tile_n,), out_dtype)}
+def _l2_bytes(K: int, tile_n: int, panels: int, out_dtype: str) -> dict[str, int]:
+    """The fullest memtile: AIR's air-split-l2-memref gives the rows each tile reads (and the results it writes) a
+    memtile buffer of their own, the ping-pong transform copies them for the panel loop, and x sits in one."""
+    copies = pingpong_copies(panels)
+    return {f"W rows of one tile x{copies} (ping-pong)": copies * nbytes((tile_n, K), "bf16"),
+            f"y of one tile x{copies}": copies * nbytes((tile_n,), out_dtype), "x": nbytes((K,), "bf16")}
+
+
+def whole_words(rows: int, dtype: str) -> bool:
+    return nbytes((rows,), dtype) % DMA_GRANULE_BYTES == 0
+
+
+def panel_candidates(kind: str, rows_per_tile: int, dtype: str, tuning: dict) -> list[int]:
+    """Panel heights to try, best first: the tuned one, or the divisors of a tile's rows in whole words of y,
+    those leaving at least MIN_PANELS panels first (largest first), then the rest (smallest first)."""
+    if "tile_n" in tuning:
+        tile_n = tuning["tile_n"]
+        require(rows_per_tile % tile_n == 0 and whole_words(tile_n, dtype), kind, "tile_n", tile_n,
+                f"must divide the {rows_per_tile} rows a tile owns per step and span whole "
+                f"{DMA_GRANULE_BYTES}-byte words of y")
+        return [tile_n]
+    tiles = [t for t in divisors_descending(rows_per_tile, MAX_TILE_N) if whole_words(t, dtype)]
+    require(bool(tiles), kind, "N", rows_per_tile, f"a tile's {rows_per_tile} rows have no panel of whole "
+            f"{DMA_GRANULE_BYTES}-byte words")
+    streaming = [t for t in tiles if rows_per_tile // t >= MIN_PANELS]
+    return streaming + sorted(t for t in tiles if t not in streaming)
+
+
+def split_rows(kind: str, N: int, tuning: dict, herd_candidates=HERD_CANDIDATES) -> tuple[int, int, int]:
+    """(herd, steps, rows_per_tile): the widest herd dividing N, one launch step unless tuned."""
+    herd = tuning.get("herd", largest_dividing(N, herd_candidates))
+    require(herd is not None and herd <= COLUMNS, kind, "herd", herd, f"the herd spans at most {COLUMNS} columns")
+    require(N % herd == 0, kind, "herd", herd, f"must divide N={N}")
+    steps = tuning.get("steps", 1)
+    require((N // herd) % steps == 0, kind, "steps", steps, f"must divide N/herd={N // herd}")
+    return herd, steps, N // (herd * steps)
 
 
 def plan_gemv(kind: str, K: int, N: int, out_dtype: str, tuning: dict) -> GemvPlan:
-    """Widest herd dividing N, then the longest tile that fits a memtile (fewest launch steps), then the
-    most rows per call that fit L1."""
+    """Widest herd dividing N, one launch step, then the panel (see :func:`panel_candidates`) and the most rows
+    per call that fit L1 and a memtile."""
     require(K % GEMV_K_GRANULE == 0, kind, "K", K,
             f"must be a multiple of {GEMV_K_GRANULE} (gemv.cc's 32-lane bf16 multiplier)")
-    herd = tuning.get("herd", largest_dividing(N, HERD_CANDIDATES))
-    require(herd <= COLUMNS, kind, "herd", herd, f"the herd spans at most {COLUMNS} columns")
-    require(N % herd == 0, kind, "herd", herd, f"must divide N={N}")
-    per_tile = N // herd
-
-    def whole_words(rows: int) -> bool:
-        return nbytes((rows,), out_dtype) % DMA_GRANULE_BYTES == 0
-
-    if "tile_n" in tuning:
-        tile_n = tuning["tile_n"]
-        require(per_tile % tile_n == 0 and whole_words(tile_n), kind, "tile_n", tile_n,
-                f"must divide N/herd={per_tile} and span whole {DMA_GRANULE_BYTES}-byte words of y")
-        tiles = [tile_n]
-    else:
-        tiles = [t for t in divisors_descending(per_tile, MAX_TILE_N) if whole_words(t)]
-        require(bool(tiles), kind, "N", N, f"N/herd={per_tile} has no tile of whole {DMA_GRANULE_BYTES}-byte words")
+    herd, steps, rows_per_tile = split_rows(kind, N, tuning)
+    tiles = panel_candidates(kind, rows_per_tile, out_dtype, tuning)
     calls = [tuning["rows_per_call"]] if "rows_per_call" in tuning else list(ROWS_PER_CALL_CANDIDATES)
     candidates = [(tile_n, rows) for tile_n in tiles for rows in calls if tile_n % rows == 0]
     require(bool(candidates), kind, "rows_per_call", calls[0], f"must divide tile_n (candidates {tiles})")
 
     def fits(tile_n: int, rows: int) -> bool:
         return (sum(_l1_bytes(K, tile_n, rows, out_dtype).values()) <= L1_AVAILABLE
-                and sum(_l2_bytes(K, tile_n, out_dtype).values()) <= L2_BYTES)
+                and sum(_l2_bytes(K, tile_n, rows_per_tile // tile_n, out_dtype).values()) <= L2_BYTES)
 
     tile_n, rows_per_call = next((c for c in candidates if fits(*c)), candidates[-1])
     check_budget(kind, "L1", _l1_bytes(K, tile_n, rows_per_call, out_dtype), "K is too long for one tile")
-    check_budget(kind, "L2", _l2_bytes(K, tile_n, out_dtype), "lower tile_n")
-    return GemvPlan(herd, tile_n, rows_per_call)
+    check_budget(kind, "L2", _l2_bytes(K, tile_n, rows_per_tile // tile_n, out_dtype), "lower tile_n")
+    return GemvPlan(herd, steps, rows_per_tile, tile_n, rows_per_call)
 
 
 def _build(kind: str, out_dtype: str, params: dict, operands, tuning: dict | None) -> LaunchIR:
@@ -119,35 +152,63 @@ def build_f32(params: dict, operands, tuning: dict | None = None) -> LaunchIR:
     return _build(F32_KIND, "f32", params, operands, tuning)
 
 
+def describe(plan: GemvPlan) -> str:
+    return (f"herd {plan.herd}x1, {plan.steps} launch step(s), {plan.rows_per_tile} rows per tile per step in "
+            f"{plan.panels} panels of {plan.tile_n}")
+
+
+def panel_windows(plan, K: int, panel_row0: str) -> tuple[Window, Window]:
+    """(W, y) windows of one panel in DDR: ``herd * tile_n`` consecutive rows, ``tile_n`` per tile, with the
+    tile as the leading dimension: air-split-l2-memref (0e3df89d) splits these per tile, where a flat window
+    of the same rows made it emit an affine map that fails to verify."""
+    n = plan.tile_n
+    return (Window((0, panel_row0, 0), (plan.herd, n, K), (n * K, K, 1)),
+            Window((0, panel_row0), (plan.herd, n), (n, 1)))
+
+
+@contextmanager
+def panel_loop(b: LaunchBuilder, plan, step: Value):
+    """Inside a segment: loops over the step's panels; yields the panel's first DDR row.
+
+    One affine.apply of the step and the panel: air-split-l2-memref (0e3df89d) composes a chain of two into a
+    map that uses two symbols but declares one, which fails to verify."""
+    with b.loop(0, plan.panels, 1, "panel") as panel:
+        yield b.affine(f"s0 * {plan.herd * plan.rows_per_tile} + s1 * {plan.herd * plan.tile_n}", [step.ssa, panel],
+                       "panel_row0")
+
+
 def _emit(b: LaunchBuilder, name: str, K: int, rows: int, plan: GemvPlan, out_dtype: str) -> None:
-    panel = plan.panel_rows
-    b.comment(f"{name} K={K} N={rows}: herd {plan.herd}x1, {plan.tile_n} rows per tile per step, {rows // panel} "
-              f"launch steps, {plan.rows_per_call} rows per call")
-    with b.launch(name, (rows // panel, 1), b.operands) as ((step, _), _, (x, w, y)):
+    b.comment(f"{name} K={K} N={rows}: {describe(plan)}, {plan.rows_per_call} rows per call")
+    with b.launch(name, (plan.steps, 1), b.operands) as ((step, _), _, (x, w, y)):
         with b.segment(f"{name}_seg", [Value(step, "index"), x, w, y]) as (_, _, (seg_step, sx, sw, sy)):
-            row0 = b.affine(f"s0 * {panel}", [seg_step.ssa], "row0")
-            w_panel = b.alloc(MemRef((panel, K), "bf16", L2), "w_l2")
-            y_panel = b.alloc(MemRef((panel,), out_dtype, L2), "y_l2")
-            b.dma(w_panel, WHOLE, sw, Window((row0, 0), (panel, K), (K, 1)))
-            with b.herd(f"{name}_herd", (plan.herd, 1), [sx, w_panel, y_panel], link_with=OBJECT) as (
-                    (tx, _), _, (hx, hw, hy)):
-                x_buf = b.alloc(MemRef((K,), "bf16", L1), "x_l1")
-                w_buf = b.alloc(MemRef((plan.rows_per_call, K), "bf16", L1), "w_l1")
-                y_call = b.alloc(MemRef((plan.rows_per_call,), out_dtype, L1), "y_call_l1")
-                y_buf = b.alloc(MemRef((plan.tile_n,), out_dtype, L1), "y_l1")
-                b.broadcast_dma(x_buf, WHOLE, hx, Window((0,), (K,), (1,)))
-                config = {"GEMV_ROWS": plan.rows_per_call, "GEMV_K": K}
-                with b.loop(0, plan.tile_n, plan.rows_per_call, "r") as r:
-                    w_row = b.affine(f"s0 * {plan.tile_n} + s1", [tx, r], "w_row")
-                    b.dma(w_buf, WHOLE, hw, Window((w_row, 0), (plan.rows_per_call, K), (K, 1)))
-                    b.call(SYMBOL_FOR_OUTPUT[out_dtype], [w_buf, x_buf, y_call], config)
-                    # A few scalars: cheaper than a DMA per call, and no sub-word transfers.
-                    with b.loop(0, plan.rows_per_call, 1, "i") as i:
-                        value = b.assign("y_value", f"memref.load {y_call.ssa}[{i}] : {y_call.type}", out_dtype)
-                        index = b.affine("s0 + s1", [r, i], "y_index")
-                        b.emit(f"memref.store {value.ssa}, {y_buf.ssa}[{index}] : {y_buf.type}")
-                y_col = b.affine(f"s0 * {plan.tile_n}", [tx], "y_col")
-                b.dma(hy, Window((y_col,), (plan.tile_n,), (1,)), y_buf, WHOLE)
-                b.dealloc(x_buf, w_buf, y_call, y_buf)
-            b.dma(sy, Window((row0,), (panel,), (1,)), y_panel, WHOLE)
-            b.dealloc(w_panel, y_panel)
+            x_l2 = b.alloc(MemRef((K,), "bf16", L2), "x_l2")
+            w_panel = b.alloc(MemRef((plan.herd, plan.tile_n, K), "bf16", L2), "w_l2")
+            y_panel = b.alloc(MemRef((plan.herd, plan.tile_n), out_dtype, L2), "y_l2")
+            b.dma(x_l2, WHOLE, sx, WHOLE)
+            with panel_loop(b, plan, seg_step) as panel_row0:
+                w_window, y_window = panel_windows(plan, K, panel_row0)
+                b.dma(w_panel, WHOLE, sw, w_window)
+                with b.herd(f"{name}_herd", (plan.herd, 1), [x_l2, w_panel, y_panel], link_with=OBJECT) as (
+                        (tx, _), _, (hx, hw, hy)):
+                    _emit_tile(b, K, plan, out_dtype, tx, hx, hw, hy)
+                b.dma(sy, y_window, y_panel, WHOLE)
+            b.dealloc(x_l2, w_panel, y_panel)
+
+
+def _emit_tile(b: LaunchBuilder, K: int, plan: GemvPlan, out_dtype: str, tx, hx, hw, hy) -> None:
+    x_buf = b.alloc(MemRef((K,), "bf16", L1), "x_l1")
+    w_buf = b.alloc(MemRef((plan.rows_per_call, K), "bf16", L1), "w_l1")
+    y_call = b.alloc(MemRef((plan.rows_per_call,), out_dtype, L1), "y_call_l1")
+    y_buf = b.alloc(MemRef((plan.tile_n,), out_dtype, L1), "y_l1")
+    b.broadcast_dma(x_buf, WHOLE, hx, Window((0,), (K,), (1,)))
+    config = {"GEMV_ROWS": plan.rows_per_call, "GEMV_K": K}
+    with b.loop(0, plan.tile_n, plan.rows_per_call, "r") as r:
+        b.dma(w_buf, WHOLE, hw, Window((tx, r, 0), (1, plan.rows_per_call, K), (plan.tile_n * K, K, 1)))
+        b.call(SYMBOL_FOR_OUTPUT[out_dtype], [w_buf, x_buf, y_call], config)
+        # A few scalars: cheaper than a DMA per call, and no sub-word transfers.
+        with b.loop(0, plan.rows_per_call, 1, "i") as i:
+            value = b.assign("y_value", f"memref.load {y_call.ssa}[{i}] : {y_call.type}", out_dtype)
+            index = b.affine("s0 + s1", [r, i], "y_index")
+            b.emit(f"memref.store {value.ssa}, {y_buf.ssa}[{index}] : {y_buf.type}")
+    b.dma(hy, Window((tx, 0), (1, plan.tile_n), (plan.tile_n, 1)), y_buf, WHOLE)
+    b.dealloc(x_buf, w_buf, y_call, y_buf)

@@ -30,35 +30,43 @@ Departures from upstream, each for a limit of this AIR (0e3df89d) or of our weig
   Llama-3.2-1B, and air-opt-shim-dma-bds ran for over ten minutes); one herd over a panel filled from both
   weights, or interleaved by strided DMAs (air-split-l2-memref leaves a panel with two writers whole).
   So gate and up are one launch each, and SiLU·up moves into the down projection's tiles.
-* Each tile gets exactly two streams: its weight rows, and one packed vector (x with the step's residual
-  rows; x with the norm weight; gate and up with the step's residual rows) that the segment gathers in a
+* Each tile gets exactly two streams: its weight rows, and one packed vector (x with the panel's residual
+  rows; x with the norm weight; gate and up with the panel's residual rows) that the segment gathers in a
   memtile from its DDR pieces and broadcasts to the herd. DDR → array streams are one per tile (AIR gives
-  each tile's share of a step's panel its own memtile buffer, fed by its own shim channel) plus one per
+  each tile's share of a panel its own memtile buffer, fed by its own shim channel) plus one per
   vector piece, at most 16 (two MM2S per shim tile).
 
-Schedule (per launch step, ``herd * tile_n`` output rows), as in gemv.py: the step's weight panel goes
-DDR → memtile at segment level; each tile takes its ``tile_n`` rows from the memtile; results go
-L1 → memtile → DDR. Offsets inside herds derive from tile ids and loop indices only (no launch-id runtime
-parameters).
+Schedule, as in gemv.py: each tile owns a contiguous run of rows per launch step (one step unless tuned) and
+walks it ``tile_n`` rows at a time; the segment loops over these panels, and each trip moves the packed
+vector (with the panel's residual rows) and the panel's weight rows DDR → memtile, enters the herd, and
+moves the panel's results memtile → DDR, so AIR's ping-pong transform streams the next panel in while the
+herd works. Every write of the packed vector sits inside that loop, so both of its ping-pong copies are
+whole; x is read again per panel (a few KiB next to the panel's weights). Offsets inside herds derive from
+tile ids and the herd's own loop indices only (no launch-id or panel-index runtime parameters).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .gemv import DMA_GRANULE_BYTES, GEMV_K_GRANULE, MAX_TILE_N, ROWS_PER_CALL_CANDIDATES, OBJECT
+from .gemv import (GEMV_K_GRANULE, ROWS_PER_CALL_CANDIDATES, OBJECT, describe, panel_candidates, panel_loop,
+                   panel_windows, split_rows, whole_words)
 from .ir import L1, L2, WHOLE, LaunchBuilder, LaunchIR, MemRef, Value, Window
 from .npu2 import (COLUMNS, HERD_CANDIDATES, ROWS, L1_AVAILABLE, L2_BYTES, check_budget, check_operands, check_params,
-                   check_tuning, divisors_descending, largest_dividing, nbytes, pingpong_copies, require)
+                   check_tuning, divisors_descending, nbytes, pingpong_copies, require)
 
 ADD_KIND = "gemv_add"
 SWIGLU_ADD_KIND = "swiglu_gemv_add"
 RMS_KIND = "rms_gemv"
-TUNING = ("herd", "tile_n", "rows_per_call", "k_chunk")
-RMS_TUNING = ("herd", "tile_n", "rows_per_call")
+TUNING = ("herd", "steps", "tile_n", "rows_per_call", "k_chunk")
+RMS_TUNING = ("herd", "steps", "tile_n", "rows_per_call")
 # A split chunk row is one DMA dimension: at most 1023 4-byte words per BD dimension, so 1024 bf16 fits.
 MAX_SPLIT_K_CHUNK = 1024
 MAX_WHOLE_K = 2048  # up to here a row is one chunk (a contiguous window: no per-dimension limit applies)
 SHIM_MM2S_CHANNELS = 2 * COLUMNS  # DDR → array streams: 2 per shim tile
+# Panels per launch step. The packed vector is read from DDR again every panel; AIR folds those reads into a
+# shim BD with a stride-0 wrap, which aiecc rejects ("Stride 1 must be a positive integer") at 64 panels
+# (measured on rms_gemv K=576, N=2048; 32 panels lower).
+MAX_PANELS = 32
 # DDR → array streams of each kind: (per tile of the widest herd, shared vector pieces).
 STREAMS = {ADD_KIND: (1, 2), SWIGLU_ADD_KIND: (1, 3), RMS_KIND: (1, 2)}
 
@@ -66,9 +74,15 @@ STREAMS = {ADD_KIND: (1, 2), SWIGLU_ADD_KIND: (1, 3), RMS_KIND: (1, 2)}
 @dataclass(frozen=True)
 class FusedGemvPlan:
     herd: int
-    tile_n: int
+    steps: int          # launch steps
+    rows_per_tile: int  # a tile's contiguous rows in one launch step
+    tile_n: int         # rows of one panel, per tile
     rows_per_call: int
     k_chunk: int
+
+    @property
+    def panels(self) -> int:
+        return self.rows_per_tile // self.tile_n
 
     @property
     def panel_rows(self) -> int:
@@ -85,7 +99,7 @@ def _k_chunk(kind: str, K: int, tuning: dict) -> int:
 
 
 def _vector_elements(kind: str, K: int, panel: int) -> int:
-    """The packed vector each tile gets: x or gate/up, then the step's residual rows; or x, then the norm weight."""
+    """The packed vector each tile gets: x or gate/up, then the panel's residual rows; or x, then the norm weight."""
     return {ADD_KIND: K + panel, SWIGLU_ADD_KIND: 2 * K + panel, RMS_KIND: 2 * K}[kind]
 
 
@@ -108,41 +122,18 @@ def _tiles_per_memtile(herd: int) -> int:
     return herd if herd <= ROWS else 1
 
 
-def _l2_bytes(kind: str, K: int, herd: int, tile_n: int) -> dict[str, int]:
-    """The fullest memtile: the W rows and y of the tiles in its column, and maybe the packed vector."""
-    tiles = _tiles_per_memtile(herd)
-    return {f"W rows of {tiles} tile(s)": tiles * nbytes((tile_n, K), "bf16"),
-            f"y of {tiles} tile(s)": tiles * nbytes((tile_n,), "bf16"),
-            "packed vector": nbytes((_vector_elements(kind, K, tile_n * herd),), "bf16")}
+def _l2_bytes(kind: str, K: int, herd: int, tile_n: int, panels: int) -> dict[str, int]:
+    """The fullest memtile: the W rows and y of the tiles in its column, and maybe the packed vector, each
+    copied by the ping-pong transform of the panel loop."""
+    tiles, copies = _tiles_per_memtile(herd), pingpong_copies(panels)
+    return {f"W rows of {tiles} tile(s) x{copies} (ping-pong)": copies * tiles * nbytes((tile_n, K), "bf16"),
+            f"y of {tiles} tile(s) x{copies}": copies * tiles * nbytes((tile_n,), "bf16"),
+            f"packed vector x{copies}": copies * nbytes((_vector_elements(kind, K, tile_n * herd),), "bf16")}
 
 
-def plan(kind: str, K: int, N: int, tuning: dict) -> FusedGemvPlan:
-    """Widest herd dividing N that the shim channels can feed, then the longest tile a memtile holds (fewest
-    launch steps), then the most rows per call that fit L1 (K in chunks when a row is longer than
-    ``MAX_WHOLE_K``; rms_gemv keeps K whole, its calls take the whole normed x)."""
-    require(K % GEMV_K_GRANULE == 0, kind, "K", K, f"must be a multiple of {GEMV_K_GRANULE} (gemv.cc's multiplier)")
-    per_tile_streams, shared_streams = STREAMS[kind]
-    fed = [h for h in HERD_CANDIDATES if per_tile_streams * h + shared_streams <= SHIM_MM2S_CHANNELS]
-    herd = tuning.get("herd", largest_dividing(N, fed))
-    require(herd <= COLUMNS, kind, "herd", herd, f"the herd spans at most {COLUMNS} columns")
-    require(per_tile_streams * herd + shared_streams <= SHIM_MM2S_CHANNELS, kind, "herd", herd,
-            f"{per_tile_streams} weight stream(s) per tile plus {shared_streams} vector pieces need more than "
-            f"the {SHIM_MM2S_CHANNELS} shim MM2S channels")
-    require(N % herd == 0, kind, "herd", herd, f"must divide N={N}")
-    per_tile = N // herd
-    split = kind != RMS_KIND and (K > MAX_WHOLE_K or tuning.get("k_chunk", K) != K)
-
-    def whole_words(rows: int) -> bool:
-        return nbytes((rows,), "bf16") % DMA_GRANULE_BYTES == 0
-
-    if "tile_n" in tuning:
-        tile_n = tuning["tile_n"]
-        require(per_tile % tile_n == 0 and whole_words(tile_n), kind, "tile_n", tile_n,
-                f"must divide N/herd={per_tile} and span whole {DMA_GRANULE_BYTES}-byte words")
-        tiles = [tile_n]
-    else:
-        tiles = [t for t in divisors_descending(per_tile, MAX_TILE_N) if whole_words(t)]
-        require(bool(tiles), kind, "N", N, f"N/herd={per_tile} has no tile of whole {DMA_GRANULE_BYTES}-byte words")
+def _candidates(kind: str, K: int, rows_per_tile: int, split: bool, tuning: dict) -> list[tuple[int, int, int]]:
+    """(tile_n, rows_per_call, k_chunk) to try for a tile's rows of one step, best first."""
+    tiles = panel_candidates(kind, rows_per_tile, "bf16", tuning)
     if split:
         # One loop over K chunks, each call covering the tile's rows: AIR 0e3df89d's ping-pong transform
         # cannot double-buffer a DMA in a loop nested in another (fixed upstream in mlir-air #1626).
@@ -153,21 +144,51 @@ def plan(kind: str, K: int, N: int, tuning: dict) -> FusedGemvPlan:
             tiles = [rows]
         chunks = [_k_chunk(kind, K, tuning)] if "k_chunk" in tuning else [
             c for c in divisors_descending(K, MAX_SPLIT_K_CHUNK) if c % GEMV_K_GRANULE == 0]
-        candidates = [(tile_n, tile_n, k_chunk) for tile_n in tiles for k_chunk in chunks]
-    else:
-        calls = [tuning["rows_per_call"]] if "rows_per_call" in tuning else list(ROWS_PER_CALL_CANDIDATES)
-        candidates = [(tile_n, rows, K) for tile_n in tiles for rows in calls if tile_n % rows == 0]
-        require(bool(candidates), kind, "rows_per_call", calls[0], f"must divide tile_n (candidates {tiles})")
+        return [(tile_n, tile_n, k_chunk) for tile_n in tiles for k_chunk in chunks]
+    calls = [tuning["rows_per_call"]] if "rows_per_call" in tuning else list(ROWS_PER_CALL_CANDIDATES)
+    candidates = [(tile_n, rows, K) for tile_n in tiles for rows in calls if tile_n % rows == 0]
+    require(bool(candidates), kind, "rows_per_call", calls[0], f"must divide tile_n (candidates {tiles})")
+    return candidates
 
-    def fits(tile_n: int, rows: int, k_chunk: int) -> bool:
+
+def plan(kind: str, K: int, N: int, tuning: dict) -> FusedGemvPlan:
+    """Widest herd dividing N that the shim channels can feed; the fewest launch steps whose rows a tile walks
+    in at most ``MAX_PANELS`` panels that fit; then the panel (gemv.py's :func:`~.gemv.panel_candidates`) and
+    the most rows per call that fit L1 and a memtile (K in chunks when a row is longer than ``MAX_WHOLE_K``;
+    rms_gemv keeps K whole, its calls take the whole normed x)."""
+    require(K % GEMV_K_GRANULE == 0, kind, "K", K, f"must be a multiple of {GEMV_K_GRANULE} (gemv.cc's multiplier)")
+    per_tile_streams, shared_streams = STREAMS[kind]
+    fed = [h for h in HERD_CANDIDATES if per_tile_streams * h + shared_streams <= SHIM_MM2S_CHANNELS]
+    herd, steps, rows_per_tile = split_rows(kind, N, tuning, fed)
+    require(per_tile_streams * herd + shared_streams <= SHIM_MM2S_CHANNELS, kind, "herd", herd,
+            f"{per_tile_streams} weight stream(s) per tile plus {shared_streams} vector pieces need more than "
+            f"the {SHIM_MM2S_CHANNELS} shim MM2S channels")
+    split = kind != RMS_KIND and (K > MAX_WHOLE_K or tuning.get("k_chunk", K) != K)
+
+    def fits(rows_per_tile: int, tile_n: int, rows: int, k_chunk: int) -> bool:
         return (sum(_l1_bytes(kind, K, herd, tile_n, rows, k_chunk).values()) <= L1_AVAILABLE
-                and sum(_l2_bytes(kind, K, herd, tile_n).values()) <= L2_BYTES)
+                and sum(_l2_bytes(kind, K, herd, tile_n, rows_per_tile // tile_n).values()) <= L2_BYTES)
 
-    tile_n, rows_per_call, k_chunk = next((c for c in candidates if fits(*c)), candidates[-1])
+    step_choices = [steps] if "steps" in tuning else [
+        s for s in reversed(divisors_descending(N // herd)) if whole_words(N // (herd * s), "bf16")
+        and ("tile_n" not in tuning or (N // (herd * s)) % tuning["tile_n"] == 0)]
+    for choice in step_choices:
+        tile_rows = N // (herd * choice)
+        good = [c for c in _candidates(kind, K, tile_rows, split, tuning)
+                if fits(tile_rows, *c) and tile_rows // c[0] <= MAX_PANELS]
+        if good:
+            steps, rows_per_tile, (tile_n, rows_per_call, k_chunk) = choice, tile_rows, good[0]
+            break
+    else:  # nothing fits: the first candidate that does, else the last, for the checks below to name
+        candidates = _candidates(kind, K, rows_per_tile, split, tuning)
+        tile_n, rows_per_call, k_chunk = next((c for c in candidates if fits(rows_per_tile, *c)), candidates[-1])
     check_budget(kind, "L1", _l1_bytes(kind, K, herd, tile_n, rows_per_call, k_chunk),
                  "K is too long for one tile" + ("" if kind == RMS_KIND else ", or lower k_chunk"))
-    check_budget(kind, "L2", _l2_bytes(kind, K, herd, tile_n), "lower tile_n")
-    return FusedGemvPlan(herd, tile_n, rows_per_call, k_chunk)
+    check_budget(kind, "L2", _l2_bytes(kind, K, herd, tile_n, rows_per_tile // tile_n), "lower tile_n")
+    require(rows_per_tile // tile_n <= MAX_PANELS, kind, "steps", steps,
+            f"a tile walks its {rows_per_tile} rows per step in {rows_per_tile // tile_n} panels of {tile_n}, more "
+            f"than {MAX_PANELS}: raise steps or tile_n")
+    return FusedGemvPlan(herd, steps, rows_per_tile, tile_n, rows_per_call, k_chunk)
 
 
 def build_add(params: dict, operands, tuning: dict | None = None) -> LaunchIR:
@@ -190,23 +211,23 @@ def _build_add(kind: str, params: dict, operands, tuning: dict | None) -> Launch
     panel = p.panel_rows
     x_len = K if kind == ADD_KIND else 2 * K
     b = LaunchBuilder(kind, operands, (*(role for role, _, _ in inputs), "w", "residual", "y"))
-    b.comment(f"{kind} K={K} N={N}: herd {p.herd}x1, {p.tile_n} rows per tile per step, {N // panel} launch "
-              f"steps, {p.rows_per_call} rows per call, K in chunks of {p.k_chunk}")
-    with b.launch(kind, (N // panel, 1), b.operands) as ((step, _), _, launch_args):
+    b.comment(f"{kind} K={K} N={N}: {describe(p)}, {p.rows_per_call} rows per call, K in chunks of {p.k_chunk}")
+    with b.launch(kind, (p.steps, 1), b.operands) as ((step, _), _, launch_args):
         with b.segment(f"{kind}_seg", [Value(step, "index"), *launch_args]) as (_, _, (seg_step, *segment_args)):
             *xs, sw, sr, sy = segment_args
-            row0 = b.affine(f"s0 * {panel}", [seg_step.ssa], "row0")
             vector = b.alloc(MemRef((x_len + panel,), "bf16", L2), "vector_l2")
             w_panel = b.alloc(MemRef((panel, K), "bf16", L2), "w_l2")
             y_panel = b.alloc(MemRef((panel,), "bf16", L2), "y_l2")
-            for i, piece in enumerate(xs):  # x, or gate then up
-                b.dma(vector, Window((i * K,), (K,), (1,)), piece, WHOLE)
-            b.dma(vector, Window((x_len,), (panel,), (1,)), sr, Window((row0,), (panel,), (1,)))
-            b.dma(w_panel, WHOLE, sw, Window((row0, 0), (panel, K), (K, 1)))
-            with b.herd(f"{kind}_herd", (p.herd, 1), [vector, w_panel, y_panel], link_with=OBJECT) as (
-                    (tx, _), _, (hv, hw, hy)):
-                _emit_add_tile(b, kind, p, K, x_len, tx, hv, hw, hy)
-            b.dma(sy, Window((row0,), (panel,), (1,)), y_panel, WHOLE)
+            with panel_loop(b, p, seg_step) as panel_row0:
+                w_window, rows_window = panel_windows(p, K, panel_row0)
+                for i, piece in enumerate(xs):  # x, or gate then up
+                    b.dma(vector, Window((i * K,), (K,), (1,)), piece, WHOLE)
+                b.dma(vector, Window((x_len,), (panel,), (1,)), sr, rows_window)
+                b.dma(w_panel, WHOLE, sw, w_window)
+                with b.herd(f"{kind}_herd", (p.herd, 1), [vector, w_panel, y_panel], link_with=OBJECT) as (
+                        (tx, _), _, (hv, hw, hy)):
+                    _emit_add_tile(b, kind, p, K, x_len, tx, hv, hw, hy)
+                b.dma(sy, rows_window, y_panel, WHOLE)
             b.dealloc(vector, w_panel, y_panel)
     return b.finish()
 
@@ -251,21 +272,21 @@ def build_rms_gemv(params: dict, operands, tuning: dict | None = None) -> Launch
     p = plan(kind, K, N, tuning)
     panel = p.panel_rows
     b = LaunchBuilder(kind, operands, ("x", "norm_w", "w", "y"))
-    b.comment(f"{kind} K={K} N={N} eps={eps}: herd {p.herd}x1, {p.tile_n} rows per tile per step, "
-              f"{N // panel} launch steps, {p.rows_per_call} rows per call")
-    with b.launch(kind, (N // panel, 1), b.operands) as ((step, _), _, (x, norm_w, w, y)):
+    b.comment(f"{kind} K={K} N={N} eps={eps}: {describe(p)}, {p.rows_per_call} rows per call")
+    with b.launch(kind, (p.steps, 1), b.operands) as ((step, _), _, (x, norm_w, w, y)):
         with b.segment(f"{kind}_seg", [Value(step, "index"), x, norm_w, w, y]) as (_, _, (seg_step, sx, snw, sw, sy)):
-            row0 = b.affine(f"s0 * {panel}", [seg_step.ssa], "row0")
             vector = b.alloc(MemRef((2 * K,), "bf16", L2), "vector_l2")
             w_panel = b.alloc(MemRef((panel, K), "bf16", L2), "w_l2")
             y_panel = b.alloc(MemRef((panel,), "bf16", L2), "y_l2")
-            b.dma(vector, Window((0,), (K,), (1,)), sx, WHOLE)
-            b.dma(vector, Window((K,), (K,), (1,)), snw, WHOLE)
-            b.dma(w_panel, WHOLE, sw, Window((row0, 0), (panel, K), (K, 1)))
-            with b.herd(f"{kind}_herd", (p.herd, 1), [vector, w_panel, y_panel], link_with=OBJECT) as (
-                    (tx, _), _, (hv, hw, hy)):
-                _emit_rms_tile(b, p, K, eps, tx, hv, hw, hy)
-            b.dma(sy, Window((row0,), (panel,), (1,)), y_panel, WHOLE)
+            with panel_loop(b, p, seg_step) as panel_row0:
+                w_window, y_window = panel_windows(p, K, panel_row0)
+                b.dma(vector, Window((0,), (K,), (1,)), sx, WHOLE)
+                b.dma(vector, Window((K,), (K,), (1,)), snw, WHOLE)
+                b.dma(w_panel, WHOLE, sw, w_window)
+                with b.herd(f"{kind}_herd", (p.herd, 1), [vector, w_panel, y_panel], link_with=OBJECT) as (
+                        (tx, _), _, (hv, hw, hy)):
+                    _emit_rms_tile(b, p, K, eps, tx, hv, hw, hy)
+                b.dma(sy, y_window, y_panel, WHOLE)
             b.dealloc(vector, w_panel, y_panel)
     return b.finish()
 

@@ -6,6 +6,7 @@ import torch
 
 from torch_npu2.kernels.builders import (BUILDERS, EXTERNAL_KERNELS, KERNEL_OBJECTS, LaunchConstraintError, MemRef,
                                          build_launch)
+from torch_npu2.kernels.builders.ir import Window
 from torch_npu2.kernels.builders.npu2 import L1_AVAILABLE
 from torch_npu2.kernels import host_build
 from torch_npu2.kernels.compile import KERNEL_SOURCE_DIR
@@ -239,26 +240,84 @@ def test_decode_row_splits_into_chunks_across_tiles():
     assert "memref<144xbf16, 2 : i32>" in ir.text
 
 
-def test_lm_head_gemv_takes_the_most_rows_a_memtile_holds():
-    """One launch over the whole vocab, each tile's share of a step as large as a memtile holds: 167 launch
-    steps for Llama-3.2-1B's 128256 rows (an odd count: 128256 = 2^8 * 3 * 167)."""
+def _panel_loop(text):
+    """The segment's panel loop: the lines of the ``scf.for`` that encloses the herd."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if re.match(r"\s*scf\.for %panel ", line))
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    end = next(i for i in range(start + 1, len(lines)) if lines[i] == " " * indent + "}")
+    return "\n".join(lines[start:end + 1])
+
+
+def test_lm_head_gemv_streams_panels_inside_one_launch_step():
+    """Llama-3.2-1B's 128256 rows (2^8 * 3 * 167) in one launch step: each tile owns 16032 rows and
+    walks them in 334 panels of 48 (384 consecutive rows per panel), the DDR → memtile panel DMA, the herd and the results' DMA in one segment
+    loop (so AIR double-buffers the memtile buffers), x staged in the memtile once before the loop."""
     ir = build("gemv_f32")
     assert [op.name for op in hierarchy(ir.text) if op.op == "launch"] == ["gemv_f32"]
-    assert "herd 8x1, 96 rows per tile per step, 167 launch steps" in ir.text
-    assert "memref<96xf32, 2 : i32>" in ir.text  # only tile-sized f32 buffers in L1
+    assert "herd 8x1, 1 launch step(s), 16032 rows per tile per step in 334 panels of 48, 4 rows per call" in ir.text
+    loop = _panel_loop(ir.text)
+    assert "to %c334 step" in loop.splitlines()[0] and "air.herd @gemv_f32_herd" in loop
+    w_dma, y_dma = ir.dmas[1], ir.dmas[-1]
+    assert w_dma.src.sizes == (8, 48, 2048) and w_dma.src.strides == (48 * 2048, 2048, 1)  # consecutive rows
+    assert y_dma.dst.sizes == (8, 48) and y_dma.dst.strides == (48, 1)
+    assert "affine_map<()[s0, s1] -> (s0 * 128256 + s1 * 384)>" in loop
+    assert ir.dmas[0].src == Window() and ir.dmas[0].dst == Window()  # x → memtile, whole, before the loop
+    assert "air.dma_memcpy_nd (%x_l2" not in loop
+    assert "memref<48xf32, 2 : i32>" in ir.text  # only tile-sized f32 buffers in L1
+
+
+def test_gemv_panel_rows_fit_a_memtile_twice():
+    """Ping-pong keeps two copies of a tile's panel in its memtile (three for an odd panel count): 48 rows of 2048
+    bf16 fit twice, 64 do not, 96 in 167 panels not three times."""
+    from torch_npu2.kernels.builders import gemv
+
+    assert sum(gemv._l2_bytes(2048, 48, 334, "f32").values()) <= 512 * 1024
+    assert sum(gemv._l2_bytes(2048, 64, 250, "f32").values()) > 512 * 1024
+    with pytest.raises(LaunchConstraintError, match=r"gemv_f32 launch: L2 bytes=\d+: exceeds .*x3 \(ping-pong\)"):
+        build("gemv_f32", tuning={"tile_n": 96})
+
+
+def test_gemv_panels_leave_a_steady_state_to_overlap():
+    """At least 16 panels per tile where the rows allow (the first panel's DMA is not overlapped), else the
+    most there are; the largest panel otherwise."""
+    assert "256 rows per tile per step in 16 panels of 16" in build("gemv", K=2048).text
+    assert "24 rows per tile per step in 12 panels of 2" in build("gemv", K=576, N=192).text
+    assert "16032 rows per tile per step in 334 panels of 48" in build("gemv_f32").text
+
+
+def test_fused_gemv_takes_launch_steps_beyond_32_panels():
+    """The fused kinds read their packed vector from DDR every panel; aiecc rejects that at 64 panels, so a
+    plan with more takes launch steps instead."""
+    ir = build("rms_gemv", tuning={"tile_n": 4}, K=576, N=2048)
+    assert "herd 8x1, 2 launch step(s), 128 rows per tile per step in 32 panels of 4" in ir.text
+
+
+def test_gemv_steps_tuning_splits_the_rows_over_launch_steps():
+    ir = build("gemv", tuning={"steps": 4})
+    assert "herd 8x1, 4 launch step(s), 64 rows per tile per step in" in ir.text
+    assert "affine_map<()[s0, s1] -> (s0 * 512 + s1 * " in ir.text  # a step's first row: 8 tiles x 64 rows
 
 
 def test_decode_ffn_launches_plan_llama_sizes():
-    """Llama-3.2-1B's decode FFN: whole-K row groups up to K=2048, the K=8192 down projection in chunks of all
-    the tile's rows (one loop with a DMA: this AIR cannot ping-pong a DMA in a nested loop)."""
-    assert "herd 8x1, 64 rows per tile per step, 4 launch steps, 4 rows per call, K in chunks of 2048" in \
-        build("gemv_add").text
-    assert "herd 8x1, 64 rows per tile per step, 16 launch steps, 4 rows per call" in build("rms_gemv").text
+    """Llama-3.2-1B's decode FFN, one launch step each: whole-K row groups up to K=2048, the K=8192 down
+    projection in chunks of all the panel's rows (one loop with a DMA: this AIR cannot ping-pong a DMA in a
+    nested loop)."""
+    assert ("herd 8x1, 1 launch step(s), 256 rows per tile per step in 16 panels of 16, 4 rows per call, K in "
+            "chunks of 2048") in build("gemv_add").text
+    assert "herd 8x1, 1 launch step(s), 1024 rows per tile per step in 32 panels of 32, 4 rows per call" in \
+        build("rms_gemv").text
     down = build("swiglu_gemv_add").text
-    assert "herd 8x1, 16 rows per tile per step, 16 launch steps, 16 rows per call, K in chunks of 256" in down
-    assert "memref<16x256xbf16, 2 : i32>" in down  # a chunk of all 16 rows per call
-    assert "memref<16512xbf16, 2 : i32>" in down  # gate, up and the step's 128 residual rows: one L1 vector
-    assert dict(build("swiglu_gemv_add").externs[0].defines) == {"GEMV_ROWS": 16, "GEMV_K": 256}
+    assert ("herd 8x1, 1 launch step(s), 256 rows per tile per step in 32 panels of 8, 8 rows per call, K in chunks "
+            "of 512") in down
+    assert "memref<8x512xbf16, 2 : i32>" in down  # a chunk of all 8 rows per call
+    assert "memref<16448xbf16, 2 : i32>" in down  # gate, up and the panel's 64 residual rows: one L1 vector
+    assert dict(build("swiglu_gemv_add").externs[0].defines) == {"GEMV_ROWS": 8, "GEMV_K": 512}
+    for kind in ("gemv_add", "rms_gemv", "swiglu_gemv_add"):  # every DDR → memtile DMA inside the panel loop
+        ir = build(kind)
+        loop = _panel_loop(ir.text)
+        assert loop.count("air.dma_memcpy_nd (%vector_l2") + loop.count("air.dma_memcpy_nd (%w_l2") == \
+            sum(1 for line in ir.text.splitlines() if re.match(r"\s*air\.dma_memcpy_nd \(%(vector|w)_l2", line)), kind
 
 
 def test_decode_ffn_herds_take_two_streams_per_tile():
@@ -298,7 +357,9 @@ def test_builders_are_deterministic():
     ("gemm", dict(M=16, N=2048), {"tile_k_l2": 512}, r"gemm launch: L2 bytes=\d+: exceeds .*4 of 4 pieces"),
     ("gemm", {}, {"tile_k_l2": 96}, r"gemm launch: tile_k_l2=96: must divide K=2048"),
     ("gemv", {}, {"rows_per_call": 4}, r"gemv launch: L1 bytes=\d+: exceeds"),
-    ("gemv", {}, {"tile_n": 64}, r"gemv launch: L2 bytes=\d+: exceeds"),
+    ("gemv", {}, {"tile_n": 32}, r"gemv launch: L2 bytes=\d+: exceeds"),
+    ("gemv", {}, {"tile_n": 48}, r"gemv launch: tile_n=48: must divide the 256 rows a tile owns per step"),
+    ("gemv", {}, {"steps": 3}, r"gemv launch: steps=3: must divide N/herd=256"),
     ("gemv", {}, {"herd": 3}, r"gemv launch: herd=3: must divide N=2048"),
     ("gemv_f32", dict(K=2040), None, r"gemv_f32 launch: K=2040: must be a multiple of 32"),
     ("gemv_add", dict(K=8192), {"k_chunk": 2048}, r"gemv_add launch: k_chunk=2048: a split chunk spans at most"),
@@ -306,6 +367,8 @@ def test_builders_are_deterministic():
     ("swiglu_gemv_add", {}, {"rows_per_call": 4, "tile_n": 8}, r"rows_per_call=4: .*must equal tile_n"),
     ("rms_gemv", dict(K=8192), None, r"rms_gemv launch: L1 bytes=\d+: exceeds"),
     ("rms_gemv", {}, {"herd": 3}, r"rms_gemv launch: herd=3: must divide N=8192"),
+    ("rms_gemv", dict(K=576, N=2048), {"tile_n": 4, "steps": 1},
+     r"rms_gemv launch: steps=1: a tile walks its 256 rows per step in 64 panels of 4, more than 32"),
     ("rope", dict(rows=16, heads=2, head_dim=48), None, r"rope launch: head_dim=48: must be a multiple of 32"),
     ("rope", {}, {"tile_rows": 3}, r"rope launch: tile_rows=3: must divide the 256 rows"),
     ("rope", {}, {"tile_rows": 8}, r"rope launch: L1 bytes=\d+: exceeds"),
