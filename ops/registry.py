@@ -117,6 +117,9 @@ def register(op: FusedOp):
 
     _LIB.define(op.schema())
     # CompositeExplicitAutograd: every device reaches npu_impl, which names a wrong device clearly.
-    _LIB.impl(op.name, npu_impl, "CompositeExplicitAutograd")
+    # Dynamo traces an op through its fake; the real kernel is opaque to it. Without disable(), code that
+    # runs eagerly inside a compiled region (after a graph break) would have dynamo trace into the runtime.
+    _LIB.impl(op.name, torch.compiler.disable(npu_impl, reason="torch_npu2 runs an NPU Program"),
+              "CompositeExplicitAutograd")
     torch.library.register_fake(f"{NAMESPACE}::{op.name}", fake_impl, lib=_LIB)
     return getattr(getattr(torch.ops, NAMESPACE), op.name).default

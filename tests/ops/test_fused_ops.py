@@ -99,3 +99,26 @@ def test_wrong_device_is_named():
     x, w_lm = op_cases("odd")["lm_head_gemv"][0]
     with pytest.raises(ValueError, match=r"npu2.lm_head_gemv: argument 'w_lm' expected a CPU tensor .*device meta"):
         program_of(FUSED_OPS["lm_head_gemv"], [x, w_lm.to("meta")], ())
+
+
+def test_op_runs_eagerly_inside_a_compiled_region(runtime):
+    # A graph break inside a loop makes dynamo run the frame eagerly while still intercepting every Python
+    # frame it calls: the op's NPU implementation must stay opaque to it (it used to be traced into,
+    # failing on torch.frombuffer of a FakeTensor).
+    tensors, _, _ = op_cases("odd")["lm_head_gemv"]
+
+    def twice_with_breaks(x, w):
+        logits = []
+        for _ in range(2):
+            torch._dynamo.graph_break()
+            logits.append(ALL_OPS["lm_head_gemv"](x, w))
+        return logits
+
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(twice_with_breaks, backend="eager")(*tensors)
+    finally:
+        torch._dynamo.reset()
+    expected = ALL_OPS["lm_head_gemv"](*tensors)
+    for logits in compiled:
+        torch.testing.assert_close(logits, expected, rtol=0, atol=0)
