@@ -3,10 +3,12 @@
 A fused op's schema, argument checks and fake kernel all come from its Program: the tensor arguments
 are the Program's weights and inputs in ELF order, the outputs its output arguments. Ops are defined
 with the low-level ``torch.library.Library`` route (cheaper per call than ``custom_op``), are functional
-(outputs are fresh BO-backed tensors, never aliases of inputs) and inference-only.
+(outputs are fresh BO-backed tensors, never aliases of inputs) and inference-only: with grad mode on, an
+argument that requires grad is refused rather than given a backward that would compute nothing.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from typing import Callable
@@ -14,6 +16,7 @@ from typing import Callable
 import torch
 
 from ..kernels.program import Program
+from ..kernels.programs import MATMUL_PRECISIONS
 from ..runtime import TORCH_DTYPES, get_runtime
 
 NAMESPACE = "npu2"
@@ -58,11 +61,20 @@ def _schema_literal(value) -> str:
     return f'"{value}"' if isinstance(value, str) else repr(value)
 
 
+class BadArgument(ValueError):
+    """Raised by a ``program_for`` that can tell which argument is at fault (reported like a shape check)."""
+
+    def __init__(self, arg: str, expected: str, given):
+        super().__init__(arg, expected, given)
+        self.arg, self.expected, self.given = arg, expected, given
+
+
 def _fail(op: FusedOp, arg: str, expected: str, given) -> ValueError:
     return ValueError(f"{op.qualname}: argument '{arg}' expected {expected}, got {given}")
 
 
 def _check_tensors(op: FusedOp, tensors, real: bool) -> None:
+    grad = torch.is_grad_enabled()
     for (name, dtype, rank), t in zip(op.expected, tensors):
         if not isinstance(t, torch.Tensor):
             raise _fail(op, name, "a torch.Tensor", type(t).__name__)
@@ -74,12 +86,35 @@ def _check_tensors(op: FusedOp, tensors, real: bool) -> None:
             raise _fail(op, name, "a CPU tensor (NPU buffers are host-mapped)", f"device {t.device}")
         if real and not t.is_contiguous():
             raise _fail(op, name, "a contiguous tensor", f"strides {t.stride()}")
+        if grad and t.requires_grad:
+            raise _fail(op, name, "a tensor that does not require grad (the npu2 ops are inference-only: call "
+                        "them under torch.no_grad() or pass .detach())", "requires_grad=True")
+    # The real path checks each device above. All-meta (or all-fake) arguments infer shapes; a meta tensor
+    # among CPU ones also dispatches to the fake kernel, and is the one to blame.
+    if not real and len({t.device for t in tensors}) > 1:
+        name, t = next((name, t) for (name, _, _), t in zip(op.expected, tensors) if not t.is_cpu)
+        raise _fail(op, name, "a CPU tensor like the other arguments (NPU buffers are host-mapped)",
+                    f"device {t.device}")
+
+
+# What each scalar argument (by name) must be: a predicate and the expectation an error states.
+SCALAR_CHECKS = {
+    "eps": (lambda v: math.isfinite(v) and v > 0, "a finite float > 0"),
+    "precision": (lambda v: v in MATMUL_PRECISIONS, f"one of {', '.join(map(repr, MATMUL_PRECISIONS))}"),
+    "head_dim": (lambda v: v > 0, "a positive int"),
+}
 
 
 @lru_cache(maxsize=512)
 def _program(op: FusedOp, shapes: tuple, scalars: tuple) -> Program:
+    for (name, *_), value in zip(op.scalars, scalars):
+        valid, expected = SCALAR_CHECKS[name]
+        if not valid(value):
+            raise _fail(op, name, expected, repr(value))
     try:
         program = op.program_for(shapes, *scalars)
+    except BadArgument as exc:
+        raise _fail(op, exc.arg, exc.expected, exc.given) from None
     except ValueError as exc:
         raise ValueError(f"{op.qualname}: inconsistent arguments: {exc}") from None
     for arg, shape in zip(program.host_args, shapes):
