@@ -54,3 +54,14 @@ def test_left_padded_batch_breaks_only_at_the_mask_inspection(runtime, patched):
     torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
     breaks = counters["graph_break"]
     assert breaks and all("_left_padding_starts" in reason for reason in breaks), dict(breaks)
+
+
+def test_inductor_is_refused_rather_than_skipping_a_sync(runtime, patched):
+    # inductor reuses an op's output storage for its own results without a version bump; the runtime would
+    # then skip syncing the new contents to the device (the strict emulator's decode logits went wrong)
+    # (with inductor's on-disk caches off: a graph compiled before the refusal existed would skip lowering)
+    no_caches = dict(fx_graph_cache=False, fx_graph_remote_cache=False, autotune_local_cache=False)
+    with torch.no_grad(), torch._inductor.config.patch(no_caches), \
+            torch._functorch.config.patch(enable_autograd_cache=False), \
+            pytest.raises(Exception, match="inductor backend is not supported"):
+        torch.compile(patched, backend="inductor")(PROMPT)
