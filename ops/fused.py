@@ -1,8 +1,18 @@
-"""The six fused ops: how each op's tensor shapes determine its Program."""
+"""The six fused ops: how each op's tensor shapes determine its Program.
+
+A model dimension appears in several arguments; each is taken from the size most of them agree on (ties go
+to the weight, listed first), so that the registry's shape check blames the one argument that disagrees.
+"""
 from __future__ import annotations
 
+from collections import Counter
+
 from ..kernels import programs
-from .registry import FusedOp, register
+from .registry import BadArgument, FusedOp, register
+
+
+def _agreed(*sizes: int) -> int:
+    return Counter(sizes).most_common(1)[0][0]  # most_common keeps first-seen order among ties
 
 
 def _heads(rows: int, head_dim: int, what: str) -> int:
@@ -11,10 +21,26 @@ def _heads(rows: int, head_dim: int, what: str) -> int:
     return rows // head_dim
 
 
+def _rope_head_dim(lut, wq, wk) -> int:
+    """head_dim is the RoPE LUT's width; it must be even and divide wq's and wk's rows. When it divides
+    exactly one of them, the other weight is the odd one out."""
+    head_dim = lut[-1]
+    fits_q, fits_k = head_dim > 0 and wq[0] % head_dim == 0, head_dim > 0 and wk[0] % head_dim == 0
+    if head_dim > 0 and head_dim % 2 == 0 and fits_q != fits_k:
+        arg, rows = ("wk", wk) if fits_q else ("wq", wq)
+        raise BadArgument(arg, f"rows that are a multiple of head_dim {head_dim} (rope_lut's width)",
+                          f"shape {rows}")
+    if head_dim <= 0 or head_dim % 2 or not fits_q:
+        raise BadArgument("rope_lut", f"an even width (head_dim) dividing the rows of wq ({wq[0]}) and wk ({wk[0]})",
+                          f"shape {lut}")
+    return head_dim
+
+
 def _qkv_dims(shapes):
     x, norm_w, wq, wk, wv, lut = shapes
-    head_dim = lut[-1]
-    return x[-1], _heads(wq[0], head_dim, "wq"), _heads(wk[0], head_dim, "wk"), head_dim
+    head_dim = _rope_head_dim(lut, wq, wk)
+    hidden = _agreed(norm_w[0], wq[1], wk[1], wv[1], x[-1])
+    return hidden, wq[0] // head_dim, _agreed(wk[0], wv[0]) // head_dim, head_dim
 
 
 def _rms_gemms_rope(shapes, eps, precision):
@@ -27,7 +53,8 @@ def _rms_gemv_rope(shapes, eps):
 
 def _ffn_dims(shapes):
     attn, wo, x, norm_w, w_gate, w_up, w_down = shapes
-    return x[-1], attn[-1], w_gate[0]
+    hidden = _agreed(wo[0], norm_w[0], w_gate[1], w_up[1], w_down[0], x[-1])
+    return hidden, _agreed(wo[1], attn[-1]), _agreed(w_gate[0], w_up[0], w_down[1])
 
 
 def _o_ffn(shapes, eps, precision):
@@ -45,7 +72,7 @@ def _flash_attn(shapes, head_dim):
 
 def _lm_head_gemv(shapes):
     x, w_lm = shapes
-    return programs.lm_head_gemv(x[0], w_lm[0])
+    return programs.lm_head_gemv(_agreed(w_lm[1], x[0]), w_lm[0])
 
 
 # Small dims that fix each op's argument names and ranks for its schema.

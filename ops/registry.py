@@ -3,10 +3,13 @@
 A fused op's schema, argument checks and fake kernel all come from its Program: the tensor arguments
 are the Program's weights and inputs in ELF order, the outputs its output arguments. Ops are defined
 with the low-level ``torch.library.Library`` route (cheaper per call than ``custom_op``), are functional
-(outputs are fresh BO-backed tensors, never aliases of inputs) and inference-only.
+(outputs are fresh BO-backed tensors, never aliases of inputs) and inference-only: with grad mode on, an
+argument that requires grad is refused rather than given a backward that would compute nothing.
 """
 from __future__ import annotations
 
+import math
+import sys
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from typing import Callable
@@ -14,6 +17,7 @@ from typing import Callable
 import torch
 
 from ..kernels.program import Program
+from ..kernels.programs import MATMUL_PRECISIONS
 from ..runtime import TORCH_DTYPES, get_runtime
 
 NAMESPACE = "npu2"
@@ -58,11 +62,20 @@ def _schema_literal(value) -> str:
     return f'"{value}"' if isinstance(value, str) else repr(value)
 
 
+class BadArgument(ValueError):
+    """Raised by a ``program_for`` that can tell which argument is at fault (reported like a shape check)."""
+
+    def __init__(self, arg: str, expected: str, given):
+        super().__init__(arg, expected, given)
+        self.arg, self.expected, self.given = arg, expected, given
+
+
 def _fail(op: FusedOp, arg: str, expected: str, given) -> ValueError:
     return ValueError(f"{op.qualname}: argument '{arg}' expected {expected}, got {given}")
 
 
 def _check_tensors(op: FusedOp, tensors, real: bool) -> None:
+    grad = torch.is_grad_enabled()
     for (name, dtype, rank), t in zip(op.expected, tensors):
         if not isinstance(t, torch.Tensor):
             raise _fail(op, name, "a torch.Tensor", type(t).__name__)
@@ -74,12 +87,35 @@ def _check_tensors(op: FusedOp, tensors, real: bool) -> None:
             raise _fail(op, name, "a CPU tensor (NPU buffers are host-mapped)", f"device {t.device}")
         if real and not t.is_contiguous():
             raise _fail(op, name, "a contiguous tensor", f"strides {t.stride()}")
+        if grad and t.requires_grad:
+            raise _fail(op, name, "a tensor that does not require grad (the npu2 ops are inference-only: call "
+                        "them under torch.no_grad() or pass .detach())", "requires_grad=True")
+    # The real path checks each device above. All-meta (or all-fake) arguments infer shapes; a meta tensor
+    # among CPU ones also dispatches to the fake kernel, and is the one to blame.
+    if not real and len({t.device for t in tensors}) > 1:
+        name, t = next((name, t) for (name, _, _), t in zip(op.expected, tensors) if not t.is_cpu)
+        raise _fail(op, name, "a CPU tensor like the other arguments (NPU buffers are host-mapped)",
+                    f"device {t.device}")
+
+
+# What each scalar argument (by name) must be: a predicate and the expectation an error states.
+SCALAR_CHECKS = {
+    "eps": (lambda v: math.isfinite(v) and v > 0, "a finite float > 0"),
+    "precision": (lambda v: v in MATMUL_PRECISIONS, f"one of {', '.join(map(repr, MATMUL_PRECISIONS))}"),
+    "head_dim": (lambda v: v > 0, "a positive int"),
+}
 
 
 @lru_cache(maxsize=512)
 def _program(op: FusedOp, shapes: tuple, scalars: tuple) -> Program:
+    for (name, *_), value in zip(op.scalars, scalars):
+        valid, expected = SCALAR_CHECKS[name]
+        if not valid(value):
+            raise _fail(op, name, expected, repr(value))
     try:
         program = op.program_for(shapes, *scalars)
+    except BadArgument as exc:
+        raise _fail(op, exc.arg, exc.expected, exc.given) from None
     except ValueError as exc:
         raise ValueError(f"{op.qualname}: inconsistent arguments: {exc}") from None
     for arg, shape in zip(program.host_args, shapes):
@@ -97,6 +133,19 @@ def program_of(op: FusedOp, tensors, scalars, real: bool = True) -> Program:
     return _program(op, tuple(tuple(int(d) for d in t.shape) for t in tensors), tuple(scalars))
 
 
+def _refuse_inductor(op: FusedOp) -> None:
+    """Inductor calls a fake while lowering its graph (``V.graph`` is then a GraphLowering). Its memory planner
+    reuses a dead op output's storage for its own kernels' results, written through raw pointers that leave
+    the tensor's version unchanged, so the runtime would take the device copy as current and skip the sync
+    (found with the strict emulator: wrong decode logits). Refused until outputs can be kept from reuse."""
+    virtualized = sys.modules.get("torch._inductor.virtualized")  # not imported: no inductor compile under way
+    if virtualized is not None and type(virtualized.V.graph).__name__ == "GraphLowering":
+        raise NotImplementedError(
+            f"{op.qualname}: torch.compile's inductor backend is not supported: it writes into the ops' "
+            "output buffers without PyTorch seeing the write, so an NPU buffer sync would be skipped; "
+            "use backend='aot_eager' or 'eager'")
+
+
 def register(op: FusedOp):
     """Defines ``torch.ops.npu2.<name>`` with its NPU implementation and fake; returns the overload."""
     count = len(op.example.host_args)
@@ -109,6 +158,7 @@ def register(op: FusedOp):
         return outputs[0] if single else outputs
 
     def fake_impl(*args):
+        _refuse_inductor(op)
         tensors, scalars = args[:count], op.with_defaults(args[count:])
         program = program_of(op, tensors, scalars, real=False)
         like = tensors[0]
@@ -117,6 +167,9 @@ def register(op: FusedOp):
 
     _LIB.define(op.schema())
     # CompositeExplicitAutograd: every device reaches npu_impl, which names a wrong device clearly.
-    _LIB.impl(op.name, npu_impl, "CompositeExplicitAutograd")
+    # Dynamo traces an op through its fake; the real kernel is opaque to it. Without disable(), code that
+    # runs eagerly inside a compiled region (after a graph break) would have dynamo trace into the runtime.
+    _LIB.impl(op.name, torch.compiler.disable(npu_impl, reason="torch_npu2 runs an NPU Program"),
+              "CompositeExplicitAutograd")
     torch.library.register_fake(f"{NAMESPACE}::{op.name}", fake_impl, lib=_LIB)
     return getattr(getattr(torch.ops, NAMESPACE), op.name).default

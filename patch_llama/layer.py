@@ -7,7 +7,6 @@ truth for K/V, so every generate() feature that relies on it keeps working.
 """
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
 
 import torch
@@ -28,7 +27,8 @@ class SharedState:
     mask_memo: tuple = (None, None)  # (mask tensor, per-row first real token or None)
 
     def bucket(self, rows: int) -> int:
-        return self.buckets[bisect.bisect_left(self.buckets, rows)]
+        # a scan rather than bisect: dynamo cannot trace the C bisect, and there are few buckets
+        return next(b for b in self.buckets if b >= rows)
 
     def chunks(self, rows: int) -> list[tuple[int, int, int]]:
         """(start, stop, padded length) pieces covering ``rows``; long prompts split at the largest bucket."""
@@ -60,6 +60,9 @@ class SharedState:
         return self.mask_memo[1]
 
 
+# Which rows a sequence's kernels run depends on the mask's values: under torch.compile this is a patched
+# layer's one graph break (README, "torch.compile"); prefill without a mask and decode trace whole.
+@torch.compiler.disable(reason="torch_npu2 reads the attention mask's values to choose the rows to compute")
 def _left_padding_starts(mask: torch.Tensor, seq: int):
     if mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[-2] != seq or mask.shape[-1] < seq:
         return None

@@ -28,16 +28,22 @@ def default_model_path() -> Path:
 
 def load_model(path=None, dtype=torch.bfloat16):
     """``(model, tokenizer)`` from a HF checkpoint directory, a ``.gguf`` file, or (``None``) the default model."""
+    import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = Path(path) if path is not None else default_model_path()
     if path.is_file() and path.suffix == ".gguf":
-        kwargs = dict(gguf_file=path.name)
-        directory = path.parent
+        directory, tokenizer_kwargs = path.parent, dict(gguf_file=path.name)
+        model_kwargs = dict(tokenizer_kwargs)
+        # Ask for dense weights explicitly: patch_llama needs plain nn.Linear layers, and transformers releases
+        # that can keep GGUF weights packed (those with GgufConfig) otherwise advise dtype=torch.float32,
+        # a dtype patch_llama refuses. Earlier releases always load GGUF dense.
+        if hasattr(transformers, "GgufConfig"):
+            model_kwargs["quantization_config"] = transformers.GgufConfig(dequantize=True)
     elif path.is_dir():
-        kwargs, directory = {}, path
+        directory, tokenizer_kwargs, model_kwargs = path, {}, {}
     else:
         raise FileNotFoundError(f"model path {path} is neither a HF checkpoint directory nor a .gguf file")
-    tokenizer = AutoTokenizer.from_pretrained(directory, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, **kwargs)
+    tokenizer = AutoTokenizer.from_pretrained(directory, **tokenizer_kwargs)
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, **model_kwargs)
     return model.eval(), tokenizer

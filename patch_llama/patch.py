@@ -58,11 +58,22 @@ def _validate(model, buckets, matmul_precision) -> None:
                         "(load with dtype=torch.bfloat16 or call model.to(torch.bfloat16))")
         if param.device.type != "cpu":
             raise _fail(f"parameter {name} is on {param.device}, expected cpu (the NPU shares host memory)")
-    if not buckets or any(not isinstance(b, int) or b <= 0 for b in buckets):
-        raise _fail(f"prefill_buckets must be positive ints, got {buckets!r}")
     if matmul_precision not in MATMUL_PRECISIONS:
         raise _fail(f"matmul_precision must be one of {', '.join(map(repr, MATMUL_PRECISIONS))}, "
                     f"got {matmul_precision!r}")
+
+
+def _bucket_lengths(prefill_buckets) -> tuple[int, ...]:
+    """``prefill_buckets`` as sorted unique lengths; a TypeError or ValueError naming it otherwise."""
+    expected = "positive ints in a non-empty iterable such as (16, 32, 64)"
+    try:
+        lengths = list(prefill_buckets)
+    except TypeError:
+        raise TypeError(f"patch_llama: prefill_buckets must be {expected}, got {prefill_buckets!r}; "
+                        "the model was not modified") from None
+    if not lengths or any(isinstance(b, bool) or not isinstance(b, int) or b <= 0 for b in lengths):
+        raise _fail(f"prefill_buckets must be {expected}, got {prefill_buckets!r}")
+    return tuple(sorted(set(lengths)))
 
 
 def _silu_modules() -> tuple[type, ...]:
@@ -153,7 +164,7 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
     if getattr(model, STATE_ATTR, None) is not None:
         warnings.warn("patch_llama: the model is already patched; leaving it as it is", stacklevel=2)
         return model
-    buckets = tuple(sorted(set(prefill_buckets)))
+    buckets = _bucket_lengths(prefill_buckets)
     _validate(model, buckets, matmul_precision)
     runtime = npu_runtime.runtime_for(backend)
     _check_npu2_builds(model, buckets, matmul_precision, runtime.target)

@@ -78,12 +78,61 @@ def _call_with(name, index, value):
     ("rms_gemv_rope", 0, "x", lambda t: t.unsqueeze(0), "a 1-D tensor"),
     ("flash_attn", 1, "k", lambda t: t.t().contiguous().t(), "a contiguous tensor"),
     ("lm_head_gemv", 0, "x", lambda t: t.float(), "dtype torch.bfloat16"),
+    # A dimension comes from the size most arguments agree on, so a wrong activation is the one blamed.
+    ("rms_gemms_rope", 0, "x", lambda t: t[:, :-2].contiguous(), "shape (7, 96)"),
+    ("rms_gemv_rope", 0, "x", lambda t: t[:-2].contiguous(), "shape (96,)"),
+    ("o_ffn", 2, "x", lambda t: t[:, :-2].contiguous(), "shape (7, 96)"),
+    ("o_ffn", 0, "attn", lambda t: t[:, :-2].contiguous(), "shape (7, 96)"),
+    ("o_ffn", 5, "w_up", lambda t: t[:-2].contiguous(), "shape (200, 96)"),
+    ("lm_head_gemv", 0, "x", lambda t: t[:-2].contiguous(), "shape (96,)"),
+    ("rms_gemms_rope", 5, "rope_lut", lambda t: t[:, :-1].contiguous(), "an even width (head_dim) dividing"),
+    ("rms_gemms_rope", 5, "rope_lut", lambda t: t[:, :-2].contiguous(), "an even width (head_dim) dividing"),
+    ("rms_gemms_rope", 2, "wq", lambda t: t[:-2].contiguous(), "rows that are a multiple of head_dim 16"),
+    ("rms_gemv_rope", 3, "wk", lambda t: t[:-2].contiguous(), "rows that are a multiple of head_dim 16"),
+    ("rms_gemms_rope", 4, "wv", lambda t: t[:-16].contiguous(), "shape (32, 96)"),
+    # Inference-only: with grad mode on, an argument requiring grad is refused (README, "Python API").
+    ("rms_gemms_rope", 2, "wq", lambda t: t.requires_grad_(), "a tensor that does not require grad"),
+    ("o_gemv_ffn", 0, "attn", lambda t: t.requires_grad_(), "a tensor that does not require grad"),
+    # A meta tensor among CPU ones dispatches to the fake kernel, which names it.
+    ("lm_head_gemv", 1, "w_lm", lambda t: t.to("meta"), "a CPU tensor like the other arguments"),
+    ("rms_gemms_rope", 0, "x", lambda t: t.to("meta"), "a CPU tensor like the other arguments"),
 ])
 def test_bad_arguments_raise_naming_op_and_argument(runtime, name, index, arg, make, expected):
     with pytest.raises(ValueError) as info:
         _call_with(name, index, make)
     message = str(info.value)
     assert f"npu2.{name}" in message and f"'{arg}'" in message and expected in message
+    assert runtime.xrt.counters["runs"] == 0
+
+
+@pytest.mark.parametrize("name,scalars,arg,expected", [
+    ("rms_gemms_rope", (0.0,), "eps", "a finite float > 0, got 0.0"),
+    ("o_ffn", (-1e-5,), "eps", "a finite float > 0, got -1e-05"),
+    ("rms_gemv_rope", (float("nan"),), "eps", "a finite float > 0, got nan"),
+    ("o_gemv_ffn", (float("inf"),), "eps", "a finite float > 0, got inf"),
+    ("rms_gemms_rope", (EPS, "fp8"), "precision", "one of 'bf16', 'bfp16', got 'fp8'"),
+    ("flash_attn", (0,), "head_dim", "a positive int, got 0"),
+])
+def test_bad_scalars_raise_naming_op_and_argument(runtime, name, scalars, arg, expected):
+    tensors, _, _ = op_cases("odd")[name]
+    with pytest.raises(ValueError) as info:
+        ALL_OPS[name](*tensors, *scalars)
+    assert f"npu2.{name}: argument '{arg}' expected {expected}" in str(info.value)
+    assert runtime.xrt.counters["runs"] == 0
+
+
+def test_arguments_requiring_grad_run_under_no_grad(runtime):
+    tensors, scalars, _ = op_cases("odd")["rms_gemms_rope"]
+    tensors = [t.requires_grad_() for t in tensors]
+    with torch.no_grad():
+        outs = ALL_OPS["rms_gemms_rope"](*tensors, *scalars)
+    assert not any(o.requires_grad for o in outs)
+
+
+def test_all_meta_arguments_infer_output_shapes(runtime):
+    tensors, scalars, _ = op_cases("odd")["o_ffn"]
+    out = ALL_OPS["o_ffn"](*[t.to("meta") for t in tensors], *scalars)
+    assert out.device.type == "meta" and out.shape == (7, 96)
     assert runtime.xrt.counters["runs"] == 0
 
 
@@ -99,3 +148,26 @@ def test_wrong_device_is_named():
     x, w_lm = op_cases("odd")["lm_head_gemv"][0]
     with pytest.raises(ValueError, match=r"npu2.lm_head_gemv: argument 'w_lm' expected a CPU tensor .*device meta"):
         program_of(FUSED_OPS["lm_head_gemv"], [x, w_lm.to("meta")], ())
+
+
+def test_op_runs_eagerly_inside_a_compiled_region(runtime):
+    # A graph break inside a loop makes dynamo run the frame eagerly while still intercepting every Python
+    # frame it calls: the op's NPU implementation must stay opaque to it (it used to be traced into,
+    # failing on torch.frombuffer of a FakeTensor).
+    tensors, _, _ = op_cases("odd")["lm_head_gemv"]
+
+    def twice_with_breaks(x, w):
+        logits = []
+        for _ in range(2):
+            torch._dynamo.graph_break()
+            logits.append(ALL_OPS["lm_head_gemv"](x, w))
+        return logits
+
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(twice_with_breaks, backend="eager")(*tensors)
+    finally:
+        torch._dynamo.reset()
+    expected = ALL_OPS["lm_head_gemv"](*tensors)
+    for logits in compiled:
+        torch.testing.assert_close(logits, expected, rtol=0, atol=0)

@@ -234,6 +234,19 @@ def test_bad_buckets_and_backend(runtime):
         patch_llama(tiny_llama(), backend="npu")
 
 
+@pytest.mark.parametrize("buckets,error", [
+    (None, TypeError), (16, TypeError), ((), ValueError), ((16, True), ValueError), ("16", ValueError),
+    ((16, 2.5), ValueError), ((16, -32), ValueError),
+])
+def test_bad_prefill_buckets_are_named_before_any_change(runtime, buckets, error):
+    model = tiny_llama()
+    snapshot = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with pytest.raises(error, match=r"prefill_buckets must be positive ints in a non-empty iterable such as "
+                                    r"\(16, 32, 64\), got .*the model was not modified"):
+        patch_llama(model, prefill_buckets=buckets)
+    assert _unmodified(model, snapshot)
+
+
 @pytest.mark.parametrize("precision", ["fp8", "BFP16", None])
 def test_unknown_matmul_precision_is_rejected_before_any_change(runtime, precision):
     model = tiny_llama()

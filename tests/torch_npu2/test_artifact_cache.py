@@ -1,12 +1,14 @@
 """The on-disk artifact cache: persistence across processes, toolchain keys, corrupt entries, concurrency."""
+import hashlib
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from torch_npu2.artifact_cache import MANIFEST, ArtifactCache
+from torch_npu2.artifact_cache import MANIFEST, ArtifactCache, ArtifactCacheError, default_cache_root
 from torch_npu2.kernels.programs import flash_attn
 
 PROGRAM = flash_attn(4, 2, 8, 16)
@@ -88,10 +90,66 @@ def test_corrupt_or_partial_entry_is_rebuilt(tmp_path, damage):
 
 
 def test_default_root_honours_environment(monkeypatch, tmp_path):
-    from torch_npu2.artifact_cache import default_cache_root
-
     monkeypatch.delenv("TORCH_NPU2_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert default_cache_root() == tmp_path / "xdg" / "torch_npu2"
     monkeypatch.setenv("TORCH_NPU2_CACHE_DIR", str(tmp_path / "explicit"))
     assert default_cache_root() == tmp_path / "explicit"
+
+
+def test_entry_replaced_by_a_file_is_rebuilt(tmp_path):
+    c = cache(tmp_path)
+    good = c.get(PROGRAM).read_bytes()
+    entry = c.entry_dir(PROGRAM)
+    shutil.rmtree(entry)
+    entry.write_text("not a directory")
+    assert c.get(PROGRAM).read_bytes() == good and c.builds == 2 and entry.is_dir()
+
+
+def test_lock_path_that_is_a_directory_is_replaced(tmp_path):
+    c = cache(tmp_path)
+    entry = c.entry_dir(PROGRAM)
+    lock = entry.parent / f".{entry.name}.lock"
+    (lock / "debris").mkdir(parents=True)
+    c.get(PROGRAM)
+    assert c.builds == 1 and lock.is_file()
+
+
+def test_foreign_artifact_with_its_own_valid_checksum_is_rebuilt(tmp_path):
+    """Another entry's artifact copied in, manifest checksum and all: the checksum covers the key too."""
+    c = cache(tmp_path)
+    good = c.get(PROGRAM).read_bytes()
+    other = c.get(flash_attn(4, 2, 8, 32))
+    entry = c.entry_dir(PROGRAM)
+    manifest = json.loads((entry / MANIFEST).read_text())
+    manifest["checksum"] = json.loads((other.parent / MANIFEST).read_text())["checksum"]
+    (entry / MANIFEST).write_text(json.dumps(manifest))
+    shutil.copy(other, entry / manifest["artifact"])
+    assert c.get(PROGRAM).read_bytes() == good and c.builds == 3
+
+
+def test_foreign_artifact_with_a_plain_sha256_is_rebuilt(tmp_path):
+    c = cache(tmp_path)
+    artifact = c.get(PROGRAM)
+    good = artifact.read_bytes()
+    artifact.write_bytes(b"foreign")
+    manifest = json.loads((artifact.parent / MANIFEST).read_text())
+    manifest["checksum"] = hashlib.sha256(b"foreign").hexdigest()
+    (artifact.parent / MANIFEST).write_text(json.dumps(manifest))
+    assert c.get(PROGRAM).read_bytes() == good and c.builds == 2
+
+
+@pytest.mark.parametrize("root", ["file", "below_a_file", "unwritable"])
+def test_unusable_cache_dir_names_path_and_variable(tmp_path, monkeypatch, root):
+    (tmp_path / "a_file").write_text("")
+    path = {"file": tmp_path / "a_file", "below_a_file": tmp_path / "a_file" / "cache",
+            # /sys refuses mkdir even to root (chmod cannot make a directory unwritable for root)
+            "unwritable": "/sys/torch_npu2_cache"}[root]
+    monkeypatch.setenv("TORCH_NPU2_CACHE_DIR", str(path))
+    c = ArtifactCache(default_cache_root(), "emulator", "tc-1", counting_builder(tmp_path / "builds.log"))
+    with pytest.raises(ArtifactCacheError) as info:
+        c.get(PROGRAM)
+    message = str(info.value)
+    assert f"cannot use {path} (" in message and f"set TORCH_NPU2_CACHE_DIR to a writable directory (it is now {path})" \
+        in message, message
+    assert builds_logged(tmp_path / "builds.log") == 0
