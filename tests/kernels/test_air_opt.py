@@ -77,16 +77,17 @@ def test_window_check_catches_the_post_1762_form_that_this_air_drops(air_tools):
 def test_window_check_catches_a_shifted_offset_and_a_swapped_stride(air_tools):
     stitched = stitch(rms_gemv_rope(576, 9, 3, 64, 1e-5))
     good = air_opt(air_tools, stitched.text).stdout
-    # the W panel copy of the first projection: %arg[%row, %c0] [%c192?, %c576] [%c576, %c1]
-    match = re.search(r"(air\.dma_memcpy_nd \(%\w+\[\] \[\] \[\], %\w+\[%\w+, )(%c0\w*)(\] \[(%c\d+\w*), (%c576\w*)\] "
-                      r"\[(%c576\w*), (%c1\w*)\]\))", good)
-    assert match, "expected a two-dimensional panel copy"
+    # the W panel copy of the first projection, tile-major: %arg[%c0, %panel_row, %c0] [%c8, %cR, %c576]
+    # [%cS, %c576, %c1]
+    match = re.search(r"(air\.dma_memcpy_nd \(%\w+\[\] \[\] \[\], %\w+\[%\w+, %\w+, )(%c0\w*)(\] "
+                      r"\[%c\d+\w*, %c\d+\w*, %c576\w*\] \[%c\d+\w*, (%c576\w*), (%c1\w*)\]\))", good)
+    assert match, "expected a three-dimensional panel copy"
     constants = dict(re.findall(r"(%c\w+) = arith\.constant (\d+) : index", good))
     one = next(name for name, value in constants.items() if value == "1")
     shifted = good.replace(match.group(0), match.group(1) + one + match.group(3), 1)
     assert any("DMA" in p and "src" in p for p in window_mismatches(stitched.dmas, shifted))
-    swapped = good.replace(match.group(0), match.group(0).replace(f"[{match.group(6)}, {match.group(7)}]",
-                                                                 f"[{match.group(7)}, {match.group(6)}]"), 1)
+    swapped = good.replace(match.group(0), match.group(0).replace(f"{match.group(4)}, {match.group(5)}]",
+                                                                 f"{match.group(5)}, {match.group(4)}]"), 1)
     assert any("src" in p for p in window_mismatches(stitched.dmas, swapped))
     assert window_mismatches(stitched.dmas, good) == []
 
