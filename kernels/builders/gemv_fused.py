@@ -48,8 +48,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .gemv import (GEMV_K_GRANULE, ROWS_PER_CALL_CANDIDATES, OBJECT, describe, panel_candidates, panel_loop,
-                   panel_windows, split_rows, whole_words)
+from .gemv import (GEMV_K_GRANULE, OBJECT, ROWS_PER_CALL_CANDIDATES, GemvPlan, describe, panel_candidates,
+                   panel_loop, panel_windows, split_rows, whole_words)
 from .ir import L1, L2, WHOLE, LaunchBuilder, LaunchIR, MemRef, Value, Window
 from .npu2 import (COLUMNS, HERD_CANDIDATES, ROWS, L1_AVAILABLE, L2_BYTES, check_budget, check_operands, check_params,
                    check_tuning, divisors_descending, nbytes, pingpong_copies, require)
@@ -72,17 +72,8 @@ STREAMS = {ADD_KIND: (1, 2), SWIGLU_ADD_KIND: (1, 3), RMS_KIND: (1, 2)}
 
 
 @dataclass(frozen=True)
-class FusedGemvPlan:
-    herd: int
-    steps: int          # launch steps
-    rows_per_tile: int  # a tile's contiguous rows in one launch step
-    tile_n: int         # rows of one panel, per tile
-    rows_per_call: int
-    k_chunk: int
-
-    @property
-    def panels(self) -> int:
-        return self.rows_per_tile // self.tile_n
+class FusedGemvPlan(GemvPlan):
+    k_chunk: int        # K elements per call (K itself unless the K loop is split)
 
     @property
     def panel_rows(self) -> int:
