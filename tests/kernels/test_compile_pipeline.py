@@ -169,7 +169,7 @@ def test_compile_program_builds_kernels_then_runs_aircc_in_a_private_directory(f
     for args in built.values():
         assert args[:4] == ["-O2", "-std=c++20", "--target=aie2p-none-unknown-elf", "-DNDEBUG"]
         assert f"-I{fake_toolchain / 'mlir_aie' / 'include'}" in args
-    assert {"-DGEMV_K=576", "-DGEMV_ROWS=8"} <= set(built["gemv.o"])
+    assert {"-DGEMV_K=576", "-DGEMV_ROWS=4"} <= set(built["gemv.o"])
     assert {"-DROPE_HEADS=9", "-DROPE_ROWS=1", "-DROPE_HEAD_DIM=64"} <= set(built["rope.o"])
     assert {"-DROPE_HEADS=3", "-Drope_half_split_bf16=rope_half_split_bf16_v2"} <= set(built["rope_v2.o"])
     assert not any(a.startswith("-Drope") for a in built["rope.o"])
