@@ -75,5 +75,5 @@ def test_unknown_precision_is_refused(make):
 
 
 def test_op_refuses_an_unknown_precision(runtime):
-    with pytest.raises(ValueError, match="npu2.rms_gemms_rope: inconsistent arguments: matmul precision"):
+    with pytest.raises(ValueError, match="npu2.rms_gemms_rope: argument 'precision' expected one of 'bf16', 'bfp16', got 'fp8'"):
         rms_gemms_rope_op(*hand_made_qkv((SEQ,)), 1e-5, "fp8")
