@@ -13,7 +13,14 @@ IR — air.launch → air.segment → air.herd, scf.for trip counts, DMAs, compu
   two DMA channels;
 * overlap: a loop whose DMAs AIR double-buffers (ping-pong, unless the Program omits it at that level) takes
   ``trips × max(compute, DMA) + one DMA``, anything else runs in sequence;
-* overheads: each air.launch iteration, each launch of the multi-launch ELF, one dispatch per Program run.
+* overheads: each air.launch iteration, each launch of the multi-launch ELF, one dispatch per Program run;
+* branches: an ``scf.if`` is counted as the IR executes it. Its condition is evaluated (with the interpreter's
+  integer arithmetic, ``kernels.interpret.IndexArithmetic``) at every point of the iteration space it depends
+  on — launch ids, herd tile ids, enclosing ``scf.for`` induction variables — and the branch's work and bytes
+  are charged by the fraction of points that take it; its time by that fraction for the slowest tile of each
+  herd (tiles run in parallel, launch steps and loop trips in sequence). A condition the model cannot evaluate
+  (an op outside that arithmetic, a value loaded from memory) is counted as always taken and reported in
+  ``LaunchCost.conditions``.
 
 Each constant below says where it comes from. Where upstream's published per-kernel times (KERNELS.md,
 llama32_1b profile on Strix) are used, they calibrate only a class of the same code: the BFP16 mmul rate
@@ -22,11 +29,12 @@ hardware fact or an assumption, labelled as such.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 
 from . import common
@@ -93,14 +101,20 @@ PUBLISHED_DECODE_TOKENS_PER_S = 12.2
 
 L3, L2, L1 = 0, 1, 2
 ELEMENT_BYTES = {"bf16": 2, "f32": 4, "i32": 4}
+# Points of a condition's iteration space the model enumerates at most (flash_attn at 2048 needs 2048).
+MAX_CONDITION_POINTS = 1 << 20
 
 
 # ---- the IR, as a tree ----------------------------------------------------------------------------------
 @dataclass
 class Region:
-    kind: str                       # "launch", "segment", "herd", "for"
+    kind: str                       # "launch", "segment", "herd", "for", "if" (a branch of an scf.if)
     sizes: tuple[int, ...] = ()     # launch/herd extents, or (trips,) for a loop
     body: list = field(default_factory=list)
+    work_share: float = 1.0         # a branch: the fraction of its scf.if's executions that run it, over all tiles
+    time_share: float = 1.0         # ... and over the slowest tile of each herd
+    condition: str | None = None    # a branch: the i1 value it runs on (None: not evaluated), and whether on its
+    negated: bool = False           # negation (the else branch)
 
     @property
     def count(self) -> int:
@@ -111,6 +125,19 @@ class Region:
 class Compute:
     throughput: str
     work: float                     # in the class's unit, one execution
+
+
+@dataclass(frozen=True)
+class Condition:
+    """An ``scf.if`` of a launch and how often its then-branch runs."""
+    text: str                       # the scf.if line and the op defining its condition
+    work_share: float               # fraction of executions (every tile, launch step and loop trip) that take it
+    time_share: float               # the same for the slowest tile of each herd
+    unevaluated: str = ""           # why the model could not evaluate it: then counted as always taken (1, 1)
+
+
+class _Unevaluable(Exception):
+    pass
 
 
 @dataclass(frozen=True)
@@ -129,10 +156,15 @@ _DMA = re.compile(r"^air\.dma_memcpy_nd \((%\w+)\[([^\]]*)\] \[([^\]]*)\] \[[^\]
 _CALL = re.compile(r"^func\.call @(\w+)\(([^)]*)\) : \(([^)]*)\)")
 _EXTENTS = re.compile(r" in \(([^)]*)\)")
 _TILE_IDS = re.compile(r"tile \(([^)]*)\)")
+_IDS = re.compile(r"@\w+ (?:tile )?\(([^)]*)\) in \(")
+_ARGS = re.compile(r" args\(([^)]*)\)")
+_IV = re.compile(r"^scf\.for (%\w+) = ")
 _FOR = re.compile(r"^scf\.for %\w+ = (%\w+) to (%\w+) step (%\w+) \{$")
 # Ops that cost nothing on the core: bookkeeping, index math, allocation.
-_FREE = ("arith.constant", "affine.apply", "arith.index_cast", "memref.alloc", "memref.dealloc", "memref.subview",
-         "linalg.yield", "//", "^bb0")
+_FREE = ("arith.constant", "affine.apply", "arith.index_cast", "arith.cmpi", "memref.alloc", "memref.dealloc",
+         "memref.subview", "linalg.yield", "//", "^bb0")
+# The hierarchy levels a condition can depend on; herd tile ids are the parallel one.
+LAUNCH, HERD, LOOP = "launch", "herd", "loop"
 
 
 def memref_types(text: str) -> list[tuple[tuple[int, ...], str, int]]:
@@ -156,6 +188,11 @@ class _Parser:
         self.defines = {decl.symbol: dict(decl.defines) for decl in externs}
         self.precision = precision
         self.dmas = 0
+        self.definitions: dict[str, str] = {}      # SSA value → the op line defining it
+        self.bindings: dict[str, str] = {}         # launch/segment/herd block argument → the value bound to it
+        self.variables: dict[str, tuple[str, range]] = {}  # launch id, herd tile id, loop iv → (level, values)
+        self.conditions: list[Condition] = []
+        self._else_shares: dict[int, tuple[float, float]] = {}  # id of a then-branch → its else branch's shares
 
     def parse(self, text: str) -> Region:
         root = Region("root")
@@ -168,8 +205,13 @@ class _Parser:
             if line == "}":
                 stack.pop()
                 continue
+            if line == "} else {":
+                orelse = self._orelse(stack.pop())
+                stack[-1].body.append(orelse)
+                stack.append(orelse)
+                continue
             self._track_values(line)
-            region = self._region(line)
+            region = self._region(line, stack)
             if region is not None:
                 stack[-1].body.append(region)
                 stack.append(region)
@@ -191,20 +233,38 @@ class _Parser:
     def _track_values(self, line: str) -> None:
         if m := _CONSTANT.match(line):
             self.constants[m.group(1)] = int(m.group(2))
-        elif " = " in line and line.startswith("%"):
+        if " = " in line and line.startswith("%"):
             result, rhs = line.split(" = ", 1)
+            self.definitions[result] = line
             self.tile_ids[result] = frozenset().union(*(self.tile_ids.get(v, ()) for v in _SSA.findall(rhs)))
+
+    def _bind(self, line: str, level: str | None, extents: tuple[int, ...] = ()) -> None:
+        """Records a hierarchy op's block arguments: its ids (as variables of ``level``), extents and args."""
+        if m := _ARGS.search(line):
+            for pair in m.group(1).split(","):
+                inner, outer = (v.strip() for v in pair.split("="))
+                self.bindings[inner] = outer
+        if level is None:
+            return
+        for pair, extent in zip(_EXTENTS.search(line).group(1).split(","), extents):
+            self.constants[pair.split("=")[0].strip()] = extent
+        for name, extent in zip(_IDS.search(line).group(1).split(","), extents):
+            self.variables[name.strip()] = (level, range(extent))
 
     def _extents(self, line: str) -> tuple[int, ...]:
         return tuple(self._const(pair.split("=")[1].strip()) for pair in _EXTENTS.search(line).group(1).split(","))
 
-    def _region(self, line: str) -> Region | None:
+    def _region(self, line: str, stack: list[Region]) -> Region | None:
         if line.startswith("air.launch "):
-            return Region("launch", self._extents(line))
+            extents = self._extents(line)
+            self._bind(line, LAUNCH, extents)
+            return Region("launch", extents)
         if line.startswith("air.segment "):
+            self._bind(line, None)
             return Region("segment")
         if line.startswith("air.herd "):
             extents = self._extents(line)
+            self._bind(line, HERD, extents)
             self.herd_tiles = math.prod(extents)
             for tile_id, extent in zip(_TILE_IDS.search(line).group(1).split(","), extents):
                 self.tile_ids[tile_id.strip()] = frozenset([tile_id.strip()])
@@ -212,16 +272,108 @@ class _Parser:
             return Region("herd", extents)
         if m := _FOR.match(line):
             assert self._const(m.group(3)) == 1, "the builders' loops step by 1"
-            return Region("for", (self._const(m.group(2)) - self._const(m.group(1)),))
+            lower, upper = self._const(m.group(1)), self._const(m.group(2))
+            self.variables[_IV.match(line).group(1)] = (LOOP, range(lower, upper))
+            return Region("for", (upper - lower,))
         if line.startswith("scf.if "):
-            # counted as always taken: an upper bound (the attention's causal skip is not credited)
-            return Region("for", (1,))
+            return self._branch(line, stack)
         return None
+
+    def _branch(self, line: str, stack: list[Region]) -> Region:
+        """The then-branch of an ``scf.if``, charged by how often its condition holds (see the module doc)."""
+        condition = line.removeprefix("scf.if ").removesuffix("{").strip()
+        enclosing = [(r.condition, r.negated) for r in stack if r.kind == "if" and r.condition is not None]
+        text = f"{line.removesuffix('{').strip()} ({self.definitions.get(condition, 'undefined')})"
+        try:
+            (work, time), orelse = self._shares(condition, enclosing)
+        except _Unevaluable as why:
+            self.conditions.append(Condition(text, 1.0, 1.0, str(why)))
+            branch = Region("if")
+            self._else_shares[id(branch)] = (1.0, 1.0)
+            return branch
+        self.conditions.append(Condition(text, work, time))
+        branch = Region("if", work_share=work, time_share=time, condition=condition)
+        self._else_shares[id(branch)] = orelse
+        return branch
+
+    def _orelse(self, then: Region) -> Region:
+        work, time = self._else_shares.pop(id(then))
+        return Region("if", work_share=work, time_share=time, condition=then.condition, negated=True)
+
+    def _shares(self, condition: str, enclosing: list[tuple[str, bool]]):
+        """((work, time) shares of the then-branch, (work, time) of the else branch), given the enclosing
+        branches' conditions: counted over every point of the ids and ivs these conditions depend on."""
+        from torch_npu2.kernels.interpret import IndexArithmetic, InterpretError, parse_op
+
+        ops, free = {}, {}
+        for name in [condition, *(c for c, _ in enclosing)]:
+            self._dependencies(name, ops, free, IndexArithmetic.OPS)
+        names = sorted(free, key=lambda n: (LAUNCH, HERD, LOOP).index(free[n][0]))
+        spaces = [free[n][1] for n in names]
+        if math.prod(len(r) for r in spaces) > MAX_CONDITION_POINTS:
+            raise _Unevaluable(f"its iteration space has over {MAX_CONDITION_POINTS} points")
+        parsed = [(result, parse_op(line)) for result, line in ops.items()]
+        arithmetic = IndexArithmetic()
+        launch_dims = sum(free[n][0] == LAUNCH for n in names)
+        herd_dims = launch_dims + sum(free[n][0] == HERD for n in names)
+        # per (launch ids, herd tile ids): points where the enclosing branches run, where this one runs, its else
+        counts: dict[tuple, list[int]] = {}
+        for point in itertools.product(*spaces):
+            env = _Bound(self.bindings, zip(names, point))
+            try:
+                for result, op in parsed:
+                    env[result] = arithmetic.evaluate(op, env)
+            except InterpretError as error:
+                raise _Unevaluable(str(error)) from None
+            if all(bool(env[c]) != negated for c, negated in enclosing):
+                tally = counts.setdefault(point[:herd_dims], [0, 0, 0])
+                tally[0] += 1
+                tally[1 if env[condition] else 2] += 1
+
+        inside = sum(tally[0] for tally in counts.values())
+        if not inside:  # the enclosing branches never run
+            return (0.0, 0.0), (0.0, 0.0)
+
+        def slowest_tiles(column: int) -> int:
+            """Summed over launch steps: the count of the tile whose count in ``column`` is largest."""
+            slowest: dict[tuple, int] = {}
+            for key, tally in counts.items():
+                slowest[key[:launch_dims]] = max(slowest.get(key[:launch_dims], 0), tally[column])
+            return sum(slowest.values())
+
+        def shares(column: int) -> tuple[float, float]:
+            return sum(t[column] for t in counts.values()) / inside, slowest_tiles(column) / slowest_tiles(0)
+
+        return shares(1), shares(2)
+
+    def _dependencies(self, name: str, ops: dict, free: dict, evaluable) -> None:
+        """Adds to ``ops`` (result → op line, in definition order) the ops ``name`` is computed by and to
+        ``free`` the ids and ivs it depends on; raises _Unevaluable on anything outside ``evaluable``."""
+        while name in self.bindings and name not in self.definitions:
+            name = self.bindings[name]
+        if name in ops or name in free:
+            return
+        if name in self.variables:
+            free[name] = self.variables[name]
+            return
+        if name in self.definitions:
+            line = self.definitions[name]
+            op = line.split(" = ", 1)[1].split(" ", 1)[0]
+            if op not in evaluable:
+                raise _Unevaluable(f"{name} comes from {op}, which the model does not evaluate")
+            for operand in _SSA.findall(line.split(" = ", 1)[1]):
+                self._dependencies(operand, ops, free, evaluable)
+            ops[name] = line
+            return
+        if name in self.constants:  # a hierarchy extent
+            ops[name] = f"{name} = arith.constant {self.constants[name]} : index"
+            return
+        raise _Unevaluable(f"{name} is not defined in the launch")
 
     def _item(self, line: str, inside_herd: bool):
         op = line.split(" = ", 1)[1] if line.startswith("%") and " = " in line else line
         name = op.split(" ", 1)[0].split("(", 1)[0]
-        if name.startswith(_FREE) or line == "} else {":  # the builders' else branches are empty
+        if name.startswith(_FREE):
             return None
         if name == "air.dma_memcpy_nd":
             return self._transfer(line)
@@ -282,6 +434,19 @@ class _Parser:
         return named or self.precision == "bfp16"
 
 
+class _Bound(dict):
+    """SSA values, reading a block argument through the value bound to it."""
+
+    def __init__(self, bindings: dict[str, str], values):
+        super().__init__(values)
+        self.bindings = bindings
+
+    def __missing__(self, name: str):
+        if name in self.bindings:
+            return self[self.bindings[name]]
+        raise KeyError(name)
+
+
 # ---- evaluation -------------------------------------------------------------------------------------------
 @dataclass
 class LaunchCost:
@@ -292,12 +457,19 @@ class LaunchCost:
     work: dict = field(default_factory=dict)        # class → work summed over every tile
     ddr_bytes: float = 0.0
     tile_dma_bytes: float = 0.0                     # memtile ↔ tile and DDR ↔ tile, summed over tiles
+    conditions: list[Condition] = field(default_factory=list)  # every scf.if, with how often it is taken
+
+    @property
+    def unevaluated_conditions(self) -> list[Condition]:
+        return [c for c in self.conditions if c.unevaluated]
 
 
 class _Evaluator:
     def __init__(self, pingpong_l1: bool, pingpong_l2: bool, cost: LaunchCost):
         self.pingpong = {L1: pingpong_l1, L2: pingpong_l2}
         self.cost = cost
+        # inside branches: the share of executions that run them (totals), and of the slowest tile (times)
+        self.work_share = self.time_share = 1.0
 
     def launch(self, region: Region) -> float:
         segment_s = self.block(region.body, copies=region.count, tiles=0, ddr_rate=DDR_BYTES_PER_S)
@@ -311,10 +483,10 @@ class _Evaluator:
     def item(self, item, copies: int, tiles: int, ddr_rate: float) -> float:
         if isinstance(item, Compute):
             rate = THROUGHPUT[item.throughput].per_cycle * CLOCK_HZ
-            done = item.work * copies * max(tiles, 1)
+            done = item.work * copies * max(tiles, 1) * self.work_share
             self.cost.work[item.throughput] = self.cost.work.get(item.throughput, 0.0) + done
             self.cost.compute_s[item.throughput] = self.cost.compute_s.get(item.throughput, 0.0) + \
-                item.work / rate * copies
+                item.work / rate * copies * self.time_share
             return item.work / rate
         if isinstance(item, Transfer):
             return self.transfer(item, copies, tiles, ddr_rate)
@@ -326,14 +498,16 @@ class _Evaluator:
             return self.block(item.body, copies, max(tiles, 1) * item.count, ddr_rate)
         if item.kind == "for":
             return self.loop(item, copies, tiles, ddr_rate)
+        if item.kind == "if":
+            return self.branch(item, copies, tiles, ddr_rate)
         raise AssertionError(f"{item.kind} inside a launch")
 
     def transfer(self, t: Transfer, copies: int, tiles: int, ddr_rate: float) -> float:
         reads = t.distinct if tiles else 1   # a copy several tiles make alike is one broadcast read
         if L3 in (t.src_space, t.dst_space):
-            self.cost.ddr_bytes += t.nbytes * copies * reads
+            self.cost.ddr_bytes += t.nbytes * copies * reads * self.work_share
         if L1 in (t.src_space, t.dst_space):
-            self.cost.tile_dma_bytes += t.nbytes * copies * tiles
+            self.cost.tile_dma_bytes += t.nbytes * copies * tiles * self.work_share
             rate = TILE_CHANNEL_BYTES_PER_S
             if L3 in (t.src_space, t.dst_space):
                 rate = min(rate, ddr_rate / reads)
@@ -355,6 +529,15 @@ class _Evaluator:
         return trips * (compute + dma)
 
 
+    def branch(self, region: Region, copies: int, tiles: int, ddr_rate: float) -> float:
+        """One execution of an scf.if branch: its body's time, weighted by how often it runs."""
+        outer = self.work_share, self.time_share
+        self.work_share, self.time_share = outer[0] * region.work_share, outer[1] * region.time_share
+        body_s = self.block(region.body, copies, tiles, ddr_rate)
+        self.work_share, self.time_share = outer
+        return region.time_share * body_s
+
+
 def _regions(region: Region, kind: str):
     for item in region.body:
         if isinstance(item, Region):
@@ -371,7 +554,7 @@ def launch_cost(ir, compile_options, precision: str | None = None) -> LaunchCost
     assert parser.dmas == len(ir.dmas), f"parsed {parser.dmas} DMAs, the builder recorded {len(ir.dmas)}"
     (launch,) = root.body
     omitted = compile_options.omit_pingpong
-    cost = LaunchCost(ir.kind, 0.0, launch.count)
+    cost = LaunchCost(ir.kind, 0.0, launch.count, conditions=parser.conditions)
     evaluator = _Evaluator(pingpong_l1=omitted not in ("L1", "all"), pingpong_l2=omitted not in ("L2", "all"),
                            cost=cost)
     cost.seconds = evaluator.launch(launch)

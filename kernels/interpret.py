@@ -249,6 +249,17 @@ class Op:
 _OP_LINE = re.compile(rf"^((?:{_SSA}(?:, )?)+) = ([\w.]+)(.*)$|^([\w.]+)(.*)$")
 
 
+def parse_op(line: str, line_number: int = 0) -> Op:
+    """One stripped op line (its regions, if it opens any, are left empty)."""
+    match = _OP_LINE.match(line)
+    if not match:
+        raise UnsupportedOp(f"line {line_number}: cannot read {line!r}")
+    if match.group(1):
+        results = tuple(r.strip() for r in match.group(1).split(","))
+        return Op(line_number, line, results, match.group(2), match.group(3))
+    return Op(line_number, line, (), match.group(4), match.group(5))
+
+
 def parse_module(text: str) -> tuple[dict[str, str], list[Op]]:
     """(affine map aliases, top-level ops) of an air-opt print."""
     aliases, roots = {}, []
@@ -271,15 +282,7 @@ def parse_module(text: str) -> tuple[dict[str, str], list[Op]]:
             open_ops[-1].regions.append([])
             stack.append(open_ops[-1].regions[-1])
             continue
-        match = _OP_LINE.match(line)
-        if not match:
-            raise UnsupportedOp(f"line {number}: cannot read {line!r}")
-        if match.group(1):
-            results = tuple(r.strip() for r in match.group(1).split(","))
-            name, body = match.group(2), match.group(3)
-        else:
-            results, name, body = (), match.group(4), match.group(5)
-        op = Op(number, line, results, name, body)
+        op = parse_op(line, number)
         stack[-1].append(op)
         if line.endswith("{"):
             op.regions.append([])
@@ -308,6 +311,85 @@ class AffineMap:
 
     def __call__(self, symbols: list[int]) -> int:
         return int(eval(self._code, {"__builtins__": {}}, dict(zip(self._names, symbols))))
+
+
+_PREDICATES = {"eq": int.__eq__, "ne": int.__ne__, "slt": int.__lt__, "sle": int.__le__,
+               "sgt": int.__gt__, "sge": int.__ge__}
+
+
+def _divsi(a: int, b: int) -> int:
+    """arith.divsi: signed division rounding toward zero (Python's // rounds down)."""
+    quotient = abs(a) // abs(b)
+    return quotient if (a < 0) == (b < 0) else -quotient
+
+
+_BINARY_INTEGER = {"addi": int.__add__, "subi": int.__sub__, "muli": int.__mul__, "divsi": _divsi,
+                   "remsi": lambda a, b: a - b * _divsi(a, b), "floordivsi": int.__floordiv__,
+                   "ceildivsi": lambda a, b: -(-a // b), "minsi": min, "maxsi": max,
+                   "andi": int.__and__, "ori": int.__or__, "xori": int.__xor__}
+
+
+class IndexArithmetic:
+    """The integer ops of the subset over Python ints: integer ``arith.constant``, ``affine.apply``,
+    ``arith.index_cast``, ``arith.cmpi`` and the ``arith`` integer binary ops. The interpreter runs them with it;
+    the cost model (benchmarks/cost_model.py) evaluates ``scf.if`` conditions with it over their iteration space.
+    ``aliases`` are the module's affine map aliases (``#map = affine_map<...>``)."""
+
+    OPS = frozenset({"arith.constant", "affine.apply", "arith.index_cast", "arith.cmpi",
+                     *(f"arith.{name}" for name in _BINARY_INTEGER)})
+
+    def __init__(self, aliases: dict[str, str] | None = None):
+        self.aliases = aliases or {}
+        self._maps: dict[str, AffineMap] = {}
+
+    def evaluate(self, op: Op, env: dict):
+        """The value ``op`` defines, reading its operands from ``env`` (SSA name → value)."""
+        if op.name == "arith.constant":
+            match = re.fullmatch(r"\s*(\S+) : (\w+)", op.body)
+            if not match or match.group(2) not in INTEGER_TYPES:
+                raise UnsupportedOp(f"arith.constant of this form or type ({op.where()})")
+            literal, type_ = match.groups()
+            if type_ == "i1":  # printed true/false; an integer literal reads as its truth
+                return literal == "true" if literal in ("true", "false") else int(literal) != 0
+            return int(literal)
+        if op.name == "affine.apply":
+            match = re.fullmatch(rf"\s*(#\w+|affine_map<.*>)\(\)\[([^\]]*)\]", op.body)
+            if not match:
+                raise UnsupportedOp(f"affine.apply with dims ({op.where()})")
+            symbols = [_lookup(env, s.strip()) for s in match.group(2).split(",") if s.strip()]
+            return self._map(match.group(1))(symbols)
+        if op.name == "arith.index_cast":
+            match = re.fullmatch(rf"\s*({_SSA}) : (\w+) to (\w+)", op.body)
+            value = _lookup(env, match.group(1))
+            if match.group(3) == "i32" and not -2 ** 31 <= value < 2 ** 31:
+                raise InterpretError(f"index {value} does not fit i32")
+            return value
+        if op.name == "arith.cmpi":
+            match = re.fullmatch(rf"\s*(\w+), ({_SSA}), ({_SSA}) : (index|i32|i64)", op.body)
+            if not match or match.group(1) not in _PREDICATES:
+                raise UnsupportedOp(f"arith.cmpi of this form ({op.where()})")
+            return _PREDICATES[match.group(1)](_lookup(env, match.group(2)), _lookup(env, match.group(3)))
+        binary = _BINARY_INTEGER.get(op.name.removeprefix("arith."))
+        match = re.fullmatch(rf"\s*({_SSA}), ({_SSA}) : ({'|'.join(INTEGER_TYPES)})", op.body)
+        if binary is None or not match:
+            raise UnsupportedOp(f"{op.name} is not an integer op of the subset ({op.where()})")
+        try:
+            return binary(_lookup(env, match.group(1)), _lookup(env, match.group(2)))
+        except ZeroDivisionError:
+            raise InterpretError(f"{op.name} divides by zero ({op.where()})") from None
+
+    def _map(self, text: str) -> AffineMap:
+        text = self.aliases.get(text, text)
+        if text not in self._maps:
+            self._maps[text] = AffineMap(text)
+        return self._maps[text]
+
+
+def _lookup(env: dict, name: str):
+    try:
+        return env[name]
+    except KeyError:
+        raise InterpretError(f"{name} is not defined here") from None
 
 
 # ---- execution ---------------------------------------------------------------------------------------------
@@ -348,12 +430,11 @@ class Interpreter:
                 self.externs[symbol] = (original, build)
             else:
                 self.functions[symbol] = op
-        self._maps: dict[str, AffineMap] = {}
+        self._integers = IndexArithmetic(self.aliases)
         self._kernels: dict[str, ctypes._CFuncPtr] = {}
         self._tile_numbers: dict[tuple, int] = {}
         self._handlers = {
-            "arith.constant": self._constant, "affine.apply": self._affine_apply,
-            "arith.index_cast": self._index_cast, "arith.cmpi": self._cmpi,
+            **{name: self._integer for name in IndexArithmetic.OPS}, "arith.constant": self._constant,
             "arith.extf": self._float_cast, "arith.truncf": self._float_cast,
             "math.rsqrt": self._rsqrt, "vector.broadcast": self._broadcast, "vector.reduction": self._reduction,
             "vector.transfer_read": self._transfer_read, "vector.transfer_write": self._transfer_write,
@@ -408,25 +489,19 @@ class Interpreter:
                 raise type(exc)(f"{exc} ({op.where()})") from None
 
     def _value(self, env: dict, name: str):
-        try:
-            return env[name]
-        except KeyError:
-            raise InterpretError(f"{name} is not defined here") from None
-
-    def _map(self, text: str) -> AffineMap:
-        text = self.aliases.get(text, text)
-        if text not in self._maps:
-            self._maps[text] = AffineMap(text)
-        return self._maps[text]
+        return _lookup(env, name)
 
     # ---- scalars and vectors ------------------------------------------------------------------------------
+    def _integer(self, op, env, tile, herd_run):
+        env[op.results[0]] = self._integers.evaluate(op, env)
+
     def _constant(self, op, env, tile, herd_run):
         match = re.fullmatch(r"\s*(\S+) : (\w+)", op.body)
         if not match:
             raise UnsupportedOp(f"arith.constant of this form ({op.where()})")
         literal, type_ = match.groups()
         if type_ in INTEGER_TYPES:
-            value = int(literal) if type_ != "i1" else literal == "true"
+            value = self._integers.evaluate(op, env)
         elif type_ in TORCH_DTYPES:
             if literal.startswith("0x"):
                 bits = int(literal, 16)
@@ -437,30 +512,6 @@ class Interpreter:
         else:
             raise UnsupportedOp(f"arith.constant of type {type_} ({op.where()})")
         env[op.results[0]] = value
-
-    def _affine_apply(self, op, env, tile, herd_run):
-        match = re.fullmatch(rf"\s*(#\w+|affine_map<.*>)\(\)\[([^\]]*)\]", op.body)
-        if not match:
-            raise UnsupportedOp(f"affine.apply with dims ({op.where()})")
-        symbols = [self._value(env, s.strip()) for s in match.group(2).split(",") if s.strip()]
-        env[op.results[0]] = self._map(match.group(1))(symbols)
-
-    def _index_cast(self, op, env, tile, herd_run):
-        match = re.fullmatch(rf"\s*({_SSA}) : (\w+) to (\w+)", op.body)
-        value = self._value(env, match.group(1))
-        if match.group(3) == "i32" and not -2 ** 31 <= value < 2 ** 31:
-            raise InterpretError(f"index {value} does not fit i32")
-        env[op.results[0]] = value
-
-    _PREDICATES = {"eq": int.__eq__, "ne": int.__ne__, "slt": int.__lt__, "sle": int.__le__,
-                   "sgt": int.__gt__, "sge": int.__ge__}
-
-    def _cmpi(self, op, env, tile, herd_run):
-        match = re.fullmatch(rf"\s*(\w+), ({_SSA}), ({_SSA}) : (index|i32|i64)", op.body)
-        if not match or match.group(1) not in self._PREDICATES:
-            raise UnsupportedOp(f"arith.cmpi of this form ({op.where()})")
-        lhs, rhs = self._value(env, match.group(2)), self._value(env, match.group(3))
-        env[op.results[0]] = self._PREDICATES[match.group(1)](lhs, rhs)
 
     def _binary(self, op, env, tile, herd_run):
         match = re.fullmatch(rf"\s*({_SSA}), ({_SSA}) : (\S+)", op.body)

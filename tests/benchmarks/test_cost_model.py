@@ -4,6 +4,7 @@ import dataclasses
 import pytest
 
 from benchmarks import cost_model
+from torch_npu2.kernels import programs
 from torch_npu2.kernels.builders import EXTERNAL_KERNELS, build_launch
 from torch_npu2.kernels.builders.externs import CALL_COSTS
 from torch_npu2.kernels.builders.ir import L1, WHOLE, ExternDecl, LaunchBuilder, MemRef, Window
@@ -127,3 +128,144 @@ def test_bucketed_prefill_is_predicted_faster_for_short_prompts():
     prefill = cost_model.predictions(prompts=(32, 2048))["prefill"]
     assert prefill[0]["buckets"] == [32] and prefill[1]["buckets"] == [2048]
     assert prefill[0]["predicted_ms"] < prefill[1]["predicted_ms"]
+
+
+# ---- scf.if: branches counted as the IR executes them --------------------------------------------------------
+BRANCH_CONFIG = {"ATTN_TQ": 8, "ATTN_TK": 16, "ATTN_HEAD_DIM": 16}
+BRANCH_WORK = 8 * 16  # attn_init_f32's elements per call: ATTN_TQ × ATTN_HEAD_DIM
+BRANCH_DMA_BYTES = 64 * 2  # the bf16 window the branch fetches from DDR
+
+
+def branch_launch(herd: tuple[int, int], trips: int, condition, orelse: bool = False):
+    """One launch step, a ``herd`` of tiles each looping ``trips`` times; in every trip, an scf.if on
+    ``condition(b, tile_x, iv, flags)`` (it returns the i1 value, or a list of them for nested ifs) fetches 64 bf16 from DDR and calls attn_init_f32 (a
+    vector_elementwise kernel of BRANCH_WORK elements). With ``orelse``, the call is in the else branch."""
+    b = LaunchBuilder("branchy", [MemRef((64,), "bf16"), MemRef((1,), "i32")], "xf")
+    row_type = MemRef((BRANCH_CONFIG["ATTN_TQ"],), "f32", L1)
+    with b.launch("branchy", (1, 1), b.operands) as (_, _, (x, flags)):
+        with b.segment("branchy_seg", [x, flags]) as (_, _, (sx, sflags)):
+            with b.herd("branchy_herd", herd, [sx, sflags], link_with="attention.o") as ((tx, _), _, (hx, hflags)):
+                x_buf = b.alloc(MemRef((64,), "bf16", L1), "x_l1")
+                flag_buf = b.alloc(MemRef((1,), "i32", L1), "flag_l1")
+                b.dma(flag_buf, WHOLE, hflags, WHOLE)
+                rows = [b.alloc(row_type, n) for n in ("row_max", "row_sum")]
+                acc = b.alloc(MemRef((8 * 16,), "f32", L1), "acc")
+                with b.loop(0, trips, 1, "i") as iv:
+                    body = [lambda: b.dma(x_buf, WHOLE, hx, WHOLE),
+                            lambda: b.call("attn_init_f32", [*rows, acc], BRANCH_CONFIG)]
+                    conditions = condition(b, tx, iv, flag_buf)
+                    conditions = [conditions] if isinstance(conditions, str) else conditions
+                    for value in conditions:
+                        b.emit(f"scf.if {value} {{")
+                    if not orelse:
+                        for emit in body:
+                            emit()
+                    b.emit("} else {")
+                    if orelse:
+                        for emit in body:
+                            emit()
+                    b.emit("}")
+                    for _ in conditions[1:]:
+                        b.emit("} else {")
+                        b.emit("}")
+    return b.finish()
+
+
+def iv_below_3(b, tx, iv, flags):
+    return b.assign("taken", f"arith.cmpi slt, {iv}, {b.const(3)} : index", "i1").ssa
+
+
+def test_a_branch_taken_in_3_of_8_trips_gets_3_eighths_of_its_work_and_bytes():
+    always = cost_model.launch_cost(branch_launch((1, 1), 8, lambda b, *_: b.const(1, "i1")), DEFAULT_OPTIONS)
+    cost = cost_model.launch_cost(branch_launch((1, 1), 8, iv_below_3), DEFAULT_OPTIONS)
+    assert always.work["vector_elementwise"] == 8 * BRANCH_WORK
+    assert cost.work["vector_elementwise"] == 3 * BRANCH_WORK
+    flag_bytes = 4
+    assert always.ddr_bytes == 8 * BRANCH_DMA_BYTES + flag_bytes
+    assert cost.ddr_bytes == 3 * BRANCH_DMA_BYTES + flag_bytes
+    (condition,) = cost.conditions
+    assert (condition.work_share, condition.time_share, condition.unevaluated) == (3 / 8, 3 / 8, "")
+    assert "arith.cmpi slt" in condition.text
+    assert cost.compute_s["vector_elementwise"] == pytest.approx(3 / 8 * always.compute_s["vector_elementwise"])
+    assert cost.seconds < always.seconds
+
+
+def test_the_else_branch_gets_the_other_trips():
+    cost = cost_model.launch_cost(branch_launch((1, 1), 8, iv_below_3, orelse=True), DEFAULT_OPTIONS)
+    assert cost.work["vector_elementwise"] == 5 * BRANCH_WORK
+
+
+def test_a_branch_on_the_tile_id_charges_work_over_all_tiles_and_time_for_the_slowest():
+    """Tile x of a 4×1 herd takes the branch in the x of its 4 trips where iv < x: 0+1+2+3 = 6 of 16 in all,
+    3 of 4 for the slowest tile (x = 3), which the herd waits for."""
+    def iv_below_tile_x(b, tx, iv, flags):
+        return b.assign("taken", f"arith.cmpi slt, {iv}, {tx} : index", "i1").ssa
+
+    cost = cost_model.launch_cost(branch_launch((4, 1), 4, iv_below_tile_x), DEFAULT_OPTIONS)
+    always = cost_model.launch_cost(branch_launch((4, 1), 4, lambda b, *_: b.const(1, "i1")), DEFAULT_OPTIONS)
+    assert cost.work["vector_elementwise"] == 6 * BRANCH_WORK
+    (condition,) = cost.conditions
+    assert (condition.work_share, condition.time_share) == (6 / 16, 3 / 4)
+    assert cost.compute_s["vector_elementwise"] == pytest.approx(3 / 4 * always.compute_s["vector_elementwise"])
+
+
+def test_integer_arithmetic_and_affine_maps_feed_the_condition():
+    """taken = (2·iv + 1 ≤ 9) over iv in [0, 8): iv ≤ 4, 5 of 8."""
+    def odd_at_most_9(b, tx, iv, flags):
+        doubled = b.affine("s0 * 2", [iv], "doubled")
+        odd = b.assign("odd", f"arith.addi {doubled}, {b.const(1)} : index", "index").ssa
+        return b.index_at_most(odd, b.const(9), "taken")
+
+    cost = cost_model.launch_cost(branch_launch((1, 1), 8, odd_at_most_9), DEFAULT_OPTIONS)
+    assert cost.work["vector_elementwise"] == 5 * BRANCH_WORK
+
+
+def loaded_flag(b, tx, iv, flags):
+    flag = b.assign("flag", f"memref.load {flags.ssa}[{b.const(0)}] : {flags.type}", "i32").ssa
+    return b.assign("taken", f"arith.cmpi ne, {flag}, {b.const(0, 'i32')} : i32", "i1").ssa
+
+
+def shifted_iv(b, tx, iv, flags):
+    shifted = b.assign("shifted", f"arith.shrui {iv}, {b.const(1)} : index", "index").ssa
+    return b.assign("taken", f"arith.cmpi eq, {shifted}, {b.const(0)} : index", "i1").ssa
+
+
+@pytest.mark.parametrize("condition,culprit", [(loaded_flag, "memref.load"), (shifted_iv, "arith.shrui")])
+def test_a_condition_the_model_cannot_evaluate_stays_always_taken_and_is_reported(condition, culprit):
+    cost = cost_model.launch_cost(branch_launch((1, 1), 8, condition), DEFAULT_OPTIONS)
+    assert cost.work["vector_elementwise"] == 8 * BRANCH_WORK
+    (unevaluated,) = cost.unevaluated_conditions
+    assert culprit in unevaluated.unevaluated
+    assert (unevaluated.work_share, unevaluated.time_share) == (1.0, 1.0)
+
+
+@pytest.mark.parametrize("seq", [256, 512])
+def test_flash_attn_is_charged_for_the_causally_needed_kv_blocks(seq):
+    """Counted by hand from the builder's tile sizes: a query tile of tile_q rows starting at q0 needs the key
+    blocks of tile_kv positions starting at or before its last row, (q0 + tile_q - 1) // tile_kv + 1 of them;
+    each needed block costs the two tile matmuls (tile_q × tile_kv × head_dim MACs each) and one softmax
+    update (tile_q × tile_kv elements). The other blocks are streamed but skipped."""
+    heads, kv_heads, head_dim = 8, 2, 64
+    program = programs.flash_attn(heads, kv_heads, head_dim, seq)
+    launch = next(l for l in program.launches if l.kind == "attention")
+    ir = build_launch(program, launch)
+    config = dict(next(d for d in ir.externs if d.symbol == "attn_qk_tile_bf16").defines)
+    tile_q, tile_kv = config["ATTN_TQ"], config["ATTN_TK"]
+    needed = heads * sum((q0 + tile_q - 1) // tile_kv + 1 for q0 in range(0, seq, tile_q))
+    every = heads * (seq // tile_q) * (seq // tile_kv)
+    assert needed < every
+    cost = cost_model.launch_cost(ir, program.compile_options)
+    assert cost.work["mmul_bf16"] == pytest.approx(needed * 2 * tile_q * tile_kv * head_dim)
+    assert cost.work["vector_transcendental"] == pytest.approx(needed * tile_q * tile_kv)
+    assert not cost.unevaluated_conditions
+
+
+def test_a_nested_branch_counts_the_trips_where_both_conditions_hold():
+    """Outer: iv < 6; inner: iv >= 2; both hold for iv in [2, 6): 4 of 8."""
+    def nested(b, tx, iv, flags):
+        return [b.assign("outer", f"arith.cmpi slt, {iv}, {b.const(6)} : index", "i1").ssa,
+                b.assign("inner", f"arith.cmpi sge, {iv}, {b.const(2)} : index", "i1").ssa]
+
+    cost = cost_model.launch_cost(branch_launch((1, 1), 8, nested), DEFAULT_OPTIONS)
+    assert cost.work["vector_elementwise"] == 4 * BRANCH_WORK
+    assert [c.work_share for c in cost.conditions] == [6 / 8, 4 / 6]
