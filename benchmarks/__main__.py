@@ -1,4 +1,7 @@
-"""`python -m benchmarks {speed,host,memory,work,model,precision,all,report,publish} [--quick | --full] [--out DIR]`."""
+"""`python -m benchmarks {SECTION [SECTION ...],all,report,publish} [--quick | --full] [--out DIR]`.
+
+Sections: speed, host, memory, work, model, precision; several run in one call (e.g. `host model`), in the
+order of SECTIONS whatever the order given."""
 from __future__ import annotations
 
 import argparse
@@ -8,16 +11,16 @@ from pathlib import Path
 
 from . import common, cost_model, host_overhead, memory, precision, report, speed, work
 
-# "all" runs them in this order: the cost model reads the host-overhead result.
+# Sections run in this order: the cost model reads the host-overhead result.
 SECTIONS = {"work": work.run, "host": host_overhead.run, "model": cost_model.run, "memory": memory.run,
             "speed": speed.run, "precision": precision.run}
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
-    parser.add_argument("command", choices=[*SECTIONS, "all", "report", "publish"],
-                        help="a section, all of them, `report` (summary.md from existing results) or `publish` "
-                             "(copy plots and tables into benchmarks/README.md)")
+    parser.add_argument("commands", nargs="+", metavar="command", choices=[*SECTIONS, "all", "report", "publish"],
+                        help="one or more sections, all of them, `report` (summary.md from existing results) or "
+                             "`publish` (copy plots and tables into benchmarks/README.md)")
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", dest="mode", action="store_const", const="quick",
                       help="fewer prompt lengths, tokens and repeats (a few minutes)")
@@ -25,14 +28,18 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=common.RESULTS_DIR, help="results folder (default: %(default)s)")
     args = parser.parse_args(argv)
     mode = args.mode or "full"
+    alone = {"all", "report", "publish"} & set(args.commands)
+    if alone and len(args.commands) > 1:
+        parser.error(f"command: {', '.join(sorted(alone))} cannot be combined with other commands, got "
+                     f"{' '.join(args.commands)}")
 
     def log(message: str) -> None:
         print(message, flush=True)
 
-    if args.command == "publish":
+    if args.commands == ["publish"]:
         log(f"updated {report.publish(args.out)}")
         return 0
-    chosen = list(SECTIONS) if args.command == "all" else [] if args.command == "report" else [args.command]
+    chosen = [name for name in SECTIONS if name in args.commands or args.commands == ["all"]]
     for name in chosen:
         started = time.perf_counter()
         log(f"== {name} ({mode})")

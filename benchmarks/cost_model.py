@@ -580,7 +580,8 @@ class ProgramCost:
                 "ddr_mb": sum(l.ddr_bytes for l in self.launches) / 1e6,
                 "compute_ms_by_class": {c: s * 1e3 for c, s in sorted(self.compute_s().items())},
                 "launches": [{"kind": l.kind, "predicted_ms": l.seconds * 1e3, "iterations": l.iterations}
-                             for l in self.launches]}
+                             for l in self.launches],
+                "conditions": [{"launch": l.kind, **asdict(c)} for l in self.launches for c in l.conditions]}
 
 
 def program_cost(program) -> ProgramCost:
@@ -644,7 +645,9 @@ def per_program(dims) -> list[dict]:
     return rows
 
 
-def predictions(prompts=PROMPTS, host_ms_per_token: float | None = None) -> dict:
+def predictions(prompts=PROMPTS, host: dict | None = None) -> dict:
+    """Prefill and decode predictions; ``host`` is the host-overhead section's measurement (``host_measurement``),
+    added to the predicted NPU time of a decode token when given."""
     from .work import shared_state
 
     dims, layers, state = llama_1b_dims(), LLAMA_1B_LAYERS, shared_state()
@@ -655,20 +658,43 @@ def predictions(prompts=PROMPTS, host_ms_per_token: float | None = None) -> dict
         prefill.append({"prompt_tokens": length, "buckets": [p for _, _, p in state.chunks(length)],
                         "predicted_ms": ours, "upstream_published_ms": upstream, "ratio_to_upstream": ours / upstream})
     npu_ms = decode_ms(dims, layers)
-    total = npu_ms + (host_ms_per_token or 0.0)
-    decode = {"npu_ms_per_token": npu_ms, "host_ms_per_token_measured_here": host_ms_per_token,
+    host_ms = host["token_ms"] if host else None
+    total = npu_ms + (host_ms or 0.0)
+    decode = {"npu_ms_per_token": npu_ms, "host_ms_per_token_measured_here": host_ms, "host_measurement": host,
               "total_ms_per_token": total, "tokens_per_s": 1e3 / total,
               "upstream_published_tokens_per_s": PUBLISHED_DECODE_TOKENS_PER_S,
               "upstream_published_ms_per_token": 1e3 / PUBLISHED_DECODE_TOKENS_PER_S}
     return {"prefill": prefill, "decode": decode}
 
 
-def _host_ms(out_dir) -> float | None:
-    """Host time per decode token measured by the host-overhead benchmark (shortest context), if it ran."""
+def host_measurement(out_dir) -> dict | None:
+    """Host time per decode token measured by the host section (``benchmarks/host_overhead.py``) in ``out_dir``,
+    at its shortest context, if it ran there: the whole token with the NPU's arithmetic removed, host attention
+    included (decode attention runs on the CPU in this design, in series with the NPU launches)."""
     path = out_dir / "host_overhead.json"
     if not path.exists():
         return None
-    return json.loads(path.read_text())["contexts"][0]["token_ms"]
+    result = json.loads(path.read_text())
+    shortest = result["contexts"][0]
+    return {"token_ms": shortest["token_ms"], "host_attention_ms": shortest["host_attention_ms"],
+            "host_overhead_ms": shortest["host_overhead_ms"], "context_tokens": shortest["context_tokens"],
+            "mode": result["mode"], "finished": result["finished"]}
+
+
+def decode_line(decode: dict) -> str:
+    """The decode prediction in words, labelled: predicted NPU time, plus the host time measured here if any."""
+    host_ms, host = decode["host_ms_per_token_measured_here"], decode.get("host_measurement")
+    if host_ms is None:
+        total = (f"NPU {decode['npu_ms_per_token']:.1f} ms ({decode['tokens_per_s']:.1f} tok/s, NPU only: no host "
+                 f"measurement in this run)")
+    else:
+        where = (f" (the host section, {host['mode']} mode, context {host['context_tokens']}: overhead "
+                 f"{host['host_overhead_ms']:.2f} ms + host attention {host['host_attention_ms']:.2f} ms)"
+                 if host else "")
+        total = (f"{decode['total_ms_per_token']:.1f} ms ({decode['tokens_per_s']:.1f} tok/s) = predicted NPU "
+                 f"{decode['npu_ms_per_token']:.1f} ms + measured host {host_ms:.2f} ms{where}")
+    return (f"Decode per token: {total}; upstream published {decode['upstream_published_tokens_per_s']} tok/s "
+            f"({decode['upstream_published_ms_per_token']:.0f} ms).")
 
 
 def constants() -> dict:
@@ -718,13 +744,18 @@ def run(mode: str, out_dir, log=print) -> dict:
         "method": __doc__.strip(),
         "constants": constants(),
         "per_program": rows,
-        "predictions": predictions(host_ms_per_token=_host_ms(out_dir)),
+        "predictions": predictions(host=host_measurement(out_dir)),
     }
     for r in rows:
         bound = max(r["compute_ms_by_class"].items(), key=lambda kv: kv[1])
         log(f"{r['program']:>15} {str(r['seq'] or 'decode'):>6}: predicted {r['predicted_ms']:10.2f} ms, upstream "
             f"{r['upstream_published_ms']:5.1f} ms (×{r['ratio_to_upstream']:.1f}); largest compute: {bound[0]} "
             f"{bound[1]:.2f} ms")
+        for c in r["conditions"]:
+            log(f"{'':>23} {c['launch']}: {c['text']}: " + (
+                f"NOT EVALUATED ({c['unevaluated']}), counted as always taken" if c["unevaluated"] else
+                f"taken in {c['work_share']:.1%} of executions, {c['time_share']:.1%} for the slowest tile"))
+    log(decode_line(data["predictions"]["decode"]))
     out_dir.mkdir(parents=True, exist_ok=True)
     plot(data, out_dir / "cost_model.png")
     common.write_result("cost_model", data, out_dir, mode, started)

@@ -5,7 +5,7 @@ import json
 import shutil
 from pathlib import Path
 
-from . import common
+from . import common, cost_model
 
 SECTIONS = ("speed", "host_overhead", "memory", "work", "cost_model")
 README = Path(__file__).resolve().parent / "README.md"
@@ -102,7 +102,11 @@ def _cost_model(r: dict) -> list[str]:
     prefill = [[p["prompt_tokens"], "+".join(map(str, p["buckets"])), f"{p['predicted_ms']:.0f}",
                 f"{p['upstream_published_ms']:.0f}", f"{p['ratio_to_upstream']:.2f}×"] for p in r["predictions"]["prefill"]]
     d = r["predictions"]["decode"]
-    host = d["host_ms_per_token_measured_here"]
+    conditions = [(p["program"], p["seq"] or "decode", c) for p in r["per_program"] for c in p.get("conditions", [])]
+    evaluated = [f"{name} {seq} `{c['text']}` taken in {c['work_share']:.1%} of executions, {c['time_share']:.1%} "
+                 f"for the slowest tile" for name, seq, c in conditions if not c["unevaluated"]]
+    unevaluated = [f"{name} {seq} `{c['text']}` ({c['unevaluated']})" for name, seq, c in conditions
+                   if c["unevaluated"]]
     return (["### Predicted NPU2 times from our emitted IR — a MODEL, not a measurement", "",
              "Llama-3.2-1B. Per tile: work × the throughput class of the code doing it (kernel calls by symbol, "
              "linalg left in a herd as scalar); DMA bytes over shim and tile-channel bandwidth, overlapped when "
@@ -112,12 +116,10 @@ def _cost_model(r: dict) -> list[str]:
                       "DDR MB", "largest compute class (ms per tile)"], programs) + [""]
             + _table(["prompt", "our buckets", "predicted prefill ms", "upstream published ms (pad to 2048)",
                       "ratio"], prefill)
-            + ["", f"Decode per token (predicted): NPU {d['npu_ms_per_token']:.1f} ms"
-                   + (f" + host {host:.2f} ms measured here = {d['total_ms_per_token']:.1f} ms "
-                      f"({d['tokens_per_s']:.1f} tok/s)" if host is not None else
-                      f" ({d['tokens_per_s']:.1f} tok/s, NPU only: no host measurement in this run)")
-                   + f"; upstream published {d['upstream_published_tokens_per_s']} tok/s "
-                     f"({d['upstream_published_ms_per_token']:.0f} ms).", ""])
+            + ["", "Branches (`scf.if`), counted as the IR executes them: " + ("; ".join(evaluated) or "none")
+               + ". Conditions the model could not evaluate (counted as always taken): "
+               + ("; ".join(unevaluated) or "none") + "."]
+            + ["", cost_model.decode_line(d), ""])
 
 
 RENDER = {"speed": _speed, "host_overhead": _host, "memory": _memory, "work": _work, "cost_model": _cost_model}

@@ -3,7 +3,7 @@ import dataclasses
 
 import pytest
 
-from benchmarks import cost_model
+from benchmarks import common, cost_model
 from torch_npu2.kernels import programs
 from torch_npu2.kernels.builders import EXTERNAL_KERNELS, build_launch
 from torch_npu2.kernels.builders.externs import CALL_COSTS
@@ -269,3 +269,20 @@ def test_a_nested_branch_counts_the_trips_where_both_conditions_hold():
     cost = cost_model.launch_cost(branch_launch((1, 1), 8, nested), DEFAULT_OPTIONS)
     assert cost.work["vector_elementwise"] == 4 * BRANCH_WORK
     assert [c.work_share for c in cost.conditions] == [6 / 8, 4 / 6]
+
+
+def test_decode_adds_the_host_time_the_host_section_measured(tmp_path):
+    assert cost_model.host_measurement(tmp_path) is None
+    npu_only = cost_model.predictions(prompts=(32,))["decode"]
+    assert "NPU only: no host measurement" in cost_model.decode_line(npu_only)
+    contexts = [{"context_tokens": 32, "token_ms": 7.0, "host_attention_ms": 2.0, "host_overhead_ms": 5.0},
+                {"context_tokens": 512, "token_ms": 9.0, "host_attention_ms": 4.0, "host_overhead_ms": 5.0}]
+    common.write_result("host_overhead", {"contexts": contexts}, tmp_path, "quick", 0.0)
+    host = cost_model.host_measurement(tmp_path)
+    assert (host["token_ms"], host["context_tokens"], host["mode"]) == (7.0, 32, "quick")
+    decode = cost_model.predictions(prompts=(32,), host=host)["decode"]
+    assert decode["npu_ms_per_token"] == npu_only["npu_ms_per_token"]
+    assert decode["total_ms_per_token"] == pytest.approx(npu_only["npu_ms_per_token"] + 7.0)
+    line = cost_model.decode_line(decode)
+    assert f"predicted NPU {npu_only['npu_ms_per_token']:.1f} ms + measured host 7.00 ms" in line
+    assert "quick mode, context 32" in line
