@@ -113,8 +113,8 @@ class Region:
     body: list = field(default_factory=list)
     work_share: float = 1.0         # a branch: the fraction of its scf.if's executions that run it, over all tiles
     time_share: float = 1.0         # ... and over the slowest tile of each herd
-    condition: str | None = None    # a branch: the i1 value it runs on (None: not evaluated), and whether on its
-    negated: bool = False           # negation (the else branch)
+    condition: str | None = None    # a branch: the i1 value it runs on (None: not evaluated)
+    negated: bool = False           # a branch: runs where that value is false (the else branch)
 
     @property
     def count(self) -> int:
