@@ -45,6 +45,11 @@ def main(argv=None) -> int:
         log(f"== {name} ({mode})")
         SECTIONS[name](mode, args.out, log=log)
         log(f"== {name} done in {time.perf_counter() - started:.0f} s")
+    if not report.load(args.out):
+        if not chosen:
+            parser.error(f"--out: no results in {args.out}; run a section first (e.g. `python -m benchmarks model`)")
+        log(f"summary: none (no section with a summary table has results in {args.out})")
+        return 0
     summary = report.write_summary(args.out)
     missed = [t for r in report.load(args.out).values() for t in r.get("targets", []) if not t["met"]]
     log(f"summary: {summary}")

@@ -1,0 +1,61 @@
+"""The benchmark dispatcher: several sections per call, run in SECTIONS' order; lone commands stay alone."""
+import time
+
+import pytest
+
+from benchmarks import __main__ as dispatcher
+from benchmarks import common
+
+
+RESULT_NAMES = {"host": "host_overhead", "model": "cost_model"}
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    ran = []
+
+    def section(name):
+        def run(mode, out, log):
+            ran.append((name, mode))
+            common.write_result(RESULT_NAMES.get(name, name), {}, out, mode, time.perf_counter())
+        return run
+
+    fake = {name: section(name) for name in dispatcher.SECTIONS}
+    monkeypatch.setattr(dispatcher, "SECTIONS", fake)
+    # the sections' results here are empty: the summary only has to be asked for
+    monkeypatch.setattr(dispatcher.report, "write_summary", lambda out: out / "summary.md")
+    return ran
+
+
+def test_several_sections_run_in_section_order(recorded, tmp_path, capsys):
+    assert dispatcher.main(["model", "host", "--quick", "--out", str(tmp_path)]) == 0
+    assert recorded == [("host", "quick"), ("model", "quick")]
+    assert f"summary: {tmp_path / 'summary.md'}" in capsys.readouterr().out
+
+
+def test_all_runs_every_section_once(recorded, tmp_path):
+    assert dispatcher.main(["all", "--out", str(tmp_path)]) == 0
+    assert [name for name, _ in recorded] == list(dispatcher.SECTIONS)
+    assert {mode for _, mode in recorded} == {"full"}
+
+
+@pytest.mark.parametrize("alone", ["all", "report", "publish"])
+def test_lone_commands_are_refused_in_company(recorded, tmp_path, capsys, alone):
+    with pytest.raises(SystemExit) as exit_info:
+        dispatcher.main([alone, "model", "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert f"{alone} cannot be combined" in capsys.readouterr().err
+    assert recorded == []
+
+
+def test_report_without_results_names_the_folder(recorded, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        dispatcher.main(["report", "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert f"no results in {tmp_path}" in capsys.readouterr().err
+
+
+def test_a_section_without_summary_table_ends_cleanly(recorded, tmp_path, capsys):
+    assert dispatcher.main(["precision", "--quick", "--out", str(tmp_path)]) == 0
+    assert recorded == [("precision", "quick")]
+    assert "summary: none" in capsys.readouterr().out
