@@ -189,8 +189,8 @@ def build(params: dict, operands, tuning: dict | None = None) -> LaunchIR:
                     b.dealloc(a_buf, w_buf)
             with b.herd(herd_name, herd_sizes, [acc, c_l2], link_with=kernel) as ((tx, ty), _, (h_acc, hc)):
                 c_buf = b.alloc(MemRef((drain_blocks, blocks_m, BLOCK, BLOCK), "bf16", L1), "c_l1")
-                with b.loop(0, tile_n, drain_n, "n0") as n0:
-                    chunk = b.affine(f"s0 floordiv {drain_n}", [n0], "chunk")
+                with b.loop(0, tile_n // drain_n, 1, "chunk") as chunk:
+                    n0 = b.affine(f"s0 * {drain_n}", [chunk], "n0")
                     b.call("gemm_f32_to_bf16", [b.slab(h_acc, [tx, ty, chunk]), c_buf], defines)
                     # [n/8][m/8][8][8] read back in (m, n) order: m/8 blocks, 8 rows, n/8 blocks, 8 columns.
                     b.dma(hc, Window((tx, ty, 0, n0), (1, 1, tile_m, drain_n),
