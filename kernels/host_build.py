@@ -365,11 +365,12 @@ def _gemm_l1_tiles(matrix: torch.Tensor, tile_rows: int, tile_k: int) -> torch.T
 
 
 def gemm(a: torch.Tensor, w: torch.Tensor, *, tile_m: int, tile_k: int, tile_n: int, out_dtype=torch.bfloat16,
-         defines: Defines | None = None) -> torch.Tensor:
+         defines: Defines | None = None, drain_n: int | None = None) -> torch.Tensor:
     """``C = A · Wᵀ`` for a (M, K) and w (N, K), with gemm.cc's three calls per output tile as the builder's herd
     makes them: ``gemm_zero_f32``, ``gemm_bf16_f32_wnk`` once per ``tile_k`` step of K, ``gemm_f32_to_bf16``
-    (skipped for ``out_dtype=torch.float32``, which returns the fp32 accumulator). Operands are pre-tiled here the
-    way the DMAs pre-tile them; ``defines`` adds -D macros (e.g. the BFP16 emulation switch)."""
+    (skipped for ``out_dtype=torch.float32``, which returns the fp32 accumulator), once per ``drain_n`` columns
+    (default: the whole tile). Operands are pre-tiled here the way the DMAs pre-tile them; ``defines`` adds -D
+    macros (e.g. the BFP16 emulation switch)."""
     a, w = _require_bf16("a", a), _require_bf16("w", w)
     (m, depth), (n, w_depth) = a.shape, w.shape
     if w_depth != depth:
@@ -379,7 +380,11 @@ def gemm(a: torch.Tensor, w: torch.Tensor, *, tile_m: int, tile_k: int, tile_n: 
             raise ValueError(f"{name}={extent}: expected a multiple of its tile {tile}")
     if out_dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"out_dtype: expected torch.bfloat16 or torch.float32, got {out_dtype}")
-    library = load("gemm.cc", {"GEMM_TILE_M": tile_m, "GEMM_TILE_K": tile_k, "GEMM_TILE_N": tile_n, **(defines or {})})
+    drain_n = tile_n if drain_n is None else drain_n
+    if drain_n <= 0 or drain_n % GEMM_BLOCK or tile_n % drain_n:
+        raise ValueError(f"drain_n={drain_n}: expected a positive multiple of {GEMM_BLOCK} dividing tile_n={tile_n}")
+    library = load("gemm.cc", {"GEMM_TILE_M": tile_m, "GEMM_TILE_K": tile_k, "GEMM_TILE_N": tile_n,
+                               "GEMM_DRAIN_N": drain_n, **(defines or {})})
     zero = _function(library, "gemm_zero_f32", _PTR)
     accumulate = _function(library, "gemm_bf16_f32_wnk", _PTR, _PTR, _PTR)
     drain = _function(library, "gemm_f32_to_bf16", _PTR, _PTR)
@@ -395,7 +400,8 @@ def gemm(a: torch.Tensor, w: torch.Tensor, *, tile_m: int, tile_k: int, tile_n: 
                 accumulate(a_tiles[mi, ki].data_ptr(), w_tiles[ni, ki].data_ptr(), acc.data_ptr())
             if out_dtype == torch.float32:
                 out[mi, ni] = acc
-            else:
-                drain(acc.data_ptr(), out[mi, ni].data_ptr())
+            else:  # a chunk of drain_n columns is drain_n/8 whole block rows of the [N/8][M/8][8][8] tile
+                for chunk in range(0, tile_n // b, drain_n // b):
+                    drain(acc[chunk].data_ptr(), out[mi, ni, chunk].data_ptr())
     # (M tile, N tile, N block, M block, m, n) -> (M tile, M block, m, N tile, N block, n)
     return out.permute(0, 3, 4, 1, 2, 5).reshape(m, n)

@@ -4,6 +4,9 @@
 //   GEMM_TILE_M  rows of A and of the accumulator per call      (a multiple of 16)  default 32
 //   GEMM_TILE_K  depth of one call: columns of A and of W       (a multiple of 8)   default 32
 //   GEMM_TILE_N  rows of W, columns of the accumulator           (a multiple of 16)  default 128
+//   GEMM_DRAIN_N columns of acc one gemm_f32_to_bf16 call rounds (a multiple of 8 dividing GEMM_TILE_N)
+//                default GEMM_TILE_N. A run of whole 8-column blocks is contiguous in acc, so the drain can round
+//                the tile piece by piece into a bf16 buffer smaller than the tile (L1 room for larger tiles)
 // Precision, compile-time:
 //   -DAIE_API_EMULATE_BFLOAT16_MMUL_WITH_BFP16  the multiplies see their operands as BFP16 (each 8 values along K
 //     share one exponent; the AIE API's emulation, upstream's fast mode) instead of exact bf16.
@@ -13,12 +16,13 @@
 //   a    bf16 [KB][MB][8 m][8 k]   A's blocks, the M blocks of one K step next to each other
 //   w    bf16 [KB][NB][8 n][8 k]   W's blocks as stored in W: each block row is 8 consecutive K of one output
 //   acc  f32  [NB][MB][8 m][8 n]   the output tile block-column-major, as upstream's drain DMA un-tiles it
-//   c    bf16 [NB][MB][8 m][8 n]   the same layout as acc
+//   c    bf16 [GEMM_DRAIN_N/8][MB][8 m][8 n]   one drain chunk, the layout of acc
 //
 // Symbols (rename with -Dgemm_zero_f32=<name> etc. to link two configurations into one ELF):
 //   void gemm_zero_f32(float *acc)                                   acc = 0
 //   void gemm_bf16_f32_wnk(const bf16 *a, const bf16 *w, float *acc) acc[m][n] += sum_k a[m][k] * w[n][k] (fp32)
-//   void gemm_f32_to_bf16(const float *acc, bf16 *c)                 c = bf16(acc), rounded to nearest-even
+//   void gemm_f32_to_bf16(const float *acc, bf16 *c)                 c = bf16(acc), rounded to nearest-even, over
+//                                                                    GEMM_DRAIN_N columns: acc points at the chunk
 //   AIE path: every buffer 64-byte aligned.
 //
 // AIE path: aie::mmul with an fp32 accumulator. Exact bf16 runs the 4x8x8 shape AIE2P has for bf16 (each 8x8 A
@@ -42,6 +46,9 @@
 #ifndef GEMM_TILE_N
 #define GEMM_TILE_N 128
 #endif
+#ifndef GEMM_DRAIN_N
+#define GEMM_DRAIN_N GEMM_TILE_N
+#endif
 
 namespace {
 
@@ -52,12 +59,16 @@ constexpr int kTileN = GEMM_TILE_N;
 static_assert(kTileM > 0 && kTileM % 16 == 0, "GEMM_TILE_M must be a positive multiple of 16");
 static_assert(kTileK > 0 && kTileK % kBlock == 0, "GEMM_TILE_K must be a positive multiple of 8");
 static_assert(kTileN > 0 && kTileN % 16 == 0, "GEMM_TILE_N must be a positive multiple of 16");
+constexpr int kDrainN = GEMM_DRAIN_N;
+static_assert(kDrainN > 0 && kDrainN % 8 == 0 && kTileN % kDrainN == 0,
+              "GEMM_DRAIN_N must be a positive multiple of 8 dividing GEMM_TILE_N");
 
 constexpr int kBlocksM = kTileM / kBlock;
 constexpr int kBlocksN = kTileN / kBlock;
 constexpr int kBlocksK = kTileK / kBlock;
 constexpr int kBlockSize = kBlock * kBlock;
 constexpr int kTileElements = kTileM * kTileN;
+constexpr int kDrainElements = kTileM * kDrainN;  // tile_m rows by GEMM_DRAIN_N columns: NB/NDRAIN whole block rows
 
 } // namespace
 
@@ -124,7 +135,7 @@ extern "C" void gemm_bf16_f32_wnk(const bfloat16 *__restrict a, const bfloat16 *
 
 extern "C" void gemm_f32_to_bf16(const float *__restrict acc, bfloat16 *__restrict c) {
   RoundToNearestEven rounding;
-  for (int i = 0; i < kTileElements; i += kFloatLanes) {
+  for (int i = 0; i < kDrainElements; i += kFloatLanes) {
     aie::accum<accfloat, kFloatLanes> sums;
     sums.from_vector(aie::load_v<kFloatLanes>(acc + i));
     aie::store_v(c + i, sums.to_vector<bfloat16>());
@@ -180,7 +191,7 @@ extern "C" void gemm_bf16_f32_wnk(const bf16_t *a, const bf16_t *w, float *acc) 
 }
 
 extern "C" void gemm_f32_to_bf16(const float *acc, bf16_t *c) {
-  for (int i = 0; i < kTileElements; ++i)
+  for (int i = 0; i < kDrainElements; ++i)
     c[i] = float_to_bf16(acc[i]);
 }
 

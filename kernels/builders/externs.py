@@ -24,8 +24,8 @@ first (``-D<symbol>=<symbol>_v<n>``). A memref reaches C as a bare pointer to it
   float *row_scale)``, ``attn_pv_accumulate_bf16(const bf16 *probs, const bf16 *kv, const float *row_scale,
   float *acc)``, ``attn_finalize_bf16(const float *acc, const float *row_sum, bf16 *out)``; ``kv`` is one
   block of keys followed by the values of the same positions
-* gemm.o (gemm.cc), configured by GEMM_TILE_M, GEMM_TILE_K, GEMM_TILE_N, and optionally
-  AIE_API_EMULATE_BFLOAT16_MMUL_WITH_BFP16 (BFP16 multiplies instead of exact bf16):
+* gemm.o (gemm.cc), configured by GEMM_TILE_M, GEMM_TILE_K, GEMM_TILE_N, and optionally GEMM_DRAIN_N (columns
+  per drain call) and AIE_API_EMULATE_BFLOAT16_MMUL_WITH_BFP16 (BFP16 multiplies instead of exact bf16):
   ``gemm_zero_f32(float *acc)``, ``gemm_bf16_f32_wnk(const bf16 *a, const bf16 *w, float *acc)`` (acc += A·Wᵀ,
   W in (N, K) layout), ``gemm_f32_to_bf16(const float *acc, bf16 *c)``; every operand pre-tiled into 8×8 blocks
   (A [k/8][m/8][8][8], W [k/8][n/8][8][8], acc and c [n/8][m/8][8][8])
@@ -55,7 +55,8 @@ EXTERNAL_KERNELS = (
                   "attn_finalize_bf16"),
                  ("ATTN_TQ", "ATTN_TK", "ATTN_HEAD_DIM")),
     KernelObject("gemm.o", "gemm.cc", ("gemm_zero_f32", "gemm_bf16_f32_wnk", "gemm_f32_to_bf16"),
-                 ("GEMM_TILE_M", "GEMM_TILE_K", "GEMM_TILE_N"), ("AIE_API_EMULATE_BFLOAT16_MMUL_WITH_BFP16",)),
+                 ("GEMM_TILE_M", "GEMM_TILE_K", "GEMM_TILE_N"),
+                 ("GEMM_DRAIN_N", "AIE_API_EMULATE_BFLOAT16_MMUL_WITH_BFP16")),
 )
 
 KERNEL_OBJECTS = {k.object: k for k in EXTERNAL_KERNELS}

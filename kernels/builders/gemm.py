@@ -13,8 +13,11 @@ Schedule, one launch step per (herd_m·tile_m) × (herd_n·tile_n) output block,
   per ``tile_k_l1`` step the memtile → L1 DMA cuts each tile's A and W windows into 8×8 blocks, in the order
   gemm.cc reads them (A [k/8][m/8][8][8], W [k/8][n/8][8][8]), and ``gemm_bf16_f32_wnk`` accumulates
   ``A · W^T``; A windows are shared along a herd row, W windows along a herd column;
-* a herd rounds its slab to bf16 (``gemm_f32_to_bf16``; the slab is [n/8][m/8][8][8]) and the L1 → memtile
-  DMA un-tiles it into the L2 block [herd_m, herd_n, tile_m, tile_n], which the memtile writes to DDR.
+* a herd rounds its slab to bf16 ``drain_n`` columns at a time (``gemm_f32_to_bf16``; the slab is
+  [n/8][m/8][8][8], so a chunk of columns is a contiguous run of it) and the L1 → memtile DMA un-tiles each
+  chunk into the L2 block [herd_m, herd_n, tile_m, tile_n], which the memtile writes to DDR. Rounding by chunks
+  needs a bf16 buffer of one chunk (twice, ping-pong) instead of one of the whole tile: the L1 this frees is
+  what lets a tile grow to 64×128 at tile_k_l1 32 (upstream rounds the whole tile, at 32×128).
 
 The three herds share one name: they are the same physical tiles, which is what keeps the accumulator in
 place between them. Staging both operands through the memtile is required for a K reduction on a 2-D herd:
@@ -25,15 +28,18 @@ Param ``precision`` (optional): "bf16" (default, exact bf16 multiplies) or "bfp1
 blocks along K).
 
 Tiles, after upstream's drain-method registry entries (kernel_registry GEMM_bf16_in_bf16_out.json: tile_m
-32, tile_n 128, tile_k_l1 32, tile_k_l2 256 on an 8×4 herd): the widest herd that divides M and N into
-multiples of 16 (the kernel's 2×2 mmul expansion), then the largest tile_m ≤ 32 and tile_n ≤ 128 that divide
-the herd's share, tile_k_l1 32, and the largest tile_k_l2 ≤ 256 dividing K whose double-buffered slices
-fit the fullest memtile beside the C block (``_l2_bytes``: AIR splits the L2 buffers of a multi-column herd
-over its columns' memtiles).
+32, tile_n 128, tile_k_l1 32, tile_k_l2 256 on an 8×4 herd) but twice as tall: the widest herd that divides M
+and N into multiples of 16 (the kernel's 2×2 mmul expansion), then the largest tile_m ≤ 64 and tile_n ≤ 128
+that divide the herd's share, and the largest tile_k_l2 ≤ 256 dividing K whose double-buffered slices fit the
+fullest memtile beside the C block (``_l2_bytes``: AIR splits the L2 buffers of a multi-column herd over its
+columns' memtiles); tile_k_l1 32 if it fits L1 beside the smallest drain chunk, then the widest drain chunk
+that fits. A 64-row tile halves the launch steps and the times W is read from DDR (per 512×512 output block on
+8×4: Llama-3.2-1B's gate projection at 2048 rows reads 302 MB instead of 436 MB); 32 MACs of K per kernel call
+keep the accumulator loads and stores of a call to one per 16 mmuls.
 
 Constraints: M, N multiples of 16 and K of 8; herd_m ≤ 8 and herd_n ≤ 4 divide M and N; tile_m, tile_n
-multiples of 16 dividing M/herd_m, N/herd_n; tile_k_l1 a multiple of 8, tile_k_l1 | tile_k_l2 | K; the
-accumulator, output tile and double-buffered A/W windows fit L1; the double-buffered A/W slice pieces and
+multiples of 16 dividing M/herd_m, N/herd_n; tile_k_l1 a multiple of 8, tile_k_l1 | tile_k_l2 | K; drain_n a
+multiple of 8 dividing tile_n; the accumulator and the double-buffered A/W windows and drain chunks fit L1; the double-buffered A/W slice pieces and
 C block pieces a memtile receives fit it.
 """
 from __future__ import annotations
@@ -45,21 +51,22 @@ from .npu2 import (COLUMNS, HERD_CANDIDATES, L1_AVAILABLE, L2_BYTES, MMUL_GRANUL
 
 KIND = "gemm"
 PARAMS = ("M", "K", "N")
-TUNING = ("herd_m", "herd_n", "tile_m", "tile_n", "tile_k_l1", "tile_k_l2")
+TUNING = ("herd_m", "herd_n", "tile_m", "tile_n", "tile_k_l1", "tile_k_l2", "drain_n")
 PRECISION_DEFINES = {"bf16": {}, "bfp16": {"AIE_API_EMULATE_BFLOAT16_MMUL_WITH_BFP16": 1}}
 BLOCK = MMUL_GRANULE          # the kernel's operands are pre-tiled into 8×8 blocks
 TILE_GRANULE = 2 * BLOCK      # tile_m and tile_n: the kernel works on 2×2 blocks of mmuls
-MAX_TILE_M, MAX_TILE_N = 32, 128
+MAX_TILE_M, MAX_TILE_N = 64, 128
 MAX_TILE_K_L2 = 256
 TILE_K_L1_CANDIDATES = (32, 16, 8)
 
 
-def _l1_bytes(tile_m, tile_n, tile_k_l1, tile_k_l2) -> dict[str, int]:
+def _l1_bytes(tile_m, tile_n, tile_k_l1, tile_k_l2, drain_n) -> dict[str, int]:
     copies = pingpong_copies(tile_k_l2 // tile_k_l1)
+    drain_copies = pingpong_copies(tile_n // drain_n)
     return {"f32 accumulator": nbytes((tile_m, tile_n), "f32"),
             f"A window x{copies} (ping-pong)": copies * nbytes((tile_m, tile_k_l1), "bf16"),
             f"W window x{copies}": copies * nbytes((tile_n, tile_k_l1), "bf16"),
-            "bf16 output tile": nbytes((tile_m, tile_n), "bf16")}
+            f"bf16 drain chunk x{drain_copies}": drain_copies * nbytes((tile_m, drain_n), "bf16")}
 
 
 def _l2_bytes(herd_m, herd_n, tile_m, tile_n, tile_k_l2, K) -> dict[str, int]:
@@ -130,20 +137,29 @@ def build(params: dict, operands, tuning: dict | None = None) -> LaunchIR:
     require(K % tile_k_l2 == 0, KIND, "tile_k_l2", tile_k_l2, f"must divide K={K}")
     check_budget(KIND, "L2", _l2_bytes(herd_m, herd_n, tile_m, tile_n, tile_k_l2, K),
                  "lower tile_k_l2 or the block size")
+    # K depth per call first (it sets the kernel's efficiency), beside the smallest drain chunk; then the widest
+    # drain chunk that fits.
     tile_k_l1 = tuning.get("tile_k_l1") or _fitting_k_tile(
         tile_k_l2, TILE_K_L1_CANDIDATES,
-        lambda t: sum(_l1_bytes(tile_m, tile_n, t, tile_k_l2).values()) <= L1_AVAILABLE)
+        lambda t: sum(_l1_bytes(tile_m, tile_n, t, tile_k_l2, tuning.get("drain_n", BLOCK)).values()) <= L1_AVAILABLE)
     require(tile_k_l2 % tile_k_l1 == 0 and tile_k_l1 % BLOCK == 0, KIND, "tile_k_l1", tile_k_l1,
             f"must divide tile_k_l2={tile_k_l2} and be a multiple of {BLOCK}")
-    check_budget(KIND, "L1", _l1_bytes(tile_m, tile_n, tile_k_l1, tile_k_l2), "lower tile_m, tile_n or tile_k_l1")
-    defines = {"GEMM_TILE_M": tile_m, "GEMM_TILE_K": tile_k_l1, "GEMM_TILE_N": tile_n,
+    drain_n = tuning.get("drain_n") or _fitting_k_tile(
+        tile_n, [d for d in divisors_descending(tile_n) if d % BLOCK == 0],
+        lambda d: sum(_l1_bytes(tile_m, tile_n, tile_k_l1, tile_k_l2, d).values()) <= L1_AVAILABLE)
+    require(tile_n % drain_n == 0 and drain_n % BLOCK == 0, KIND, "drain_n", drain_n,
+            f"must divide tile_n={tile_n} and be a multiple of {BLOCK}")
+    check_budget(KIND, "L1", _l1_bytes(tile_m, tile_n, tile_k_l1, tile_k_l2, drain_n),
+                 "lower tile_m, tile_n, tile_k_l1 or drain_n")
+    defines = {"GEMM_TILE_M": tile_m, "GEMM_TILE_K": tile_k_l1, "GEMM_TILE_N": tile_n, "GEMM_DRAIN_N": drain_n,
                **PRECISION_DEFINES[precision]}
 
     b = LaunchBuilder(KIND, operands, ("a", "w", "c"))
     b.comment(f"gemm M={M} K={K} N={N}: herd {herd_m}x{herd_n}, tiles m{tile_m} n{tile_n} "
-              f"k{tile_k_l1} (L1) k{tile_k_l2} (L2), {M // block_m}x{N // block_n} launch steps, {precision} multiplies")
+              f"k{tile_k_l1} (L1) k{tile_k_l2} (L2), drained by n{drain_n}, {M // block_m}x{N // block_n} launch steps, "
+              f"{precision} multiplies")
     herd_name, herd_sizes, kernel = "gemm_herd", (herd_m, herd_n), "gemm.o"
-    blocks_m, blocks_n = tile_m // BLOCK, tile_n // BLOCK
+    blocks_m, blocks_n, drain_blocks = tile_m // BLOCK, tile_n // BLOCK, drain_n // BLOCK
     with b.launch("gemm", (M // block_m, N // block_n), b.operands) as ((bm, bn), _, (a, w, c)):
         seg_operands = [Value(bm, "index"), Value(bn, "index"), a, w, c]
         with b.segment("gemm_seg", seg_operands) as (_, _, (sbm, sbn, sa, sw, sc)):
@@ -152,7 +168,9 @@ def build(params: dict, operands, tuning: dict | None = None) -> LaunchIR:
             a_l2 = b.alloc(MemRef((herd_m, 1, tile_m, tile_k_l2), "bf16", L2), "a_l2")
             w_l2 = b.alloc(MemRef((herd_n, 1, tile_n, tile_k_l2), "bf16", L2), "w_l2")
             c_l2 = b.alloc(MemRef((herd_m, herd_n, tile_m, tile_n), "bf16", L2), "c_l2")
-            acc = b.alloc(MemRef((herd_m, herd_n, blocks_n, blocks_m, BLOCK, BLOCK), "f32", L1), "acc_l1")
+            # Each tile's slab [n/8][m/8][8][8], its n/8 split into drain chunks: a chunk is the slab of [tx, ty, chunk].
+            acc = b.alloc(MemRef((herd_m, herd_n, tile_n // drain_n, drain_blocks, blocks_m, BLOCK, BLOCK), "f32", L1),
+                          "acc_l1")
             with b.herd(herd_name, herd_sizes, [acc], link_with=kernel) as ((tx, ty), _, (h_acc,)):
                 b.call("gemm_zero_f32", [b.slab(h_acc, [tx, ty])], defines)
             with b.loop(0, K, tile_k_l2, "k2") as k2:
@@ -170,13 +188,15 @@ def build(params: dict, operands, tuning: dict | None = None) -> LaunchIR:
                         b.call("gemm_bf16_f32_wnk", [a_buf, w_buf, slab], defines)
                     b.dealloc(a_buf, w_buf)
             with b.herd(herd_name, herd_sizes, [acc, c_l2], link_with=kernel) as ((tx, ty), _, (h_acc, hc)):
-                c_buf = b.alloc(MemRef((blocks_n, blocks_m, BLOCK, BLOCK), "bf16", L1), "c_l1")
-                b.call("gemm_f32_to_bf16", [b.slab(h_acc, [tx, ty]), c_buf], defines)
-                # [n/8][m/8][8][8] read back in (m, n) order: m/8 blocks, 8 rows, n/8 blocks, 8 columns.
-                b.dma(hc, Window((tx, ty, 0, 0), (1, 1, tile_m, tile_n), (herd_n * tile_m * tile_n, tile_m * tile_n,
-                                                                         tile_n, 1)),
-                      c_buf, Window((0, 0, 0, 0), (blocks_m, BLOCK, blocks_n, BLOCK),
-                                    (BLOCK * BLOCK, BLOCK, tile_m * BLOCK, 1)))
+                c_buf = b.alloc(MemRef((drain_blocks, blocks_m, BLOCK, BLOCK), "bf16", L1), "c_l1")
+                with b.loop(0, tile_n // drain_n, 1, "chunk") as chunk:
+                    n0 = b.affine(f"s0 * {drain_n}", [chunk], "n0")
+                    b.call("gemm_f32_to_bf16", [b.slab(h_acc, [tx, ty, chunk]), c_buf], defines)
+                    # [n/8][m/8][8][8] read back in (m, n) order: m/8 blocks, 8 rows, n/8 blocks, 8 columns.
+                    b.dma(hc, Window((tx, ty, 0, n0), (1, 1, tile_m, drain_n),
+                                     (herd_n * tile_m * tile_n, tile_m * tile_n, tile_n, 1)),
+                          c_buf, Window((0, 0, 0, 0), (blocks_m, BLOCK, drain_blocks, BLOCK),
+                                        (BLOCK * BLOCK, BLOCK, tile_m * BLOCK, 1)))
                 b.dealloc(c_buf)
             b.dma(sc, Window((0, 0, row0, col0), (herd_m, herd_n, tile_m, tile_n), (tile_m * N, tile_n, N, 1)),
                   c_l2, WHOLE)

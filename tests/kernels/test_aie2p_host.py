@@ -224,8 +224,10 @@ SMOLLM2_DIMS = ModelDims(SMOLLM2["hidden"], SMOLLM2["heads"], SMOLLM2["kv_heads"
                          49152, 1e-5)
 LLAMA32_1B_DIMS = ModelDims(2048, 32, 8, 64, 8192, 128256, 1e-5)
 PREFILL_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
-# (tile_m, tile_k, tile_n) of every gemm.cc build the builders make for SmolLM2-135M and Llama-3.2-1B prefill.
-GEMM_TILE_CONFIGS = [(16, 32, 48), (16, 32, 128), (32, 32, 48), (32, 32, 128)]
+# (tile_m, tile_k, tile_n, drain_n) of every gemm.cc build the builders make for SmolLM2-135M and Llama-3.2-1B
+# prefill.
+GEMM_TILE_CONFIGS = [(16, 32, 48, 48), (16, 32, 128, 128), (32, 32, 48, 48), (32, 32, 128, 128), (64, 32, 48, 48),
+                     (64, 32, 128, 16)]
 
 
 def builder_gemm_tile_configs() -> set[tuple[int, int, int]]:
@@ -234,7 +236,8 @@ def builder_gemm_tile_configs() -> set[tuple[int, int, int]]:
         for program in programs_for_model(dims, PREFILL_BUCKETS):
             for launch in (l for l in program.launches if l.kind == "gemm"):
                 defines = dict(build_launch(program, launch).externs[0].defines)
-                configs.add((defines["GEMM_TILE_M"], defines["GEMM_TILE_K"], defines["GEMM_TILE_N"]))
+                configs.add((defines["GEMM_TILE_M"], defines["GEMM_TILE_K"], defines["GEMM_TILE_N"],
+                             defines["GEMM_DRAIN_N"]))
     return configs
 
 
@@ -248,20 +251,20 @@ def small_integers(rows: int, cols: int, generator: torch.Generator) -> torch.Te
     return (torch.randint(-16, 17, (rows, cols), generator=generator) / 2).to(torch.bfloat16)
 
 
-@pytest.mark.parametrize("tile_m, tile_k, tile_n", GEMM_TILE_CONFIGS)
-def test_gemm_is_bit_exact_when_the_sums_are_exact(tile_m, tile_k, tile_n):
+@pytest.mark.parametrize("tile_m, tile_k, tile_n, drain_n", GEMM_TILE_CONFIGS)
+def test_gemm_is_bit_exact_when_the_sums_are_exact(tile_m, tile_k, tile_n, drain_n):
     """Two tiles along M and N and three K steps: a block or tile put in the wrong place changes the result."""
     generator = torch.Generator().manual_seed(tile_m * tile_n + tile_k)
     m, k, n = 2 * tile_m, 3 * tile_k, 2 * tile_n
     a, w = small_integers(m, k, generator), small_integers(n, k, generator)
-    out = host_build.gemm(a, w, tile_m=tile_m, tile_k=tile_k, tile_n=tile_n)
+    out = host_build.gemm(a, w, tile_m=tile_m, tile_k=tile_k, tile_n=tile_n, drain_n=drain_n)
     assert out.dtype == torch.bfloat16 and out.shape == (m, n)
     assert_bitwise(out, (a.float() @ w.float().T).to(torch.bfloat16))
     assert_bitwise(out, F.linear(a, w))
 
 
-@pytest.mark.parametrize("tile_m, tile_k, tile_n", GEMM_TILE_CONFIGS)
-def test_gemm_random_within_fp32_summation_bounds(tile_m, tile_k, tile_n):
+@pytest.mark.parametrize("tile_m, tile_k, tile_n, drain_n", GEMM_TILE_CONFIGS)
+def test_gemm_random_within_fp32_summation_bounds(tile_m, tile_k, tile_n, drain_n):
     generator = torch.Generator().manual_seed(tile_m + tile_n + tile_k)
     m, k, n = 2 * tile_m, 4 * tile_k, 2 * tile_n
     a = torch.randn(m, k, generator=generator).to(torch.bfloat16)
@@ -271,7 +274,7 @@ def test_gemm_random_within_fp32_summation_bounds(tile_m, tile_k, tile_n):
     acc = host_build.gemm(a, w, tile_m=tile_m, tile_k=tile_k, tile_n=tile_n, out_dtype=torch.float32)
     assert acc.dtype == torch.float32
     assert_within(acc, exact, rtol=0, atol=k * 2**-24 * magnitude)
-    out = host_build.gemm(a, w, tile_m=tile_m, tile_k=tile_k, tile_n=tile_n)
+    out = host_build.gemm(a, w, tile_m=tile_m, tile_k=tile_k, tile_n=tile_n, drain_n=drain_n)
     assert_bitwise(out, acc.to(torch.bfloat16))  # the drain rounds to nearest-even, as torch does
     assert_within(out, exact, rtol=2**-8, atol=k * 2**-24 * magnitude)
     assert_within(out, F.linear(a, w), rtol=2**-7, atol=2**-16 * magnitude)
@@ -286,7 +289,7 @@ def test_gemm_model_shape_with_the_builders_tiles():
     a = torch.randn(16, 576, generator=generator).to(torch.bfloat16)
     w = (torch.randn(192, 576, generator=generator) / 24).to(torch.bfloat16)
     out = host_build.gemm(a, w, tile_m=defines["GEMM_TILE_M"], tile_k=defines["GEMM_TILE_K"],
-                          tile_n=defines["GEMM_TILE_N"])
+                          tile_n=defines["GEMM_TILE_N"], drain_n=defines["GEMM_DRAIN_N"])
     magnitude = a.double().abs() @ w.double().abs().T
     assert_within(out, a.double() @ w.double().T, rtol=2**-8, atol=576 * 2**-24 * magnitude)
 
@@ -299,6 +302,8 @@ def test_gemm_wrapper_refuses_what_does_not_tile():
         host_build.gemm(a, w[:, :32], tile_m=16, tile_k=32, tile_n=48)
     with pytest.raises(TypeError, match="bfloat16"):
         host_build.gemm(a.float(), w, tile_m=16, tile_k=32, tile_n=48)
+    with pytest.raises(ValueError, match=r"drain_n=32: expected a positive multiple of 8 dividing tile_n=48"):
+        host_build.gemm(a, w, tile_m=16, tile_k=32, tile_n=48, drain_n=32)
 
 
 @pytest.mark.parametrize("rows, depth, tile_rows, k_chunk", [

@@ -125,7 +125,7 @@ def test_calls_state_the_kernel_configuration_they_were_tiled_for():
     assert {d.defines for d in build("attention").externs} == {
         (("ATTN_HEAD_DIM", 64), ("ATTN_TK", 64), ("ATTN_TQ", 32))}
     assert {d.defines for d in build("gemm").externs} == {
-        (("GEMM_TILE_K", 32), ("GEMM_TILE_M", 32), ("GEMM_TILE_N", 128))}
+        (("GEMM_DRAIN_N", 16), ("GEMM_TILE_K", 32), ("GEMM_TILE_M", 64), ("GEMM_TILE_N", 128))}
     # the buffers handed to the kernel are exactly the configured tile
     assert "func.call @rope_half_split_bf16(%x_l1, %lut_l1, %out_l1) : (memref<4096xbf16, 2 : i32>, " \
            "memref<128xbf16, 2 : i32>, memref<4096xbf16, 2 : i32>)" in build("rope").text
@@ -146,13 +146,18 @@ def test_gemm_defaults_use_the_full_array_and_stage_through_l2():
     # zero, accumulate and drain are one physical herd: the accumulator stays in its L1
     assert len({name for name, _, _ in herd_headers(ir.text)}) == 1 and len(herd_headers(ir.text)) == 3
     assert {link for _, _, link in herd_headers(ir.text)} == {"gemm.o"}
-    assert "tiles m32 n128 k32 (L1) k256 (L2)" in ir.text  # upstream's drain-method tiles
-    assert "memref<8x1x32x256xbf16, 1 : i32>" in ir.text  # A slice staged in memtiles, one slab per herd column
-    assert "memref<8x4x16x4x8x8xf32, 2 : i32>" in ir.text  # accumulators in the kernel's [n/8][m/8][8][8] blocks
+    # upstream's drain-method tiles twice as tall, the slab rounded 16 columns at a time to fit L1
+    assert "tiles m64 n128 k32 (L1) k256 (L2), drained by n16" in ir.text
+    assert "memref<8x1x64x256xbf16, 1 : i32>" in ir.text  # A slice staged in memtiles, one slab per herd column
+    # accumulators in the kernel's [n/8][m/8][8][8] blocks, n/8 split into 8 drain chunks of 2
+    assert "memref<8x4x8x2x8x8x8xf32, 2 : i32>" in ir.text
     assert "linalg." not in ir.text  # all compute is in the kernel
     accumulate = re.search(r"func\.call @gemm_bf16_f32_wnk\((%\w+), (%\w+), (%\w+)\) : \(([^)]*)\)", ir.text)
-    assert accumulate.group(4).startswith("memref<4x4x8x8xbf16, 2 : i32>, memref<4x16x8x8xbf16, 2 : i32>, "
-                                          "memref<16x4x8x8xf32, strided<")
+    assert accumulate.group(4).startswith("memref<4x8x8x8xbf16, 2 : i32>, memref<4x16x8x8xbf16, 2 : i32>, "
+                                          "memref<8x2x8x8x8xf32, strided<")
+    drain = re.search(r"func\.call @gemm_f32_to_bf16\((%\w+), (%\w+)\) : \(([^)]*)\)", ir.text)
+    assert drain.group(3).startswith("memref<2x8x8x8xf32, strided<") and drain.group(3).endswith(
+        "memref<2x8x8x8xbf16, 2 : i32>")  # one chunk in, one chunk out
 
 
 def test_gemm_precision_selects_the_kernel_build():
@@ -188,8 +193,8 @@ def test_gemm_dmas_cut_and_restore_the_kernels_blocked_layouts():
     """The builder's own windows, applied to numbered operands, give each tile exactly the L1 buffers gemm.cc reads
     (host_build pre-tiles the way the kernel expects) and put the kernel's output blocks back in C's rows."""
     M, K, N = 64, 128, 64
-    ir = build("gemm", M=M, K=K, N=N)
-    assert "herd 4x4, tiles m16 n16 k32 (L1) k128 (L2), 1x1 launch steps" in ir.text
+    ir = build("gemm", M=M, K=K, N=N, tuning={"drain_n": 8})
+    assert "herd 4x4, tiles m16 n16 k32 (L1) k128 (L2), drained by n8, 1x1 launch steps" in ir.text
     tile_m, tile_n, tile_k = 16, 16, 32
     a_to_l2, w_to_l2, a_to_l1, w_to_l1, c_to_l2, c_to_l3 = ir.dmas
     a, w = torch.arange(M * K).reshape(M, K), -torch.arange(N * K).reshape(N, K)
@@ -209,9 +214,10 @@ def test_gemm_dmas_cut_and_restore_the_kernels_blocked_layouts():
     for tx in range(4):
         for ty in range(4):
             tile = c[tx * tile_m:(tx + 1) * tile_m, ty * tile_n:(ty + 1) * tile_n]
-            kernel_layout = tile.reshape(tile_m // 8, 8, tile_n // 8, 8).permute(2, 0, 1, 3).flatten()
-            at = {"%hx": tx, "%hy": ty}
-            scatter(c_l2, c_to_l2.dst, at, gather(kernel_layout, c_to_l2.src, at))
+            kernel_layout = tile.reshape(tile_m // 8, 8, tile_n // 8, 8).permute(2, 0, 1, 3)
+            for chunk in range(tile_n // 8):  # drained 8 columns (one [m/8][8][8] block row) at a time
+                at = {"%hx": tx, "%hy": ty, "%n0": chunk * 8}
+                scatter(c_l2, c_to_l2.dst, at, gather(kernel_layout[chunk].flatten(), c_to_l2.src, at))
     scatter(c_out, c_to_l3.dst, step0, c_l2)
     assert torch.equal(c_out.reshape(M, N), c)
 
@@ -219,7 +225,7 @@ def test_gemm_dmas_cut_and_restore_the_kernels_blocked_layouts():
 def test_gemm_l2_budget_counts_the_pieces_a_memtile_receives():
     """Multi-column herds split their L2 slices over their columns' memtiles (upstream's 256-deep K slices then fit);
     a one-column herd keeps everything in one memtile and takes shallower slices."""
-    assert "herd 8x4, tiles m32 n128 k32 (L1) k256 (L2)" in build("gemm", M=2048, K=8192, N=8192).text
+    assert "herd 8x4, tiles m64 n128 k32 (L1) k256 (L2)" in build("gemm", M=2048, K=8192, N=8192).text
     assert "herd 1x4, tiles m16 n128 k32 (L1) k128 (L2)" in build("gemm", M=16, K=2048, N=8192).text
 
 
@@ -332,7 +338,7 @@ def test_decode_ffn_herds_take_two_streams_per_tile():
 def test_tuning_overrides_reach_the_ir():
     ir = build("gemm", tuning={"herd_m": 4, "tile_m": 16})
     assert {sizes for _, sizes, _ in herd_headers(ir.text)} == {(4, 4)}
-    assert "memref<4x4x16x2x8x8xf32, 2 : i32>" in ir.text
+    assert "memref<4x4x1x16x2x8x8xf32, 2 : i32>" in ir.text  # drained whole: it fits
 
 
 def test_builders_are_deterministic():
@@ -350,7 +356,9 @@ def test_builders_are_deterministic():
     ("gemm", {}, {"tile_n": 40}, r"gemm launch: tile_n=40: must divide N/herd_n=128"),
     ("gemm", {}, {"herd_n": 8}, r"gemm launch: herd_n=8: the herd spans at most 4 rows"),
     ("gemm", {}, {"herd_m": 16}, r"gemm launch: herd_m=16: the herd spans at most 8 columns"),
-    ("gemm", dict(M=1024), {"herd_m": 4, "tile_m": 64, "tile_k_l1": 32}, r"gemm launch: L1 bytes=\d+: exceeds"),
+    ("gemm", dict(M=1024), {"herd_m": 4, "tile_m": 64, "tile_k_l1": 32, "drain_n": 128},
+     r"gemm launch: L1 bytes=\d+: exceeds .*bf16 drain chunk x1 16384 B.*lower tile_m, tile_n, tile_k_l1 or drain_n"),
+    ("gemm", {}, {"drain_n": 12}, r"gemm launch: drain_n=12: must divide tile_n=128 and be a multiple of 8"),
     ("gemm", {}, {"tile_k_l2": 1024}, r"gemm launch: L2 bytes=\d+: exceeds 524288 B of one memtile .*"
                                        r"W slice x2, 1 of 4 pieces 524288 B"),
     # a herd on one column keeps its whole slices in one memtile

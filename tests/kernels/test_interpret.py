@@ -38,11 +38,11 @@ def _label(program, tuning=None) -> str:
 
 
 # The model's Programs at buckets 16 and 32, plus tunings that reach what the defaults do not at these dims:
-# GEMM launch grids and K loops longer than one step, attention rounds and causally skipped blocks, rows cut
+# GEMM launch grids, K loops and drain chunk loops longer than one step, attention rounds and causally skipped blocks, rows cut
 # into several chunks, GEMV panels over several launch steps, and the BFP16 GEMM.
 CASES = [(p, None) for p in programs_for_model(SMALL, (16, 32))] + [
     (rms_gemms_rope(256, 4, 2, 64, EPS, 64),
-     {1: dict(herd_m=2, herd_n=2, tile_m=16, tile_n=32, tile_k_l2=64, tile_k_l1=32)}),
+     {1: dict(herd_m=2, herd_n=2, tile_m=16, tile_n=32, tile_k_l2=64, tile_k_l1=32, drain_n=8)}),
     (flash_attn(4, 2, 64, 128), {1: dict(herd_q=2, tile_q=16, tile_kv=32)}),
     # o_gemv_ffn: two launch steps and row groups for the residual GEMV, row groups for the normed one, and the
     # K-split down projection (k_chunk < K)
@@ -282,15 +282,16 @@ def test_a_dropped_output_dma_fails(air_tools, printed):
 @needs_host_compiler
 def test_tiles_sharing_an_l1_slab_fail(air_tools, printed):
     # The Q GEMM's accumulator zeroing indexes the slab by the herd's column only.
-    broken = mutate(air_tools, printed, r"(memref\.subview %\w+\[%\w+, )%\w+(, 0, 0, 0, 0\])", r"\g<1>0\2")
+    broken = mutate(air_tools, printed, r"(memref\.subview %\w+\[%\w+, )%\w+(, 0, 0, 0, 0, 0\])", r"\g<1>0\2")
     with pytest.raises(TileAliasing, match="L1 memory is private to a tile"):
         run_mutated(broken)
 
 
 @needs_host_compiler
 def test_tiles_writing_one_memtile_block_fail(air_tools, printed):
-    # Every tile of the Q GEMM drains its output tile to the same place of the memtile's C block.
-    broken = mutate(air_tools, printed, r"(air\.dma_memcpy_nd \(%\w+\[%\w+, )%\w+(, (%c0_\d+), %c0_\d+\])",
+    # Every tile of the Q GEMM drains its output tile to the same place of the memtile's C block (at the chunk's
+    # column).
+    broken = mutate(air_tools, printed, r"(air\.dma_memcpy_nd \(%\w+\[%\w+, )%\w+(, (%c0_\d+), %\w+\])",
                     r"\1\3\2")
     with pytest.raises(TileRace, match="another tile of the herd wrote"):
         run_mutated(broken)
