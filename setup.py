@@ -5,6 +5,7 @@ from setuptools import setup
 PACKAGE_DIRS = {
     "torch_npu2": "torch_npu2",
     "torch_npu2.emulator": "torch_npu2/emulator",
+    "torch_npu2.targets": "torch_npu2/targets",
     "torch_npu2.ops": "ops",
     "torch_npu2.kernels": "kernels",
     "torch_npu2.kernels.builders": "kernels/builders",

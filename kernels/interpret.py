@@ -40,11 +40,10 @@ import torch
 
 from . import host_build
 from .air_pipeline import check_windows
-from .program import Program, Role
+from .program import TORCH_DTYPES, Program, Role
 from .stitch import ObjectBuild, StitchedModule, stitch
 from .toolchain import Toolchain, find_toolchain
 
-TORCH_DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
 INTEGER_TYPES = ("index", "i32", "i64", "i1")
 
 # How each external kernel uses its memref arguments, in order: "r" reads it whole, "w" writes it whole,

@@ -72,7 +72,8 @@ SPACE_NAMES = {L3: "L3 (shim)", L2: "L2 (memtile)", L1: "L1 (compute tile)"}
 _LOOP_COMPUTE = re.compile(r"\b(linalg\.(?!fill\b|copy\b|yield\b)\w+|arith\.(?:mulf|addf|subf|divf)|math\.fma)\b")
 _HEADER = re.compile(r"^(?P<indent> *)air\.(?P<op>launch|segment|herd) @(?P<name>\w+)(?: tile)?"
                      r"(?: \((?P<ids>[^)]*)\) in \((?P<sizes>[^)]*)\))?"
-                     r"(?: args\((?P<args>[^)]*)\) : (?P<types>.*?))?(?: attributes \{[^}]*\})? \{$")
+                     r"(?: args\((?P<args>[^)]*)\) : (?P<types>.*?))?(?: attributes \{(?P<attributes>[^}]*)\})? \{$")
+_LINK_WITH = re.compile(r'link_with = "([^"]*)"')
 _CONSTANT = re.compile(r"(%[\w$.]+) = arith\.constant (-?\d+) : index\b")
 _VALUE = re.compile(r"%[\w$.]+")
 _DEFINITION = re.compile(r"^\s*(%[\w$.]+) = (affine\.apply|arith\.\w+)\b(.*)$")
@@ -94,13 +95,16 @@ class Finding:
 
 # ---- reading the builders' text ---------------------------------------------------------------------------
 @dataclass(frozen=True)
-class _Region:
+class Region:
     op: str
     name: str
     ids: tuple[str, ...]
     sizes: tuple[str, ...]
     bindings: tuple[tuple[str, str, str], ...]  # (block argument, operand, type)
     body: tuple[str, ...]
+    depth: int                   # indentation, in the emitted two-space steps
+    size_args: tuple[str, ...]   # block arguments that hold the iteration sizes
+    link_with: str | None        # a herd's kernel object
 
 
 def _split_types(types: str) -> list[str]:
@@ -117,7 +121,7 @@ def _split_types(types: str) -> list[str]:
     return parts + [types[start:].strip()] if types.strip() else []
 
 
-def _regions(text: str) -> list[_Region]:
+def regions(text: str) -> list[Region]:
     """Every air.launch/segment/herd in text order, with the lines of its region."""
     lines = text.splitlines()
     found = []
@@ -130,10 +134,12 @@ def _regions(text: str) -> list[_Region]:
         sized = re.findall(r"(%[\w$.]+)=(%[\w$.]+)", match.group("sizes") or "")
         pairs = re.findall(r"(%[\w$.]+)=(%[\w$.]+)", match.group("args") or "")
         types = _split_types(match.group("types") or "")
-        found.append(_Region(match.group("op"), match.group("name"), tuple(_VALUE.findall(match.group("ids") or "")),
-                             tuple(size for _, size in sized),
-                             tuple((inner, outer, t) for (inner, outer), t in zip(pairs, types)),
-                             tuple(lines[number + 1:end])))
+        link_with = _LINK_WITH.search(match.group("attributes") or "")
+        found.append(Region(match.group("op"), match.group("name"), tuple(_VALUE.findall(match.group("ids") or "")),
+                            tuple(size for _, size in sized),
+                            tuple((inner, outer, t) for (inner, outer), t in zip(pairs, types)),
+                            tuple(lines[number + 1:end]), len(match.group("indent")) // 2,
+                            tuple(inner for inner, _ in sized), link_with.group(1) if link_with else None))
     return found
 
 
@@ -202,7 +208,7 @@ def check_core_compute(text: str, kind: str) -> list[tuple[str, str]]:
     if kind not in GEMM_CLASS_KINDS:
         return []
     problems = []
-    for region in _regions(text):
+    for region in regions(text):
         if region.op != "herd":
             continue
         for line in region.body:
@@ -234,18 +240,18 @@ def _derived(lines, seeds: set[str]) -> tuple[set[str], list[str]]:
 def check_launch_ids(text: str) -> list[tuple[str, str]]:
     """``launch-id-in-core``: (herd, message) for each scalar herd operand derived from launch ids that the
     herd's code uses beyond DMA offsets."""
-    regions = _regions(text)
-    tainted = {value for region in regions if region.op == "launch" for value in region.ids}
+    found = regions(text)
+    tainted = {value for region in found if region.op == "launch" for value in region.ids}
     for line in text.splitlines():  # text order is dominance order: one pass sees every definition first
         header = _HEADER.match(line)
         if header:
-            region = next(r for r in regions if r.op == header.group("op") and r.name == header.group("name"))
+            region = next(r for r in found if r.op == header.group("op") and r.name == header.group("name"))
             tainted |= {inner for inner, outer, _ in region.bindings if outer in tainted}
         definition = _DEFINITION.match(line)
         if definition and set(_VALUE.findall(definition.group(3))) & tainted:
             tainted.add(definition.group(1))
     problems = []
-    for herd in (r for r in regions if r.op == "herd"):
+    for herd in (r for r in found if r.op == "herd"):
         for inner, outer, type_text in herd.bindings:
             if outer not in tainted or type_text.startswith("memref"):
                 continue
@@ -329,7 +335,7 @@ def check_shim_bds(text: str, tiling) -> list[str]:
     steps when the batch's tile folds into that BD (window dimensions plus the tiled launch dimensions fit
     3 dimensions and an iteration), and one BD per launch step of the tile when it does not. One DMA's BDs
     sit on one shim tile, whose 16 BDs must hold a batch. ``lint_lowered`` counts the real live BDs."""
-    launches = [r for r in _regions(text) if r.op == "launch"]
+    launches = [r for r in regions(text) if r.op == "launch"]
     if not launches:
         return []
     constants = _constants(text)

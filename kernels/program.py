@@ -12,7 +12,10 @@ import json
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 
+import torch
+
 DTYPE_BYTES = {"bf16": 2, "f32": 4}
+TORCH_DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}  # what a Program's dtype names are as tensors
 
 
 class Role(str, enum.Enum):

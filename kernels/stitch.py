@@ -61,12 +61,13 @@ class _KernelVariants:
         symbols, objects = {}, {}
         for decl in externs:
             declared = self._builds.setdefault((decl.object, decl.defines), {})
-            assert declared.setdefault(decl.symbol, decl.arg_types) == decl.arg_types, \
-                f"{decl.symbol}: one configuration, two signatures"
+            if declared.setdefault(decl.symbol, decl.arg_types) != decl.arg_types:
+                raise ValueError(f"{decl.symbol}: one configuration, two signatures")
             suffix = _suffix(self._number(decl.object, decl.defines))
             symbols[decl.symbol] = decl.symbol + suffix
-            assert objects.setdefault(decl.object, _variant_object(decl.object, suffix)) == \
-                _variant_object(decl.object, suffix), f"a launch links two configurations of {decl.object}"
+            if objects.setdefault(decl.object, _variant_object(decl.object, suffix)) != \
+                    _variant_object(decl.object, suffix):
+                raise ValueError(f"a launch links two configurations of {decl.object}")
         return symbols, objects
 
     def declarations(self) -> list[str]:

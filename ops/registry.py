@@ -16,9 +16,9 @@ from typing import Callable
 
 import torch
 
-from ..kernels.program import Program
+from ..kernels.program import TORCH_DTYPES, Program
 from ..kernels.programs import MATMUL_PRECISIONS
-from ..runtime import TORCH_DTYPES, get_runtime
+from ..runtime import get_runtime
 
 NAMESPACE = "npu2"
 _LIB = torch.library.Library(NAMESPACE, "DEF")

@@ -153,7 +153,7 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
                 matmul_precision: str = DEFAULT_MATMUL_PRECISION, progress: bool = False):
     """Run ``model`` (a HF ``LlamaForCausalLM``, patched in place and returned) through the npu2 ops.
 
-    ``backend``: "auto" (NPU if present, else emulated), "npu" or "emulator" — the process-wide runtime.
+    ``backend``: "auto" (NPU if present, else emulated), "npu2" or "emulator" — the process-wide runtime.
     ``prefill_buckets``: the sequence lengths prefill kernels are compiled for; prompts pad to the next
     bucket, and prompts longer than the largest are processed in chunks of it.
     ``matmul_precision``: how the prefill GEMMs multiply on the NPU: "bf16" (the AIE API's exact bf16 mmul)

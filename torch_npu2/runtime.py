@@ -18,11 +18,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .artifact_cache import ArtifactCache, default_cache_root
-from .backend import resolve_backend
-from .kernels.program import Program, Role
-
-TORCH_DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
+from .artifact_cache import ArtifactCache
+from .kernels.program import TORCH_DTYPES, Program, Role
+from .targets import AUTO, TARGETS, Target, check_backend, resolve_target
 # XRT allocates BOs in whole pages; rounding pool sizes up lets nearby sizes share buffers.
 PAGE = 4096
 
@@ -222,38 +220,15 @@ class Runtime:
         self._loaded.clear()
 
 
-def _emulator_builder(program: Program, directory):
-    """The emulator's artifact: the Program, plus the MLIR the NPU target would compile, for inspection
-    (or why it could not be emitted: a shape the NPU builders' tiling does not support)."""
-    from .emulator import write_artifact
-    from .kernels.stitch import emit_mlir
-
-    path = directory / f"{program.name}.json"
-    try:
-        mlir, problem = emit_mlir(program), None
-    except ValueError as exc:
-        mlir, problem = None, str(exc)
-    write_artifact(program, path, mlir=mlir, mlir_problem=problem)
-    return path
-
-
-EMULATOR_TOOLCHAIN = "torch_npu2-emulator-1"
-
-
 def create_runtime(backend: str | None = None, driver=None, cache_root=None) -> Runtime:
-    """A runtime for ``backend`` (see backend.py), or over an explicit pyxrt-shaped ``driver``."""
+    """A runtime on the target ``backend`` names (see torch_npu2/targets), or, with an explicit pyxrt-shaped
+    ``driver``, one that drives it but builds and caches artifacts for ``backend`` (default: the emulator)."""
     if driver is None:
-        target, driver = resolve_backend(backend)
+        target: Target = resolve_target(backend)
+        driver = target.open_driver()
     else:
-        target = "npu2" if backend == "npu" else "emulator"
-    root = cache_root or default_cache_root()
-    if target == "emulator":
-        cache = ArtifactCache(root, target, EMULATOR_TOOLCHAIN, _emulator_builder)
-    else:
-        from .kernels import compile as pipeline
-
-        cache = ArtifactCache(root, target, pipeline.toolchain_fingerprint(), pipeline.compile_program)
-    return Runtime(driver, target, cache)
+        target = TARGETS[check_backend(backend) if backend not in (None, AUTO) else "emulator"]
+    return Runtime(driver, target.name, target.cache(cache_root))
 
 
 _current: Runtime | None = None
@@ -266,15 +241,13 @@ def get_runtime() -> Runtime:
     return _current
 
 
-def runtime_for(backend: str = "auto") -> Runtime:
+def runtime_for(backend: str = AUTO) -> Runtime:
     """The process-wide runtime, created for ``backend`` if none exists yet; an explicit backend must match it."""
     global _current
+    check_backend(backend)
     if _current is None:
-        _current = create_runtime(None if backend == "auto" else backend)
-    wanted = {"npu": "npu2", "emulator": "emulator"}.get(backend)
-    if backend != "auto" and wanted is None:
-        raise ValueError(f"backend must be one of ('auto', 'npu', 'emulator'), got {backend!r}")
-    if wanted is not None and _current.target != wanted:
+        _current = create_runtime(None if backend == AUTO else backend)
+    if backend != AUTO and _current.target != backend:
         raise ValueError(f"backend={backend!r} was requested but this process already runs on the "
                          f"{_current.target} runtime")
     return _current

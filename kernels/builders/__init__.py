@@ -1,30 +1,55 @@
 """Launch-kind builders: each turns one Program launch into MLIR-AIR text (ir.py describes the form).
 
-``BUILDERS`` maps a launch kind to ``build(params, operand_types, tuning=None) -> LaunchIR``; operand
-types are the launch's reads then writes, as the Program's argument shapes and dtypes.
+``BUILDERS`` maps a launch kind to a :class:`KindBuilder`, called as ``(params, operand_types, tuning=None)
+-> LaunchIR``; operand types are the launch's reads then writes, as the Program's argument shapes and
+dtypes. It checks the launch's params and tuning against the kind's names before the build function runs,
+so a build function starts from present, positive params and a known tuning dict.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
 
 from ..program import Launch, Program
 from . import add, attention, gemm, gemv, gemv_fused, rmsnorm, rope, silu_mul, stack
 from .externs import EXTERNAL_KERNELS, KERNEL_OBJECTS, KernelObject
 from .ir import LaunchIR, MemRef
-from .npu2 import LaunchConstraintError
+from .npu2 import LaunchConstraintError, check_params, check_tuning
 
-BUILDERS = {
-    "rmsnorm": rmsnorm.build,
-    "gemm": gemm.build,
-    "gemv": gemv.build,
-    "gemv_f32": gemv.build_f32,
-    "gemv_add": gemv_fused.build_add,
-    "rms_gemv": gemv_fused.build_rms_gemv,
-    "swiglu_gemv_add": gemv_fused.build_swiglu_add,
-    "rope": rope.build,
-    "silu_mul": silu_mul.build,
-    "add": add.build,
-    "attention": attention.build,
-    "stack": stack.build,
-}
+
+@dataclass(frozen=True)
+class KindBuilder:
+    kind: str
+    build: Callable[[dict, list, dict], LaunchIR]  # (params, operand types, tuning), both already checked
+    params: tuple[str, ...]                        # required launch params
+    tuning: tuple[str, ...]                        # tuning keys the build function understands
+
+    def __call__(self, params: dict, operands, tuning: dict | None = None) -> LaunchIR:
+        tuning = dict(tuning or {})
+        check_params(self.kind, params, self.params)
+        check_tuning(self.kind, tuning, self.tuning)
+        return self.build(params, operands, tuning)
+
+
+def _module_builder(kind: str, module, build=None) -> KindBuilder:
+    """The builder of a module that holds one kind's ``build``, ``PARAMS`` and ``TUNING``."""
+    return KindBuilder(kind, build or module.build, module.PARAMS, module.TUNING)
+
+
+BUILDERS = {builder.kind: builder for builder in (
+    _module_builder("rmsnorm", rmsnorm),
+    _module_builder("gemm", gemm),
+    _module_builder("gemv", gemv),
+    _module_builder("gemv_f32", gemv, gemv.build_f32),
+    _module_builder("gemv_add", gemv_fused, gemv_fused.build_add),
+    KindBuilder("rms_gemv", gemv_fused.build_rms_gemv, gemv_fused.RMS_PARAMS, gemv_fused.RMS_TUNING),
+    _module_builder("swiglu_gemv_add", gemv_fused, gemv_fused.build_swiglu_add),
+    _module_builder("rope", rope),
+    _module_builder("silu_mul", silu_mul),
+    _module_builder("add", add),
+    _module_builder("attention", attention),
+    _module_builder("stack", stack),
+)}
 
 
 def operand_types(program: Program, launch: Launch) -> list[MemRef]:
@@ -40,5 +65,5 @@ def build_launch(program: Program, launch: Launch, tuning: dict | None = None) -
     return builder(launch.p, operand_types(program, launch), tuning)
 
 
-__all__ = ["BUILDERS", "EXTERNAL_KERNELS", "KERNEL_OBJECTS", "KernelObject", "LaunchConstraintError", "LaunchIR",
-           "MemRef", "build_launch", "operand_types"]
+__all__ = ["BUILDERS", "EXTERNAL_KERNELS", "KERNEL_OBJECTS", "KindBuilder", "KernelObject", "LaunchConstraintError",
+           "LaunchIR", "MemRef", "build_launch", "operand_types"]

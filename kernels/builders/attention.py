@@ -39,8 +39,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .ir import L1, L2, WHOLE, LaunchBuilder, LaunchIR, MemRef, Value, Window
-from .npu2 import (COLUMNS, L1_AVAILABLE, MMUL_GRANULE, ROWS, check_budget, check_operands, check_params,
-                   check_tuning, divisors_descending, nbytes, require)
+from .npu2 import (COLUMNS, L1_AVAILABLE, MMUL_GRANULE, ROWS, check_budget, check_operands,
+                   divisors_descending, nbytes, require)
 
 KIND = "attention"
 PARAMS = ("seq", "heads", "kv_heads", "head_dim", "causal")
@@ -67,10 +67,7 @@ def _default_tile_q(seq: int) -> int | None:
     return max(dividing, key=lambda t: (divisors_descending(seq // t, COLUMNS)[0], t), default=None)
 
 
-def build(params: dict, operands, tuning: dict | None = None) -> LaunchIR:
-    tuning = dict(tuning or {})
-    check_params(KIND, params, PARAMS)
-    check_tuning(KIND, tuning, TUNING)
+def build(params: dict, operands, tuning: dict) -> LaunchIR:
     seq, heads, kv_heads, head_dim = (params[n] for n in ("seq", "heads", "kv_heads", "head_dim"))
     causal = params["causal"]
     require(causal is True, KIND, "causal", causal, "attention.o masks by position: only causal=True is supported")

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from .ir import L1, L2, WHOLE, LaunchBuilder, LaunchIR, MemRef, Value, Window
 from .npu2 import (COLUMNS, HERD_CANDIDATES, L1_AVAILABLE, L2_BYTES, MMUL_GRANULE, ROWS, check_budget,
-                   check_operands, check_params, check_tuning, divisors_descending, largest_dividing, nbytes,
+                   check_operands, divisors_descending, largest_dividing, nbytes,
                    pingpong_copies, require)
 
 KIND = "gemm"
@@ -103,10 +103,7 @@ def _blocked_window(herd_index: str, rows: int, k_offset: str, tile_k_l1: int, t
                   (rows * tile_k_l2, BLOCK, BLOCK * tile_k_l2, tile_k_l2, 1))
 
 
-def build(params: dict, operands, tuning: dict | None = None) -> LaunchIR:
-    tuning = dict(tuning or {})
-    check_params(KIND, params, PARAMS)
-    check_tuning(KIND, tuning, TUNING)
+def build(params: dict, operands, tuning: dict) -> LaunchIR:
     M, K, N = params["M"], params["K"], params["N"]
     precision = params.get("precision", "bf16")
     require(precision in PRECISION_DEFINES, KIND, "precision", precision,

@@ -37,8 +37,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from .ir import L1, L2, WHOLE, LaunchBuilder, LaunchIR, MemRef, Value, Window
-from .npu2 import (COLUMNS, HERD_CANDIDATES, L1_AVAILABLE, L2_BYTES, check_budget, check_operands, check_params,
-                   check_tuning, divisors_descending, largest_dividing, nbytes, pingpong_copies, require)
+from .npu2 import (COLUMNS, HERD_CANDIDATES, L1_AVAILABLE, L2_BYTES, check_budget, check_operands,
+                   divisors_descending, largest_dividing, nbytes, pingpong_copies, require)
 
 KIND = "gemv"
 F32_KIND = "gemv_f32"
@@ -132,10 +132,7 @@ def plan_gemv(kind: str, K: int, N: int, out_dtype: str, tuning: dict) -> GemvPl
     return GemvPlan(herd, steps, rows_per_tile, tile_n, rows_per_call)
 
 
-def _build(kind: str, out_dtype: str, params: dict, operands, tuning: dict | None) -> LaunchIR:
-    tuning = dict(tuning or {})
-    check_params(kind, params, PARAMS)
-    check_tuning(kind, tuning, TUNING)
+def _build(kind: str, out_dtype: str, params: dict, operands, tuning: dict) -> LaunchIR:
     K, N = params["K"], params["N"]
     check_operands(kind, operands, [("x", {(K,)}, "bf16"), ("W", {(N, K)}, "bf16"), ("y", {(N,)}, out_dtype)])
     plan = plan_gemv(kind, K, N, out_dtype, tuning)
@@ -144,11 +141,11 @@ def _build(kind: str, out_dtype: str, params: dict, operands, tuning: dict | Non
     return b.finish()
 
 
-def build(params: dict, operands, tuning: dict | None = None) -> LaunchIR:
+def build(params: dict, operands, tuning: dict) -> LaunchIR:
     return _build(KIND, "bf16", params, operands, tuning)
 
 
-def build_f32(params: dict, operands, tuning: dict | None = None) -> LaunchIR:
+def build_f32(params: dict, operands, tuning: dict) -> LaunchIR:
     return _build(F32_KIND, "f32", params, operands, tuning)
 
 

@@ -51,13 +51,15 @@ from dataclasses import dataclass
 from .gemv import (GEMV_K_GRANULE, OBJECT, ROWS_PER_CALL_CANDIDATES, GemvPlan, describe, panel_candidates,
                    panel_loop, panel_windows, split_rows, whole_words)
 from .ir import L1, L2, WHOLE, LaunchBuilder, LaunchIR, MemRef, Value, Window
-from .npu2 import (COLUMNS, HERD_CANDIDATES, ROWS, L1_AVAILABLE, L2_BYTES, check_budget, check_operands, check_params,
-                   check_tuning, divisors_descending, nbytes, pingpong_copies, require)
+from .npu2 import (COLUMNS, HERD_CANDIDATES, ROWS, L1_AVAILABLE, L2_BYTES, check_budget, check_operands,
+                   divisors_descending, nbytes, pingpong_copies, require)
 
 ADD_KIND = "gemv_add"
 SWIGLU_ADD_KIND = "swiglu_gemv_add"
 RMS_KIND = "rms_gemv"
+PARAMS = ("K", "N")
 TUNING = ("herd", "steps", "tile_n", "rows_per_call", "k_chunk")
+RMS_PARAMS = ("K", "N", "eps")
 RMS_TUNING = ("herd", "steps", "tile_n", "rows_per_call")
 # A split chunk row is one DMA dimension: at most 1023 4-byte words per BD dimension, so 1024 bf16 fits.
 MAX_SPLIT_K_CHUNK = 1024
@@ -182,18 +184,15 @@ def plan(kind: str, K: int, N: int, tuning: dict) -> FusedGemvPlan:
     return FusedGemvPlan(herd, steps, rows_per_tile, tile_n, rows_per_call, k_chunk)
 
 
-def build_add(params: dict, operands, tuning: dict | None = None) -> LaunchIR:
+def build_add(params: dict, operands, tuning: dict) -> LaunchIR:
     return _build_add(ADD_KIND, params, operands, tuning)
 
 
-def build_swiglu_add(params: dict, operands, tuning: dict | None = None) -> LaunchIR:
+def build_swiglu_add(params: dict, operands, tuning: dict) -> LaunchIR:
     return _build_add(SWIGLU_ADD_KIND, params, operands, tuning)
 
 
-def _build_add(kind: str, params: dict, operands, tuning: dict | None) -> LaunchIR:
-    tuning = dict(tuning or {})
-    check_params(kind, params, ("K", "N"))
-    check_tuning(kind, tuning, TUNING)
+def _build_add(kind: str, params: dict, operands, tuning: dict) -> LaunchIR:
     K, N = params["K"], params["N"]
     inputs = [("x", {(K,)}, "bf16")] if kind == ADD_KIND else [("gate", {(K,)}, "bf16"), ("up", {(K,)}, "bf16")]
     check_operands(kind, operands, [*inputs, ("W", {(N, K)}, "bf16"), ("residual", {(N,)}, "bf16"),
@@ -252,11 +251,8 @@ def _emit_add_tile(b: LaunchBuilder, kind: str, p: FusedGemvPlan, K: int, x_len:
     b.dealloc(vector, w_buf, partial, y_buf)
 
 
-def build_rms_gemv(params: dict, operands, tuning: dict | None = None) -> LaunchIR:
+def build_rms_gemv(params: dict, operands, tuning: dict) -> LaunchIR:
     kind = RMS_KIND
-    tuning = dict(tuning or {})
-    check_params(kind, params, ("K", "N", "eps"))
-    check_tuning(kind, tuning, RMS_TUNING)
     K, N, eps = params["K"], params["N"], float(params["eps"])
     check_operands(kind, operands, [("x", {(K,)}, "bf16"), ("norm_w", {(K,)}, "bf16"), ("W", {(N, K)}, "bf16"),
                                     ("y", {(N,)}, "bf16")])

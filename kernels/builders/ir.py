@@ -82,7 +82,9 @@ def rows_window(ref: MemRef, row, nrows: int, col, ncols: int) -> Window:
     """
     if len(ref.shape) == 2:
         return Window((row, col), (nrows, ncols), (ref.shape[1], 1))
-    assert len(ref.shape) == 1 and nrows == 1, (ref, nrows)
+    if len(ref.shape) != 1 or nrows != 1:
+        raise ValueError(f"rows_window: expected a 2-D operand, or a 1-D one with nrows=1; got {ref}, "
+                         f"nrows={nrows}")
     return Window((col,), (ncols,), (1,))
 
 
@@ -248,11 +250,14 @@ class LaunchBuilder:
         """
         dst_count = dst_window.numel if dst_window.sizes else dst.type.numel
         src_count = src_window.numel if src_window.sizes else src.type.numel
-        assert dst_count == src_count, f"DMA moves {src_count} elements into {dst_count}"
-        assert dst.type.dtype == src.type.dtype, "DMA cannot convert element types"
+        if dst_count != src_count:
+            raise ValueError(f"{self.kind} DMA: moves {src_count} elements into {dst_count}")
+        if dst.type.dtype != src.type.dtype:
+            raise ValueError(f"{self.kind} DMA: cannot convert {src.type.dtype} to {dst.type.dtype}")
         sides = []
         for value, window in ((dst, dst_window), (src, src_window)):
-            assert len(window.offsets) == len(window.sizes) == len(window.strides), window
+            if not len(window.offsets) == len(window.sizes) == len(window.strides):
+                raise ValueError(f"{self.kind} DMA: window {window} needs as many offsets, sizes and strides")
             lists = [[o if isinstance(o, str) else self.const(o) for o in window.offsets],
                      [self.const(s) for s in window.sizes], [self.const(s) for s in window.strides]]
             sides.append(value.ssa + " ".join(f"[{', '.join(values)}]" for values in lists))
@@ -278,7 +283,8 @@ class LaunchBuilder:
         trip: AIR (0e3df89d) folds a DMA's enclosing loop into its access pattern using the loop's trip
         count but not its step, so a DMA under a loop of step 8 would read rows 0, 1, 2 instead of 0, 8, 16.
         """
-        assert (upper - lower) % step == 0, f"loop [{lower}, {upper}) is not whole steps of {step}"
+        if (upper - lower) % step:
+            raise ValueError(f"{self.kind} loop: [{lower}, {upper}) is not whole steps of {step}")
         trip = self.fresh(hint if step == 1 and lower == 0 else f"{hint}_trip")
         self.emit(f"scf.for {trip} = {self.const(0)} to {self.const((upper - lower) // step)} step {self.const(1)} {{")
         with self._region(isolated=False):
@@ -334,10 +340,12 @@ class LaunchBuilder:
     def call(self, symbol: str, args, defines: dict[str, int]) -> None:
         """``func.call`` of an external AIE2P kernel built with ``defines``; recorded for the stitcher."""
         kernel = object_for_symbol(symbol)
-        assert set(kernel.config_macros) <= set(defines) <= {*kernel.config_macros, *kernel.optional_macros}, \
-            (symbol, defines)
+        if not set(kernel.config_macros) <= set(defines) <= {*kernel.config_macros, *kernel.optional_macros}:
+            raise ValueError(f"{self.kind} call of {symbol}: defines {sorted(defines)} must hold "
+                             f"{sorted(kernel.config_macros)} and at most {sorted(kernel.optional_macros)} besides")
         decl = ExternDecl(symbol, tuple(str(a.type) for a in args), kernel.object, tuple(sorted(defines.items())))
-        assert self._externs.setdefault(symbol, decl) == decl, f"{symbol} called two ways in one launch"
+        if self._externs.setdefault(symbol, decl) != decl:
+            raise ValueError(f"{self.kind}: {symbol} called two ways in one launch")
         self.emit(f"func.call @{symbol}({', '.join(a.ssa for a in args)}) : ({', '.join(decl.arg_types)}) -> ()")
 
     def assign(self, hint: str, rhs: str, type_) -> Value:

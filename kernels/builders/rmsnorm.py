@@ -20,18 +20,15 @@ double-buffered x and out rows plus the weight row fit L1 (cols up to about 6400
 from __future__ import annotations
 
 from .ir import L1, WHOLE, LaunchBuilder, LaunchIR, MemRef, Window, rows_window
-from .npu2 import (COLUMNS, HERD_CANDIDATES, VECTOR_LANES, check_budget, check_operands, check_params,
-                   check_tuning, largest_dividing, nbytes, pingpong_copies, require, row_shapes)
+from .npu2 import (COLUMNS, HERD_CANDIDATES, VECTOR_LANES, check_budget, check_operands,
+                   largest_dividing, nbytes, pingpong_copies, require, row_shapes)
 
 KIND = "rmsnorm"
 PARAMS = ("rows", "cols", "eps")
 TUNING = ("herd",)
 
 
-def build(params: dict, operands, tuning: dict | None = None) -> LaunchIR:
-    tuning = dict(tuning or {})
-    check_params(KIND, params, PARAMS)
-    check_tuning(KIND, tuning, TUNING)
+def build(params: dict, operands, tuning: dict) -> LaunchIR:
     rows, cols, eps = params["rows"], params["cols"], float(params["eps"])
     check_operands(KIND, operands, [("x", row_shapes(rows, cols), "bf16"), ("weight", {(cols,)}, "bf16"),
                                     ("out", row_shapes(rows, cols), "bf16")])

@@ -13,8 +13,8 @@ divides each tile's rows; double-buffered x, out and LUT rows fit L1.
 from __future__ import annotations
 
 from .ir import L1, WHOLE, LaunchBuilder, LaunchIR, MemRef, rows_window
-from .npu2 import (COLUMNS, HERD_CANDIDATES, L1_AVAILABLE, VECTOR_LANES, check_budget, check_operands, check_params,
-                   check_tuning, largest_dividing, nbytes, pingpong_copies, require, row_shapes)
+from .npu2 import (COLUMNS, HERD_CANDIDATES, L1_AVAILABLE, VECTOR_LANES, check_budget, check_operands,
+                   largest_dividing, nbytes, pingpong_copies, require, row_shapes)
 
 KIND = "rope"
 PARAMS = ("rows", "heads", "head_dim")
@@ -30,10 +30,7 @@ def _l1_bytes(tile_rows: int, width: int, head_dim: int, rows_per_tile: int) -> 
             f"lut rows x{copies}": copies * nbytes((tile_rows, head_dim), "bf16")}
 
 
-def build(params: dict, operands, tuning: dict | None = None) -> LaunchIR:
-    tuning = dict(tuning or {})
-    check_params(KIND, params, PARAMS)
-    check_tuning(KIND, tuning, TUNING)
+def build(params: dict, operands, tuning: dict) -> LaunchIR:
     rows, heads, head_dim = params["rows"], params["heads"], params["head_dim"]
     width = heads * head_dim
     check_operands(KIND, operands, [("x", row_shapes(rows, width), "bf16"),

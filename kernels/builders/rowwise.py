@@ -1,4 +1,5 @@
-"""Work split shared by the elementwise kinds (add, silu_mul): fixed-size chunks of a (rows, cols) array.
+"""Work split shared by the elementwise kinds (add, silu_mul, stack): fixed-size chunks of a (rows, cols) array,
+and the one builder of the binary kinds (``out = f(lhs, rhs)``), which differ only in what a chunk computes.
 
 Each row is cut into chunks of ``chunk`` elements. Several rows (prefill) go to a row-parallel herd whole:
 a tile takes ``rows / herd`` rows and walks each row's chunks. A single row (decode) has its chunks spread
@@ -13,10 +14,11 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Callable
 
-from .ir import LaunchBuilder
+from .ir import L1, WHOLE, LaunchBuilder, LaunchIR, MemRef, Value, rows_window
 from .npu2 import (COLUMNS, HERD_CANDIDATES, L1_AVAILABLE, VECTOR_LANES, LaunchConstraintError, check_budget,
-                   divisors_descending, nbytes, pingpong_copies, require)
+                   check_operands, divisors_descending, nbytes, pingpong_copies, require, row_shapes)
 
 MAX_CHUNK = 2048  # elements per DMA: long enough to amortize a transfer, small enough to double-buffer
 
@@ -80,3 +82,34 @@ def chunk_loop(b: LaunchBuilder, plan: ChunkPlan, tx: str):
         else:
             with b.loop(0, plan.chunks_per_row, 1, "c") as c:
                 yield row, b.affine(f"s0 * {plan.chunk}", [c], "col")
+
+
+# Emits what one chunk computes: (builder, plan, lhs chunk, rhs chunk, out chunk), all L1 buffers.
+ChunkCompute = Callable[[LaunchBuilder, ChunkPlan, Value, Value, Value], None]
+
+
+def build_binary(kind: str, roles: tuple[str, str, str], params: dict, operands, tuning: dict,
+                 compute: ChunkCompute, link_with: str | None = None) -> LaunchIR:
+    """``out = f(lhs, rhs)`` over (rows, cols) bf16 operands named ``roles``: each chunk of lhs and rhs goes
+    DDR → L1, ``compute`` writes the out chunk, which goes back to DDR."""
+    rows, cols = params["rows"], params["cols"]
+    shapes = row_shapes(rows, cols)
+    check_operands(kind, operands, [(role, shapes, "bf16") for role in roles])
+    plan = plan_chunks(kind, rows, cols, tuning, live_buffers=3)
+
+    b = LaunchBuilder(kind, operands, roles)
+    b.comment(f"{kind} rows={rows} cols={cols}: herd {plan.herd}x1, {plan.chunks_per_tile} chunks of "
+              f"{plan.chunk} per {'row per ' if plan.rows_per_tile else ''}tile")
+    with b.launch(kind, (1, 1), b.operands) as (_, _, launch_args):
+        with b.segment(f"{kind}_seg", launch_args) as (_, _, segment_args):
+            with b.herd(f"{kind}_herd", (plan.herd, 1), segment_args, link_with=link_with) as (
+                    (tx, _), _, (lhs, rhs, out)):
+                chunk_type = MemRef((plan.chunk,), "bf16", L1)
+                lhs_buf, rhs_buf, out_buf = (b.alloc(chunk_type, f"{role}_l1") for role in roles)
+                with chunk_loop(b, plan, tx) as (row, col):
+                    b.dma(lhs_buf, WHOLE, lhs, rows_window(lhs.type, row, 1, col, plan.chunk))
+                    b.dma(rhs_buf, WHOLE, rhs, rows_window(rhs.type, row, 1, col, plan.chunk))
+                    compute(b, plan, lhs_buf, rhs_buf, out_buf)
+                    b.dma(out, rows_window(out.type, row, 1, col, plan.chunk), out_buf, WHOLE)
+                b.dealloc(lhs_buf, rhs_buf, out_buf)
+    return b.finish()

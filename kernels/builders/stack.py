@@ -12,7 +12,7 @@ double-buffered chunks in L1.
 from __future__ import annotations
 
 from .ir import L1, WHOLE, LaunchBuilder, LaunchIR, MemRef, Window, rows_window
-from .npu2 import check_operands, check_params, check_tuning
+from .npu2 import check_operands
 from .rowwise import chunk_loop, plan_chunks
 
 KIND = "stack"
@@ -20,10 +20,7 @@ PARAMS = ("rows", "cols")
 TUNING = ("herd", "chunk")
 
 
-def build(params: dict, operands, tuning: dict | None = None) -> LaunchIR:
-    tuning = dict(tuning or {})
-    check_params(KIND, params, PARAMS)
-    check_tuning(KIND, tuning, TUNING)
+def build(params: dict, operands, tuning: dict) -> LaunchIR:
     rows, cols = params["rows"], params["cols"]
     check_operands(KIND, operands, [("first", {(rows, cols)}, "bf16"), ("second", {(rows, cols)}, "bf16"),
                                     ("out", {(2, rows, cols)}, "bf16")])

@@ -2,10 +2,8 @@
 import re
 from dataclasses import dataclass
 
-_HEADER = re.compile(r"^(?P<indent> *)air\.(?P<op>launch|segment|herd) @(?P<name>\w+)(?: tile)?"
-                     r"(?: \((?P<ids>[^)]*)\) in \((?P<sizes>[^)]*)\))?"
-                     r"(?: args\((?P<args>[^)]*)\) : (?P<types>.*?))?"
-                     r'(?: attributes \{link_with = "(?P<link>[^"]*)"\})? \{$', re.M)
+from torch_npu2.kernels.lint import regions
+
 _CONSTANT = re.compile(r"(%[\w$.]+) = arith\.constant (-?\d+) : index")
 _DMA = re.compile(r"air\.dma_memcpy_nd \((%[\w$.]+)\[[^\]]*\] \[[^\]]*\] \[[^\]]*\], (%[\w$.]+)\[")
 
@@ -23,22 +21,10 @@ class Hierarchy:
 
 
 def hierarchy(text: str) -> list[Hierarchy]:
-    """Every air.launch/segment/herd in text order, each with the text of its region."""
-    ops = []
-    lines = text.splitlines()
-    for number, line in enumerate(lines):
-        match = _HEADER.match(line)
-        if not match:
-            continue
-        closing = match.group("indent") + "}"
-        end = next(i for i in range(number + 1, len(lines)) if lines[i] == closing)
-        pairs = re.findall(r"(%[\w$.]+)=(%[\w$.]+)", match.group("args") or "")
-        sized = re.findall(r"(%[\w$.]+)=(%[\w$.]+)", match.group("sizes") or "")
-        ops.append(Hierarchy(match.group("op"), match.group("name"), len(match.group("indent")) // 2,
-                             tuple(size for _, size in sized),
-                             tuple(re.findall(r"%[\w$.]+", match.group("ids") or "")) + tuple(e for e, _ in sized),
-                             tuple(pairs), match.group("link"), "\n".join(lines[number + 1:end])))
-    return ops
+    """Every air.launch/segment/herd in text order, each with the text of its region (the lint's parser)."""
+    return [Hierarchy(r.op, r.name, r.depth, r.sizes, r.ids + r.size_args,
+                      tuple((inner, outer) for inner, outer, _ in r.bindings), r.link_with, "\n".join(r.body))
+            for r in regions(text)]
 
 
 def index_constants(text: str) -> dict[str, int]:

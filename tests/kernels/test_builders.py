@@ -6,7 +6,7 @@ import torch
 
 from torch_npu2.kernels.builders import (BUILDERS, EXTERNAL_KERNELS, KERNEL_OBJECTS, LaunchConstraintError, MemRef,
                                          build_launch)
-from torch_npu2.kernels.builders.ir import Window
+from torch_npu2.kernels.builders.ir import L1, LaunchBuilder, Window, rows_window
 from torch_npu2.kernels.builders.npu2 import L1_AVAILABLE
 from torch_npu2.kernels import host_build
 from torch_npu2.kernels.compile import KERNEL_SOURCE_DIR
@@ -460,3 +460,23 @@ def test_attention_skips_blocks_wholly_in_the_future_of_a_cores_queries():
     last_row = re.search(rf"{re.escape(guard.group(3))} = affine\.apply affine_map<\(\)\[s0, s1\] -> "
                          r"\(s0 \+ s1 \* 32 \+ 31\)>\(\)\[(%\w+), (%\w+)\]", body)
     assert last_row and last_row.group(2) == next(h for h in hierarchy(build("attention").text) if h.op == "herd").ids[0]
+
+
+def test_emitter_invariants_that_bad_input_can_break_are_value_errors():
+    """Not asserts: a caller (the emulator's inspection MLIR, the CLI) catches ValueError, and ``python -O``
+    would drop an assert."""
+    b = LaunchBuilder("probe", [MemRef((4, 32), "bf16")], ("x",))
+    with b.launch("probe", (1, 1), b.operands) as (_, _, (x,)):
+        small = b.alloc(MemRef((16,), "bf16", L1), "small")
+        wide = b.alloc(MemRef((16,), "f32", L1), "wide")
+        with pytest.raises(ValueError, match="probe DMA: moves 32 elements into 16"):
+            b.dma(small, Window((), (), ()), x, rows_window(x.type, 0, 1, 0, 32))
+        with pytest.raises(ValueError, match="probe DMA: cannot convert bf16 to f32"):
+            b.dma(wide, Window((), (), ()), x, rows_window(x.type, 0, 1, 0, 16))
+        with pytest.raises(ValueError, match=r"probe loop: \[0, 10\) is not whole steps of 4"):
+            with b.loop(0, 10, 4):
+                pass
+        with pytest.raises(ValueError, match="probe call of silu_mul_bf16: defines"):
+            b.call("silu_mul_bf16", [small, small, small], {})
+    with pytest.raises(ValueError, match="rows_window: expected a 2-D operand, or a 1-D one with nrows=1"):
+        rows_window(MemRef((32,), "bf16"), 0, 2, 0, 16)

@@ -230,8 +230,8 @@ def test_unknown_rope_type_and_quantized_models_are_rejected(runtime):
 def test_bad_buckets_and_backend(runtime):
     with pytest.raises(ValueError, match="prefill_buckets must be positive ints"):
         patch_llama(tiny_llama(), prefill_buckets=(0, 16))
-    with pytest.raises(ValueError, match="backend='npu' was requested but this process already runs on the emulator"):
-        patch_llama(tiny_llama(), backend="npu")
+    with pytest.raises(ValueError, match="backend='npu2' was requested but this process already runs on the emulator"):
+        patch_llama(tiny_llama(), backend="npu2")
 
 
 @pytest.mark.parametrize("buckets,error", [
@@ -318,13 +318,13 @@ def test_emulator_warns_once_per_model_about_programs_the_npu_cannot_build(runti
 
 
 def test_npu_backend_refuses_programs_it_cannot_build_before_any_weight_moves(tmp_path):
-    npu = create_runtime(driver=EmulatedXrt(), backend="npu", cache_root=tmp_path)
+    npu = create_runtime(driver=EmulatedXrt(), backend="npu2", cache_root=tmp_path)
     assert npu.target == "npu2"
     model = tiny_llama()
     snapshot = {n: p.detach().clone() for n, p in model.named_parameters()}
     with use_runtime(npu), pytest.raises(ValueError, match=r"(?s)6 of the model's Programs cannot be compiled for "
                                                             r"NPU2:\n  rms_gemms_rope .*the model was not modified"):
-        patch_llama(model, backend="npu", prefill_buckets=(16, 32))
+        patch_llama(model, backend="npu2", prefill_buckets=(16, 32))
     assert _unmodified(model, snapshot) and npu.stats["bo_allocs"] == 0
 
 

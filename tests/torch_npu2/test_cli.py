@@ -91,19 +91,19 @@ def test_prompt_file_errors_name_the_file(tmp_path, capsys, no_model_load):
 
 def test_a_bogus_backend_variable_is_refused_up_front(capsys, monkeypatch, no_model_load):
     monkeypatch.setenv("TORCH_NPU2_BACKEND", "gpu")
-    expected = "error: TORCH_NPU2_BACKEND='gpu': expected one of auto, npu, emulator"
+    expected = "error: TORCH_NPU2_BACKEND='gpu': expected one of auto, npu2, emulator"
     assert _usage_error(capsys, ["generate", "--prompt", "x"]) == f"torch-npu2 generate: {expected}"
     assert _usage_error(capsys, ["info"]) == f"torch-npu2 info: {expected}"
 
 
 def test_an_unavailable_npu_backend_fails_before_loading_and_info_says_so(capsys, monkeypatch, no_model_load):
     monkeypatch.setitem(__import__("sys").modules, "pyxrt", None)
-    line = _usage_error(capsys, ["generate", "--backend", "npu", "--prompt", "x"])
-    assert "the npu backend was requested but cannot run here: pyxrt: cannot be imported" in line
-    monkeypatch.setenv("TORCH_NPU2_BACKEND", "npu")
+    line = _usage_error(capsys, ["generate", "--backend", "npu2", "--prompt", "x"])
+    assert "the npu2 backend was requested but cannot run here: pyxrt: cannot be imported" in line
+    monkeypatch.setenv("TORCH_NPU2_BACKEND", "npu2")
     assert "cannot run here" in _usage_error(capsys, ["generate", "--prompt", "x"])
     assert cli.main(["info"]) == 1
-    assert "backend that would be used: unavailable: the npu backend was requested" in capsys.readouterr().out
+    assert "backend that would be used: unavailable: the npu2 backend was requested" in capsys.readouterr().out
     monkeypatch.delenv("TORCH_NPU2_BACKEND")
     assert cli.main(["info", "--backend", "emulator"]) == 0
 

@@ -4,7 +4,7 @@ import torch
 
 import torch_npu2
 from torch_npu2 import NPURunError, create_runtime
-from torch_npu2.backend import BackendUnavailable, resolve_backend
+from torch_npu2.targets import TargetUnavailable, resolve_target
 from torch_npu2.emulator import EmulatedXrt
 from torch_npu2.ops import ALL_OPS, reference
 
@@ -112,15 +112,24 @@ def test_pin_keeps_values_and_refresh_requires_bo_backing(runtime):
 
 def test_backend_selection(monkeypatch):
     monkeypatch.setenv("TORCH_NPU2_BACKEND", "emulator")
-    assert resolve_backend()[0] == "emulator"
+    assert resolve_target().name == "emulator"
     monkeypatch.setenv("TORCH_NPU2_BACKEND", "gpu")
-    with pytest.raises(ValueError, match=r"backend must be one of \('auto', 'npu', 'emulator'\), got 'gpu'"):
-        resolve_backend()
+    with pytest.raises(ValueError, match=r"backend must be one of auto, npu2, emulator, got 'gpu' "
+                                         r"\(from TORCH_NPU2_BACKEND\)"):
+        resolve_target()
     monkeypatch.setenv("TORCH_NPU2_BACKEND", "auto")
     monkeypatch.setitem(__import__("sys").modules, "pyxrt", None)  # pyxrt absent, as on this machine
-    assert resolve_backend()[0] == "emulator"
-    with pytest.raises(BackendUnavailable, match="pyxrt: cannot be imported"):
-        resolve_backend("npu")
+    assert resolve_target().name == "emulator"
+    with pytest.raises(TargetUnavailable, match="the npu2 backend was requested but cannot run here:\n  pyxrt: "
+                                                "cannot be imported"):
+        resolve_target("npu2")
+
+
+@pytest.mark.parametrize("call", [lambda: resolve_target("npu"), lambda: create_runtime(backend="npu"),
+                                  lambda: torch_npu2.runtime.runtime_for("npu")])
+def test_the_old_npu_spelling_is_refused_with_the_valid_names(call):
+    with pytest.raises(ValueError, match=r"backend must be one of auto, npu2, emulator, got 'npu'"):
+        call()
 
 
 def test_strict_coherency_from_environment(monkeypatch, tmp_path):
@@ -152,10 +161,32 @@ def test_emulator_artifact_carries_the_programs_mlir(runtime):
     assert attn["mlir"] is None and "attention" in attn["mlir_problem"]
 
 
+@pytest.mark.parametrize("failure", [AssertionError("an emitter invariant"), KeyError("shape"),
+                                     ValueError("unsupported tiling")])
+def test_an_emitter_failure_cannot_stop_an_emulator_run(runtime, monkeypatch, failure):
+    """The emulator never needs the MLIR its artifact carries for inspection: whatever the emitter raises is
+    recorded in the artifact, and the run goes on."""
+    import json
+
+    from torch_npu2.kernels import stitch
+    from torch_npu2.kernels.programs import lm_head_gemv
+
+    def broken_emitter(program):
+        raise failure
+
+    monkeypatch.setattr(stitch, "emit_mlir", broken_emitter)
+    x, w = torch.randn(64).bfloat16(), torch.randn(32, 64).bfloat16()
+    logits = torch.ops.npu2.lm_head_gemv(x, w)
+    torch.testing.assert_close(logits.float(), (w.float() @ x.float()), rtol=2e-2, atol=2e-2)
+    program = lm_head_gemv(64, 32)
+    artifact = json.loads((runtime.cache.entry_dir(program) / f"{program.name}.json").read_text())
+    assert artifact["mlir"] is None and artifact["mlir_problem"] == f"{type(failure).__name__}: {failure}"
+
+
 def test_npu_target_without_toolchain_names_what_is_missing(tmp_path, monkeypatch):
     from torch_npu2.kernels import compile as pipeline
 
     monkeypatch.setattr(pipeline, "missing_toolchain", lambda: ["aircc (mlir-air): not on PATH"])
-    rt = create_runtime(backend="npu", driver=EmulatedXrt(), cache_root=tmp_path)
+    rt = create_runtime(backend="npu2", driver=EmulatedXrt(), cache_root=tmp_path)
     with pytest.raises(pipeline.ToolchainMissing, match=r"cannot compile flash_attn for the NPU; missing:\n  aircc"):
         rt.load(__import__("torch_npu2").kernels.programs.flash_attn(2, 1, 4, 8))

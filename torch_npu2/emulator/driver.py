@@ -18,10 +18,9 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from ..kernels.program import Program, Role
+from ..kernels.program import TORCH_DTYPES, Program, Role
 from .launches import LAUNCH_KINDS
 
-TORCH_DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
 
 ARTIFACT_FORMAT = "torch_npu2-emulator-program"
 

@@ -15,9 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from ..kernels.interpret import run_program_ir
-from ..kernels.program import Program, Role
+from ..kernels.program import TORCH_DTYPES, Program, Role
 from ..kernels.stitch import stitch
-from .driver import TORCH_DTYPES
 from .launches import LAUNCH_KINDS
 
 TOLERANCE = {torch.bfloat16: dict(max_rel=2.5e-2, min_cosine=0.9995),
