@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from ..kernels.program import Program
-from ..kernels.programs import MATMUL_PRECISIONS
+from ..kernels.catalog import MATMUL_PRECISIONS
 from ..runtime import TORCH_DTYPES, get_runtime
 
 NAMESPACE = "npu2"

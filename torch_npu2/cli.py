@@ -90,11 +90,11 @@ def _prepare_decode_kernels(model, runtime) -> None:
     from tqdm import tqdm
 
     from .kernels import ModelDims
-    from .kernels.programs import lm_head_gemv, o_gemv_ffn, rms_gemv_rope
+    from .kernels.catalog import lm_head_gemv_program, o_gemv_ffn_program, rms_gemv_rope_program
 
     d = ModelDims.from_config(model.config)
-    programs = [rms_gemv_rope(d.hidden, d.heads, d.kv_heads, d.head_dim, d.eps),
-                o_gemv_ffn(d.hidden, d.q_dim, d.intermediate, d.eps), lm_head_gemv(d.hidden, d.vocab)]
+    programs = [rms_gemv_rope_program(d.hidden, d.heads, d.kv_heads, d.head_dim, d.eps),
+                o_gemv_ffn_program(d.hidden, d.q_dim, d.intermediate, d.eps), lm_head_gemv_program(d.hidden, d.vocab)]
     for program in tqdm(programs, desc="preparing kernels", unit="program", file=sys.stderr):
         runtime.load(program)
 
@@ -392,7 +392,7 @@ def _check_buckets(parser, config, buckets, matmul_precision: str = "bf16") -> N
     """Each requested bucket's prefill Programs against the NPU2 builders, before any Program is emitted,
     lowered or compiled (a bucket that is not a multiple of the GEMM tile fails there, late)."""
     from .kernels import ModelDims
-    from .kernels.programs import programs_for_model
+    from .kernels.catalog import programs_for_model
     from .kernels.stitch import npu2_build_problem
 
     for bucket in buckets or ():

@@ -18,11 +18,11 @@ import pytest
 
 from torch_npu2.artifact_cache import ArtifactCache
 from torch_npu2.kernels import ModelDims, compile as pipeline, toolchain
-from torch_npu2.kernels.programs import rms_gemv_rope
+from torch_npu2.kernels.catalog import rms_gemv_rope_program
 from torch_npu2.kernels.stitch import emit_mlir
 
 SMOL = ModelDims(576, 9, 3, 64, 1536, 49152, 1e-5)
-PROGRAM = rms_gemv_rope(SMOL.hidden, SMOL.heads, SMOL.kv_heads, SMOL.head_dim, SMOL.eps)
+PROGRAM = rms_gemv_rope_program(SMOL.hidden, SMOL.heads, SMOL.kv_heads, SMOL.head_dim, SMOL.eps)
 # The stand-in tools are not the verified AIR: every compile says so (checked on its own below).
 pytestmark = pytest.mark.filterwarnings("ignore:compiling rms_gemv_rope. the AIR in use is:UserWarning")
 

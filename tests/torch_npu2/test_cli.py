@@ -167,14 +167,14 @@ def test_compile_without_toolchain_lists_what_is_missing(capsys, monkeypatch, sm
 def test_compile_to_npu_instructions_prints_a_table_and_names_failures(air_tools, capsys, monkeypatch, smollm2_loaded):
     """The real AIR passes on one decode Program, plus one that cannot lower (a GEMM without broadcasts)."""
     import torch_npu2.kernels
-    from torch_npu2.kernels import programs
+    from torch_npu2.kernels import catalog
     from torch_npu2.kernels.program import Arg, CompileOptions, Launch, Program, Role
 
     broken = Program("gemm_probe", (Arg("a", (64, 576), "bf16", Role.INPUT), Arg("w", (192, 576), "bf16", Role.INPUT),
                                     Arg("c", (64, 192), "bf16", Role.OUTPUT)),
                      (Launch("gemm", (("K", 576), ("M", 64), ("N", 192)), ("a", "w"), ("c",)),),
                      compile_options=CompileOptions(omit_auto_broadcast=True))
-    decode = programs.rms_gemv_rope(576, 9, 3, 64, 1e-5)
+    decode = catalog.rms_gemv_rope_program(576, 9, 3, 64, 1e-5)
     monkeypatch.setattr(torch_npu2.kernels, "programs_for_model", lambda dims, buckets, precision: [decode, broken])
     assert cli.main(["compile", "--target", "npu-insts"]) == 1
     captured = capsys.readouterr()

@@ -40,7 +40,7 @@ def test_output_handed_to_next_op_moves_no_bytes_through_host(runtime):
     assert runtime.xrt.counters["bytes_to_device"] == before_to_device
     assert runtime.stats["host_copies"] == before_copies
     assert runtime.stats["inputs_already_on_device"] == 3
-    torch.testing.assert_close(out, reference.flash_attn(q, k, v, HEAD_DIM), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(out, reference.flash_attn_reference(q, k, v, HEAD_DIM), atol=2e-2, rtol=2e-2)
 
 
 def test_host_write_to_an_output_is_synced_before_reuse(runtime):
@@ -49,7 +49,7 @@ def test_host_write_to_an_output_is_synced_before_reuse(runtime):
     before = runtime.xrt.counters["bytes_to_device"]
     out = torch.ops.npu2.flash_attn(q, k, v, HEAD_DIM)
     assert runtime.xrt.counters["bytes_to_device"] - before == q.numel() * 2
-    torch.testing.assert_close(out, reference.flash_attn(q, k, v, HEAD_DIM), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(out, reference.flash_attn_reference(q, k, v, HEAD_DIM), atol=2e-2, rtol=2e-2)
 
 
 def test_strict_emulator_catches_a_missing_sync(runtime):
@@ -60,7 +60,7 @@ def test_strict_emulator_catches_a_missing_sync(runtime):
     assert torch.equal(stale, first), "strict coherency must serve the device's stale copy"
     runtime.refresh(args[4])
     fresh = torch.ops.npu2.rms_gemms_rope(*args, EPS)[0]
-    torch.testing.assert_close(fresh, reference.rms_gemms_rope(*args, EPS)[0], atol=3e-2, rtol=2e-2)
+    torch.testing.assert_close(fresh, reference.rms_gemms_rope_reference(*args, EPS)[0], atol=3e-2, rtol=2e-2)
     assert not torch.equal(fresh, first)
 
 
@@ -138,7 +138,7 @@ def test_ops_reach_the_runtime_in_use(runtime):
 def test_emulator_artifact_carries_the_programs_mlir(runtime):
     import json
 
-    from torch_npu2.kernels.programs import flash_attn, lm_head_gemv
+    from torch_npu2.kernels.catalog import flash_attn_program, lm_head_gemv_program
 
     torch.ops.npu2.lm_head_gemv(torch.randn(576).bfloat16(), torch.randn(49152, 576).bfloat16())
     torch.ops.npu2.flash_attn(*attn_args(HEADS, KV_HEADS, HEAD_DIM, SEQ), HEAD_DIM)
@@ -146,9 +146,9 @@ def test_emulator_artifact_carries_the_programs_mlir(runtime):
     def artifact(program):
         return json.loads((runtime.cache.entry_dir(program) / f"{program.name}.json").read_text())
 
-    head = artifact(lm_head_gemv(576, 49152))
+    head = artifact(lm_head_gemv_program(576, 49152))
     assert head["mlir"].count("func.func @lm_head_gemv(") == 1 and head["mlir_problem"] is None
-    attn = artifact(flash_attn(HEADS, KV_HEADS, HEAD_DIM, SEQ))  # 7 rows: no tiling of the NPU builder fits
+    attn = artifact(flash_attn_program(HEADS, KV_HEADS, HEAD_DIM, SEQ))  # 7 rows: no tiling of the NPU builder fits
     assert attn["mlir"] is None and "attention" in attn["mlir_problem"]
 
 
@@ -158,4 +158,4 @@ def test_npu_target_without_toolchain_names_what_is_missing(tmp_path, monkeypatc
     monkeypatch.setattr(pipeline, "missing_toolchain", lambda: ["aircc (mlir-air): not on PATH"])
     rt = create_runtime(backend="npu", driver=EmulatedXrt(), cache_root=tmp_path)
     with pytest.raises(pipeline.ToolchainMissing, match=r"cannot compile flash_attn for the NPU; missing:\n  aircc"):
-        rt.load(__import__("torch_npu2").kernels.programs.flash_attn(2, 1, 4, 8))
+        rt.load(__import__("torch_npu2").kernels.catalog.flash_attn_program(2, 1, 4, 8))
