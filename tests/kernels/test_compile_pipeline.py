@@ -291,8 +291,5 @@ def test_real_toolchain_compiles_a_decode_program(tmp_path):
     missing = pipeline.missing_toolchain()
     if missing:
         pytest.skip("NPU toolchain not installed: " + "; ".join(missing))
-    sources = [pipeline.KERNEL_SOURCE_DIR / n for n in ("rope_half_split.cc", "gemv.cc")]
-    if not all(s.exists() for s in sources):
-        pytest.skip(f"AIE2P kernel sources not written yet: {[str(s) for s in sources if not s.exists()]}")
-    elf = pipeline.compile_program(PROGRAM, tmp_path)
-    assert elf.stat().st_size > 0
+    elf = pipeline.compile_program(PROGRAM, tmp_path)  # a kernel source it cannot find is a CompileError
+    assert elf.read_bytes().startswith(b"\x7fELF")

@@ -1,4 +1,8 @@
 """Runtime behaviour seen through the emulated driver's counters: syncs, hand-over, coherency, run states."""
+import types
+import weakref
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -159,3 +163,75 @@ def test_npu_target_without_toolchain_names_what_is_missing(tmp_path, monkeypatc
     rt = create_runtime(backend="npu", driver=EmulatedXrt(), cache_root=tmp_path)
     with pytest.raises(pipeline.ToolchainMissing, match=r"cannot compile flash_attn for the NPU; missing:\n  aircc"):
         rt.load(__import__("torch_npu2").kernels.catalog.flash_attn_program(2, 1, 4, 8))
+
+
+class _ReleaseRecordingDriver:
+    """A pyxrt-shaped driver whose objects hold no references to one another (a C++ binding's handles need
+    not), recording the order in which the runtime lets go of them."""
+
+    class xclBOSyncDirection:
+        XCL_BO_SYNC_BO_TO_DEVICE, XCL_BO_SYNC_BO_FROM_DEVICE = "to", "from"
+
+    class ert_cmd_state:
+        ERT_CMD_STATE_COMPLETED = "completed"
+
+    class _Handle:
+        def __init__(self, released, label):
+            weakref.finalize(self, released.append, label)
+
+    class _Bo(_Handle):
+        def __init__(self, released, nbytes):
+            super().__init__(released, "bo")
+            self.data = bytearray(nbytes)
+
+        def map(self):
+            return memoryview(self.data)
+
+        def sync(self, direction, nbytes, offset):
+            pass
+
+    class _Run(_Handle):
+        def set_arg(self, index, bo):
+            pass
+
+        def start(self):
+            pass
+
+        def wait2(self):
+            return "completed"
+
+    def __init__(self):
+        self.released = []
+        self.ext = types.SimpleNamespace(bo=lambda device, nbytes: self._Bo(self.released, nbytes),
+                                         kernel=lambda context, name: self._Handle(self.released, f"kernel {name}"))
+
+    def device(self, index):
+        return object()
+
+    def elf(self, path):
+        return self._Handle(self.released, f"elf {Path(path).stem}")
+
+    def hw_context(self, device, elf):
+        return self._Handle(self.released, "context")
+
+    def run(self, kernel):
+        return self._Run(self.released, "run")
+
+
+def test_close_releases_driver_objects_in_reverse_order_of_creation(tmp_path):
+    from torch_npu2.kernels.catalog import flash_attn_program, lm_head_gemv_program
+
+    driver = _ReleaseRecordingDriver()
+    rt = create_runtime(driver=driver, cache_root=tmp_path)
+    attention, head = flash_attn_program(2, 1, 4, 8), lm_head_gemv_program(8, 16)
+    outputs = rt.run(attention, [torch.zeros(8, 8).bfloat16(), torch.zeros(8, 4).bfloat16(),
+                                 torch.zeros(8, 4).bfloat16()])
+    outputs += rt.run(head, [torch.zeros(8).bfloat16(), torch.zeros(16, 8).bfloat16()])
+    del outputs  # their BOs go back to the pool, which close empties
+    assert driver.released == []
+    rt.close()
+    bos = driver.released.count("bo")
+    assert bos == 5 + 1 + 2  # staging: q, k, v, x and w_lm; flash_attn's scratch kv; two pooled outputs
+    assert driver.released == ["bo"] * bos + [
+        "run", "kernel main:lm_head_gemv", "context", "elf lm_head_gemv",
+        "run", "kernel main:flash_attn", "context", "elf flash_attn"]
