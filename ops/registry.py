@@ -16,8 +16,8 @@ from typing import Callable
 
 import torch
 
-from ..kernels.program import Program
 from ..kernels.catalog import MATMUL_PRECISIONS
+from ..kernels.program import Program
 from ..runtime import TORCH_DTYPES, get_runtime
 
 NAMESPACE = "npu2"

@@ -64,6 +64,29 @@ def test_prefill_pads_to_bucket_and_tracks_length(runtime, pair):
     assert [p.name for p in prefill_8 if p.key in built] == [], "9 tokens do not fit the 8-row bucket"
 
 
+@pytest.mark.parametrize("layers", [2, 3])
+def test_one_decode_token_moves_what_architecture_md_says(runtime, layers):
+    """Per decode token of an L-layer model: 2L+1 dispatches, no weight bytes, 2L+3 staged host copies (each
+    layer's RoPE LUT and attention output, the first layer's input for both its ops, the LM head's row) and
+    one read-back per op output; later layers take their input where the previous layer left it."""
+    model = patch_llama(tiny_llama(num_hidden_layers=layers))
+    ids = prompt(9)
+
+    def counts(new_tokens):
+        before, before_xrt = runtime.stats.copy(), runtime.xrt.counters.copy()
+        model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+        return runtime.stats - before, runtime.xrt.counters - before_xrt
+
+    counts(2)  # loads every Program and syncs the weights
+    (stats2, xrt2), (stats3, xrt3) = counts(2), counts(3)  # the same prefill; the second decodes one more token
+    token, token_xrt = stats3 - stats2, xrt3 - xrt2
+    assert token["runs"] == 2 * layers + 1
+    assert token_xrt["bytes_to_device:weight"] == 0 == xrt3["syncs_to_device:weight"]
+    assert token["host_copies"] == token_xrt["syncs_to_device"] == 2 * layers + 3
+    assert token["inputs_already_on_device"] == 2 * (layers - 1)
+    assert token_xrt["syncs_from_device"] == 4 * layers + 1  # v, q_roped, k_roped, out per layer; the logits
+
+
 def test_prompt_longer_than_largest_bucket_is_chunked(runtime, pair):
     reference, model = pair(tiny_llama())
     patch_llama(model, prefill_buckets=(16,))
