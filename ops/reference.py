@@ -2,9 +2,9 @@
 
 RMSNorm normalizes in fp32, casts to the input dtype, then multiplies by the weight; projections are
 bf16 ``F.linear``; RoPE is half-split (``rotate_half``) with a LUT row per position
-``[cos_0 .. cos_{d/2-1}, sin_0 .. sin_{d/2-1}]`` (ops/rope.py builds it); attention is causal GQA with an fp32 softmax;
-the MLP is SwiGLU. Used by tests and benchmarks, never on the NPU path. ``<op>_reference`` is the
-reference of ``torch.ops.npu2.<op>``.
+``[cos_0 .. cos_{d/2-1}, sin_0 .. sin_{d/2-1}]`` (ops/rope.py builds it); attention is causal GQA with an
+fp32 softmax; the MLP is SwiGLU. ``<op>_reference`` is the reference of ``torch.ops.npu2.<op>``. Used by
+tests, never on the NPU path.
 """
 from __future__ import annotations
 
