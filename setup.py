@@ -1,7 +1,7 @@
 from setuptools import setup
 
-# ops/, kernels/ and patch_llama/ sit at the top of the repository (the design card's layout) but
-# install as subpackages, so `torch_npu2` is the only top-level import name.
+# ops/, kernels/ and patch_llama/ sit at the top of the repository, one folder per layer (ARCHITECTURE.md),
+# but install as subpackages, so `torch_npu2` is the only top-level import name.
 PACKAGE_DIRS = {
     "torch_npu2": "torch_npu2",
     "torch_npu2.emulator": "torch_npu2/emulator",

@@ -594,22 +594,22 @@ def program_cost(program) -> ProgramCost:
 
 # ---- Llama-3.2-1B predictions -------------------------------------------------------------------------------
 def llama_1b_dims():
-    from torch_npu2.kernels.programs import ModelDims
+    from torch_npu2.kernels.catalog import ModelDims
 
     return ModelDims.from_config(common.llama_config(**common.LLAMA_1B_SHAPE))
 
 
 def program(name: str, dims, seq: int | None = None):
-    from torch_npu2.kernels import programs
+    from torch_npu2.kernels import catalog
 
     d = dims
     build = {
-        "rms_gemms_rope": lambda: programs.rms_gemms_rope(d.hidden, d.heads, d.kv_heads, d.head_dim, d.eps, seq),
-        "flash_attn": lambda: programs.flash_attn(d.heads, d.kv_heads, d.head_dim, seq),
-        "o_ffn": lambda: programs.o_ffn(d.hidden, d.q_dim, d.intermediate, d.eps, seq),
-        "rms_gemv_rope": lambda: programs.rms_gemv_rope(d.hidden, d.heads, d.kv_heads, d.head_dim, d.eps),
-        "o_gemv_ffn": lambda: programs.o_gemv_ffn(d.hidden, d.q_dim, d.intermediate, d.eps),
-        "lm_head_gemv": lambda: programs.lm_head_gemv(d.hidden, d.vocab),
+        "rms_gemms_rope": lambda: catalog.rms_gemms_rope_program(d.hidden, d.heads, d.kv_heads, d.head_dim, d.eps, seq),
+        "flash_attn": lambda: catalog.flash_attn_program(d.heads, d.kv_heads, d.head_dim, seq),
+        "o_ffn": lambda: catalog.o_ffn_program(d.hidden, d.q_dim, d.intermediate, d.eps, seq),
+        "rms_gemv_rope": lambda: catalog.rms_gemv_rope_program(d.hidden, d.heads, d.kv_heads, d.head_dim, d.eps),
+        "o_gemv_ffn": lambda: catalog.o_gemv_ffn_program(d.hidden, d.q_dim, d.intermediate, d.eps),
+        "lm_head_gemv": lambda: catalog.lm_head_gemv_program(d.hidden, d.vocab),
     }
     return build[name]()
 

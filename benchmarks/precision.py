@@ -133,15 +133,15 @@ def _llama_1b(settings, log) -> dict:
 def predicted_prefill_ms(seq: int) -> dict:
     """Predicted ms per Llama-3.2-1B prefill (16 layers' rms_gemms_rope + flash_attn + o_ffn) per precision, from
     the IR-derived cost model (each precision's GEMM kernel has its own mmul throughput there)."""
-    from torch_npu2.kernels import programs
+    from torch_npu2.kernels import catalog
 
     dims = cost_model.llama_1b_dims()
     out = {}
     for precision in PRECISIONS:
-        layer = (programs.rms_gemms_rope(dims.hidden, dims.heads, dims.kv_heads, dims.head_dim, dims.eps, seq,
+        layer = (catalog.rms_gemms_rope_program(dims.hidden, dims.heads, dims.kv_heads, dims.head_dim, dims.eps, seq,
                                          precision),
-                 programs.flash_attn(dims.heads, dims.kv_heads, dims.head_dim, seq),
-                 programs.o_ffn(dims.hidden, dims.q_dim, dims.intermediate, dims.eps, seq, precision))
+                 catalog.flash_attn_program(dims.heads, dims.kv_heads, dims.head_dim, seq),
+                 catalog.o_ffn_program(dims.hidden, dims.q_dim, dims.intermediate, dims.eps, seq, precision))
         seconds = sum(cost_model.program_cost(program).seconds for program in layer)
         out[precision] = float(seconds * cost_model.LLAMA_1B_LAYERS * 1e3)
     return out

@@ -28,7 +28,7 @@ MODELS = {
 
 def _preload_programs(model, runtime, lengths) -> None:
     """Write and load every Program the runs will use, so that one-time costs stay out of the timings."""
-    from torch_npu2.kernels.programs import ModelDims, programs_for_model
+    from torch_npu2.kernels.catalog import ModelDims, programs_for_model
     from torch_npu2.patch_llama.patch import STATE_ATTR
 
     shared = getattr(model, STATE_ATTR).shared

@@ -2,7 +2,8 @@
 
 A Program lists its arguments in ELF order (the ABI the runtime binds with ``run.set_arg``) and its
 launches in execution order. The runtime's sync/read-back sets, the ops' fake output shapes, the
-emulator's execution and the MLIR stitcher's ``func.func`` signature all come from here.
+emulator's execution and the MLIR stitcher's ``func.func`` signature all come from here (ARCHITECTURE.md,
+"The Program", lists every reader). The Programs themselves, one factory per fused op, are in catalog.py.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ TORCH_DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}  # what a Program'
 
 
 class Role(str, enum.Enum):
-    """How the host treats an argument's buffer (see ARCHITECTURE.md, "Programs")."""
+    """How the host treats an argument's buffer (ARCHITECTURE.md, "The Program")."""
 
     WEIGHT = "weight"    # written once at load, synced once, never read back
     INPUT = "input"      # written by the host before a run (unless already device-resident)

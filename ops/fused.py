@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ..kernels import programs
+from ..kernels import catalog
 from .registry import BadArgument, FusedOp, register
 
 
@@ -44,11 +44,11 @@ def _qkv_dims(shapes):
 
 
 def _rms_gemms_rope(shapes, eps, precision):
-    return programs.rms_gemms_rope(*_qkv_dims(shapes), eps, shapes[0][0], precision)
+    return catalog.rms_gemms_rope_program(*_qkv_dims(shapes), eps, shapes[0][0], precision)
 
 
 def _rms_gemv_rope(shapes, eps):
-    return programs.rms_gemv_rope(*_qkv_dims(shapes), eps)
+    return catalog.rms_gemv_rope_program(*_qkv_dims(shapes), eps)
 
 
 def _ffn_dims(shapes):
@@ -58,38 +58,38 @@ def _ffn_dims(shapes):
 
 
 def _o_ffn(shapes, eps, precision):
-    return programs.o_ffn(*_ffn_dims(shapes), eps, shapes[0][0], precision)
+    return catalog.o_ffn_program(*_ffn_dims(shapes), eps, shapes[0][0], precision)
 
 
 def _o_gemv_ffn(shapes, eps):
-    return programs.o_gemv_ffn(*_ffn_dims(shapes), eps)
+    return catalog.o_gemv_ffn_program(*_ffn_dims(shapes), eps)
 
 
 def _flash_attn(shapes, head_dim):
     q, k, v = shapes
-    return programs.flash_attn(_heads(q[-1], head_dim, "q"), _heads(k[-1], head_dim, "k"), head_dim, q[0])
+    return catalog.flash_attn_program(_heads(q[-1], head_dim, "q"), _heads(k[-1], head_dim, "k"), head_dim, q[0])
 
 
 def _lm_head_gemv(shapes):
     x, w_lm = shapes
-    return programs.lm_head_gemv(_agreed(w_lm[1], x[0]), w_lm[0])
+    return catalog.lm_head_gemv_program(_agreed(w_lm[1], x[0]), w_lm[0])
 
 
 # Small dims that fix each op's argument names and ranks for its schema.
 _EX = dict(hidden=8, heads=2, kv_heads=1, head_dim=4, eps=1e-5)
 _EX_FFN = dict(hidden=8, q_dim=8, intermediate=16, eps=1e-5)
-# The prefill ops' GEMM precision ("bf16" or "bfp16": kernels/programs.py); optional, so calls without it keep
+# The prefill ops' GEMM precision ("bf16" or "bfp16": kernels/catalog.py); optional, so calls without it keep
 # the default.
-_PRECISION = ("precision", "str", programs.DEFAULT_MATMUL_PRECISION)
+_PRECISION = ("precision", "str", catalog.DEFAULT_MATMUL_PRECISION)
 
 FUSED_OPS = {op.name: op for op in (
     FusedOp("rms_gemms_rope", (("eps", "float"), _PRECISION), _rms_gemms_rope,
-            programs.rms_gemms_rope(**_EX, seq=2)),
-    FusedOp("flash_attn", (("head_dim", "int"),), _flash_attn, programs.flash_attn(2, 1, 4, 2)),
-    FusedOp("o_ffn", (("eps", "float"), _PRECISION), _o_ffn, programs.o_ffn(**_EX_FFN, seq=2)),
-    FusedOp("rms_gemv_rope", (("eps", "float"),), _rms_gemv_rope, programs.rms_gemv_rope(**_EX)),
-    FusedOp("o_gemv_ffn", (("eps", "float"),), _o_gemv_ffn, programs.o_gemv_ffn(**_EX_FFN)),
-    FusedOp("lm_head_gemv", (), _lm_head_gemv, programs.lm_head_gemv(8, 16)),
+            catalog.rms_gemms_rope_program(**_EX, seq=2)),
+    FusedOp("flash_attn", (("head_dim", "int"),), _flash_attn, catalog.flash_attn_program(2, 1, 4, 2)),
+    FusedOp("o_ffn", (("eps", "float"), _PRECISION), _o_ffn, catalog.o_ffn_program(**_EX_FFN, seq=2)),
+    FusedOp("rms_gemv_rope", (("eps", "float"),), _rms_gemv_rope, catalog.rms_gemv_rope_program(**_EX)),
+    FusedOp("o_gemv_ffn", (("eps", "float"),), _o_gemv_ffn, catalog.o_gemv_ffn_program(**_EX_FFN)),
+    FusedOp("lm_head_gemv", (), _lm_head_gemv, catalog.lm_head_gemv_program(8, 16)),
 )}
 
 ALL_OPS = {name: register(op) for name, op in FUSED_OPS.items()}

@@ -2,8 +2,9 @@
 
 RMSNorm normalizes in fp32, casts to the input dtype, then multiplies by the weight; projections are
 bf16 ``F.linear``; RoPE is half-split (``rotate_half``) with a LUT row per position
-``[cos_0 .. cos_{d/2-1}, sin_0 .. sin_{d/2-1}]``; attention is causal GQA with an fp32 softmax;
-the MLP is SwiGLU. Used by tests and by per-layer comparisons, never on the NPU path.
+``[cos_0 .. cos_{d/2-1}, sin_0 .. sin_{d/2-1}]`` (ops/rope.py builds it); attention is causal GQA with an
+fp32 softmax; the MLP is SwiGLU. ``<op>_reference`` is the reference of ``torch.ops.npu2.<op>``. Used by
+tests, never on the NPU path.
 """
 from __future__ import annotations
 
@@ -31,12 +32,6 @@ def rope_half_split(x: torch.Tensor, lut: torch.Tensor, head_dim: int) -> torch.
     return (xh * cos + rotated * sin).reshape(x.shape)
 
 
-def rope_lut(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """LUT rows from HF's rotary embedding outputs (..., head_dim), whose halves repeat."""
-    half = cos.shape[-1] // 2
-    return torch.cat((cos[..., :half], sin[..., :half]), -1)
-
-
 def gqa_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_dim: int) -> torch.Tensor:
     """Seq-first causal GQA: q (S, H*D), k/v (S, Hkv*D) → (S, H*D); fp32 softmax, bf16 matmuls like HF eager."""
     seq = q.shape[0]
@@ -56,25 +51,25 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def rms_gemms_rope(x, norm_w, wq, wk, wv, rope_lut, eps):
-    """Reference of npu2.rms_gemms_rope / rms_gemv_rope: returns (v, q_roped, k_roped)."""
+def rms_gemms_rope_reference(x, norm_w, wq, wk, wv, rope_lut, eps):
+    """Reference of npu2.rms_gemms_rope and npu2.rms_gemv_rope: returns (v, q_roped, k_roped)."""
     head_dim = rope_lut.shape[-1]
     normed = rms_norm(x, norm_w, eps)
     q, k, v = F.linear(normed, wq), F.linear(normed, wk), F.linear(normed, wv)
     return v, rope_half_split(q, rope_lut, head_dim), rope_half_split(k, rope_lut, head_dim)
 
 
-def o_ffn(attn, wo, x, norm_w, w_gate, w_up, w_down, eps):
-    """Reference of npu2.o_ffn / o_gemv_ffn: the rest of a decoder layer after attention."""
+def o_ffn_reference(attn, wo, x, norm_w, w_gate, w_up, w_down, eps):
+    """Reference of npu2.o_ffn and npu2.o_gemv_ffn: the rest of a decoder layer after attention."""
     res1 = x + F.linear(attn, wo)
     normed = rms_norm(res1, norm_w, eps)
     return res1 + F.linear(silu_mul(F.linear(normed, w_gate), F.linear(normed, w_up)), w_down)
 
 
-def flash_attn(q, k, v, head_dim):
+def flash_attn_reference(q, k, v, head_dim):
     return gqa_causal_attention(q, k, v, head_dim)
 
 
-def lm_head_gemv(x, w_lm):
+def lm_head_gemv_reference(x, w_lm):
     """fp32 logits of one row (the op keeps its fp32 accumulator rather than rounding logits to bf16)."""
     return F.linear(x.float(), w_lm.float())

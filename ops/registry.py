@@ -16,8 +16,8 @@ from typing import Callable
 
 import torch
 
+from ..kernels.catalog import MATMUL_PRECISIONS
 from ..kernels.program import TORCH_DTYPES, Program
-from ..kernels.programs import MATMUL_PRECISIONS
 from ..runtime import get_runtime
 
 NAMESPACE = "npu2"

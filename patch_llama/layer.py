@@ -8,12 +8,13 @@ truth for K/V, so every generate() feature that relies on it keeps working.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 from ..kernels import DEFAULT_MATMUL_PRECISION
-from ..ops import flash_attn, lm_head_gemv, o_ffn, o_gemv_ffn, reference, rms_gemms_rope, rms_gemv_rope
+from ..ops import build_rope_lut, flash_attn, lm_head_gemv, o_ffn, o_gemv_ffn, rms_gemms_rope, rms_gemv_rope
 
 
 @dataclass
@@ -41,9 +42,9 @@ class SharedState:
 
     def rope_lut(self, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():  # a memo would make dynamo guard on it and recompile every step
-            return reference.rope_lut(cos, sin).contiguous()
+            return build_rope_lut(cos, sin).contiguous()
         if self.lut_memo[0] is not cos:
-            self.lut_memo = (cos, reference.rope_lut(cos, sin).contiguous())
+            self.lut_memo = (cos, build_rope_lut(cos, sin).contiguous())
         return self.lut_memo[1]
 
     def first_real_tokens(self, mask, batch: int, seq: int):
@@ -80,6 +81,18 @@ def _left_padding_starts(mask: torch.Tensor, seq: int):
             return None
         starts.append(start)
     return starts
+
+
+class PrefillChunk(NamedTuple):
+    """One rms_gemms_rope call of a prefill: sequence rows ``start:stop`` padded to ``padded`` (a bucket), and
+    the op's outputs, whose rows past ``stop - start`` are padding."""
+
+    start: int
+    stop: int
+    padded: int
+    v: torch.Tensor
+    q_roped: torch.Tensor
+    k_roped: torch.Tensor
 
 
 def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
@@ -181,37 +194,39 @@ class NpuDecoderLayer:
         # Rows to compute per sequence: its real tokens when the mask is plain causal + left padding.
         spans = [(s, seq) for s in starts] if starts is not None else [(0, seq)] * batch
         norm_w, wq, wk, wv = self.qkv_weights
-        qkv = []  # per row: list of (start, stop, padded, v, q_roped, k_roped) chunks
+        chunks_per_row: list[list[PrefillChunk]] = []
         k_new = hidden.new_zeros(batch, seq, self.kv_heads * self.head_dim)
         v_new = torch.zeros_like(k_new)
         for b, (first, last) in enumerate(spans):
-            pieces = []
+            chunks = []
             for start, stop, padded in self.shared.chunks(last - first):
                 lo, hi = first + start, first + stop
                 v, q, k = rms_gemms_rope(_pad_rows(hidden[b, lo:hi], padded), norm_w, wq, wk, wv,
                                          _pad_rows(lut[b, lo:hi], padded), self.eps_attn,
                                          self.shared.matmul_precision)
                 k_new[b, lo:hi], v_new[b, lo:hi] = k[: hi - lo], v[: hi - lo]
-                pieces.append((lo, hi, padded, v, q, k))
-            qkv.append(pieces)
+                chunks.append(PrefillChunk(lo, hi, padded, v, q, k))
+            chunks_per_row.append(chunks)
         to_heads = (lambda t: t.view(batch, seq, -1, self.head_dim).transpose(1, 2))
         keys, values = self._update_cache(cache, to_heads(k_new), to_heads(v_new))
-        on_npu = starts is not None and all(len(pieces) == 1 for pieces in qkv)
+        on_npu = starts is not None and all(len(chunks) == 1 for chunks in chunks_per_row)
         if not on_npu:
             q_all = hidden.new_zeros(batch, seq, self.heads * self.head_dim)
-            for b, pieces in enumerate(qkv):
-                for lo, hi, _, _, q, _ in pieces:
-                    q_all[b, lo:hi] = q[: hi - lo]
+            for b, chunks in enumerate(chunks_per_row):
+                for c in chunks:
+                    q_all[b, c.start:c.stop] = c.q_roped[: c.stop - c.start]
             attn_all = _host_attention(to_heads(q_all), keys, values, mask, self.scale)
             attn_all = attn_all.transpose(1, 2).reshape(batch, seq, -1)
         wo, norm2_w, w_gate, w_up, w_down = self.ffn_weights
         result = None
-        for b, pieces in enumerate(qkv):
-            for lo, hi, padded, v, q, k in pieces:
-                attn = flash_attn(q, k, v, self.head_dim) if on_npu else _pad_rows(attn_all[b, lo:hi], padded)
-                out = o_ffn(attn, wo, _pad_rows(hidden[b, lo:hi], padded), norm2_w, w_gate, w_up, w_down, self.eps_mlp,
-                            self.shared.matmul_precision)
-                if batch == 1 and hi - lo == seq == padded:
+        for b, chunks in enumerate(chunks_per_row):
+            for c in chunks:
+                lo, hi = c.start, c.stop
+                attn = (flash_attn(c.q_roped, c.k_roped, c.v, self.head_dim) if on_npu
+                        else _pad_rows(attn_all[b, lo:hi], c.padded))
+                out = o_ffn(attn, wo, _pad_rows(hidden[b, lo:hi], c.padded), norm2_w, w_gate, w_up, w_down,
+                            self.eps_mlp, self.shared.matmul_precision)
+                if batch == 1 and hi - lo == seq == c.padded:
                     return out.view(1, seq, -1)  # the op's output is the layer's output: no copy
                 if result is None:
                     result = hidden.clone()  # left-pad rows pass their input through (HF leaves them unspecified)

@@ -15,7 +15,7 @@ def test_normal_install_has_one_top_level_name(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
                     "--target", str(target), str(source)], check=True, cwd=tmp_path)
     assert sorted(p.name for p in target.iterdir() if not p.name.endswith(".dist-info")) == ["bin", "torch_npu2"]
-    probe = ("import torch, torch_npu2, torch_npu2.kernels.programs, torch_npu2.emulator;"
+    probe = ("import torch, torch_npu2, torch_npu2.kernels.catalog, torch_npu2.emulator;"
              "from torch_npu2.kernels import host_build;"
              "print(torch_npu2.__file__); print(len(list(host_build.KERNEL_DIR.glob('*.cc'))));"
              "print(torch.ops.npu2.rms_gemms_rope.default.name())")

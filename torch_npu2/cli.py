@@ -390,7 +390,7 @@ def _check_buckets(parser, config, buckets, matmul_precision: str = "bf16") -> N
     """Each requested bucket's prefill Programs against the NPU2 builders, before any Program is emitted,
     lowered or compiled (a bucket that is not a multiple of the GEMM tile fails there, late)."""
     from .kernels import ModelDims
-    from .kernels.programs import programs_for_model
+    from .kernels.catalog import programs_for_model
     from .kernels.stitch import npu2_build_problem
 
     for bucket in buckets or ():

@@ -212,12 +212,20 @@ class Runtime:
         return tuple(outputs)
 
     def close(self) -> None:
-        """Release driver objects in reverse order of creation (BOs, runs, kernels, contexts, ELFs)."""
+        """Release the driver objects this runtime holds in reverse order of creation, as pyxrt asks: first the
+        BOs (pooled outputs, each Program's staging and scratch buffers), then, newest Program first, its run,
+        kernel, hw_context and ELF. Each is dropped explicitly rather than left to the order in which Python
+        happens to free them. BOs behind live tensors (pinned weights, outputs still held) go when those
+        tensors die. The runtime stays usable: a later run loads its Program again."""
         self._pool.clear()
-        for loaded in reversed(list(self._loaded.values())):
-            loaded.staging.clear()
-            loaded.bound.clear()
+        newest_first = list(reversed(self._loaded.values()))
         self._loaded.clear()
+        for loaded in newest_first:
+            loaded.staging.clear()
+            loaded.bound = [None] * len(loaded.bound)
+        for loaded in newest_first:
+            for driver_object in ("run", "kernel", "context", "elf"):
+                setattr(loaded, driver_object, None)
 
 
 def create_runtime(backend: str | None = None, driver=None, cache_root=None) -> Runtime:

@@ -4,7 +4,7 @@ import dataclasses
 import pytest
 
 from benchmarks import common, cost_model
-from torch_npu2.kernels import programs
+from torch_npu2.kernels import catalog
 from torch_npu2.kernels.builders import EXTERNAL_KERNELS, build_launch
 from torch_npu2.kernels.builders.externs import CALL_COSTS
 from torch_npu2.kernels.builders.ir import L1, WHOLE, ExternDecl, LaunchBuilder, MemRef, Window
@@ -246,7 +246,7 @@ def test_flash_attn_is_charged_for_the_causally_needed_kv_blocks(seq):
     each needed block costs the two tile matmuls (tile_q × tile_kv × head_dim MACs each) and one softmax
     update (tile_q × tile_kv elements). The other blocks are streamed but skipped."""
     heads, kv_heads, head_dim = 8, 2, 64
-    program = programs.flash_attn(heads, kv_heads, head_dim, seq)
+    program = catalog.flash_attn_program(heads, kv_heads, head_dim, seq)
     launch = next(l for l in program.launches if l.kind == "attention")
     ir = build_launch(program, launch)
     config = dict(next(d for d in ir.externs if d.symbol == "attn_qk_tile_bf16").defines)

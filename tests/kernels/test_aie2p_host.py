@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch_npu2.emulator import launches
 from torch_npu2.kernels import ModelDims, host_build, programs_for_model
 from torch_npu2.kernels.builders import build_launch
-from torch_npu2.ops import reference
+from torch_npu2.ops import build_rope_lut, reference
 
 pytestmark = pytest.mark.skipif(host_build.host_compiler() is None,
                                 reason="no host C++ compiler (g++): the AIE2P kernels' host path cannot be built")
@@ -74,7 +74,7 @@ def rope_lut(positions: torch.Tensor, head_dim: int, theta: float) -> torch.Tens
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
     angles = positions.double()[:, None] * inv_freq[None, :]
     angles = torch.cat((angles, angles), -1)
-    return reference.rope_lut(angles.cos(), angles.sin()).to(torch.bfloat16)
+    return build_rope_lut(angles.cos(), angles.sin()).to(torch.bfloat16)
 
 
 def rope_exact(x: torch.Tensor, lut: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -15,7 +15,7 @@ import pytest
 
 from torch_npu2.kernels import ModelDims, programs_for_model
 from torch_npu2.kernels.air_pipeline import DYNAMIC, read_back_windows, window_mismatches
-from torch_npu2.kernels.programs import rms_gemv_rope
+from torch_npu2.kernels.catalog import rms_gemv_rope_program
 from torch_npu2.kernels.stitch import stitch
 
 SMOL = ModelDims(576, 9, 3, 64, 1536, 49152, 1e-5)
@@ -47,7 +47,7 @@ def test_module_parses_and_every_window_survives(air_tools, name):
 
 
 def test_air_opt_rejects_a_type_mismatch(air_tools):
-    text = stitch(rms_gemv_rope(576, 9, 3, 64, 1e-5)).text
+    text = stitch(rms_gemv_rope_program(576, 9, 3, 64, 1e-5)).text
     broken = text.replace("(memref<576xbf16, 2 : i32>, memref<576xbf16>)",
                           "(memref<576xbf16, 2 : i32>, memref<577xbf16>)", 1)
     assert broken != text
@@ -75,7 +75,7 @@ def test_window_check_catches_the_post_1762_form_that_this_air_drops(air_tools):
 
 
 def test_window_check_catches_a_shifted_offset_and_a_swapped_stride(air_tools):
-    stitched = stitch(rms_gemv_rope(576, 9, 3, 64, 1e-5))
+    stitched = stitch(rms_gemv_rope_program(576, 9, 3, 64, 1e-5))
     good = air_opt(air_tools, stitched.text).stdout
     # the W panel copy of the first projection, tile-major: %arg[%c0, %panel_row, %c0] [%c8, %cR, %c576]
     # [%cS, %c576, %c1]
@@ -93,7 +93,7 @@ def test_window_check_catches_a_shifted_offset_and_a_swapped_stride(air_tools):
 
 
 def test_read_back_marks_loop_dependent_offsets_dynamic(air_tools):
-    stitched = stitch(rms_gemv_rope(576, 9, 3, 64, 1e-5))
+    stitched = stitch(rms_gemv_rope_program(576, 9, 3, 64, 1e-5))
     windows = read_back_windows(air_opt(air_tools, stitched.text).stdout)
     assert any(DYNAMIC in side[0] for dma in windows for side in dma)
     assert len(windows) == len(stitched.dmas)

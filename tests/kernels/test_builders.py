@@ -11,7 +11,7 @@ from torch_npu2.kernels.builders.npu2 import L1_AVAILABLE
 from torch_npu2.kernels import host_build
 from torch_npu2.kernels.compile import KERNEL_SOURCE_DIR
 from torch_npu2.kernels.program import Arg, Launch, Program, Role
-from torch_npu2.kernels.programs import o_ffn, o_gemv_ffn, rms_gemms_rope
+from torch_npu2.kernels.catalog import o_ffn_program, o_gemv_ffn_program, rms_gemms_rope_program
 
 from .air_text import herd_headers, hierarchy, index_constants
 
@@ -407,7 +407,7 @@ def test_operand_shapes_must_match_params():
 
 
 def test_build_launch_maps_program_args_to_operands_and_rejects_unknown_kinds():
-    program = rms_gemms_rope(576, 9, 3, 64, 1e-5, 64)
+    program = rms_gemms_rope_program(576, 9, 3, 64, 1e-5, 64)
     ir = build_launch(program, program.launches[4])
     assert [str(v.type) for v in ir.operands] == ["memref<64x576xbf16>", "memref<64x64xbf16>", "memref<64x576xbf16>"]
     args = (Arg("a", (4,), "bf16", Role.INPUT), Arg("o", (4,), "bf16", Role.OUTPUT))
@@ -416,7 +416,8 @@ def test_build_launch_maps_program_args_to_operands_and_rejects_unknown_kinds():
         build_launch(odd, odd.launches[0])
 
 
-@pytest.mark.parametrize("program", [o_ffn(2048, 2048, 8192, 1e-5, 2048), o_gemv_ffn(2048, 2048, 8192, 1e-5)],
+@pytest.mark.parametrize("program", [o_ffn_program(2048, 2048, 8192, 1e-5, 2048),
+                                     o_gemv_ffn_program(2048, 2048, 8192, 1e-5)],
                          ids=["o_ffn-llama-2048", "o_gemv_ffn-llama"])
 def test_default_plans_fit_l1_single_buffered_by_construction(program):
     """Independent of the builders' own bookkeeping: the herd-local L1 allocations of each herd fit."""

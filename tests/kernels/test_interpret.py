@@ -18,7 +18,7 @@ from torch_npu2.kernels.builders import EXTERNAL_KERNELS
 from torch_npu2.kernels.interpret import (KERNEL_ARGUMENT_ACCESS, Interpreter, KernelOverrun, OutOfBounds,
                                           TileAliasing, TileRace, UninitializedRead, UnsupportedOp,
                                           UnwrittenOutput, canonical_text)
-from torch_npu2.kernels.programs import flash_attn, o_ffn, o_gemv_ffn, rms_gemms_rope
+from torch_npu2.kernels.catalog import flash_attn_program, o_ffn_program, o_gemv_ffn_program, rms_gemms_rope_program
 from torch_npu2.kernels.stitch import ObjectBuild, stitch
 from torch_npu2.kernels.toolchain import KERNEL_SOURCE_DIR
 
@@ -41,14 +41,14 @@ def _label(program, tuning=None) -> str:
 # GEMM launch grids, K loops and drain chunk loops longer than one step, attention rounds and causally skipped blocks, rows cut
 # into several chunks, GEMV panels over several launch steps, and the BFP16 GEMM.
 CASES = [(p, None) for p in programs_for_model(SMALL, (16, 32))] + [
-    (rms_gemms_rope(256, 4, 2, 64, EPS, 64),
+    (rms_gemms_rope_program(256, 4, 2, 64, EPS, 64),
      {1: dict(herd_m=2, herd_n=2, tile_m=16, tile_n=32, tile_k_l2=64, tile_k_l1=32, drain_n=8)}),
-    (flash_attn(4, 2, 64, 128), {1: dict(herd_q=2, tile_q=16, tile_kv=32)}),
+    (flash_attn_program(4, 2, 64, 128), {1: dict(herd_q=2, tile_q=16, tile_kv=32)}),
     # o_gemv_ffn: two launch steps and row groups for the residual GEMV, row groups for the normed one, and the
     # K-split down projection (k_chunk < K)
-    (o_gemv_ffn(256, 256, 512, EPS), {0: dict(herd=2, tile_n=64, rows_per_call=16), 1: dict(rows_per_call=8),
+    (o_gemv_ffn_program(256, 256, 512, EPS), {0: dict(herd=2, tile_n=64, rows_per_call=16), 1: dict(rows_per_call=8),
                                       3: dict(k_chunk=128)}),
-    (o_ffn(256, 256, 512, EPS, 16, "bfp16"), {1: dict(chunk=64)}),
+    (o_ffn_program(256, 256, 512, EPS, 16, "bfp16"), {1: dict(chunk=64)}),
 ]
 
 
@@ -217,7 +217,7 @@ def test_program_ir_matches_the_emulator(air_tools, program, tuning):
 
 
 # ---- broken modules ---------------------------------------------------------------------------------------
-MUTATED = rms_gemms_rope(256, 4, 2, 64, EPS, 16)
+MUTATED = rms_gemms_rope_program(256, 4, 2, 64, EPS, 16)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from torch_npu2.kernels.builders.ir import L1, L2, L3
 from torch_npu2.kernels.lint import (RULES, _Side, canonical_dims, check_core_compute, check_launch_ids,
                                      check_shim_bds, check_windows, launch_tiles, lint_launch_text, lint_lowered,
                                      lint_program, lower_and_lint, window_problems)
-from torch_npu2.kernels.programs import flash_attn, lm_head_gemv, o_ffn, rms_gemv_rope
+from torch_npu2.kernels.catalog import flash_attn_program, lm_head_gemv_program, o_ffn_program, rms_gemv_rope_program
 
 SMOL = ModelDims(576, 9, 3, 64, 1536, 49152, 1e-5)
 LLAMA = ModelDims(2048, 32, 8, 64, 8192, 128256, 1e-5)
@@ -65,7 +65,7 @@ def test_scalar_gemm_compute_fires_on_linalg_in_a_gemm_herd():
 
 
 def test_scalar_gemm_compute_passes_a_kernel_call_and_fires_on_scalar_arithmetic():
-    _, text = _launch_text(rms_gemv_rope(576, 9, 3, 64, 1e-5), "gemv")
+    _, text = _launch_text(rms_gemv_rope_program(576, 9, 3, 64, 1e-5), "gemv")
     assert "func.call @gemv_bf16" in text
     assert check_core_compute(text, "gemv") == []
     # the same herd with the kernel call replaced by a hand-written scalar multiply-add
@@ -192,7 +192,7 @@ def test_shim_bd_budget_fires_when_the_tile_cannot_fold():
 
 
 def test_real_decode_programs_fit_the_shim_bd_budget():
-    program = lm_head_gemv(2048, 128256)
+    program = lm_head_gemv_program(2048, 128256)
     _, text = _launch_text(program, "gemv_f32")
     assert check_shim_bds(text, program.compile_options.runtime_loop_tiling_sizes) == []
 
@@ -226,7 +226,7 @@ def _lowered(memtile_channel=1, bd_size=64, shim_channel=1, tasks=2, freed=True)
 
 
 def test_lowered_rules_pass_a_good_module_and_fire_on_each_bad_one():
-    program = o_ffn(576, 576, 1536, 1e-5, 16)
+    program = o_ffn_program(576, 576, 1536, 1e-5, 16)
     assert lint_lowered(program, _lowered()) == []
     cases = {"memtile-channels": dict(memtile_channel=6), "dma-wrap": dict(bd_size=600),
              "shim-channels": dict(shim_channel=2), "shim-bd-budget": dict(tasks=17, freed=False)}
@@ -237,7 +237,7 @@ def test_lowered_rules_pass_a_good_module_and_fire_on_each_bad_one():
     assert lint_lowered(program, _lowered(tasks=17, freed=True)) == []  # freed BD IDs are reused
 
 
-@pytest.mark.parametrize("program", [rms_gemv_rope(576, 9, 3, 64, 1e-5), flash_attn(9, 3, 64, 16)],
+@pytest.mark.parametrize("program", [rms_gemv_rope_program(576, 9, 3, 64, 1e-5), flash_attn_program(9, 3, 64, 16)],
                          ids=["rms_gemv_rope", "flash_attn_16"])
 def test_lowered_programs_have_only_known_findings(air_tools, program):
     findings = lower_and_lint(program)

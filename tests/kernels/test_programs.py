@@ -2,13 +2,13 @@
 import pytest
 
 from torch_npu2.kernels import Arg, Launch, ModelDims, Program, Role, programs_for_model
-from torch_npu2.kernels.programs import lm_head_gemv, o_ffn, rms_gemms_rope
+from torch_npu2.kernels.catalog import lm_head_gemv_program, o_ffn_program, rms_gemms_rope_program
 
 SMOL = ModelDims(576, 9, 3, 64, 1536, 49152, 1e-5)
 
 
 def test_rms_gemms_rope_abi_and_index_sets():
-    p = rms_gemms_rope(576, 9, 3, 64, 1e-5, 32)
+    p = rms_gemms_rope_program(576, 9, 3, 64, 1e-5, 32)
     assert [a.name for a in p.args] == ["x", "norm_w", "normed", "wq", "wk", "wv", "rope_lut", "q", "k", "v",
                                         "q_roped", "k_roped"]
     assert p.indices(Role.WEIGHT) == (1, 3, 4, 5)
@@ -28,16 +28,16 @@ def test_prefill_and_decode_share_weight_layouts():
 
 
 def test_lm_head_is_one_gemv_keeping_fp32_logits():
-    program = lm_head_gemv(576, 49152)
+    program = lm_head_gemv_program(576, 49152)
     assert [(l.kind, l.p) for l in program.launches] == [("gemv_f32", {"K": 576, "N": 49152})]
     assert program.arg("logits").dtype == "f32" and program.compile_options.runtime_loop_tiling_sizes == (16, 16)
 
 
 def test_json_round_trip_and_stable_key():
-    p = o_ffn(576, 576, 1536, 1e-5, 16)
+    p = o_ffn_program(576, 576, 1536, 1e-5, 16)
     q = Program.from_json(p.to_json())
     assert q == p and q.key == p.key
-    assert o_ffn(576, 576, 1536, 1e-5, 32).key != p.key
+    assert o_ffn_program(576, 576, 1536, 1e-5, 32).key != p.key
 
 
 def test_programs_for_model_covers_buckets():

@@ -9,7 +9,7 @@ from torch_npu2.kernels import ModelDims, Program, programs_for_model
 from torch_npu2.kernels.builders import KERNEL_OBJECTS
 from torch_npu2.kernels.builders.ir import MemRef
 from torch_npu2.kernels.program import Arg, Launch, Role
-from torch_npu2.kernels.programs import o_gemv_ffn, rms_gemms_rope
+from torch_npu2.kernels.catalog import o_gemv_ffn_program, rms_gemms_rope_program
 from torch_npu2.kernels.stitch import ObjectBuild, emit_mlir, stitch
 
 from .air_text import dma_endpoints, hierarchy, index_constants
@@ -141,7 +141,7 @@ def test_every_loop_counts_trips_with_step_one(index):
 
 
 def test_rope_variants_get_suffixed_symbols_and_d_renamed_objects():
-    program = rms_gemms_rope(576, 9, 3, 64, 1e-5, 64)
+    program = rms_gemms_rope_program(576, 9, 3, 64, 1e-5, 64)
     result = stitch(program)
     declared = dict(re.findall(r'func\.func private @(\w+)\(([^)]*)\)', result.text))
     assert "memref<2304xbf16, 2 : i32>" in declared["rope_half_split_bf16"]      # 4 rows of 9 heads
@@ -154,7 +154,7 @@ def test_rope_variants_get_suffixed_symbols_and_d_renamed_objects():
 
 
 def test_launches_with_one_configuration_share_one_build():
-    result = stitch(o_gemv_ffn(576, 576, 1536, 1e-5))
+    result = stitch(o_gemv_ffn_program(576, 576, 1536, 1e-5))
     sections = launch_sections(result.text)
     # O, gate and up (K=576, 4 rows a call) are tiled alike and share one build; down (K=1536) has its own
     assert "@gemv_add_bf16(" in sections[0]
@@ -167,19 +167,19 @@ def test_launches_with_one_configuration_share_one_build():
 
 
 def test_objects_cover_exactly_the_linked_kernels():
-    result = stitch(o_gemv_ffn(2048, 2048, 8192, 1e-5))
+    result = stitch(o_gemv_ffn_program(2048, 2048, 8192, 1e-5))
     linked = set(re.findall(r'link_with = "([^"]+)"', result.text))
     assert {b.object for b in result.objects} == linked
     assert all(b.source == KERNEL_OBJECTS[re.sub(r"_v\d+\.o$", ".o", b.object)].source for b in result.objects)
 
 
 def test_emit_mlir_is_the_stitched_text_and_deterministic():
-    program = o_gemv_ffn(576, 576, 1536, 1e-5)
+    program = o_gemv_ffn_program(576, 576, 1536, 1e-5)
     assert emit_mlir(program) == stitch(program).text == emit_mlir(program)
 
 
 def test_tuning_is_passed_to_the_indexed_launch():
-    program = rms_gemms_rope(2048, 32, 8, 64, 1e-5, 2048)
+    program = rms_gemms_rope_program(2048, 32, 8, 64, 1e-5, 2048)
     sections = launch_sections(stitch(program, tuning={1: {"herd_m": 4}}).text)
     assert "gemm M=2048 K=2048 N=2048: herd 4x4" in sections[1]
     assert "gemm M=2048 K=2048 N=512: herd 8x4" in sections[2]

@@ -1,7 +1,7 @@
 """Random op arguments at given model dims, shared by the op tests."""
 import torch
 
-from torch_npu2.ops import reference
+from torch_npu2.ops import build_rope_lut
 
 # name: (hidden, heads, kv_heads, head_dim, intermediate, vocab, seq)
 CONFIGS = {
@@ -18,7 +18,7 @@ def bf16(*shape, scale=1.0, gen=None):
 
 def rope_lut(rows, head_dim, gen=None):
     angles = torch.rand(rows, head_dim // 2, generator=gen) * 6.0
-    return reference.rope_lut(torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)).bfloat16()
+    return build_rope_lut(torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)).bfloat16()
 
 
 def qkv_args(hidden, heads, kv_heads, head_dim, seq, decode=False, gen=None):

@@ -29,13 +29,14 @@ def op_cases(config):
     hidden, heads, kv, hd, ffn, vocab, seq = CONFIGS[config]
     g = torch.Generator().manual_seed(hash(config) % 1000)
     return {
-        "rms_gemms_rope": (qkv_args(hidden, heads, kv, hd, seq, gen=g), (EPS,), reference.rms_gemms_rope),
-        "rms_gemv_rope": (qkv_args(hidden, heads, kv, hd, seq, decode=True, gen=g), (EPS,), reference.rms_gemms_rope),
-        "flash_attn": (attn_args(heads, kv, hd, seq, gen=g), (hd,), reference.flash_attn),
-        "o_ffn": (ffn_args(hidden, heads, hd, ffn, seq, gen=g), (EPS,), reference.o_ffn),
-        "o_gemv_ffn": (ffn_args(hidden, heads, hd, ffn, seq, decode=True, gen=g), (EPS,), reference.o_ffn),
+        "rms_gemms_rope": (qkv_args(hidden, heads, kv, hd, seq, gen=g), (EPS,), reference.rms_gemms_rope_reference),
+        "rms_gemv_rope": (qkv_args(hidden, heads, kv, hd, seq, decode=True, gen=g), (EPS,),
+                          reference.rms_gemms_rope_reference),
+        "flash_attn": (attn_args(heads, kv, hd, seq, gen=g), (hd,), reference.flash_attn_reference),
+        "o_ffn": (ffn_args(hidden, heads, hd, ffn, seq, gen=g), (EPS,), reference.o_ffn_reference),
+        "o_gemv_ffn": (ffn_args(hidden, heads, hd, ffn, seq, decode=True, gen=g), (EPS,), reference.o_ffn_reference),
         "lm_head_gemv": ([torch.randn(hidden).bfloat16(), (torch.randn(vocab, hidden) * hidden ** -0.5).bfloat16()],
-                         (), reference.lm_head_gemv),
+                         (), reference.lm_head_gemv_reference),
     }
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from torch_npu2.kernels import ModelDims, programs_for_model
-from torch_npu2.kernels.programs import o_ffn, rms_gemms_rope
+from torch_npu2.kernels.catalog import o_ffn_program, rms_gemms_rope_program
 from torch_npu2.ops import rms_gemms_rope as rms_gemms_rope_op
 from torch_npu2.ops import rms_gemv_rope as rms_gemv_rope_op
 
@@ -65,8 +65,8 @@ def test_precision_is_part_of_each_prefill_program_and_its_key():
 
 
 @pytest.mark.parametrize("make", [
-    lambda: rms_gemms_rope(HIDDEN, HEADS, KV_HEADS, HEAD_DIM, 1e-5, SEQ, "fp8"),
-    lambda: o_ffn(HIDDEN, HIDDEN, 32, 1e-5, SEQ, "BF16"),
+    lambda: rms_gemms_rope_program(HIDDEN, HEADS, KV_HEADS, HEAD_DIM, 1e-5, SEQ, "fp8"),
+    lambda: o_ffn_program(HIDDEN, HIDDEN, 32, 1e-5, SEQ, "BF16"),
     lambda: programs_for_model(ModelDims(16, 2, 1, 8, 32, 64, 1e-5), (16,), None),
 ])
 def test_unknown_precision_is_refused(make):

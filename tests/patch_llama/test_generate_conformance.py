@@ -11,7 +11,7 @@ from transformers import StaticCache, TextIteratorStreamer
 
 from torch_npu2 import patch_llama, unpatch_llama
 
-from .conftest import tiny_llama
+from .tiny import tiny_llama
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:patch_llama. LlamaForCausalLM runs here on the emulated NPU2:UserWarning")

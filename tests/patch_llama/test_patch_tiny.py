@@ -8,8 +8,9 @@ from transformers import DynamicCache, MistralConfig, MistralForCausalLM, Static
 import torch_npu2
 from torch_npu2 import compare_layers, create_runtime, patch_llama, unpatch_llama, use_runtime
 from torch_npu2.emulator import EmulatedXrt
+from torch_npu2.kernels import ModelDims, programs_for_model
 
-from .conftest import tiny_llama
+from .tiny import tiny_llama
 from .gate import check_topk_gate, greedy_with_topk
 
 # The tiny configs run on the emulated NPU2 but break NPU2 builder constraints (head_dim 16, widths that
@@ -17,6 +18,7 @@ from .gate import check_topk_gate, greedy_with_topk
 NPU2_WARNING = "patch_llama: LlamaForCausalLM runs here on the emulated NPU2"
 pytestmark = pytest.mark.filterwarnings(
     "ignore:patch_llama. LlamaForCausalLM runs here on the emulated NPU2:UserWarning")
+PREFILL_PROGRAMS = ("rms_gemms_rope", "flash_attn", "o_ffn")
 NPU2_BUILDABLE = dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, intermediate_size=512)
 
 CONFIGS = {
@@ -53,10 +55,36 @@ def test_prefill_pads_to_bucket_and_tracks_length(runtime, pair):
     ids = prompt(9)
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits.float(), reference(ids).logits.float(), atol=0.08, rtol=0.05)
-    programs = runtime.cache.entries()
-    prefill_rows = {e["program"]: e for e in programs}
-    assert "rms_gemms_rope" in prefill_rows
     assert runtime.xrt.counters["runs:rms_gemms_rope"] == 2  # 9 tokens → one 32-row bucket per layer
+    dims = ModelDims.from_config(reference.config)
+    built = {e["program_key"] for e in runtime.cache.entries()}
+    prefill_32 = [p for p in programs_for_model(dims, (32,)) if p.name in PREFILL_PROGRAMS]
+    prefill_8 = [p for p in programs_for_model(dims, (8,)) if p.name in PREFILL_PROGRAMS]
+    assert [p.name for p in prefill_32 if p.key not in built] == [], "the 32-row prefill Programs were not built"
+    assert [p.name for p in prefill_8 if p.key in built] == [], "9 tokens do not fit the 8-row bucket"
+
+
+@pytest.mark.parametrize("layers", [2, 3])
+def test_one_decode_token_moves_what_architecture_md_says(runtime, layers):
+    """Per decode token of an L-layer model: 2L+1 dispatches, no weight bytes, 2L+3 staged host copies (each
+    layer's RoPE LUT and attention output, the first layer's input for both its ops, the LM head's row) and
+    one read-back per op output; later layers take their input where the previous layer left it."""
+    model = patch_llama(tiny_llama(num_hidden_layers=layers))
+    ids = prompt(9)
+
+    def counts(new_tokens):
+        before, before_xrt = runtime.stats.copy(), runtime.xrt.counters.copy()
+        model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+        return runtime.stats - before, runtime.xrt.counters - before_xrt
+
+    counts(2)  # loads every Program and syncs the weights
+    (stats2, xrt2), (stats3, xrt3) = counts(2), counts(3)  # the same prefill; the second decodes one more token
+    token, token_xrt = stats3 - stats2, xrt3 - xrt2
+    assert token["runs"] == 2 * layers + 1
+    assert token_xrt["bytes_to_device:weight"] == 0 == xrt3["syncs_to_device:weight"]
+    assert token["host_copies"] == token_xrt["syncs_to_device"] == 2 * layers + 3
+    assert token["inputs_already_on_device"] == 2 * (layers - 1)
+    assert token_xrt["syncs_from_device"] == 4 * layers + 1  # v, q_roped, k_roped, out per layer; the logits
 
 
 def test_prompt_longer_than_largest_bucket_is_chunked(runtime, pair):

@@ -8,7 +8,7 @@ def tiny_checkpoint(tmp_path_factory):
     pytest.importorskip("gguf", reason="SmolLM2's tokenizer comes from its GGUF file (pip install gguf)")
     from transformers import AutoTokenizer
 
-    from tests.patch_llama.conftest import tiny_llama
+    from tests.patch_llama.tiny import tiny_llama
     from torch_npu2.patch_llama.models import default_model_path
 
     try:

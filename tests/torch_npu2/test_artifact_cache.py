@@ -9,9 +9,9 @@ import textwrap
 import pytest
 
 from torch_npu2.artifact_cache import MANIFEST, ArtifactCache, ArtifactCacheError, default_cache_root
-from torch_npu2.kernels.programs import flash_attn
+from torch_npu2.kernels.catalog import flash_attn_program
 
-PROGRAM = flash_attn(4, 2, 8, 16)
+PROGRAM = flash_attn_program(4, 2, 8, 16)
 
 
 def counting_builder(log_path):
@@ -36,11 +36,11 @@ CHILD = textwrap.dedent("""
     import sys, pathlib
     sys.path.insert(0, {tests!r})
     from torch_npu2.artifact_cache import ArtifactCache
-    from torch_npu2.kernels.programs import flash_attn
+    from torch_npu2.kernels.catalog import flash_attn_program
     from test_artifact_cache import counting_builder
     tmp = pathlib.Path({tmp!r})
     c = ArtifactCache(tmp / "cache", "emulator", "tc-1", counting_builder(tmp / "builds.log"))
-    print(c.get(flash_attn(4, 2, 8, 16)))
+    print(c.get(flash_attn_program(4, 2, 8, 16)))
 """)
 
 
@@ -119,7 +119,7 @@ def test_foreign_artifact_with_its_own_valid_checksum_is_rebuilt(tmp_path):
     """Another entry's artifact copied in, manifest checksum and all: the checksum covers the key too."""
     c = cache(tmp_path)
     good = c.get(PROGRAM).read_bytes()
-    other = c.get(flash_attn(4, 2, 8, 32))
+    other = c.get(flash_attn_program(4, 2, 8, 32))
     entry = c.entry_dir(PROGRAM)
     manifest = json.loads((entry / MANIFEST).read_text())
     manifest["checksum"] = json.loads((other.parent / MANIFEST).read_text())["checksum"]

@@ -1,4 +1,8 @@
 """Runtime behaviour seen through the emulated driver's counters: syncs, hand-over, coherency, run states."""
+import types
+import weakref
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -40,7 +44,7 @@ def test_output_handed_to_next_op_moves_no_bytes_through_host(runtime):
     assert runtime.xrt.counters["bytes_to_device"] == before_to_device
     assert runtime.stats["host_copies"] == before_copies
     assert runtime.stats["inputs_already_on_device"] == 3
-    torch.testing.assert_close(out, reference.flash_attn(q, k, v, HEAD_DIM), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(out, reference.flash_attn_reference(q, k, v, HEAD_DIM), atol=2e-2, rtol=2e-2)
 
 
 def test_host_write_to_an_output_is_synced_before_reuse(runtime):
@@ -49,7 +53,7 @@ def test_host_write_to_an_output_is_synced_before_reuse(runtime):
     before = runtime.xrt.counters["bytes_to_device"]
     out = torch.ops.npu2.flash_attn(q, k, v, HEAD_DIM)
     assert runtime.xrt.counters["bytes_to_device"] - before == q.numel() * 2
-    torch.testing.assert_close(out, reference.flash_attn(q, k, v, HEAD_DIM), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(out, reference.flash_attn_reference(q, k, v, HEAD_DIM), atol=2e-2, rtol=2e-2)
 
 
 def test_strict_emulator_catches_a_missing_sync(runtime):
@@ -60,7 +64,7 @@ def test_strict_emulator_catches_a_missing_sync(runtime):
     assert torch.equal(stale, first), "strict coherency must serve the device's stale copy"
     runtime.refresh(args[4])
     fresh = torch.ops.npu2.rms_gemms_rope(*args, EPS)[0]
-    torch.testing.assert_close(fresh, reference.rms_gemms_rope(*args, EPS)[0], atol=3e-2, rtol=2e-2)
+    torch.testing.assert_close(fresh, reference.rms_gemms_rope_reference(*args, EPS)[0], atol=3e-2, rtol=2e-2)
     assert not torch.equal(fresh, first)
 
 
@@ -147,7 +151,7 @@ def test_ops_reach_the_runtime_in_use(runtime):
 def test_emulator_artifact_carries_the_programs_mlir(runtime):
     import json
 
-    from torch_npu2.kernels.programs import flash_attn, lm_head_gemv
+    from torch_npu2.kernels.catalog import flash_attn_program, lm_head_gemv_program
 
     torch.ops.npu2.lm_head_gemv(torch.randn(576).bfloat16(), torch.randn(49152, 576).bfloat16())
     torch.ops.npu2.flash_attn(*attn_args(HEADS, KV_HEADS, HEAD_DIM, SEQ), HEAD_DIM)
@@ -155,9 +159,9 @@ def test_emulator_artifact_carries_the_programs_mlir(runtime):
     def artifact(program):
         return json.loads((runtime.cache.entry_dir(program) / f"{program.name}.json").read_text())
 
-    head = artifact(lm_head_gemv(576, 49152))
+    head = artifact(lm_head_gemv_program(576, 49152))
     assert head["mlir"].count("func.func @lm_head_gemv(") == 1 and head["mlir_problem"] is None
-    attn = artifact(flash_attn(HEADS, KV_HEADS, HEAD_DIM, SEQ))  # 7 rows: no tiling of the NPU builder fits
+    attn = artifact(flash_attn_program(HEADS, KV_HEADS, HEAD_DIM, SEQ))  # 7 rows: no tiling of the NPU builder fits
     assert attn["mlir"] is None and "attention" in attn["mlir_problem"]
 
 
@@ -169,7 +173,7 @@ def test_an_emitter_failure_cannot_stop_an_emulator_run(runtime, monkeypatch, fa
     import json
 
     from torch_npu2.kernels import stitch
-    from torch_npu2.kernels.programs import lm_head_gemv
+    from torch_npu2.kernels.catalog import lm_head_gemv_program
 
     def broken_emitter(program):
         raise failure
@@ -178,7 +182,7 @@ def test_an_emitter_failure_cannot_stop_an_emulator_run(runtime, monkeypatch, fa
     x, w = torch.randn(64).bfloat16(), torch.randn(32, 64).bfloat16()
     logits = torch.ops.npu2.lm_head_gemv(x, w)
     torch.testing.assert_close(logits.float(), (w.float() @ x.float()), rtol=2e-2, atol=2e-2)
-    program = lm_head_gemv(64, 32)
+    program = lm_head_gemv_program(64, 32)
     artifact = json.loads((runtime.cache.entry_dir(program) / f"{program.name}.json").read_text())
     assert artifact["mlir"] is None and artifact["mlir_problem"] == f"{type(failure).__name__}: {failure}"
 
@@ -189,4 +193,76 @@ def test_npu_target_without_toolchain_names_what_is_missing(tmp_path, monkeypatc
     monkeypatch.setattr(pipeline, "missing_toolchain", lambda: ["aircc (mlir-air): not on PATH"])
     rt = create_runtime(backend="npu2", driver=EmulatedXrt(), cache_root=tmp_path)
     with pytest.raises(pipeline.ToolchainMissing, match=r"cannot compile flash_attn for the NPU; missing:\n  aircc"):
-        rt.load(__import__("torch_npu2").kernels.programs.flash_attn(2, 1, 4, 8))
+        rt.load(__import__("torch_npu2").kernels.catalog.flash_attn_program(2, 1, 4, 8))
+
+
+class _ReleaseRecordingDriver:
+    """A pyxrt-shaped driver whose objects hold no references to one another (a C++ binding's handles need
+    not), recording the order in which the runtime lets go of them."""
+
+    class xclBOSyncDirection:
+        XCL_BO_SYNC_BO_TO_DEVICE, XCL_BO_SYNC_BO_FROM_DEVICE = "to", "from"
+
+    class ert_cmd_state:
+        ERT_CMD_STATE_COMPLETED = "completed"
+
+    class _Handle:
+        def __init__(self, released, label):
+            weakref.finalize(self, released.append, label)
+
+    class _Bo(_Handle):
+        def __init__(self, released, nbytes):
+            super().__init__(released, "bo")
+            self.data = bytearray(nbytes)
+
+        def map(self):
+            return memoryview(self.data)
+
+        def sync(self, direction, nbytes, offset):
+            pass
+
+    class _Run(_Handle):
+        def set_arg(self, index, bo):
+            pass
+
+        def start(self):
+            pass
+
+        def wait2(self):
+            return "completed"
+
+    def __init__(self):
+        self.released = []
+        self.ext = types.SimpleNamespace(bo=lambda device, nbytes: self._Bo(self.released, nbytes),
+                                         kernel=lambda context, name: self._Handle(self.released, f"kernel {name}"))
+
+    def device(self, index):
+        return object()
+
+    def elf(self, path):
+        return self._Handle(self.released, f"elf {Path(path).stem}")
+
+    def hw_context(self, device, elf):
+        return self._Handle(self.released, "context")
+
+    def run(self, kernel):
+        return self._Run(self.released, "run")
+
+
+def test_close_releases_driver_objects_in_reverse_order_of_creation(tmp_path):
+    from torch_npu2.kernels.catalog import flash_attn_program, lm_head_gemv_program
+
+    driver = _ReleaseRecordingDriver()
+    rt = create_runtime(driver=driver, cache_root=tmp_path)
+    attention, head = flash_attn_program(2, 1, 4, 8), lm_head_gemv_program(8, 16)
+    outputs = rt.run(attention, [torch.zeros(8, 8).bfloat16(), torch.zeros(8, 4).bfloat16(),
+                                 torch.zeros(8, 4).bfloat16()])
+    outputs += rt.run(head, [torch.zeros(8).bfloat16(), torch.zeros(16, 8).bfloat16()])
+    del outputs  # their BOs go back to the pool, which close empties
+    assert driver.released == []
+    rt.close()
+    bos = driver.released.count("bo")
+    assert bos == 5 + 1 + 2  # staging: q, k, v, x and w_lm; flash_attn's scratch kv; two pooled outputs
+    assert driver.released == ["bo"] * bos + [
+        "run", "kernel main:lm_head_gemv", "context", "elf lm_head_gemv",
+        "run", "kernel main:flash_attn", "context", "elf flash_attn"]

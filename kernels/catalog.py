@@ -1,4 +1,5 @@
-"""The six fused-op Programs, parametrized by model dims and sequence length.
+"""The catalogue of fused-op Programs: one factory per ``torch.ops.npu2`` op (``<op>_program``), parametrized
+by model dims and sequence length.
 
 Weights keep HuggingFace's ``nn.Linear`` layout ``(out_features, in_features)`` in every Program: the
 prefill GEMM computes ``x @ W.T`` with W's contiguous rows as its K dimension, and the decode GEMV reads
@@ -177,7 +178,7 @@ def _check_attention_dims(heads: int, kv_heads: int, head_dim: int) -> None:
         raise ValueError(f"head_dim must be even for half-split RoPE, got {head_dim}")
 
 
-def rms_gemms_rope(hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float, seq: int,
+def rms_gemms_rope_program(hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float, seq: int,
                    precision: str = DEFAULT_MATMUL_PRECISION) -> Program:
     _check_seq(seq)
     _check_precision(precision)
@@ -185,19 +186,19 @@ def rms_gemms_rope(hidden: int, heads: int, kv_heads: int, head_dim: int, eps: f
                          PREFILL_OPTIONS, precision)
 
 
-def o_ffn(hidden: int, q_dim: int, intermediate: int, eps: float, seq: int,
+def o_ffn_program(hidden: int, q_dim: int, intermediate: int, eps: float, seq: int,
           precision: str = DEFAULT_MATMUL_PRECISION) -> Program:
     _check_seq(seq)
     _check_precision(precision)
     return _o_ffn("o_ffn", hidden, q_dim, intermediate, eps, seq, lambda n: (seq, n), PREFILL_OPTIONS, precision)
 
 
-def rms_gemv_rope(hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float) -> Program:
+def rms_gemv_rope_program(hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float) -> Program:
     return _rms_qkv_rope("rms_gemv_rope", hidden, heads, kv_heads, head_dim, eps, 1, "gemv", lambda n: (n,),
                          DECODE_OPTIONS)
 
 
-def o_gemv_ffn(hidden: int, q_dim: int, intermediate: int, eps: float) -> Program:
+def o_gemv_ffn_program(hidden: int, q_dim: int, intermediate: int, eps: float) -> Program:
     """The decode o_ffn in 4 fused launches after upstream's 3 (builders/gemv_fused.py says where and why
     they differ): O projection + residual → RMSNorm + gate projection → RMSNorm + up projection → SiLU·up +
     down projection + residual. Only the post-attention residual (read again by the last launch), gate and
@@ -232,7 +233,7 @@ def o_gemv_ffn(hidden: int, q_dim: int, intermediate: int, eps: float) -> Progra
     )
 
 
-def flash_attn(heads: int, kv_heads: int, head_dim: int, seq: int) -> Program:
+def flash_attn_program(heads: int, kv_heads: int, head_dim: int, seq: int) -> Program:
     """Causal GQA attention over one sequence, seq-first layout, scale 1/sqrt(head_dim).
 
     K and V are first stacked into one (2, seq, kv_dim) buffer, so that attention fetches a position
@@ -260,7 +261,7 @@ def flash_attn(heads: int, kv_heads: int, head_dim: int, seq: int) -> Program:
     )
 
 
-def lm_head_gemv(hidden: int, vocab: int) -> Program:
+def lm_head_gemv_program(hidden: int, vocab: int) -> Program:
     """Logits of one (already final-normed) row: a GEMV over the (vocab, hidden) LM-head weight.
 
     Logits leave the fp32 accumulator as fp32: bf16 logits (spacing 0.125 near 25) turn close
@@ -291,7 +292,8 @@ def programs_for_model(dims: ModelDims, prefill_buckets,
     ffn = (d.hidden, d.q_dim, d.intermediate, d.eps)
     out: list[Program] = []
     for seq in prefill_buckets:
-        out += [rms_gemms_rope(*attn, seq, matmul_precision), flash_attn(d.heads, d.kv_heads, d.head_dim, seq),
-                o_ffn(*ffn, seq, matmul_precision)]
-    out += [rms_gemv_rope(*attn), o_gemv_ffn(*ffn), lm_head_gemv(d.hidden, d.vocab)]
+        out += [rms_gemms_rope_program(*attn, seq, matmul_precision),
+                flash_attn_program(d.heads, d.kv_heads, d.head_dim, seq),
+                o_ffn_program(*ffn, seq, matmul_precision)]
+    out += [rms_gemv_rope_program(*attn), o_gemv_ffn_program(*ffn), lm_head_gemv_program(d.hidden, d.vocab)]
     return out

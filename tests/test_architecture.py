@@ -1,0 +1,52 @@
+"""ARCHITECTURE.md stays true: every repository path it names in backticks exists, and it names every launch
+kind the builders know and every fused op (by its catalogue factory)."""
+import re
+from pathlib import Path
+
+from torch_npu2.kernels.builders import BUILDERS
+from torch_npu2.ops import ALL_OPS
+
+ROOT = Path(__file__).resolve().parents[1]
+MAP = ROOT / "ARCHITECTURE.md"
+FENCED_BLOCK = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
+INLINE_CODE = re.compile(r"`([^`\n]+)`")
+# A repository path: no spaces or placeholders, and a folder separator or a source/document suffix.
+PATH_LIKE = re.compile(r"^[\w.-]+(/[\w.-]*)*$")
+PATH_SUFFIXES = (".py", ".md", ".cc", ".h")
+
+
+def inline_code(text: str) -> set[str]:
+    return set(INLINE_CODE.findall(FENCED_BLOCK.sub("", text)))
+
+
+def named_paths(text: str) -> set[str]:
+    return {c for c in inline_code(text) if PATH_LIKE.match(c) and ("/" in c or c.endswith(PATH_SUFFIXES))}
+
+
+def missing_paths(text: str, root: Path = ROOT) -> list[str]:
+    return sorted(p for p in named_paths(text) if not (root / p).exists())
+
+
+def unnamed(text: str, names) -> list[str]:
+    return sorted(set(names) - inline_code(text))
+
+
+def test_every_path_named_in_architecture_md_exists():
+    text = MAP.read_text()
+    assert len(named_paths(text)) >= 20, "the path pattern no longer finds ARCHITECTURE.md's paths"
+    missing = missing_paths(text)
+    assert missing == [], f"ARCHITECTURE.md names paths that are not in the repository: {missing}"
+
+
+def test_architecture_md_names_every_launch_kind_and_fused_op():
+    text = MAP.read_text()
+    assert unnamed(text, BUILDERS) == []
+    assert unnamed(text, (f"{op}_program" for op in ALL_OPS)) == []
+
+
+def test_the_checks_catch_a_wrong_map():
+    wrong = ("The builders live in `kernels/builders/`, the stitcher in `kernels/stitcher.py`, the C++ in "
+             "`kernels/aie2p/rope.cc`; `setup.py` installs it.\n```\n`kernels/nowhere.py` in a code block\n```\n"
+             "Kinds: `rope`, `gemm`; `torch.ops.npu2.<op>` and `func.func @<program name>` are not paths.")
+    assert missing_paths(wrong) == ["kernels/aie2p/rope.cc", "kernels/stitcher.py"]
+    assert unnamed(wrong, BUILDERS) == sorted(set(BUILDERS) - {"rope", "gemm"})
