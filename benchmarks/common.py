@@ -25,10 +25,6 @@ LLAMA_1B_SHAPE = dict(
     rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=32.0, low_freq_factor=1.0,
                          high_freq_factor=4.0, original_max_position_embeddings=8192),
 )
-TINY_SHAPE = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=16, vocab_size=256, max_position_embeddings=4096)
-
-
 def llama_config(**shape):
     from transformers import LlamaConfig
 
@@ -68,10 +64,6 @@ def random_llama(config, seed: int = 0, std: float = 0.02):
 
 def llama_1b(seed: int = 0):
     return random_llama(llama_config(**LLAMA_1B_SHAPE), seed)
-
-
-def tiny_llama(seed: int = 0, **overrides):
-    return random_llama(llama_config(**{**TINY_SHAPE, **overrides}), seed, std=0.05)
 
 
 def load_smollm2():

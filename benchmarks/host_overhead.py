@@ -238,7 +238,9 @@ def measure(model, runtime, contexts, decode_steps: int, repeats: int, log=print
 
 def hf_framework_cost(decode_steps: int, repeats: int, layers: int = 16) -> dict:
     """HF generate() per token on an unpatched model of negligible width: HF's own Python cost per token."""
-    model = common.tiny_llama(num_hidden_layers=layers)
+    from tests.patch_llama.tiny import tiny_llama
+
+    model = tiny_llama(num_hidden_layers=layers)
     ids = common.random_prompt(32, model.config.vocab_size)
     common.timed_generate(model, ids, 2)
     token = common.median(common.median(common.timed_generate(model, ids, decode_steps)[1]) for _ in range(repeats))

@@ -75,8 +75,9 @@ class LaunchRecorder:
 def cross_check(lengths, log=print) -> list[dict]:
     """Runs a tiny patched model's forward on each prompt length; rows per layer from the launches run."""
     import torch_npu2
+    from tests.patch_llama.tiny import tiny_llama
 
-    model = common.tiny_llama()
+    model = tiny_llama()
     layers, state = model.config.num_hidden_layers, shared_state()
     rows = []
     with common.emulated_runtime(compute=True) as runtime:

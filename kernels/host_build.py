@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from .program import pad_rows
+
 KERNEL_DIR = Path(__file__).resolve().parent / "aie2p"
 CXX_FLAGS = ("-O2", "-shared", "-fPIC", "-std=c++20")
 # For the emulator's hot kernels: vectorized for this CPU, with fp32 sums free to reassociate (the NPU's
@@ -136,15 +138,6 @@ def _require_bf16(name: str, tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().contiguous()
 
 
-def _pad_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
-    """``tensor`` with zero rows appended up to ``rows`` (a kernel tile always has its full size)."""
-    if tensor.shape[0] == rows:
-        return tensor.contiguous()
-    padded = tensor.new_zeros((rows, *tensor.shape[1:]))
-    padded[: tensor.shape[0]] = tensor
-    return padded
-
-
 def _round_up(value: int, multiple: int) -> int:
     return math.ceil(value / multiple) * multiple
 
@@ -159,7 +152,7 @@ def rope_half_split(x: torch.Tensor, lut: torch.Tensor, head_dim: int, *, tile_r
                    {"ROPE_ROWS": tile_rows, "ROPE_HEADS": width // head_dim, "ROPE_HEAD_DIM": head_dim})
     kernel = _function(library, "rope_half_split_bf16", _PTR, _PTR, _PTR)
     padded_rows = _round_up(rows, tile_rows)
-    x_tiles, lut_tiles = _pad_rows(x, padded_rows), _pad_rows(lut, padded_rows)
+    x_tiles, lut_tiles = pad_rows(x, padded_rows), pad_rows(lut, padded_rows)
     y = torch.empty_like(x_tiles)
     for first in range(0, padded_rows, tile_rows):
         kernel(x_tiles[first].data_ptr(), lut_tiles[first].data_ptr(), y[first].data_ptr())
@@ -174,7 +167,7 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, tile: int = 512) -> torch.
     kernel = _function(load("silu_mul.cc", {"SILU_MUL_LEN": tile}), "silu_mul_bf16", _PTR, _PTR, _PTR)
     count = gate.numel()
     padded = _round_up(count, tile)
-    gate_flat, up_flat = _pad_rows(gate.reshape(-1), padded), _pad_rows(up.reshape(-1), padded)
+    gate_flat, up_flat = pad_rows(gate.reshape(-1), padded), pad_rows(up.reshape(-1), padded)
     out = torch.empty_like(gate_flat)
     for first in range(0, padded, tile):
         kernel(gate_flat[first:].data_ptr(), up_flat[first:].data_ptr(), out[first:].data_ptr())
@@ -193,7 +186,7 @@ def gemv(w: torch.Tensor, x: torch.Tensor, *, tile_rows: int = 32, out_dtype=tor
     library = load("gemv.cc", {"GEMV_ROWS": tile_rows, "GEMV_K": depth}, fast)
     kernel = _function(library, symbol, _PTR, _PTR, _PTR)
     padded_rows = _round_up(rows, tile_rows)
-    w_tiles = _pad_rows(w, padded_rows)
+    w_tiles = pad_rows(w, padded_rows)
     y = torch.empty(padded_rows, dtype=out_dtype)
     for first in range(0, padded_rows, tile_rows):
         kernel(w_tiles[first].data_ptr(), x.data_ptr(), y[first:].data_ptr())
@@ -332,9 +325,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_dim:
         raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: not a GQA layout")
     tiles = AttentionTiles(head_dim, tile_q, tile_k)
     q_rows, kv_rows = q.shape[0], k.shape[0]
-    q_padded = _pad_rows(q, _round_up(q_rows, tile_q)).reshape(-1, heads, head_dim)
-    k_padded = _pad_rows(k, _round_up(kv_rows, tile_k)).reshape(-1, kv_heads, head_dim)
-    v_padded = _pad_rows(v, _round_up(kv_rows, tile_k)).reshape(-1, kv_heads, head_dim)
+    q_padded = pad_rows(q, _round_up(q_rows, tile_q)).reshape(-1, heads, head_dim)
+    k_padded = pad_rows(k, _round_up(kv_rows, tile_k)).reshape(-1, kv_heads, head_dim)
+    v_padded = pad_rows(v, _round_up(kv_rows, tile_k)).reshape(-1, kv_heads, head_dim)
     out = torch.empty_like(q_padded)
     group = heads // kv_heads
     for head in range(heads):

@@ -19,6 +19,16 @@ DTYPE_BYTES = {"bf16": 2, "f32": 4}
 TORCH_DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}  # what a Program's dtype names are as tensors
 
 
+def pad_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
+    """``tensor`` with zero rows appended up to ``rows``: a Program's row bucket, or a kernel tile, always runs
+    at its full size."""
+    if tensor.shape[0] == rows:
+        return tensor.contiguous()
+    padded = tensor.new_zeros((rows, *tensor.shape[1:]))
+    padded[: tensor.shape[0]] = tensor
+    return padded
+
+
 class Role(str, enum.Enum):
     """How the host treats an argument's buffer (ARCHITECTURE.md, "The Program")."""
 

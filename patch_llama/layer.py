@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels import DEFAULT_MATMUL_PRECISION
+from ..kernels.program import pad_rows
 from ..ops import build_rope_lut, flash_attn, lm_head_gemv, o_ffn, o_gemv_ffn, rms_gemms_rope, rms_gemv_rope
 
 
@@ -93,14 +94,6 @@ class PrefillChunk(NamedTuple):
     v: torch.Tensor
     q_roped: torch.Tensor
     k_roped: torch.Tensor
-
-
-def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
-    if x.shape[0] == rows:
-        return x.contiguous()
-    out = x.new_zeros(rows, *x.shape[1:])
-    out[: x.shape[0]] = x
-    return out
 
 
 def _host_attention(q, k, v, mask, scale):
@@ -201,8 +194,8 @@ class NpuDecoderLayer:
             chunks = []
             for start, stop, padded in self.shared.chunks(last - first):
                 lo, hi = first + start, first + stop
-                v, q, k = rms_gemms_rope(_pad_rows(hidden[b, lo:hi], padded), norm_w, wq, wk, wv,
-                                         _pad_rows(lut[b, lo:hi], padded), self.eps_attn,
+                v, q, k = rms_gemms_rope(pad_rows(hidden[b, lo:hi], padded), norm_w, wq, wk, wv,
+                                         pad_rows(lut[b, lo:hi], padded), self.eps_attn,
                                          self.shared.matmul_precision)
                 k_new[b, lo:hi], v_new[b, lo:hi] = k[: hi - lo], v[: hi - lo]
                 chunks.append(PrefillChunk(lo, hi, padded, v, q, k))
@@ -223,8 +216,8 @@ class NpuDecoderLayer:
             for c in chunks:
                 lo, hi = c.start, c.stop
                 attn = (flash_attn(c.q_roped, c.k_roped, c.v, self.head_dim) if on_npu
-                        else _pad_rows(attn_all[b, lo:hi], c.padded))
-                out = o_ffn(attn, wo, _pad_rows(hidden[b, lo:hi], c.padded), norm2_w, w_gate, w_up, w_down,
+                        else pad_rows(attn_all[b, lo:hi], c.padded))
+                out = o_ffn(attn, wo, pad_rows(hidden[b, lo:hi], c.padded), norm2_w, w_gate, w_up, w_down,
                             self.eps_mlp, self.shared.matmul_precision)
                 if batch == 1 and hi - lo == seq == c.padded:
                     return out.view(1, seq, -1)  # the op's output is the layer's output: no copy

@@ -1,5 +1,6 @@
 """The layering rules, read from the package's imports with ``ast``: patch_llama never touches BOs or the
-driver, ops never parse MLIR, the runtime never knows what a Llama is and never emits MLIR."""
+driver, ops never parse MLIR nor reach up into patch_llama, the runtime never knows what a Llama is and never
+emits MLIR, and kernels imports nothing of the package outside kernels (ARCHITECTURE.md's "Layers")."""
 import ast
 import importlib
 from pathlib import Path
@@ -78,6 +79,11 @@ def violations(module: str, source: str, is_package: bool = False) -> list[str]:
                   for attr in sorted(attributes_used(source) & runtime_internals())]
     if _within(module, ("torch_npu2.ops",)):
         found += [f"{module} imports {name} (MLIR)" for name in sorted(imports) if _within(name, MLIR_MODULES)]
+        found += [f"{module} imports {name} (a layer above)" for name in sorted(imports)
+                  if _within(name, ("torch_npu2.patch_llama",))]
+    if _within(module, ("torch_npu2.kernels",)):
+        found += [f"{module} imports {name} (outside kernels)" for name in sorted(imports)
+                  if _within(name, ("torch_npu2",)) and not _within(name, ("torch_npu2.kernels",))]
     if module == "torch_npu2.runtime":
         found += [f"{module} imports {name} (a model, or MLIR)" for name in sorted(imports)
                   if _within(name, ("torch_npu2.patch_llama", "transformers", *MLIR_MODULES))]
@@ -112,6 +118,9 @@ def test_the_package_keeps_its_layering():
     ("torch_npu2.runtime", "from .kernels.builders.ir import LaunchBuilder", "torch_npu2.kernels.builders.ir"),
     ("torch_npu2.runtime", "from .patch_llama import patch_llama", "imports torch_npu2.patch_llama"),
     ("torch_npu2.runtime", "from transformers import LlamaConfig", "imports transformers"),
+    ("torch_npu2.ops.fused", "from ..patch_llama import layer", "imports torch_npu2.patch_llama (a layer above)"),
+    ("torch_npu2.kernels.host_build", "from ..runtime import get_runtime", "torch_npu2.runtime (outside kernels)"),
+    ("torch_npu2.kernels.builders.gemm", "def f():\n    from ...ops import reference", "torch_npu2.ops"),
 ])
 def test_a_broken_rule_is_reported(module, source, expected):
     found = violations(module, source)

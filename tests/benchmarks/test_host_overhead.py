@@ -4,6 +4,7 @@ import json
 import pytest
 
 from benchmarks import common, host_overhead
+from tests.patch_llama.tiny import tiny_llama
 
 # The benchmarks' tiny models (head_dim 16) run on the emulated NPU2 only; patch_llama says so, as it should.
 pytestmark = pytest.mark.filterwarnings(
@@ -12,7 +13,7 @@ pytestmark = pytest.mark.filterwarnings(
 
 @pytest.fixture(scope="module")
 def report():
-    return host_overhead.host_report(common.tiny_llama(), contexts=(8, 20), decode_steps=4, repeats=1,
+    return host_overhead.host_report(tiny_llama(), contexts=(8, 20), decode_steps=4, repeats=1,
                                      log=lambda _: None)
 
 

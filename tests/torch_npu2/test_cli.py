@@ -125,7 +125,7 @@ def test_compile_buckets_are_checked_against_the_builders(tmp_path, capsys):
 
 def test_unknown_backend_is_refused(capsys):
     line = _usage_error(capsys, ["generate", "--backend", "gpu"])
-    assert line.endswith("argument --backend: invalid choice: 'gpu' (choose from 'auto', 'npu', 'emulator')")
+    assert line.endswith("argument --backend: invalid choice: 'gpu' (choose from 'auto', 'npu2', 'emulator')")
 
 
 def test_compile_emit_mlir_needs_no_toolchain(tmp_path, capsys, smollm2_loaded):
