@@ -11,8 +11,13 @@ IR — air.launch → air.segment → air.herd, scf.for trip counts, DMAs, compu
 * DMAs, from the ``air.dma_memcpy_nd`` windows: DDR (shim) traffic over the DDR bandwidth the segment's columns
   reach (a copy every tile of a herd makes alike is one broadcast read); memtile ↔ tile traffic over the tile's
   two DMA channels;
-* overlap: a loop whose DMAs AIR double-buffers (ping-pong, unless the Program omits it at that level) takes
-  ``trips × max(compute, DMA) + one DMA``, anything else runs in sequence;
+* overlap: the loops AIR double-buffers are found by the rule its passes apply (mlir-air 0e3df89d):
+  ``air-fuse-alloc-dealloc`` moves each L1/L2 buffer into the innermost loop that holds every use of it, and
+  ``air-label-scf-for-to-ping-pong`` labels each loop that then allocates a buffer in its body (unless the Program
+  omits ping-pong for that buffer's memory space), which ``air-ping-pong-transform`` unrolls by two over a ping
+  and a pong copy (a loop of at least four trips: two are unrolled away, in sequence). In such a loop the DMAs
+  into or out of those buffers take ``trips × max(compute, DMA) + one DMA``; every other DMA, and every other
+  loop, runs in sequence (tests/benchmarks/test_cost_model_pingpong.py checks the rule against the real passes);
 * overheads: each air.launch iteration, each launch of the multi-launch ELF, one dispatch per Program run;
 * branches: an ``scf.if`` is counted as the IR executes it. Its condition is evaluated (with the interpreter's
   integer arithmetic, ``kernels.interpret.IndexArithmetic``) at every point of the iteration space it depends
@@ -100,6 +105,8 @@ PUBLISHED_PREFILL_2048_S = 1.21          # every prompt padded to 2048
 PUBLISHED_DECODE_TOKENS_PER_S = 12.2
 
 L3, L2, L1 = 0, 1, 2
+# CompileOptions.omit_pingpong → the memory spaces left single-buffered
+OMITTED_SPACES = {"": frozenset(), "L1": frozenset({L1}), "L2": frozenset({L2}), "all": frozenset({L1, L2})}
 ELEMENT_BYTES = {"bf16": 2, "f32": 4, "i32": 4}
 # Points of a condition's iteration space the model enumerates at most (flash_attn at 2048 needs 2048).
 MAX_CONDITION_POINTS = 1 << 20
@@ -115,6 +122,8 @@ class Region:
     time_share: float = 1.0         # ... and over the slowest tile of each herd
     condition: str | None = None    # a branch: the i1 value it runs on (None: not evaluated)
     negated: bool = False           # a branch: runs where that value is false (the else branch)
+    # a loop: the L1/L2 buffers AIR's alloc fusion moves into its body (name → memory space), its ping-pong candidates
+    buffers: dict[str, int] = field(default_factory=dict)
 
     @property
     def count(self) -> int:
@@ -146,6 +155,7 @@ class Transfer:
     src_space: int
     dst_space: int
     distinct: int                   # distinct copies among a herd's tiles (1: one broadcast read for all)
+    buffers: frozenset = frozenset()  # the allocated L1/L2 buffers at either end
 
 
 _MEMREF = re.compile(r"memref<((?:\d+x)*)(bf16|f32|i32)(?:, strided<[^>]*>)?(?:, (\d) : i32)?>")
@@ -193,6 +203,10 @@ class _Parser:
         self.variables: dict[str, tuple[str, range]] = {}  # launch id, herd tile id, loop iv → (level, values)
         self.conditions: list[Condition] = []
         self._else_shares: dict[int, tuple[float, float]] = {}  # id of a then-branch → its else branch's shares
+        self.buffer_spaces: dict[str, int] = {}    # memref.alloc result → its memory space
+        self.buffer_herds: dict[str, Region | None] = {}  # memref.alloc result → the herd allocating it
+        self.buffer_outside: dict[str, int] = {}  # memref.alloc result → loops around the segment/herd allocating it
+        self.buffer_uses: dict[str, list[tuple]] = {}  # buffer → for each op using it: (loops, herd, loops around it)
 
     def parse(self, text: str) -> Region:
         root = Region("root")
@@ -216,13 +230,64 @@ class _Parser:
                 stack[-1].body.append(region)
                 stack.append(region)
                 continue
+            self._track_buffers(line, stack)
             item = self._item(line, inside_herd=any(r.kind == "herd" for r in stack))
             if item is not None:
                 stack[-1].body.append(item)
             if line.startswith("linalg.generic") and line.endswith("{"):
                 opaque = 1
         assert len(stack) == 1, "unbalanced regions"
+        self._fuse_buffers_into_loops()
         return root
+
+    def _buffer(self, name: str) -> str | None:
+        """The allocated buffer ``name`` is, through herd/segment block arguments; None for anything else."""
+        while name not in self.buffer_spaces and name in self.bindings:
+            name = self.bindings[name]
+        return name if name in self.buffer_spaces else None
+
+    def _track_buffers(self, line: str, stack: list[Region]) -> None:
+        """Records L1/L2 allocations and, for every other op, which of them it uses: inside which herd (None:
+        outside any), and inside which loops, all of them and those around that herd."""
+        herds = [i for i, r in enumerate(stack) if r.kind == "herd"]
+        herd = stack[herds[-1]] if herds else None
+        if " = memref.alloc()" in line:
+            name = line.split(" = ", 1)[0]
+            self.buffer_spaces[name], self.buffer_herds[name] = memref_types(line)[0][2], herd
+            scope = max(i for i, r in enumerate(stack) if r.kind in ("segment", "herd"))
+            self.buffer_outside[name] = sum(r.kind == "for" for r in stack[:scope])
+            return
+        if line.startswith("memref.dealloc"):  # fusion moves deallocs along with their allocs
+            return
+        loops = tuple(r for r in stack if r.kind == "for")
+        around_herd = tuple(r for r in stack[:herds[-1]] if r.kind == "for") if herds else loops
+        rhs = line.split(" = ", 1)[1] if line.startswith("%") and " = " in line else line
+        for buffer in {self._buffer(v) for v in _SSA.findall(rhs)} - {None}:
+            self.buffer_uses.setdefault(buffer, []).append((loops, herd, around_herd))
+
+    def _fuse_buffers_into_loops(self) -> None:
+        """air-fuse-alloc-dealloc: each buffer goes into the innermost loop around every one of its users.
+
+        An L2 buffer a herd copies from or to is, after air-dma-to-channel, used by a channel op in the segment
+        inside the herd's loops too: its uses count where they are. An L1 buffer a herd takes as an argument is
+        used by the herd op: where the herd is, unless that herd is its only user, which the alloc then moves
+        into (air-fuse-alloc-dealloc on the hierarchy), to fuse it into the herd's own loops."""
+        for buffer, uses in self.buffer_uses.items():
+            home = self.buffer_herds[buffer]
+            positions, outside = [loops for loops, _, _ in uses], self.buffer_outside[buffer]
+            if self.buffer_spaces[buffer] == L1 and any(herd is not home for _, herd, _ in uses):
+                (herd, *others) = [herd for _, herd, _ in uses]
+                if all(other is herd for other in others):
+                    positions, outside = [loops[len(around):] for loops, _, around in uses], 0
+                else:
+                    positions = [loops if user is home else around for loops, user, around in uses]
+            common = []
+            for levels in zip(*positions):
+                if any(loop is not levels[0] for loop in levels):
+                    break
+                common.append(levels[0])
+            if len(common) > outside:  # a loop inside the segment or herd allocating it
+                common[-1].buffers[buffer] = self.buffer_spaces[buffer]
 
     def _const(self, name: str) -> int:
         try:
@@ -401,13 +466,14 @@ class _Parser:
         sizes = [s.strip() for s in m.group(6).split(",") if s.strip()]
         count = math.prod(self._const(s) for s in sizes) if sizes else _numel(src_shape)
         self.dmas += 1
+        buffers = frozenset({self._buffer(m.group(1)), self._buffer(m.group(4))} - {None})
         if src_space == L1:  # every tile sends its own data
             distinct = self.herd_tiles
         else:  # one read per distinct source window: per value of the tile ids its offsets are computed from
             offsets = [o.strip() for o in m.group(5).split(",") if o.strip()]
             ids = frozenset().union(*(self.tile_ids.get(o, ()) for o in offsets))
             distinct = math.prod(self.tile_extent[i] for i in ids)
-        return Transfer(count * ELEMENT_BYTES[dtype], src_space, dst_space, distinct)
+        return Transfer(count * ELEMENT_BYTES[dtype], src_space, dst_space, distinct, buffers)
 
     def _call(self, line: str) -> Compute:
         from torch_npu2.kernels.builders.externs import LAST_OPERAND, MATMUL_OPERANDS, call_cost
@@ -465,8 +531,8 @@ class LaunchCost:
 
 
 class _Evaluator:
-    def __init__(self, pingpong_l1: bool, pingpong_l2: bool, cost: LaunchCost):
-        self.pingpong = {L1: pingpong_l1, L2: pingpong_l2}
+    def __init__(self, omitted_spaces: frozenset, cost: LaunchCost):
+        self.omitted_spaces = omitted_spaces  # memory spaces the Program leaves single-buffered
         self.cost = cost
         # inside branches: the share of executions that run them (totals), and of the slowest tile (times)
         self.work_share = self.time_share = 1.0
@@ -520,14 +586,28 @@ class _Evaluator:
         transfers = [i for i in region.body if isinstance(i, Transfer)]
         rest = [i for i in region.body if not isinstance(i, Transfer)]
         compute = self.block(rest, inner, tiles, ddr_rate)
-        times = [self.transfer(t, inner, tiles, ddr_rate) for t in transfers]
-        # Inside a herd, a tile's copies spread over its two channels each way; shared DDR serialises the rest.
-        dma = max(max(times, default=0.0), sum(times) / TILE_CHANNELS) if tiles else sum(times)
-        level = L1 if tiles else L2
-        if trips > 1 and transfers and rest and self.pingpong[level]:
-            return trips * max(compute, dma) + dma
-        return trips * (compute + dma)
+        pingpong = region.buffers.keys() if rest and self.double_buffered(region) else set()
+        overlapped = [t for t in transfers if t.buffers & pingpong]
+        serial = [t for t in transfers if not t.buffers & pingpong]
+        overlapped_dma = self.dma_time(overlapped, inner, tiles, ddr_rate)
+        serial_dma = self.dma_time(serial, inner, tiles, ddr_rate)
+        if overlapped:
+            return trips * (max(compute, overlapped_dma) + serial_dma) + overlapped_dma
+        return trips * (compute + serial_dma)
 
+    def double_buffered(self, region: Region) -> bool:
+        """air-label-scf-for-to-ping-pong labels a loop that allocates a buffer in its body, unless one of those
+        buffers is in a memory space the Program omits; air-ping-pong-transform unrolls it by two and chains the
+        ping and pong copies through the unrolled loop, so a loop of two trips (unrolled away: its second trip
+        waits for the first) or of an odd count (not seen on our IR, so not claimed) stays sequential."""
+        trips = region.sizes[0]
+        return (bool(region.buffers) and trips >= 4 and trips % 2 == 0
+                and not set(region.buffers.values()) & self.omitted_spaces)
+
+    def dma_time(self, transfers: list[Transfer], copies: int, tiles: int, ddr_rate: float) -> float:
+        times = [self.transfer(t, copies, tiles, ddr_rate) for t in transfers]
+        # Inside a herd, a tile's copies spread over its two channels each way; shared DDR serialises the rest.
+        return max(max(times, default=0.0), sum(times) / TILE_CHANNELS) if tiles else sum(times)
 
     def branch(self, region: Region, copies: int, tiles: int, ddr_rate: float) -> float:
         """One execution of an scf.if branch: its body's time, weighted by how often it runs."""
@@ -553,12 +633,35 @@ def launch_cost(ir, compile_options, precision: str | None = None) -> LaunchCost
     root = parser.parse(ir.text)
     assert parser.dmas == len(ir.dmas), f"parsed {parser.dmas} DMAs, the builder recorded {len(ir.dmas)}"
     (launch,) = root.body
-    omitted = compile_options.omit_pingpong
     cost = LaunchCost(ir.kind, 0.0, launch.count, conditions=parser.conditions)
-    evaluator = _Evaluator(pingpong_l1=omitted not in ("L1", "all"), pingpong_l2=omitted not in ("L2", "all"),
-                           cost=cost)
+    evaluator = _Evaluator(OMITTED_SPACES[compile_options.omit_pingpong], cost)
     cost.seconds = evaluator.launch(launch)
     return cost
+
+
+@dataclass(frozen=True)
+class PingPongBuffer:
+    """A buffer AIR double-buffers over a loop: where the loop runs, its trips, the buffer's memory space."""
+    level: str                      # "herd" (a loop on the tiles) or "segment"
+    trips: int
+    space: int
+
+
+def pingpong_buffers(ir, compile_options) -> set[PingPongBuffer]:
+    """The buffers of one launch (``LaunchIR``) the model double-buffers, by the rule in the module doc."""
+    evaluator = _Evaluator(OMITTED_SPACES[compile_options.omit_pingpong], LaunchCost(ir.kind, 0.0, 0))
+    found = set()
+
+    def walk(region: Region, level: str) -> None:
+        for item in region.body:
+            if not isinstance(item, Region):
+                continue
+            if item.kind == "for" and evaluator.double_buffered(item):
+                found.update(PingPongBuffer(level, item.sizes[0], space) for space in item.buffers.values())
+            walk(item, "herd" if item.kind == "herd" else level)
+
+    walk(_Parser(ir.externs, None).parse(ir.text), "segment")
+    return found
 
 
 @dataclass

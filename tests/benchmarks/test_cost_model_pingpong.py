@@ -1,0 +1,183 @@
+"""The loops the cost model overlaps are the loops the real AIR double-buffers.
+
+air-opt (mlir-air 0e3df89d) runs aircc's placement passes on each Program up to ``air-ping-pong-transform``; the
+loops ``air-label-scf-for-to-ping-pong`` labels (read from its print, with the memory space of every buffer it
+marks for hoisting) must be the loops the model's rule double-buffers, launch by launch, and the transform must
+unroll each of them over a ping and a pong copy. A hand-made loop whose buffers are also used after it is the case
+the rule keeps sequential, where a rule that overlapped any loop with DMAs and compute would be wrong.
+"""
+import dataclasses
+import re
+import subprocess
+
+import pytest
+
+from benchmarks import cost_model
+from benchmarks.cost_model import L1, PingPongBuffer
+from torch_npu2.kernels.air_pipeline import _module, _optimization_passes
+from torch_npu2.kernels.builders import build_launch
+from torch_npu2.kernels.builders.ir import WHOLE, LaunchBuilder, MemRef, Window
+from torch_npu2.kernels.program import CompileOptions
+from torch_npu2.kernels.stitch import stitch
+
+LABEL_PASS, TRANSFORM_PASS = "air-label-scf-for-to-ping-pong", "air-ping-pong-transform"
+PROGRAMS = [("o_ffn", 16), ("o_ffn", 2048), ("rms_gemms_rope", 2048), ("flash_attn", 2048),
+            ("rms_gemv_rope", None), ("o_gemv_ffn", None), ("lm_head_gemv", None)]
+_CONSTANT = re.compile(r"(%\w+) = arith\.constant (-?\d+) : index")
+_FOR = re.compile(r"scf\.for %\w+ = %\w+ to (%\w+) step (%\w+)(?: iter_args\(([^)]*)\))?")
+_HOISTED = re.compile(r"memref\.alloc\(\) \{hoist_alloc = true\} : memref<[^>]*, (\d) : i32>")
+_LAUNCH = re.compile(r"air\.launch @(\w+)")
+
+
+def run_to_pingpong(tools, module: str, options: CompileOptions) -> tuple[str, str]:
+    """aircc's placement passes up to the ping-pong transform: (the print after the label pass, the final one)."""
+    passes = _optimization_passes(options)
+    last = max((i for i, p in enumerate(passes) if p.startswith(TRANSFORM_PASS)), default=len(passes) - 1)
+    pipeline = _module(["air-insert-launch-around-herd{insert-segment=true}", "func.func(air-lower-herd-parallel)",
+                        "scf-forall-to-parallel", *passes[:last + 1]])
+    result = subprocess.run([str(tools.air_opt), "-", f"--pass-pipeline={pipeline}",
+                             f"--mlir-print-ir-after={LABEL_PASS}"],
+                            input=module, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stderr, result.stdout
+
+
+def _loops(printed: str):
+    """Every scf.for of ``printed`` when it closes: (launch symbol, "herd"/"segment", trips, step, iter_args,
+    memory spaces of the allocs labelled for hoisting directly in it, its closing line)."""
+    constants, stack = {}, []
+    for raw in printed.splitlines():
+        line = raw.strip()
+        constants.update((n, int(v)) for n, v in _CONSTANT.findall(line))
+        if line.startswith("}"):
+            frame = stack.pop()
+            if frame[0] == "for":
+                yield (*frame[1:], line)
+            if line.endswith("{"):  # "} else {"
+                stack.append(("other",))
+            continue
+        if m := _HOISTED.search(line):
+            next(f for f in reversed(stack) if f[0] == "for")[6].append(int(m.group(1)))
+        if not line.endswith("{"):
+            continue
+        if m := _FOR.search(line):
+            launch = next((f[1] for f in stack if f[0] == "launch"), None)
+            level = "herd" if any(f[0] == "herd" for f in stack) else "segment"
+            iter_args = m.group(3).count("=") if m.group(3) else 0
+            stack.append(("for", launch, level, constants[m.group(1)], constants[m.group(2)], iter_args, []))
+        elif m := _LAUNCH.search(line):
+            stack.append(("launch", m.group(1)))
+        else:
+            stack.append(("herd",) if "air.herd @" in line else ("other",))
+
+
+def air_pingpong(after_label: str) -> dict[str, set[PingPongBuffer]]:
+    """Per launch symbol: the buffers the label pass marks, with their loop's level and trips, in the loops the
+    transform keeps as a loop (unrolling two trips by two leaves none: the pong copy then waits for the ping)."""
+    found: dict[str, set] = {}
+    for launch, level, trips, _, _, spaces, closing in _loops(after_label):
+        if "unroll = 2" in closing and trips > 2:
+            found.setdefault(launch, set()).update(PingPongBuffer(level, trips, s) for s in spaces)
+    return found
+
+
+def air_transformed_loops(final: str) -> dict[str, int]:
+    """Per launch symbol: loops the transform unrolled by two with ping and pong dependency tokens."""
+    found: dict[str, int] = {}
+    for launch, _, _, step, iter_args, _, _ in _loops(final):
+        if step == 2 and iter_args == 4:
+            found[launch] = found.get(launch, 0) + 1
+    return found
+
+
+def labelled_loop_count(after_label: str) -> dict[str, int]:
+    """Per launch symbol: labelled loops of more than two trips."""
+    found: dict[str, int] = {}
+    for launch, _, trips, *_, closing in _loops(after_label):
+        if "unroll = 2" in closing and trips > 2:
+            found[launch] = found.get(launch, 0) + 1
+    return found
+
+
+def model_pingpong(program) -> dict[str, set[PingPongBuffer]]:
+    found = {}
+    for index, launch in enumerate(program.launches):
+        buffers = cost_model.pingpong_buffers(build_launch(program, launch), program.compile_options)
+        if buffers:
+            found[f"l{index}_{launch.kind}"] = buffers
+    return found
+
+
+@pytest.mark.parametrize("name,seq", PROGRAMS, ids=[f"{n}-{s}" for n, s in PROGRAMS])
+def test_the_model_double_buffers_exactly_what_air_does(air_tools, name, seq):
+    program = cost_model.program(name, cost_model.llama_1b_dims(), seq)
+    after_label, final = run_to_pingpong(air_tools, stitch(program).text, program.compile_options)
+    air = air_pingpong(after_label)
+    assert model_pingpong(program) == air
+    assert air_transformed_loops(final) == labelled_loop_count(after_label)
+    if program.compile_options.omit_pingpong != "all":
+        assert air, "every Program but attention's has double-buffered loops"
+
+
+# ---- a loop AIR leaves single-buffered ------------------------------------------------------------------
+TRIPS, TILE, K = 4, 32, 128
+MATMUL = ("linalg.matmul indexing_maps = [affine_map<(d0, d1, d2) -> (d0, d2)>, affine_map<(d0, d1, d2) -> (d1, d2)>, "
+          "affine_map<(d0, d1, d2) -> (d0, d1)>]")
+
+
+def streamed_launch(reuse_after_loop: bool):
+    """One tile streams A and W windows DDR → L1 over K and multiplies them; with ``reuse_after_loop`` it multiplies
+    the last windows once more after the loop, so its buffers are used outside the loop too."""
+    b = LaunchBuilder("streamed", [MemRef((TILE, K), "bf16"), MemRef((TILE, K), "bf16"), MemRef((TILE, TILE), "f32")],
+                      "awc")
+    step = K // TRIPS
+    a_type, w_type, acc_type = (MemRef((TILE, step), "bf16", L1), MemRef((TILE, step), "bf16", L1),
+                                MemRef((TILE, TILE), "f32", L1))
+    with b.launch("streamed", (1, 1), b.operands) as (_, _, (a, w, c)):
+        with b.segment("streamed_seg", [a, w, c]) as (_, _, (sa, sw, sc)):
+            with b.herd("streamed_herd", (1, 1), [sa, sw, sc]) as (_, _, (ha, hw, hc)):
+                a_buf, w_buf, acc = b.alloc(a_type, "a_l1"), b.alloc(w_type, "w_l1"), b.alloc(acc_type, "acc")
+                multiply = (f"{MATMUL} ins({a_buf.ssa}, {w_buf.ssa} : {a_type}, {w_type}) "
+                            f"outs({acc.ssa} : {acc_type})")
+                with b.loop(0, K, step, "k") as k:
+                    b.dma(a_buf, WHOLE, ha, Window((0, k), (TILE, step), (K, 1)))
+                    b.dma(w_buf, WHOLE, hw, Window((0, k), (TILE, step), (K, 1)))
+                    b.emit(multiply)
+                if reuse_after_loop:
+                    b.emit(multiply)
+                b.dma(hc, WHOLE, acc, WHOLE)
+    return b.finish()
+
+
+def as_module(ir) -> str:
+    signature = ", ".join(f"{v.ssa}: {v.type}" for v in ir.operands)
+    body = "\n".join("    " + line for line in ir.text.splitlines())
+    return f"module {{\n  func.func @streamed({signature}) {{\n{body}\n    return\n  }}\n}}\n"
+
+
+def overlap_anywhere_with_dma_and_compute(ir) -> set[PingPongBuffer]:
+    """The rule the model had before: any multi-trip loop with DMAs and compute is double-buffered."""
+    region = cost_model._Parser(ir.externs, None).parse(ir.text)
+    while region.kind != "for":
+        region = next(item for item in region.body if isinstance(item, cost_model.Region))
+    return {PingPongBuffer("herd", region.sizes[0], t.dst_space)
+            for t in region.body if isinstance(t, cost_model.Transfer)}
+
+
+@pytest.mark.parametrize("reuse_after_loop", [False, True])
+def test_a_loop_whose_buffers_outlive_it_is_not_double_buffered(air_tools, reuse_after_loop):
+    ir = streamed_launch(reuse_after_loop)
+    options = CompileOptions()
+    after_label, final = run_to_pingpong(air_tools, as_module(ir), options)
+    air = air_pingpong(after_label).get("streamed", set())
+    model = cost_model.pingpong_buffers(ir, options)
+    assert model == air
+    assert air_transformed_loops(final).get("streamed", 0) == labelled_loop_count(after_label).get("streamed", 0)
+    predicted = cost_model.launch_cost(ir, options).seconds
+    sequential = cost_model.launch_cost(ir, dataclasses.replace(options, omit_pingpong="all")).seconds
+    if reuse_after_loop:
+        # AIR cannot move the buffers into the loop, so it labels nothing: the old rule disagreed here.
+        assert air == set() and predicted == sequential
+        assert overlap_anywhere_with_dma_and_compute(ir) != air
+    else:
+        assert air == {PingPongBuffer("herd", TRIPS, L1)} and predicted < sequential
