@@ -16,7 +16,8 @@ IR — air.launch → air.segment → air.herd, scf.for trip counts, DMAs, compu
   ``air-label-scf-for-to-ping-pong`` labels each loop that then allocates a buffer in its body (unless the Program
   omits ping-pong for that buffer's memory space), which ``air-ping-pong-transform`` unrolls by two over a ping
   and a pong copy (a loop of at least four trips: two are unrolled away, in sequence). In such a loop the DMAs
-  into or out of those buffers take ``trips × max(compute, DMA) + one DMA``; every other DMA, and every other
+  into or out of those buffers pipeline with the compute, ``DMA + (trips − 1) × max(compute, DMA) + compute``
+  (the first copy, then each compute beside the next copy, then the last compute); every other DMA, and every other
   loop, runs in sequence (tests/benchmarks/test_cost_model_pingpong.py checks the rule against the real passes);
 * overheads: each air.launch iteration, each launch of the multi-launch ELF, one dispatch per Program run;
 * branches: an ``scf.if`` is counted as the IR executes it. Its condition is evaluated (with the interpreter's
@@ -100,6 +101,7 @@ PUBLISHED_MS = {  # upstream llama32_1b on Strix, per call (KERNELS.md)
     ("rms_gemms_rope", REFERENCE_SEQ): 7.3, ("flash_attn", REFERENCE_SEQ): 21.6, ("o_ffn", REFERENCE_SEQ): 41.0,
     ("rms_gemv_rope", None): 0.9, ("o_gemv_ffn", None): 3.6, ("lm_head_gemv", None): 13.6,
 }
+GEMM_PROGRAMS = ("rms_gemms_rope", "o_ffn")  # the Programs whose GEMMs take a matmul precision
 PUBLISHED_O_GEMV_FFN_3_LAUNCH_MS = 2.6
 PUBLISHED_PREFILL_2048_S = 1.21          # every prompt padded to 2048
 PUBLISHED_DECODE_TOKENS_PER_S = 12.2
@@ -592,7 +594,9 @@ class _Evaluator:
         overlapped_dma = self.dma_time(overlapped, inner, tiles, ddr_rate)
         serial_dma = self.dma_time(serial, inner, tiles, ddr_rate)
         if overlapped:
-            return trips * (max(compute, overlapped_dma) + serial_dma) + overlapped_dma
+            # a pipeline: the first trip's copies, then each trip's compute beside the next trip's copies, then the
+            # last compute (never slower than running the trips in sequence)
+            return overlapped_dma + (trips - 1) * max(compute, overlapped_dma) + compute + trips * serial_dma
         return trips * (compute + serial_dma)
 
     def double_buffered(self, region: Region) -> bool:
@@ -702,14 +706,16 @@ def llama_1b_dims():
     return ModelDims.from_config(common.llama_config(**common.LLAMA_1B_SHAPE))
 
 
-def program(name: str, dims, seq: int | None = None):
+def program(name: str, dims, seq: int | None = None, precision: str = "bf16"):
+    """Llama-3.2-1B's Program ``name`` (prefill Programs at ``seq`` rows, their GEMMs at matmul ``precision``)."""
     from torch_npu2.kernels import catalog
 
     d = dims
     build = {
-        "rms_gemms_rope": lambda: catalog.rms_gemms_rope_program(d.hidden, d.heads, d.kv_heads, d.head_dim, d.eps, seq),
+        "rms_gemms_rope": lambda: catalog.rms_gemms_rope_program(d.hidden, d.heads, d.kv_heads, d.head_dim, d.eps, seq,
+                                                                 precision),
         "flash_attn": lambda: catalog.flash_attn_program(d.heads, d.kv_heads, d.head_dim, seq),
-        "o_ffn": lambda: catalog.o_ffn_program(d.hidden, d.q_dim, d.intermediate, d.eps, seq),
+        "o_ffn": lambda: catalog.o_ffn_program(d.hidden, d.q_dim, d.intermediate, d.eps, seq, precision),
         "rms_gemv_rope": lambda: catalog.rms_gemv_rope_program(d.hidden, d.heads, d.kv_heads, d.head_dim, d.eps),
         "o_gemv_ffn": lambda: catalog.o_gemv_ffn_program(d.hidden, d.q_dim, d.intermediate, d.eps),
         "lm_head_gemv": lambda: catalog.lm_head_gemv_program(d.hidden, d.vocab),
@@ -718,8 +724,8 @@ def program(name: str, dims, seq: int | None = None):
 
 
 @lru_cache(maxsize=None)
-def _seconds(name: str, dims, seq: int | None) -> float:
-    return program_cost(program(name, dims, seq)).seconds
+def _seconds(name: str, dims, seq: int | None, precision: str = "bf16") -> float:
+    return program_cost(program(name, dims, seq, precision)).seconds
 
 
 def decode_ms(dims, layers: int) -> float:
@@ -728,23 +734,27 @@ def decode_ms(dims, layers: int) -> float:
     return (layers * per_layer + _seconds("lm_head_gemv", dims, None)) * 1e3
 
 
-def prefill_ms(dims, layers: int, chunks) -> float:
-    """NPU time of a prefill over ``chunks`` [(start, stop, padded)], following NpuDecoderLayer: flash_attn
-    runs on the NPU only for a single chunk (several chunks attend on the host, not modelled here)."""
+def prefill_ms(dims, layers: int, chunks, precision: str = "bf16") -> float:
+    """NPU time of a prefill over ``chunks`` [(start, stop, padded)] with the GEMMs at matmul ``precision``,
+    following NpuDecoderLayer: flash_attn runs on the NPU only for a single chunk (several chunks attend on the
+    host, not modelled here); then the LM head on the last row."""
     per_layer = 0.0
     for _, _, padded in chunks:
-        per_layer += _seconds("rms_gemms_rope", dims, padded) + _seconds("o_ffn", dims, padded)
+        per_layer += _seconds("rms_gemms_rope", dims, padded, precision) + _seconds("o_ffn", dims, padded, precision)
         if len(chunks) == 1:
             per_layer += _seconds("flash_attn", dims, padded)
     return (layers * per_layer + _seconds("lm_head_gemv", dims, None)) * 1e3
 
 
 def per_program(dims) -> list[dict]:
+    """Each Program upstream publishes a time for; a prefill Program also with its GEMMs at bfp16 (upstream's
+    mode: its published times are of BFP16-emulated GEMMs)."""
     rows = []
     for (name, seq), published in PUBLISHED_MS.items():
         row = program_cost(program(name, dims, seq)).summary()
+        bfp16 = _seconds(name, dims, seq, "bfp16") * 1e3 if name in GEMM_PROGRAMS else None
         rows.append({**row, "seq": seq, "upstream_published_ms": published,
-                     "ratio_to_upstream": row["predicted_ms"] / published})
+                     "ratio_to_upstream": row["predicted_ms"] / published, "predicted_ms_bfp16": bfp16})
     return rows
 
 
@@ -757,9 +767,11 @@ def predictions(prompts=PROMPTS, host: dict | None = None) -> dict:
     prefill = []
     for length in prompts:
         ours = prefill_ms(dims, layers, state.chunks(length))
+        bfp16 = prefill_ms(dims, layers, state.chunks(length), "bfp16")
         upstream = PUBLISHED_PREFILL_2048_S * 1e3
         prefill.append({"prompt_tokens": length, "buckets": [p for _, _, p in state.chunks(length)],
-                        "predicted_ms": ours, "upstream_published_ms": upstream, "ratio_to_upstream": ours / upstream})
+                        "predicted_ms": ours, "upstream_published_ms": upstream, "ratio_to_upstream": ours / upstream,
+                        "predicted_ms_bfp16": bfp16, "ratio_to_upstream_bfp16": bfp16 / upstream})
     npu_ms = decode_ms(dims, layers)
     host_ms = host["token_ms"] if host else None
     total = npu_ms + (host_ms or 0.0)
@@ -851,13 +863,17 @@ def run(mode: str, out_dir, log=print) -> dict:
     }
     for r in rows:
         bound = max(r["compute_ms_by_class"].items(), key=lambda kv: kv[1])
-        log(f"{r['program']:>15} {str(r['seq'] or 'decode'):>6}: predicted {r['predicted_ms']:10.2f} ms, upstream "
-            f"{r['upstream_published_ms']:5.1f} ms (×{r['ratio_to_upstream']:.1f}); largest compute: {bound[0]} "
-            f"{bound[1]:.2f} ms")
+        bfp16 = f" ({r['predicted_ms_bfp16']:.2f} ms with bfp16 GEMMs)" if r["predicted_ms_bfp16"] else ""
+        log(f"{r['program']:>15} {str(r['seq'] or 'decode'):>6}: predicted {r['predicted_ms']:10.2f} ms{bfp16}, "
+            f"upstream {r['upstream_published_ms']:5.1f} ms (×{r['ratio_to_upstream']:.1f}); largest compute: "
+            f"{bound[0]} {bound[1]:.2f} ms")
         for c in r["conditions"]:
             log(f"{'':>23} {c['launch']}: {c['text']}: " + (
                 f"NOT EVALUATED ({c['unevaluated']}), counted as always taken" if c["unevaluated"] else
                 f"taken in {c['work_share']:.1%} of executions, {c['time_share']:.1%} for the slowest tile"))
+    for p in data["predictions"]["prefill"]:
+        log(f"prefill {p['prompt_tokens']:5d} tokens: predicted {p['predicted_ms']:7.0f} ms (bf16 GEMMs), "
+            f"{p['predicted_ms_bfp16']:7.0f} ms (bfp16 GEMMs); upstream published {p['upstream_published_ms']:.0f} ms")
     log(decode_line(data["predictions"]["decode"]))
     out_dir.mkdir(parents=True, exist_ok=True)
     plot(data, out_dir / "cost_model.png")

@@ -131,20 +131,12 @@ def _llama_1b(settings, log) -> dict:
 
 
 def predicted_prefill_ms(seq: int) -> dict:
-    """Predicted ms per Llama-3.2-1B prefill (16 layers' rms_gemms_rope + flash_attn + o_ffn) per precision, from
-    the IR-derived cost model (each precision's GEMM kernel has its own mmul throughput there)."""
-    from torch_npu2.kernels import catalog
-
+    """Predicted ms of a Llama-3.2-1B prefill of ``seq`` tokens in one bucket (16 layers' rms_gemms_rope +
+    flash_attn + o_ffn, then the LM head) per precision, from the IR-derived cost model (each precision's GEMM
+    kernel has its own mmul throughput there)."""
     dims = cost_model.llama_1b_dims()
-    out = {}
-    for precision in PRECISIONS:
-        layer = (catalog.rms_gemms_rope_program(dims.hidden, dims.heads, dims.kv_heads, dims.head_dim, dims.eps, seq,
-                                         precision),
-                 catalog.flash_attn_program(dims.heads, dims.kv_heads, dims.head_dim, seq),
-                 catalog.o_ffn_program(dims.hidden, dims.q_dim, dims.intermediate, dims.eps, seq, precision))
-        seconds = sum(cost_model.program_cost(program).seconds for program in layer)
-        out[precision] = float(seconds * cost_model.LLAMA_1B_LAYERS * 1e3)
-    return out
+    return {precision: cost_model.prefill_ms(dims, cost_model.LLAMA_1B_LAYERS, [(0, seq, seq)], precision)
+            for precision in PRECISIONS}
 
 
 def table(result: dict) -> str:

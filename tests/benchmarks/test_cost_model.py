@@ -286,3 +286,27 @@ def test_decode_adds_the_host_time_the_host_section_measured(tmp_path):
     line = cost_model.decode_line(decode)
     assert f"predicted NPU {npu_only['npu_ms_per_token']:.1f} ms + measured host 7.00 ms" in line
     assert "quick mode, context 32" in line
+
+
+@pytest.mark.parametrize("work, nbytes", [(64 * 1024, 256), (64, 64 * 1024)], ids=["compute-bound", "dma-bound"])
+def test_a_double_buffered_loop_is_a_pipeline(work, nbytes):
+    """Fill, then each trip's compute beside the next trip's copy, then the last compute: never slower than the
+    same trips in sequence, even when the copies dominate."""
+    trips = 8
+    body = [cost_model.Transfer(nbytes, 1, 2, 1, frozenset({"buf"})), cost_model.Compute("vector_mac", work)]
+    loop = cost_model.Region("for", (trips,), body, buffers={"buf": 2})
+    evaluate = lambda omitted: cost_model._Evaluator(omitted, cost_model.LaunchCost("k", 0.0, 1)).loop(
+        loop, copies=1, tiles=1, ddr_rate=cost_model.DDR_BYTES_PER_S)
+    compute = work / (cost_model.THROUGHPUT["vector_mac"].per_cycle * cost_model.CLOCK_HZ)
+    dma = nbytes / cost_model.TILE_CHANNEL_BYTES_PER_S
+    assert evaluate(frozenset()) == pytest.approx(dma + (trips - 1) * max(compute, dma) + compute)
+    assert evaluate(frozenset({2})) == pytest.approx(trips * (compute + dma))  # L1 left single-buffered
+    assert evaluate(frozenset()) < evaluate(frozenset({2}))
+
+
+def test_prefill_is_predicted_for_both_gemm_precisions():
+    (row,) = cost_model.predictions(prompts=(128,))["prefill"]
+    assert row["predicted_ms_bfp16"] < row["predicted_ms"]  # the BFP16-emulated mmul runs at twice the rate
+    rows = {(r["program"], r["seq"]): r for r in cost_model.per_program(cost_model.llama_1b_dims())}
+    assert rows[("o_ffn", 2048)]["predicted_ms_bfp16"] < rows[("o_ffn", 2048)]["predicted_ms"]
+    assert rows[("flash_attn", 2048)]["predicted_ms_bfp16"] is None  # no GEMM precision to choose
