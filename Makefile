@@ -50,7 +50,7 @@ test: install air-tools
 
 # On an NPU machine with the toolchain: the hardware and toolchain tests that are skipped elsewhere.
 test-npu: install
-	TORCH_NPU2_BACKEND=npu $(PYTHON) -m pytest tests -q -ra -m npu
+	TORCH_NPU2_BACKEND=npu2 $(PYTHON) -m pytest tests -q -ra -m npu
 
 bench: install
 	$(PYTHON) -m benchmarks all --full
