@@ -31,7 +31,8 @@ IR — air.launch → air.segment → air.herd, scf.for trip counts, DMAs, compu
 Each constant below says where it comes from. Where upstream's published per-kernel times (KERNELS.md,
 llama32_1b profile on Strix) are used, they calibrate only a class of the same code: the BFP16 mmul rate
 from upstream's o_ffn, the DDR bandwidth from upstream's LM-head GEMV. Everything else is a stated
-hardware fact or an assumption, labelled as such.
+hardware fact or an assumption, labelled as such. KERNELS.md and FACTS.md are the team's design notes
+(``shared/design/`` beside this repository, not part of it): each figure taken from them is quoted where used.
 """
 from __future__ import annotations
 
