@@ -40,8 +40,13 @@ class _Buffer:
         numel = 1
         for d in shape:
             numel *= d
+        return self.flat_tensor(numel, shape, dtype)
+
+    def flat_tensor(self, numel: int, shape: tuple, dtype: torch.dtype):
+        """``tensor`` with the element count known; a 1-D shape skips the view (the decode outputs' case)."""
         lease = self.mapping[: numel * dtype.itemsize]
-        return torch.frombuffer(lease, dtype=dtype).view(shape), lease
+        flat = torch.frombuffer(lease, dtype=dtype)
+        return (flat if len(shape) == 1 else flat.view(shape)), lease
 
 
 @dataclass(eq=False)
@@ -55,7 +60,8 @@ class LoadedProgram:
     kernel: object
     run: object
     host_plan: tuple[tuple[int, bool, int], ...]  # (arg index, is weight, nbytes) per weight/input
-    output_plan: tuple[tuple[int, tuple, torch.dtype, int], ...]  # (arg index, shape, dtype, nbytes)
+    output_plan: tuple[tuple[int, tuple, torch.dtype, int, int, int], ...]  # (arg index, shape, dtype, nbytes,
+    #                                                                           numel, pool size)
     bound: list = field(default_factory=list)
     staging: dict = field(default_factory=dict)  # arg index → (buffer, tensor view) for non-BO-backed args
 
@@ -81,12 +87,9 @@ class Runtime:
         self.stats["bo_bytes"] += nbytes
         return _Buffer(bo, np.frombuffer(bo.map(), np.uint8))
 
-    def _lease(self, shape, dtype: torch.dtype) -> tuple[torch.Tensor, _Buffer]:
-        """A BO-backed tensor from the caching pool; its BO returns to the pool when the storage dies."""
-        numel = 1
-        for d in shape:
-            numel *= d
-        size = -(-numel * dtype.itemsize // PAGE) * PAGE
+    def _lease(self, numel: int, shape: tuple, dtype: torch.dtype, size: int) -> tuple[torch.Tensor, _Buffer]:
+        """A BO-backed tensor from the caching pool (``size``: ``_pool_size`` of its bytes); its BO returns to
+        the pool when the storage dies."""
         free = self._pool[size]
         if free:
             buffer = free.pop()
@@ -94,13 +97,17 @@ class Runtime:
         else:
             buffer = self._new_buffer(size)
             self.stats["pool_misses"] += 1
-        tensor, lease = buffer.tensor(shape, dtype)
-        address = tensor.untyped_storage().data_ptr()
+        tensor, lease = buffer.flat_tensor(numel, shape, dtype)
+        address = tensor.data_ptr()  # a fresh tensor over the mapping's start: its storage's address
         self._resident[address] = buffer
         # A weakref callback (cheaper than weakref.finalize on this hot path) returns the BO when the
         # tensor's storage, the lease's only owner, dies; the weakref lives in _leases until then.
         self._leases[address] = weakref.ref(lease, lambda _, a=address, b=buffer: self._return_to_pool(a, size, b))
         return tensor, buffer
+
+    @staticmethod
+    def _pool_size(nbytes: int) -> int:
+        return -(-nbytes // PAGE) * PAGE
 
     def _return_to_pool(self, address: int, size: int, buffer: _Buffer) -> None:
         self._resident.pop(address, None)
@@ -147,8 +154,8 @@ class Runtime:
                 program, elf, context, kernel, run,
                 host_plan=tuple((i, args[i].role is Role.WEIGHT, args[i].nbytes)
                                 for i in program.indices(Role.WEIGHT, Role.INPUT)),
-                output_plan=tuple((i, args[i].shape, TORCH_DTYPES[args[i].dtype], args[i].nbytes)
-                                  for i in program.indices(Role.OUTPUT)),
+                output_plan=tuple((i, args[i].shape, TORCH_DTYPES[args[i].dtype], args[i].nbytes, args[i].numel,
+                                   self._pool_size(args[i].nbytes)) for i in program.indices(Role.OUTPUT)),
                 bound=[None] * len(args),
             )
             for i in program.indices(Role.SCRATCH):
@@ -195,8 +202,8 @@ class Runtime:
         for (index, is_weight, nbytes), tensor in zip(loaded.host_plan, tensors):
             self._bind_host_arg(loaded, index, is_weight, nbytes, tensor)
         outputs, buffers = [], []
-        for index, shape, dtype, _ in loaded.output_plan:
-            out, buffer = self._lease(shape, dtype)
+        for index, shape, dtype, _, numel, size in loaded.output_plan:
+            out, buffer = self._lease(numel, shape, dtype, size)
             outputs.append(out)
             buffers.append(buffer)
             self._bind(loaded, index, buffer.bo)
@@ -205,7 +212,7 @@ class Runtime:
         if state != self._completed:
             raise NPURunError(f"NPU run of {program.name} finished in state {state} (expected "
                               f"{self._completed}); its outputs are not valid")
-        for (_, _, _, nbytes), out, buffer in zip(loaded.output_plan, outputs, buffers):
+        for (_, _, _, nbytes, _, _), out, buffer in zip(loaded.output_plan, outputs, buffers):
             buffer.bo.sync(self._sync_from, nbytes, 0)
             buffer.device_version = out._version
         self.stats["runs"] += 1
