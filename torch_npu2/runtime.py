@@ -6,7 +6,8 @@ registry maps that storage back to its BO, so a tensor handed to ``run`` is boun
 
 Coherency has one owner, ``Runtime.run``: weights are synced to the device once (``refresh`` after writing
 one in place); an input is synced unless the device already holds its current version (an earlier op's
-output that the host has not modified since); outputs are synced back after every run.
+output that the host has not modified since, or the same host tensor, unmodified, staged for the same
+argument by the previous run of that Program); outputs are synced back after every run.
 """
 from __future__ import annotations
 
@@ -50,6 +51,19 @@ class _Buffer:
 
 
 @dataclass(eq=False)
+class _Staging:
+    """A Program's own buffer for an argument given as a host tensor, and which tensor version it holds."""
+
+    buffer: _Buffer
+    view: torch.Tensor
+    source: weakref.ref | None = None  # the host tensor last copied in (a weakref: the caller owns it)
+    version: int = -1
+
+    def holds(self, tensor: torch.Tensor) -> bool:
+        return self.source is not None and self.source() is tensor and tensor._version == self.version
+
+
+@dataclass(eq=False)
 class LoadedProgram:
     """A loaded artifact plus per-argument plans computed once from its Program (the decode hot path
     runs these for every layer of every token)."""
@@ -63,7 +77,7 @@ class LoadedProgram:
     output_plan: tuple[tuple[int, tuple, torch.dtype, int, int, int], ...]  # (arg index, shape, dtype, nbytes,
     #                                                                           numel, pool size)
     bound: list = field(default_factory=list)
-    staging: dict = field(default_factory=dict)  # arg index → (buffer, tensor view) for non-BO-backed args
+    staging: dict[int, _Staging] = field(default_factory=dict)  # arg index → its buffer, for non-BO-backed args
 
 
 class Runtime:
@@ -189,10 +203,14 @@ class Runtime:
         if staged is None:
             arg = loaded.program.args[index]
             buffer = self._new_buffer(nbytes)
-            staged = loaded.staging[index] = (buffer, buffer.tensor(arg.shape, TORCH_DTYPES[arg.dtype])[0])
-        self._bind(loaded, index, staged[0].bo)
-        staged[1].copy_(tensor)
-        staged[0].bo.sync(self._sync_to, nbytes, 0)
+            staged = loaded.staging[index] = _Staging(buffer, buffer.tensor(arg.shape, TORCH_DTYPES[arg.dtype])[0])
+        self._bind(loaded, index, staged.buffer.bo)
+        if staged.holds(tensor):  # e.g. one RoPE LUT row handed to every layer's run of a decode step
+            self.stats["staged_inputs_reused"] += 1
+            return
+        staged.view.copy_(tensor)
+        staged.buffer.bo.sync(self._sync_to, nbytes, 0)
+        staged.source, staged.version = weakref.ref(tensor), tensor._version
         self.stats["host_copies"] += 1
         self.stats["host_copy_bytes"] += nbytes
 

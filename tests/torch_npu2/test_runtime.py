@@ -26,7 +26,8 @@ def test_weights_sync_exactly_once_across_calls(runtime):
     args = pinned_qkv(runtime)
     weight_bytes = sum(t.numel() * 2 for t in args[1:5])
     for _ in range(3):
-        torch.ops.npu2.rms_gemms_rope(*args, EPS)
+        x, lut = args[0].clone(), args[5].clone()  # new host tensors: copied in every call
+        torch.ops.npu2.rms_gemms_rope(x, *args[1:5], lut, EPS)
     c = runtime.xrt.counters
     assert c["runs"] == 3
     assert c["syncs_to_device:weight"] == 4
@@ -34,6 +35,26 @@ def test_weights_sync_exactly_once_across_calls(runtime):
     assert c["syncs_to_device:input"] == 2 * 3  # x and the RoPE LUT, every call
     assert c["syncs_from_device:weight"] == 0 and c["syncs_to_device:scratch"] == 0
     assert runtime.stats["host_copy_bytes"] == 3 * (args[0].numel() + args[5].numel()) * 2
+
+
+def test_an_unchanged_host_input_is_copied_once_and_a_changed_one_again(runtime):
+    """A host tensor handed again to the same argument of the same Program is already in its staging buffer
+    (the decode step's one RoPE LUT row, given to every layer); written in place, or replaced by another
+    tensor, it must be copied and synced again, or the strict emulator serves the stale bytes."""
+    args = pinned_qkv(runtime)
+    x, lut = args[0], args[5]
+    for _ in range(3):
+        torch.ops.npu2.rms_gemms_rope(*args, EPS)
+    assert runtime.xrt.counters["syncs_to_device:input"] == 2
+    assert runtime.stats["staged_inputs_reused"] == 2 * 2
+    x.mul_(0.5)
+    out = torch.ops.npu2.rms_gemms_rope(*args, EPS)
+    assert runtime.xrt.counters["syncs_to_device:input"] == 3  # x again, the LUT still staged
+    for got, want in zip(out, reference.rms_gemms_rope_reference(*args, EPS)):
+        torch.testing.assert_close(got, want, atol=3e-2, rtol=2e-2)
+    lut_copy = lut.clone()
+    torch.ops.npu2.rms_gemms_rope(*args[:5], lut_copy, EPS)
+    assert runtime.xrt.counters["syncs_to_device:input"] == 4  # an equal but other tensor: copied
 
 
 def test_output_handed_to_next_op_moves_no_bytes_through_host(runtime):
