@@ -287,3 +287,22 @@ def test_close_releases_driver_objects_in_reverse_order_of_creation(tmp_path):
     assert driver.released == ["bo"] * bos + [
         "run", "kernel main:lm_head_gemv", "context", "elf lm_head_gemv",
         "run", "kernel main:flash_attn", "context", "elf flash_attn"]
+
+
+def test_emulated_run_fails_while_an_argument_is_unbound_or_too_small(runtime):
+    args = attn_args(HEADS, KV_HEADS, HEAD_DIM, SEQ)
+    torch.ops.npu2.flash_attn(*args, HEAD_DIM)
+    loaded = next(iter(runtime._loaded.values()))
+    xrt, run = runtime.xrt, loaded.run
+    completed, error = xrt.ert_cmd_state.ERT_CMD_STATE_COMPLETED, xrt.ert_cmd_state.ERT_CMD_STATE_ERROR
+    fresh = xrt.run(loaded.kernel)  # nothing bound yet
+    fresh.start()
+    assert fresh.wait2() == error
+    index, nbytes = loaded.output_plan[0][0], loaded.output_plan[0][3]
+    fitting = run.bos[index]
+    run.set_arg(index, xrt.ext.bo(runtime.device, nbytes - 1))
+    run.start()
+    assert run.wait2() == error
+    run.set_arg(index, fitting)
+    run.start()
+    assert run.wait2() == completed

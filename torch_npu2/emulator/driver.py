@@ -130,6 +130,8 @@ class _Run:
         self.run_counter = f"runs:{self.program.name}"
         self.roles = [arg.role.value for arg in self.program.args]
         self.min_sizes = [arg.nbytes for arg in self.program.args]
+        # Arguments unbound or bound to a BO too small: kept by set_arg so that start() need not scan them all.
+        self._misfits = set(range(len(self.bos)))
         self._state = ert_cmd_state.ERT_CMD_STATE_NEW
 
     def set_arg(self, index: int, bo: _Bo):
@@ -137,6 +139,10 @@ class _Run:
             raise RuntimeError(f"emulated NPU2: {self.program.name} has no argument {index}")
         self.bos[index] = bo
         bo.role = self.roles[index]
+        if bo.nbytes >= self.min_sizes[index]:
+            self._misfits.discard(index)
+        else:
+            self._misfits.add(index)
 
     def start(self):
         self.emu.counters["runs"] += 1
@@ -144,15 +150,12 @@ class _Run:
         injected = self.emu.injected_states.pop(0) if self.emu.injected_states else None
         if injected is not None:
             self._state = injected
-        elif not self._arguments_fit():
+        elif self._misfits:  # an unbound or too small argument: the command fails, as on the device
             self._state = ert_cmd_state.ERT_CMD_STATE_ERROR
         else:
             if self.emu.compute:
                 self._execute()
             self._state = ert_cmd_state.ERT_CMD_STATE_COMPLETED
-
-    def _arguments_fit(self) -> bool:
-        return all(bo is not None and bo.nbytes >= need for bo, need in zip(self.bos, self.min_sizes))
 
     def _execute(self):
         views = {
