@@ -187,18 +187,25 @@ class Runtime:
                        tensor: torch.Tensor) -> None:
         """Bind the BO for a weight or input argument, syncing it as its role requires."""
         buffer = self._resident.get(tensor.untyped_storage().data_ptr())
-        if buffer is not None and tensor.storage_offset() == 0:
-            self._bind(loaded, index, buffer.bo)
-            if is_weight:
-                if buffer.device_version is None:
-                    buffer.bo.sync(self._sync_to, nbytes, 0)
-                    buffer.device_version = 0
-            elif buffer.device_version != tensor._version:
-                buffer.bo.sync(self._sync_to, nbytes, 0)
-                buffer.device_version = tensor._version
-            else:
-                self.stats["inputs_already_on_device"] += 1
+        if buffer is None or tensor.storage_offset():
+            self._stage(loaded, index, nbytes, tensor)
             return
+        bo = buffer.bo
+        if loaded.bound[index] is not bo:  # _bind, inlined: this runs for every weight of every decode run
+            loaded.run.set_arg(index, bo)
+            loaded.bound[index] = bo
+        if is_weight:
+            if buffer.device_version is None:
+                bo.sync(self._sync_to, nbytes, 0)
+                buffer.device_version = 0
+        elif buffer.device_version != tensor._version:
+            bo.sync(self._sync_to, nbytes, 0)
+            buffer.device_version = tensor._version
+        else:
+            self.stats["inputs_already_on_device"] += 1
+
+    def _stage(self, loaded: LoadedProgram, index: int, nbytes: int, tensor: torch.Tensor) -> None:
+        """Bind the Program's own buffer for a host tensor argument, copying the tensor in unless it holds it."""
         staged = loaded.staging.get(index)
         if staged is None:
             arg = loaded.program.args[index]

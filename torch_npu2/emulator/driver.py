@@ -39,14 +39,14 @@ class ert_cmd_state(enum.Enum):
     ERT_CMD_STATE_TIMEOUT = 10
 
 
-# Counter names per (direction, BO role), built once: sync() runs for every argument of every run.
-_SYNC_COUNTER_KEYS = {
-    (direction, role): (f"syncs_{way}", f"bytes_{way}", f"syncs_{way}:{role or 'unbound'}",
-                        f"bytes_{way}:{role or 'unbound'}")
-    for direction, way in ((xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE, "to_device"),
-                           (xclBOSyncDirection.XCL_BO_SYNC_BO_FROM_DEVICE, "from_device"))
-    for role in (None, *(r.value for r in Role))
-}
+def _sync_counter_keys(way: str) -> dict:
+    """Counter names per BO role for one sync direction, built once: sync() runs for every argument of every
+    run (keyed by the role string, not the direction: an Enum's hash is a Python call)."""
+    return {role: (f"syncs_{way}", f"bytes_{way}", f"syncs_{way}:{role or 'unbound'}", f"bytes_{way}:{role or 'unbound'}")
+            for role in (None, *(r.value for r in Role))}
+
+
+_TO_DEVICE_KEYS, _FROM_DEVICE_KEYS = _sync_counter_keys("to_device"), _sync_counter_keys("from_device")
 
 
 class _Device:
@@ -109,13 +109,15 @@ class _Bo:
         if direction is xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE:
             if self._device is not self._host:
                 self._device[offset:offset + n] = self._host[offset:offset + n]
+            keys = _TO_DEVICE_KEYS
         elif direction is xclBOSyncDirection.XCL_BO_SYNC_BO_FROM_DEVICE:
             if self._device is not self._host:
                 self._host[offset:offset + n] = self._device[offset:offset + n]
+            keys = _FROM_DEVICE_KEYS
         else:
             raise RuntimeError(f"emulated NPU2: unknown sync direction {direction!r}")
         c = self.emu.counters
-        syncs, nbytes, role_syncs, role_bytes = _SYNC_COUNTER_KEYS[direction, self.role]
+        syncs, nbytes, role_syncs, role_bytes = keys[self.role]
         c[syncs] += 1
         c[nbytes] += n
         c[role_syncs] += 1
