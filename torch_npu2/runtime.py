@@ -147,7 +147,7 @@ class Runtime:
 
     def refresh(self, tensor: torch.Tensor) -> None:
         """Mark a BO-backed weight written by the host since its last sync, so the next run syncs it."""
-        buffer = self._resident.get(tensor.untyped_storage().data_ptr())
+        buffer = self._resident.get(tensor.data_ptr())
         if buffer is None:
             raise ValueError("refresh: the tensor is not BO-backed (pin it or pass it to an op first)")
         buffer.device_version = None
@@ -186,8 +186,10 @@ class Runtime:
     def _bind_host_arg(self, loaded: LoadedProgram, index: int, is_weight: bool, nbytes: int,
                        tensor: torch.Tensor) -> None:
         """Bind the BO for a weight or input argument, syncing it as its role requires."""
-        buffer = self._resident.get(tensor.untyped_storage().data_ptr())
-        if buffer is None or tensor.storage_offset():
+        # Bound as its BO only when it starts where a BO mapping starts: its storage is that mapping (no storage
+        # can begin before one mapping and reach into another), at offset 0. One data_ptr() call tells both.
+        buffer = self._resident.get(tensor.data_ptr())
+        if buffer is None:
             self._stage(loaded, index, nbytes, tensor)
             return
         bo = buffer.bo

@@ -306,3 +306,16 @@ def test_emulated_run_fails_while_an_argument_is_unbound_or_too_small(runtime):
     run.set_arg(index, fitting)
     run.start()
     assert run.wait2() == completed
+
+
+def test_a_view_into_an_op_output_at_an_offset_is_staged_not_bound_as_its_bo(runtime):
+    """Only a tensor that starts where a BO starts is that BO; a view further in is copied into a staging buffer
+    (binding its BO would hand the kernel the wrong bytes)."""
+    q, k, v = attn_args(HEADS, KV_HEADS, HEAD_DIM, SEQ)
+    wide = torch.ops.npu2.flash_attn(torch.cat([q, q]), torch.cat([k, k]), torch.cat([v, v]), HEAD_DIM)
+    tail = wide[SEQ:]  # rows SEQ.. of a BO-backed output: same storage, nonzero offset
+    assert runtime.is_bo_backed(tail) and tail.storage_offset() > 0
+    before = runtime.stats["host_copies"]
+    again = torch.ops.npu2.flash_attn(tail, k, v, HEAD_DIM)
+    assert runtime.stats["host_copies"] == before + 1
+    torch.testing.assert_close(again, reference.flash_attn_reference(tail, k, v, HEAD_DIM), atol=2e-2, rtol=2e-2)
