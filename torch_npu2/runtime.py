@@ -147,7 +147,7 @@ class Runtime:
 
     def refresh(self, tensor: torch.Tensor) -> None:
         """Mark a BO-backed weight written by the host since its last sync, so the next run syncs it."""
-        buffer = self._resident.get(tensor.data_ptr())
+        buffer = self._resident.get(tensor.untyped_storage().data_ptr())
         if buffer is None:
             raise ValueError("refresh: the tensor is not BO-backed (pin it or pass it to an op first)")
         buffer.device_version = None
