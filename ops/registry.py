@@ -108,6 +108,7 @@ SCALAR_CHECKS = {
 
 @lru_cache(maxsize=512)
 def _program(op: FusedOp, shapes: tuple, scalars: tuple) -> Program:
+    shapes = tuple(tuple(shape) for shape in shapes)  # a torch.Size key hits the same entry; errors print tuples
     for (name, *_), value in zip(op.scalars, scalars):
         valid, expected = SCALAR_CHECKS[name]
         if not valid(value):
@@ -127,8 +128,8 @@ def _program(op: FusedOp, shapes: tuple, scalars: tuple) -> Program:
 def program_of(op: FusedOp, tensors, scalars, real: bool = True) -> Program:
     """The Program for these arguments, after checking them (``ValueError`` naming op and argument)."""
     _check_tensors(op, tensors, real)
-    if real:
-        return _program(op, tuple(tuple(t.shape) for t in tensors), tuple(scalars))
+    if real:  # torch.Size hashes and compares as the tuple of its sizes: no conversion per call
+        return _program(op, tuple([t.shape for t in tensors]), tuple(scalars))
     # NPU kernels are compiled per static shape, so symbolic sizes (torch.compile) are specialized here.
     return _program(op, tuple(tuple(int(d) for d in t.shape) for t in tensors), tuple(scalars))
 
@@ -149,10 +150,12 @@ def _refuse_inductor(op: FusedOp) -> None:
 def register(op: FusedOp):
     """Defines ``torch.ops.npu2.<name>`` with its NPU implementation and fake; returns the overload."""
     count = len(op.example.host_args)
+    arity = count + len(op.scalars)
     single = len(op.example.outputs) == 1
 
     def npu_impl(*args):
-        tensors, scalars = args[:count], op.with_defaults(args[count:])
+        tensors = args[:count]
+        scalars = args[count:] if len(args) == arity else op.with_defaults(args[count:])
         program = program_of(op, tensors, scalars)
         outputs = get_runtime().run(program, tensors)
         return outputs[0] if single else outputs

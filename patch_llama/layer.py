@@ -25,7 +25,7 @@ class SharedState:
 
     buckets: tuple[int, ...]
     matmul_precision: str = DEFAULT_MATMUL_PRECISION
-    lut_memo: tuple = (None, None)   # (cos tensor, its RoPE LUT); holding cos keeps its id unique
+    lut_memo: tuple = (None, None, None)  # (cos tensor, its RoPE LUT, decode rows); holding cos keeps its id unique
     mask_memo: tuple = (None, None)  # (mask tensor, per-row first real token or None)
 
     def bucket(self, rows: int) -> int:
@@ -45,8 +45,20 @@ class SharedState:
         if torch.compiler.is_compiling():  # a memo would make dynamo guard on it and recompile every step
             return build_rope_lut(cos, sin).contiguous()
         if self.lut_memo[0] is not cos:
-            self.lut_memo = (cos, build_rope_lut(cos, sin).contiguous())
+            self.lut_memo = (cos, build_rope_lut(cos, sin).contiguous(), None)
         return self.lut_memo[1]
+
+    def decode_lut_rows(self, cos: torch.Tensor, sin: torch.Tensor, batch: int) -> tuple[torch.Tensor, ...]:
+        """Per sequence, the 1-D LUT row of its one new position. Outside torch.compile every layer of a decode
+        step gets the same row tensors, so the runtime can tell that it already holds them on the device."""
+        if torch.compiler.is_compiling():
+            return _lut_rows(self.rope_lut(cos, sin), batch)
+        lut = self.rope_lut(cos, sin)
+        rows = self.lut_memo[2]
+        if rows is None or len(rows) != batch:
+            rows = _lut_rows(lut, batch)
+            self.lut_memo = (cos, lut, rows)
+        return rows
 
     def first_real_tokens(self, mask, batch: int, seq: int):
         """Per row, the index of its first real (non-left-pad) token, when ``mask`` is causal plus left padding.
@@ -60,6 +72,17 @@ class SharedState:
         if self.mask_memo[0] is not mask:
             self.mask_memo = (mask, _left_padding_starts(mask, seq))
         return self.mask_memo[1]
+
+
+def _lut_rows(lut: torch.Tensor, batch: int) -> tuple[torch.Tensor, ...]:
+    rows = lut.view(lut.shape[0], -1).unbind(0)  # (batch or 1, 1, head_dim): one position per sequence
+    return rows * batch if len(rows) == 1 else rows
+
+
+def _sequence_rows(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Each sequence's part of a (batch, …) tensor as a 1-D view: for one sequence, a view of the whole
+    tensor (an op output stays BO-backed at offset 0, so the next op binds it without a copy)."""
+    return (t.reshape(-1),) if t.shape[0] == 1 else t.reshape(t.shape[0], -1).unbind(0)
 
 
 # Which rows a sequence's kernels run depends on the mask's values: under torch.compile this is a patched
@@ -147,12 +170,18 @@ class NpuDecoderLayer:
             raise ValueError("torch_npu2: output_attentions=True is not supported by a patched model: the fused "
                              "attention never materializes the attention weights; call "
                              "torch_npu2.unpatch_llama(model) to get them from HF's own layers")
-        with torch.no_grad():
-            # cos/sin have batch 1 when every row shares its positions
-            lut = self.shared.rope_lut(*position_embeddings).expand(hidden_states.shape[0], -1, -1)
-            if hidden_states.shape[1] == 1:
-                return self._decode(hidden_states, lut, attention_mask, past_key_values)
-            return self._prefill(hidden_states, lut, attention_mask, past_key_values)
+        if torch.is_grad_enabled():  # generate() runs without grad: no second no_grad block per layer
+            with torch.no_grad():
+                return self._forward(hidden_states, attention_mask, past_key_values, position_embeddings)
+        return self._forward(hidden_states, attention_mask, past_key_values, position_embeddings)
+
+    def _forward(self, hidden, mask, cache, position_embeddings):
+        batch = hidden.shape[0]
+        if hidden.shape[1] == 1:
+            return self._decode(hidden, self.shared.decode_lut_rows(*position_embeddings, batch), mask, cache)
+        # cos/sin have batch 1 when every row shares its positions
+        lut = self.shared.rope_lut(*position_embeddings).expand(batch, -1, -1)
+        return self._prefill(hidden, lut, mask, cache)
 
     @property
     def eps_attn(self) -> float:
@@ -165,19 +194,20 @@ class NpuDecoderLayer:
     def _update_cache(self, cache, k, v):
         return (k, v) if cache is None else cache.update(k, v, self.layer_idx)
 
-    def _decode(self, hidden, lut, mask, cache):
+    def _decode(self, hidden, lut_rows, mask, cache):
         batch, heads, kv_heads, head_dim = hidden.shape[0], self.heads, self.kv_heads, self.head_dim
         norm_w, wq, wk, wv = self.qkv_weights
-        rows = [rms_gemv_rope(hidden[b, 0], norm_w, wq, wk, wv, lut[b, 0], self.eps_attn) for b in range(batch)]
+        inputs, eps = _sequence_rows(hidden), self.eps_attn
+        rows = [rms_gemv_rope(x, norm_w, wq, wk, wv, lut, eps) for x, lut in zip(inputs, lut_rows)]
         # (batch, heads, 1, head_dim) views of the op outputs; stacking only when there are several rows
         v, q, k = (rows[0][i].view(1, n, 1, head_dim) if batch == 1 else
                    torch.stack([r[i] for r in rows]).view(batch, n, 1, head_dim)
                    for i, n in ((0, kv_heads), (1, heads), (2, kv_heads)))
         keys, values = self._update_cache(cache, k, v)
-        attn = _host_attention(q, keys, values, mask, self.scale).reshape(batch, -1)
+        attn = _sequence_rows(_host_attention(q, keys, values, mask, self.scale))
         wo, norm2_w, w_gate, w_up, w_down = self.ffn_weights
-        out = [o_gemv_ffn(attn[b], wo, hidden[b, 0], norm2_w, w_gate, w_up, w_down, self.eps_mlp)
-               for b in range(batch)]
+        eps = self.eps_mlp
+        out = [o_gemv_ffn(a, wo, x, norm2_w, w_gate, w_up, w_down, eps) for a, x in zip(attn, inputs)]
         return out[0].view(1, 1, -1) if batch == 1 else torch.stack(out).unsqueeze(1)
 
     def _prefill(self, hidden, lut, mask, cache):
@@ -238,13 +268,18 @@ class NpuLmHead:
         self.weight = lm_head.weight
 
     def __call__(self, hidden):
-        with torch.no_grad():
-            if hidden.dim() == 3 and hidden.shape[1] == 1:
-                rows = [lm_head_gemv(hidden[b, 0].contiguous(), self.weight) for b in range(hidden.shape[0])]
-                return rows[0].view(1, 1, -1) if len(rows) == 1 else torch.stack(rows).unsqueeze(1)
-            rows = hidden.float()
-            logits = rows.new_empty(*hidden.shape[:-1], self.weight.shape[0])
-            for start in range(0, self.weight.shape[0], self.VOCAB_CHUNK):
-                chunk = self.weight[start:start + self.VOCAB_CHUNK]
-                logits[..., start:start + chunk.shape[0]] = F.linear(rows, chunk.float())
-            return logits
+        if torch.is_grad_enabled():
+            with torch.no_grad():
+                return self._logits(hidden)
+        return self._logits(hidden)
+
+    def _logits(self, hidden):
+        if hidden.dim() == 3 and hidden.shape[1] == 1:
+            rows = [lm_head_gemv(x, self.weight) for x in _sequence_rows(hidden)]
+            return rows[0].view(1, 1, -1) if len(rows) == 1 else torch.stack(rows).unsqueeze(1)
+        rows = hidden.float()
+        logits = rows.new_empty(*hidden.shape[:-1], self.weight.shape[0])
+        for start in range(0, self.weight.shape[0], self.VOCAB_CHUNK):
+            chunk = self.weight[start:start + self.VOCAB_CHUNK]
+            logits[..., start:start + chunk.shape[0]] = F.linear(rows, chunk.float())
+        return logits

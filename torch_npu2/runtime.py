@@ -6,7 +6,8 @@ registry maps that storage back to its BO, so a tensor handed to ``run`` is boun
 
 Coherency has one owner, ``Runtime.run``: weights are synced to the device once (``refresh`` after writing
 one in place); an input is synced unless the device already holds its current version (an earlier op's
-output that the host has not modified since); outputs are synced back after every run.
+output that the host has not modified since, or the same host tensor, unmodified, staged for the same
+argument by the previous run of that Program); outputs are synced back after every run.
 """
 from __future__ import annotations
 
@@ -40,8 +41,26 @@ class _Buffer:
         numel = 1
         for d in shape:
             numel *= d
+        return self.flat_tensor(numel, shape, dtype)
+
+    def flat_tensor(self, numel: int, shape: tuple, dtype: torch.dtype):
+        """``tensor`` with the element count known; a 1-D shape skips the view (the decode outputs' case)."""
         lease = self.mapping[: numel * dtype.itemsize]
-        return torch.frombuffer(lease, dtype=dtype).view(shape), lease
+        flat = torch.frombuffer(lease, dtype=dtype)
+        return (flat if len(shape) == 1 else flat.view(shape)), lease
+
+
+@dataclass(eq=False)
+class _Staging:
+    """A Program's own buffer for an argument given as a host tensor, and which tensor version it holds."""
+
+    buffer: _Buffer
+    view: torch.Tensor
+    source: weakref.ref | None = None  # the host tensor last copied in (a weakref: the caller owns it)
+    version: int = -1
+
+    def holds(self, tensor: torch.Tensor) -> bool:
+        return self.source is not None and self.source() is tensor and tensor._version == self.version
 
 
 @dataclass(eq=False)
@@ -55,9 +74,10 @@ class LoadedProgram:
     kernel: object
     run: object
     host_plan: tuple[tuple[int, bool, int], ...]  # (arg index, is weight, nbytes) per weight/input
-    output_plan: tuple[tuple[int, tuple, torch.dtype, int], ...]  # (arg index, shape, dtype, nbytes)
+    output_plan: tuple[tuple[int, tuple, torch.dtype, int, int, int], ...]  # (arg index, shape, dtype, nbytes,
+    #                                                                           numel, pool size)
     bound: list = field(default_factory=list)
-    staging: dict = field(default_factory=dict)  # arg index → (buffer, tensor view) for non-BO-backed args
+    staging: dict[int, _Staging] = field(default_factory=dict)  # arg index → its buffer, for non-BO-backed args
 
 
 class Runtime:
@@ -81,12 +101,9 @@ class Runtime:
         self.stats["bo_bytes"] += nbytes
         return _Buffer(bo, np.frombuffer(bo.map(), np.uint8))
 
-    def _lease(self, shape, dtype: torch.dtype) -> tuple[torch.Tensor, _Buffer]:
-        """A BO-backed tensor from the caching pool; its BO returns to the pool when the storage dies."""
-        numel = 1
-        for d in shape:
-            numel *= d
-        size = -(-numel * dtype.itemsize // PAGE) * PAGE
+    def _lease(self, numel: int, shape: tuple, dtype: torch.dtype, size: int) -> tuple[torch.Tensor, _Buffer]:
+        """A BO-backed tensor from the caching pool (``size``: ``_pool_size`` of its bytes); its BO returns to
+        the pool when the storage dies."""
         free = self._pool[size]
         if free:
             buffer = free.pop()
@@ -94,13 +111,17 @@ class Runtime:
         else:
             buffer = self._new_buffer(size)
             self.stats["pool_misses"] += 1
-        tensor, lease = buffer.tensor(shape, dtype)
-        address = tensor.untyped_storage().data_ptr()
+        tensor, lease = buffer.flat_tensor(numel, shape, dtype)
+        address = tensor.data_ptr()  # a fresh tensor over the mapping's start: its storage's address
         self._resident[address] = buffer
         # A weakref callback (cheaper than weakref.finalize on this hot path) returns the BO when the
         # tensor's storage, the lease's only owner, dies; the weakref lives in _leases until then.
         self._leases[address] = weakref.ref(lease, lambda _, a=address, b=buffer: self._return_to_pool(a, size, b))
         return tensor, buffer
+
+    @staticmethod
+    def _pool_size(nbytes: int) -> int:
+        return -(-nbytes // PAGE) * PAGE
 
     def _return_to_pool(self, address: int, size: int, buffer: _Buffer) -> None:
         self._resident.pop(address, None)
@@ -147,8 +168,8 @@ class Runtime:
                 program, elf, context, kernel, run,
                 host_plan=tuple((i, args[i].role is Role.WEIGHT, args[i].nbytes)
                                 for i in program.indices(Role.WEIGHT, Role.INPUT)),
-                output_plan=tuple((i, args[i].shape, TORCH_DTYPES[args[i].dtype], args[i].nbytes)
-                                  for i in program.indices(Role.OUTPUT)),
+                output_plan=tuple((i, args[i].shape, TORCH_DTYPES[args[i].dtype], args[i].nbytes, args[i].numel,
+                                   self._pool_size(args[i].nbytes)) for i in program.indices(Role.OUTPUT)),
                 bound=[None] * len(args),
             )
             for i in program.indices(Role.SCRATCH):
@@ -165,27 +186,40 @@ class Runtime:
     def _bind_host_arg(self, loaded: LoadedProgram, index: int, is_weight: bool, nbytes: int,
                        tensor: torch.Tensor) -> None:
         """Bind the BO for a weight or input argument, syncing it as its role requires."""
-        buffer = self._resident.get(tensor.untyped_storage().data_ptr())
-        if buffer is not None and tensor.storage_offset() == 0:
-            self._bind(loaded, index, buffer.bo)
-            if is_weight:
-                if buffer.device_version is None:
-                    buffer.bo.sync(self._sync_to, nbytes, 0)
-                    buffer.device_version = 0
-            elif buffer.device_version != tensor._version:
-                buffer.bo.sync(self._sync_to, nbytes, 0)
-                buffer.device_version = tensor._version
-            else:
-                self.stats["inputs_already_on_device"] += 1
+        # Bound as its BO only when it starts where a BO mapping starts: its storage is that mapping (no storage
+        # can begin before one mapping and reach into another), at offset 0. One data_ptr() call tells both.
+        buffer = self._resident.get(tensor.data_ptr())
+        if buffer is None:
+            self._stage(loaded, index, nbytes, tensor)
             return
+        bo = buffer.bo
+        if loaded.bound[index] is not bo:  # _bind, inlined: this runs for every weight of every decode run
+            loaded.run.set_arg(index, bo)
+            loaded.bound[index] = bo
+        if is_weight:
+            if buffer.device_version is None:
+                bo.sync(self._sync_to, nbytes, 0)
+                buffer.device_version = 0
+        elif buffer.device_version != tensor._version:
+            bo.sync(self._sync_to, nbytes, 0)
+            buffer.device_version = tensor._version
+        else:
+            self.stats["inputs_already_on_device"] += 1
+
+    def _stage(self, loaded: LoadedProgram, index: int, nbytes: int, tensor: torch.Tensor) -> None:
+        """Bind the Program's own buffer for a host tensor argument, copying the tensor in unless it holds it."""
         staged = loaded.staging.get(index)
         if staged is None:
             arg = loaded.program.args[index]
             buffer = self._new_buffer(nbytes)
-            staged = loaded.staging[index] = (buffer, buffer.tensor(arg.shape, TORCH_DTYPES[arg.dtype])[0])
-        self._bind(loaded, index, staged[0].bo)
-        staged[1].copy_(tensor)
-        staged[0].bo.sync(self._sync_to, nbytes, 0)
+            staged = loaded.staging[index] = _Staging(buffer, buffer.tensor(arg.shape, TORCH_DTYPES[arg.dtype])[0])
+        self._bind(loaded, index, staged.buffer.bo)
+        if staged.holds(tensor):  # e.g. one RoPE LUT row handed to every layer's run of a decode step
+            self.stats["staged_inputs_reused"] += 1
+            return
+        staged.view.copy_(tensor)
+        staged.buffer.bo.sync(self._sync_to, nbytes, 0)
+        staged.source, staged.version = weakref.ref(tensor), tensor._version
         self.stats["host_copies"] += 1
         self.stats["host_copy_bytes"] += nbytes
 
@@ -195,8 +229,8 @@ class Runtime:
         for (index, is_weight, nbytes), tensor in zip(loaded.host_plan, tensors):
             self._bind_host_arg(loaded, index, is_weight, nbytes, tensor)
         outputs, buffers = [], []
-        for index, shape, dtype, _ in loaded.output_plan:
-            out, buffer = self._lease(shape, dtype)
+        for index, shape, dtype, _, numel, size in loaded.output_plan:
+            out, buffer = self._lease(numel, shape, dtype, size)
             outputs.append(out)
             buffers.append(buffer)
             self._bind(loaded, index, buffer.bo)
@@ -205,7 +239,7 @@ class Runtime:
         if state != self._completed:
             raise NPURunError(f"NPU run of {program.name} finished in state {state} (expected "
                               f"{self._completed}); its outputs are not valid")
-        for (_, _, _, nbytes), out, buffer in zip(loaded.output_plan, outputs, buffers):
+        for (_, _, _, nbytes, _, _), out, buffer in zip(loaded.output_plan, outputs, buffers):
             buffer.bo.sync(self._sync_from, nbytes, 0)
             buffer.device_version = out._version
         self.stats["runs"] += 1

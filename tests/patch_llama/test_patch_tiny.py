@@ -66,9 +66,10 @@ def test_prefill_pads_to_bucket_and_tracks_length(runtime, pair):
 
 @pytest.mark.parametrize("layers", [2, 3])
 def test_one_decode_token_moves_what_architecture_md_says(runtime, layers):
-    """Per decode token of an L-layer model: 2L+1 dispatches, no weight bytes, 2L+3 staged host copies (each
-    layer's RoPE LUT and attention output, the first layer's input for both its ops, the LM head's row) and
-    one read-back per op output; later layers take their input where the previous layer left it."""
+    """Per decode token of an L-layer model: 2L+1 dispatches, no weight bytes, L+4 staged host copies (each
+    layer's attention output, the step's RoPE LUT row once, the first layer's input for both its ops, the LM
+    head's row) and one read-back per op output; later layers take their input where the previous layer left
+    it, and find the LUT row already staged."""
     model = patch_llama(tiny_llama(num_hidden_layers=layers))
     ids = prompt(9)
 
@@ -82,7 +83,8 @@ def test_one_decode_token_moves_what_architecture_md_says(runtime, layers):
     token, token_xrt = stats3 - stats2, xrt3 - xrt2
     assert token["runs"] == 2 * layers + 1
     assert token_xrt["bytes_to_device:weight"] == 0 == xrt3["syncs_to_device:weight"]
-    assert token["host_copies"] == token_xrt["syncs_to_device"] == 2 * layers + 3
+    assert token["host_copies"] == token_xrt["syncs_to_device"] == layers + 4
+    assert token["staged_inputs_reused"] == layers - 1
     assert token["inputs_already_on_device"] == 2 * (layers - 1)
     assert token_xrt["syncs_from_device"] == 4 * layers + 1  # v, q_roped, k_roped, out per layer; the logits
 

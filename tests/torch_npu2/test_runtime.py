@@ -26,7 +26,8 @@ def test_weights_sync_exactly_once_across_calls(runtime):
     args = pinned_qkv(runtime)
     weight_bytes = sum(t.numel() * 2 for t in args[1:5])
     for _ in range(3):
-        torch.ops.npu2.rms_gemms_rope(*args, EPS)
+        x, lut = args[0].clone(), args[5].clone()  # new host tensors: copied in every call
+        torch.ops.npu2.rms_gemms_rope(x, *args[1:5], lut, EPS)
     c = runtime.xrt.counters
     assert c["runs"] == 3
     assert c["syncs_to_device:weight"] == 4
@@ -34,6 +35,26 @@ def test_weights_sync_exactly_once_across_calls(runtime):
     assert c["syncs_to_device:input"] == 2 * 3  # x and the RoPE LUT, every call
     assert c["syncs_from_device:weight"] == 0 and c["syncs_to_device:scratch"] == 0
     assert runtime.stats["host_copy_bytes"] == 3 * (args[0].numel() + args[5].numel()) * 2
+
+
+def test_an_unchanged_host_input_is_copied_once_and_a_changed_one_again(runtime):
+    """A host tensor handed again to the same argument of the same Program is already in its staging buffer
+    (the decode step's one RoPE LUT row, given to every layer); written in place, or replaced by another
+    tensor, it must be copied and synced again, or the strict emulator serves the stale bytes."""
+    args = pinned_qkv(runtime)
+    x, lut = args[0], args[5]
+    for _ in range(3):
+        torch.ops.npu2.rms_gemms_rope(*args, EPS)
+    assert runtime.xrt.counters["syncs_to_device:input"] == 2
+    assert runtime.stats["staged_inputs_reused"] == 2 * 2
+    x.mul_(0.5)
+    out = torch.ops.npu2.rms_gemms_rope(*args, EPS)
+    assert runtime.xrt.counters["syncs_to_device:input"] == 3  # x again, the LUT still staged
+    for got, want in zip(out, reference.rms_gemms_rope_reference(*args, EPS)):
+        torch.testing.assert_close(got, want, atol=3e-2, rtol=2e-2)
+    lut_copy = lut.clone()
+    torch.ops.npu2.rms_gemms_rope(*args[:5], lut_copy, EPS)
+    assert runtime.xrt.counters["syncs_to_device:input"] == 4  # an equal but other tensor: copied
 
 
 def test_output_handed_to_next_op_moves_no_bytes_through_host(runtime):
@@ -110,6 +131,7 @@ def test_pin_keeps_values_and_refresh_requires_bo_backing(runtime):
     t = torch.randn(5, 3).bfloat16()
     pinned = torch_npu2.pin(t)
     assert torch.equal(pinned, t) and runtime.is_bo_backed(pinned) and not runtime.is_bo_backed(t)
+    runtime.refresh(pinned[1:])  # a view of a pinned weight at an offset: still its BO
     with pytest.raises(ValueError, match="not BO-backed"):
         runtime.refresh(t)
 
@@ -266,3 +288,36 @@ def test_close_releases_driver_objects_in_reverse_order_of_creation(tmp_path):
     assert driver.released == ["bo"] * bos + [
         "run", "kernel main:lm_head_gemv", "context", "elf lm_head_gemv",
         "run", "kernel main:flash_attn", "context", "elf flash_attn"]
+
+
+def test_emulated_run_fails_while_an_argument_is_unbound_or_too_small(runtime):
+    args = attn_args(HEADS, KV_HEADS, HEAD_DIM, SEQ)
+    torch.ops.npu2.flash_attn(*args, HEAD_DIM)
+    loaded = next(iter(runtime._loaded.values()))
+    xrt, run = runtime.xrt, loaded.run
+    completed, error = xrt.ert_cmd_state.ERT_CMD_STATE_COMPLETED, xrt.ert_cmd_state.ERT_CMD_STATE_ERROR
+    fresh = xrt.run(loaded.kernel)  # nothing bound yet
+    fresh.start()
+    assert fresh.wait2() == error
+    index, nbytes = loaded.output_plan[0][0], loaded.output_plan[0][3]
+    fitting = run.bos[index]
+    run.set_arg(index, xrt.ext.bo(runtime.device, nbytes - 1))
+    run.start()
+    assert run.wait2() == error
+    run.set_arg(index, fitting)
+    run.start()
+    assert run.wait2() == completed
+
+
+def test_a_view_into_an_op_output_at_an_offset_is_staged_not_bound_as_its_bo(runtime):
+    """Only a tensor that starts where a BO starts is that BO; a view further in is copied into a staging buffer
+    (binding its BO would hand the kernel the wrong bytes)."""
+    q, k, v = attn_args(HEADS, KV_HEADS, HEAD_DIM, SEQ)
+    torch.ops.npu2.flash_attn(q, k, v, HEAD_DIM)  # stages k and v: below, only the view is new
+    wide = torch.ops.npu2.flash_attn(torch.cat([q, q]), torch.cat([k, k]), torch.cat([v, v]), HEAD_DIM)
+    tail = wide[SEQ:]  # rows SEQ.. of a BO-backed output: same storage, nonzero offset
+    assert runtime.is_bo_backed(tail) and tail.storage_offset() > 0
+    before = runtime.stats["host_copies"]
+    again = torch.ops.npu2.flash_attn(tail, k, v, HEAD_DIM)
+    assert runtime.stats["host_copies"] == before + 1
+    torch.testing.assert_close(again, reference.flash_attn_reference(tail, k, v, HEAD_DIM), atol=2e-2, rtol=2e-2)

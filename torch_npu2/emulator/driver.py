@@ -39,14 +39,14 @@ class ert_cmd_state(enum.Enum):
     ERT_CMD_STATE_TIMEOUT = 10
 
 
-# Counter names per (direction, BO role), built once: sync() runs for every argument of every run.
-_SYNC_COUNTER_KEYS = {
-    (direction, role): (f"syncs_{way}", f"bytes_{way}", f"syncs_{way}:{role or 'unbound'}",
-                        f"bytes_{way}:{role or 'unbound'}")
-    for direction, way in ((xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE, "to_device"),
-                           (xclBOSyncDirection.XCL_BO_SYNC_BO_FROM_DEVICE, "from_device"))
-    for role in (None, *(r.value for r in Role))
-}
+def _sync_counter_keys(way: str) -> dict:
+    """Counter names per BO role for one sync direction, built once: sync() runs for every argument of every
+    run (keyed by the role string, not the direction: an Enum's hash is a Python call)."""
+    return {role: (f"syncs_{way}", f"bytes_{way}", f"syncs_{way}:{role or 'unbound'}", f"bytes_{way}:{role or 'unbound'}")
+            for role in (None, *(r.value for r in Role))}
+
+
+_TO_DEVICE_KEYS, _FROM_DEVICE_KEYS = _sync_counter_keys("to_device"), _sync_counter_keys("from_device")
 
 
 class _Device:
@@ -109,13 +109,15 @@ class _Bo:
         if direction is xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE:
             if self._device is not self._host:
                 self._device[offset:offset + n] = self._host[offset:offset + n]
+            keys = _TO_DEVICE_KEYS
         elif direction is xclBOSyncDirection.XCL_BO_SYNC_BO_FROM_DEVICE:
             if self._device is not self._host:
                 self._host[offset:offset + n] = self._device[offset:offset + n]
+            keys = _FROM_DEVICE_KEYS
         else:
             raise RuntimeError(f"emulated NPU2: unknown sync direction {direction!r}")
         c = self.emu.counters
-        syncs, nbytes, role_syncs, role_bytes = _SYNC_COUNTER_KEYS[direction, self.role]
+        syncs, nbytes, role_syncs, role_bytes = keys[self.role]
         c[syncs] += 1
         c[nbytes] += n
         c[role_syncs] += 1
@@ -130,6 +132,8 @@ class _Run:
         self.run_counter = f"runs:{self.program.name}"
         self.roles = [arg.role.value for arg in self.program.args]
         self.min_sizes = [arg.nbytes for arg in self.program.args]
+        # Arguments unbound or bound to a BO too small: kept by set_arg so that start() need not scan them all.
+        self._misfits = set(range(len(self.bos)))
         self._state = ert_cmd_state.ERT_CMD_STATE_NEW
 
     def set_arg(self, index: int, bo: _Bo):
@@ -137,6 +141,10 @@ class _Run:
             raise RuntimeError(f"emulated NPU2: {self.program.name} has no argument {index}")
         self.bos[index] = bo
         bo.role = self.roles[index]
+        if bo.nbytes >= self.min_sizes[index]:
+            self._misfits.discard(index)
+        else:
+            self._misfits.add(index)
 
     def start(self):
         self.emu.counters["runs"] += 1
@@ -144,15 +152,12 @@ class _Run:
         injected = self.emu.injected_states.pop(0) if self.emu.injected_states else None
         if injected is not None:
             self._state = injected
-        elif not self._arguments_fit():
+        elif self._misfits:  # an unbound or too small argument: the command fails, as on the device
             self._state = ert_cmd_state.ERT_CMD_STATE_ERROR
         else:
             if self.emu.compute:
                 self._execute()
             self._state = ert_cmd_state.ERT_CMD_STATE_COMPLETED
-
-    def _arguments_fit(self) -> bool:
-        return all(bo is not None and bo.nbytes >= need for bo, need in zip(self.bos, self.min_sizes))
 
     def _execute(self):
         views = {
