@@ -504,7 +504,8 @@ def build_parser() -> argparse.ArgumentParser:
     lint.add_argument("--model", help="a HF checkpoint directory or a .gguf file (default: SmolLM2-135M)")
     lint.add_argument("--buckets", type=_bucket, nargs="+", help="prefill bucket lengths (default: 16 … 2048)")
     lint.add_argument("--lowered", action="store_true", help="also lower each Program with the AIR tools and "
-                                                             "check what placement did (channels, real BDs)")
+                                                             "check what placement did (channels, real BDs); "
+                                                             "the real BDs settle the static BD estimates")
     lint.set_defaults(func=cmd_lint, parser=lint)
 
     check = sub.add_parser("check-kernels", help="run every Program's MLIR-AIR through the AIR interpreter (with "
