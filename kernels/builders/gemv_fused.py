@@ -265,10 +265,11 @@ def build_rms_gemv(params: dict, operands, tuning: dict) -> LaunchIR:
             vector = b.alloc(MemRef((2 * K,), "bf16", L2), "vector_l2")
             w_panel = b.alloc(MemRef((panel, K), "bf16", L2), "w_l2")
             y_panel = b.alloc(MemRef((panel,), "bf16", L2), "y_l2")
+            # x and the norm weight are loaded once; each panel streams only its weight rows
+            b.dma(vector, Window((0,), (K,), (1,)), sx, WHOLE)
+            b.dma(vector, Window((K,), (K,), (1,)), snw, WHOLE)
             with panel_loop(b, p, seg_step) as panel_row0:
                 w_window, y_window = panel_windows(p, K, panel_row0)
-                b.dma(vector, Window((0,), (K,), (1,)), sx, WHOLE)
-                b.dma(vector, Window((K,), (K,), (1,)), snw, WHOLE)
                 b.dma(w_panel, WHOLE, sw, w_window)
                 with b.herd(f"{kind}_herd", (p.herd, 1), [vector, w_panel, y_panel], link_with=OBJECT) as (
                         (tx, _), _, (hv, hw, hy)):

@@ -319,11 +319,15 @@ def test_decode_ffn_launches_plan_llama_sizes():
     assert "memref<8x512xbf16, 2 : i32>" in down  # a chunk of all 8 rows per call
     assert "memref<16448xbf16, 2 : i32>" in down  # gate, up and the panel's 64 residual rows: one L1 vector
     assert dict(build("swiglu_gemv_add").externs[0].defines) == {"GEMV_ROWS": 8, "GEMV_K": 512}
-    for kind in ("gemv_add", "rms_gemv", "swiglu_gemv_add"):  # every DDR → memtile DMA inside the panel loop
+    for kind in ("gemv_add", "swiglu_gemv_add"):  # per-panel residual rows: every DDR → memtile DMA in the loop
         ir = build(kind)
         loop = _panel_loop(ir.text)
         assert loop.count("air.dma_memcpy_nd (%vector_l2") + loop.count("air.dma_memcpy_nd (%w_l2") == \
             sum(1 for line in ir.text.splitlines() if re.match(r"\s*air\.dma_memcpy_nd \(%(vector|w)_l2", line)), kind
+    ir = build("rms_gemv")  # x and the norm weight once, before the loop; only the weight panels stream
+    loop = _panel_loop(ir.text)
+    assert loop.count("air.dma_memcpy_nd (%vector_l2") == 0 and loop.count("air.dma_memcpy_nd (%w_l2") == 1
+    assert ir.text.count("air.dma_memcpy_nd (%vector_l2") == 2
 
 
 def test_decode_ffn_herds_take_two_streams_per_tile():
