@@ -19,6 +19,14 @@ IR — air.launch → air.segment → air.herd, scf.for trip counts, DMAs, compu
   into or out of those buffers pipeline with the compute, ``DMA + (trips − 1) × max(compute, DMA) + compute``
   (the first copy, then each compute beside the next copy, then the last compute); every other DMA, and every other
   loop, runs in sequence (tests/benchmarks/test_cost_model_pingpong.py checks the rule against the real passes);
+* launch steps: aircc tiles the launch nest by the Program's ``runtime_loop_tiling_sizes`` (each dimension by
+  its largest factor not above the size, ``kernels.lint.launch_tiles``) and its runtime sequence starts every
+  shim DMA task of one batch of steps before it awaits the batch's outputs (tests/benchmarks/
+  test_cost_model_pingpong.py counts them in the real lowering). Inside a batch, nothing but the buffers orders
+  one step after the next: a step's first input copy (the first copy of its first double-buffered loop, into a
+  buffer the previous step's last trip no longer uses) runs beside the previous step's last compute, and its
+  closing writes to DDR run beside the next step's work, as far as DDR is idle then; between batches, steps
+  run in sequence;
 * overheads: each air.launch iteration, each launch of the multi-launch ELF, one dispatch per Program run;
 * branches: an ``scf.if`` is counted as the IR executes it. Its condition is evaluated (with the interpreter's
   integer arithmetic, ``kernels.interpret.IndexArithmetic``) at every point of the iteration space it depends
@@ -28,10 +36,12 @@ IR — air.launch → air.segment → air.herd, scf.for trip counts, DMAs, compu
   (an op outside that arithmetic, a value loaded from memory) is counted as always taken and reported in
   ``LaunchCost.conditions``.
 
-Each constant below says where it comes from. Where upstream's published per-kernel times (KERNELS.md,
-llama32_1b profile on Strix) are used, they calibrate only a class of the same code: the BFP16 mmul rate
-from upstream's o_ffn, the DDR bandwidth from upstream's LM-head GEMV. Everything else is a stated
-hardware fact or an assumption, labelled as such. KERNELS.md and FACTS.md are the team's design notes
+Each constant below says where it comes from. Where upstream's published times are used, they calibrate only
+a class of the same code, each as the tightest lower bound a measurement proves: the BFP16 mmul rate from
+upstream's standalone GEMMs measured on NPU2 (its kernel registry), the DDR bandwidth from those GEMMs and its
+LM-head GEMV. ``upstream_gemm_replay`` checks the result: the model, given each of those GEMMs at its
+published tiling, must land near the measured time. Everything else is a stated hardware fact or an
+assumption, labelled as such. KERNELS.md and FACTS.md are the team's design notes
 (``shared/design/`` beside this repository, not part of it): each figure taken from them is quoted where used.
 """
 from __future__ import annotations
@@ -43,6 +53,8 @@ import re
 import time
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
+
+from torch_npu2.kernels.lint import launch_tiles
 
 from . import common
 
@@ -58,14 +70,46 @@ CLOCK_HZ = 1.8e9
 TILE_CHANNEL_BYTES_PER_S = 4 * CLOCK_HZ
 TILE_CHANNELS = 2
 SHIM_COLUMN_BYTES_PER_S = 14e9  # FACTS.md: measured ≈ 14 GB/s per column
-# Calibrated: upstream's lm_head_gemv streams its 128256×2048 bf16 weight (525 MB) in 13.6 ms, a DMA-bound GEMV
-# like ours (38.6 GB/s, inside FACTS.md's 36–57 GB/s seen in practice).
-DDR_BYTES_PER_S = 128256 * 2048 * 2 / 13.6e-3
+# Upstream's standalone bf16-in/bf16-out GEMMs measured on NPU2 (mlir-air kernel_registry/details/
+# GEMM_bf16_in_bf16_out.md, "drain" method: an in-herd f32 → bf16 drain like ours, BFP16-emulated multiplies,
+# 8×4 herd, June 2026): (M, K, N) → (tile_m, tile_k_l2, tile_k_l1, tile_n), GFLOP/s. They calibrate the BFP16
+# mmul rate and the DDR bandwidth below, and ``upstream_gemm_replay`` runs each through the model at its tiling.
+UPSTREAM_DRAIN_GEMMS = {
+    (2048, 2048, 2048): ((32, 512, 32, 128), 6025), (2048, 2048, 512): ((32, 256, 32, 128), 5626),
+    (2048, 2048, 8192): ((32, 256, 32, 128), 5784), (2048, 8192, 2048): ((32, 256, 32, 128), 7234),
+    (512, 512, 512): ((32, 256, 32, 128), 1703), (1024, 1024, 1024): ((32, 256, 32, 128), 4637),
+    (4096, 4096, 4096): ((32, 512, 32, 128), 7002),
+}
+
+
+def _measured_s(shape, gflops) -> float:
+    M, K, N = shape
+    return 2 * M * K * N / (gflops * 1e9)
+
+
+def drain_gemm_ddr_bytes(shape, tile_m: int, tile_n: int) -> int:
+    """DDR bytes of a drain GEMM on an 8×4 herd, one (8·tile_m)×(4·tile_n) output block per launch step: A read
+    again for every block column, W for every block row, C written once (bf16)."""
+    M, K, N = shape
+    return 2 * (M * K * (N // (4 * tile_n)) + N * K * (M // (8 * tile_m)) + M * N)
+
+
+# Calibrated: the most DDR bandwidth a published measurement proves. Upstream's lm_head_gemv streams its
+# 128256×2048 bf16 weight (525 MB) in 13.6 ms (38.6 GB/s); its 2048×8192×2048 drain GEMM moves 411 MB in 9.50 ms
+# (43.3 GB/s, the most of UPSTREAM_DRAIN_GEMMS; FACTS.md: 36–57 GB/s seen in practice). Either is a lower bound
+# on what DDR delivers, so the larger is the tighter one.
+DDR_BYTES_PER_S = max(128256 * 2048 * 2 / 13.6e-3,
+                      *(drain_gemm_ddr_bytes(shape, tiles[0], tiles[3]) / _measured_s(shape, gflops)
+                        for shape, (tiles, gflops) in UPSTREAM_DRAIN_GEMMS.items()))
 DISPATCH_S = 80e-6           # FACTS.md: a dispatch costs 50–110 µs; the midpoint
 LAUNCH_S = 9e-6              # FACTS.md: a step inside a multi-launch ELF costs 3–15 µs; the midpoint
 LAUNCH_ITERATION_S = 3e-6    # assumption: an air.launch iteration reprograms shim BDs and waits, FACTS' smallest step
 
 # ---- throughput classes: work per cycle per tile ------------------------------------------------------------
+# The rate upstream's fastest measured GEMM proves for its BFP16 mmul kernel, per tile of its 8×4 herd.
+MMUL_BFP16_MACS_PER_CYCLE = max(gflops * 1e9 / 2 / (32 * CLOCK_HZ) for _, gflops in UPSTREAM_DRAIN_GEMMS.values())
+
+
 @dataclass(frozen=True)
 class Throughput:
     per_cycle: float
@@ -75,11 +119,13 @@ class Throughput:
 
 THROUGHPUT = {
     "mmul_bfp16": Throughput(
-        47.0, "MAC", "calibrated: upstream's o_ffn at 2048 (BFP16-emulated bf16 GEMMs), 111.7 GMAC in 41 ms on 32 "
-        "tiles (KERNELS.md), all of its time charged to the GEMMs: a floor on the kernel's rate (peak 512)"),
+        MMUL_BFP16_MACS_PER_CYCLE, "MAC",
+        "calibrated: the fastest of upstream's measured standalone drain GEMMs (UPSTREAM_DRAIN_GEMMS, BFP16-"
+        "emulated, 8×4 herd), 2048×8192×2048 at 7234 GFLOP/s, all of its time charged to its MACs: a lower bound "
+        "on the kernel's rate (peak 512)"),
     "mmul_bf16": Throughput(
-        23.5, "MAC", "half of mmul_bfp16: exact bf16 runs each 8×8×8 mmul as two 4×8×8 intrinsics on AIE2P (AIE API "
-        "aie2p mmul_bf16_bf16), BFP16 emulation as one 8×8×8"),
+        MMUL_BFP16_MACS_PER_CYCLE / 2, "MAC", "half of mmul_bfp16: exact bf16 runs each 8×8×8 mmul as two 4×8×8 "
+        "intrinsics on AIE2P (AIE API aie2p mmul_bf16_bf16), BFP16 emulation as one 8×8×8"),
     "vector_mac": Throughput(
         32.0, "MAC", "assumption: gemv.cc issues one 32-lane aie::mac per step, taken as one per cycle (decode "
         "GEMVs are DMA-bound, so this hardly matters)"),
@@ -517,6 +563,22 @@ class _Bound(dict):
 
 
 # ---- evaluation -------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StepOverlap:
+    """What of one launch step can run beside its neighbours in a batch of steps (seconds)."""
+    seconds: float                  # the step alone
+    head: float                     # its first input copy, before any compute
+    head_window: float              # its own time after its last input copy, until its closing writes
+    tail: float                     # its closing writes to DDR
+    ddr_busy: float                 # its DDR traffic at the segment's DDR rate
+
+    def hidden(self) -> float:
+        """Time one step shares with its predecessor: the head beside the predecessor's head window, the
+        predecessor's tail beside this step's work, together no more than DDR is idle in a step."""
+        shared = min(self.head, self.head_window) + min(self.tail, self.seconds - self.tail)
+        return max(0.0, min(shared, self.seconds - self.ddr_busy))
+
+
 @dataclass
 class LaunchCost:
     kind: str
@@ -534,15 +596,47 @@ class LaunchCost:
 
 
 class _Evaluator:
-    def __init__(self, omitted_spaces: frozenset, cost: LaunchCost):
+    def __init__(self, omitted_spaces: frozenset, cost: LaunchCost, tiling: tuple[int, ...] = ()):
         self.omitted_spaces = omitted_spaces  # memory spaces the Program leaves single-buffered
+        self.tiling = tiling                  # the Program's runtime_loop_tiling_sizes
         self.cost = cost
         # inside branches: the share of executions that run them (totals), and of the slowest tile (times)
         self.work_share = self.time_share = 1.0
+        self.pipeline: tuple[float, float] | None = None  # the loop just timed: (first copy, last compute)
+        self.step: StepOverlap | None = None              # the segment just timed
 
     def launch(self, region: Region) -> float:
         segment_s = self.block(region.body, copies=region.count, tiles=0, ddr_rate=DDR_BYTES_PER_S)
-        return LAUNCH_S + region.count * (LAUNCH_ITERATION_S + segment_s)
+        batch = math.prod(launch_tiles(region.sizes, self.tiling))
+        segments = sum(1 for item in region.body if isinstance(item, Region) and item.kind == "segment")
+        hidden = self.step.hidden() if self.step and segments == 1 else 0.0
+        batches = region.count // batch
+        return LAUNCH_S + region.count * LAUNCH_ITERATION_S + batches * (batch * segment_s - (batch - 1) * hidden)
+
+    def segment(self, region: Region, copies: int, tiles: int, ddr_rate: float) -> float:
+        """One step of a segment, and what of it overlaps its neighbours (``StepOverlap``)."""
+        ddr_before = self.cost.ddr_bytes
+        times, pipelines = [], []
+        for item in region.body:
+            self.pipeline = None
+            times.append(self.item(item, copies, tiles, ddr_rate))
+            pipelines.append(self.pipeline if isinstance(item, Region) and item.kind == "for" else None)
+        seconds = sum(times)
+        tail_start = len(times)
+        while tail_start and isinstance(region.body[tail_start - 1], Transfer) and \
+                region.body[tail_start - 1].dst_space == L3:
+            tail_start -= 1
+        head = head_window = 0.0
+        for index, (item, pipeline) in enumerate(zip(region.body, pipelines)):
+            if pipeline is not None:
+                head, last_compute = pipeline
+                head_window = last_compute + sum(times[index + 1:tail_start])
+                break
+            if isinstance(item, Transfer) or (isinstance(item, Region) and item.kind == "for"):
+                break  # DDR traffic or a sequential loop before any pipeline: no head to move
+        busy = (self.cost.ddr_bytes - ddr_before) / max(copies, 1) / ddr_rate
+        self.step = StepOverlap(seconds, head, head_window, sum(times[tail_start:]), busy)
+        return seconds
 
     def block(self, items, copies: int, tiles: int, ddr_rate: float) -> float:
         """Time of a sequence of items run ``copies`` times over, each by ``tiles`` tiles in parallel (0: by the
@@ -562,7 +656,7 @@ class _Evaluator:
         if item.kind == "segment":
             columns = max((r.sizes[0] for r in _regions(item, "herd")), default=1)
             rate = min(DDR_BYTES_PER_S, columns * SHIM_COLUMN_BYTES_PER_S)
-            return self.block(item.body, copies, tiles, rate)
+            return self.segment(item, copies, tiles, rate)
         if item.kind == "herd":
             return self.block(item.body, copies, max(tiles, 1) * item.count, ddr_rate)
         if item.kind == "for":
@@ -597,6 +691,8 @@ class _Evaluator:
         if overlapped:
             # a pipeline: the first trip's copies, then each trip's compute beside the next trip's copies, then the
             # last compute (never slower than running the trips in sequence)
+            if not tiles and not serial:
+                self.pipeline = (overlapped_dma, compute)
             return overlapped_dma + (trips - 1) * max(compute, overlapped_dma) + compute + trips * serial_dma
         return trips * (compute + serial_dma)
 
@@ -611,8 +707,12 @@ class _Evaluator:
 
     def dma_time(self, transfers: list[Transfer], copies: int, tiles: int, ddr_rate: float) -> float:
         times = [self.transfer(t, copies, tiles, ddr_rate) for t in transfers]
-        # Inside a herd, a tile's copies spread over its two channels each way; shared DDR serialises the rest.
-        return max(max(times, default=0.0), sum(times) / TILE_CHANNELS) if tiles else sum(times)
+        if not tiles:
+            return sum(times)
+        # Inside a herd, a tile's copies spread over its two channels each way, but every tile's DDR copies
+        # share DDR: together they take at least their bytes over the DDR rate.
+        ddr = sum(t.nbytes * t.distinct for t in transfers if L3 in (t.src_space, t.dst_space)) / ddr_rate
+        return max(max(times, default=0.0), sum(times) / TILE_CHANNELS, ddr)
 
     def branch(self, region: Region, copies: int, tiles: int, ddr_rate: float) -> float:
         """One execution of an scf.if branch: its body's time, weighted by how often it runs."""
@@ -639,7 +739,8 @@ def launch_cost(ir, compile_options, precision: str | None = None) -> LaunchCost
     assert parser.dmas == len(ir.dmas), f"parsed {parser.dmas} DMAs, the builder recorded {len(ir.dmas)}"
     (launch,) = root.body
     cost = LaunchCost(ir.kind, 0.0, launch.count, conditions=parser.conditions)
-    evaluator = _Evaluator(OMITTED_SPACES[compile_options.omit_pingpong], cost)
+    evaluator = _Evaluator(OMITTED_SPACES[compile_options.omit_pingpong], cost,
+                           compile_options.runtime_loop_tiling_sizes)
     cost.seconds = evaluator.launch(launch)
     return cost
 
@@ -698,6 +799,33 @@ def program_cost(program) -> ProgramCost:
     launches = [launch_cost(build_launch(program, launch), program.compile_options, launch.p.get("precision"))
                 for launch in program.launches]
     return ProgramCost(program.name, DISPATCH_S + sum(l.seconds for l in launches), launches)
+
+
+def upstream_gemm_replay() -> list[dict]:
+    """Each of upstream's measured drain GEMMs (``UPSTREAM_DRAIN_GEMMS``) through the model: our gemm builder at
+    upstream's shape and tiling, BFP16 multiplies, one dispatch, against the time upstream measured; and, in the
+    same model, the shape at the tiling our builder chooses."""
+    from torch_npu2.kernels.builders import build_launch
+    from torch_npu2.kernels.catalog import PREFILL_OPTIONS
+    from torch_npu2.kernels.program import Arg, Launch, Program, Role
+
+    rows = []
+    for (M, K, N), ((tile_m, tile_k_l2, tile_k_l1, tile_n), gflops) in UPSTREAM_DRAIN_GEMMS.items():
+        program = Program("gemm", (Arg("a", (M, K), "bf16", Role.INPUT), Arg("w", (N, K), "bf16", Role.WEIGHT),
+                                   Arg("c", (M, N), "bf16", Role.OUTPUT)),
+                          (Launch("gemm", (("M", M), ("K", K), ("N", N), ("precision", "bfp16")), ("a", "w"), ("c",)),),
+                          compile_options=PREFILL_OPTIONS)
+        tuning = {"herd_m": 8, "herd_n": 4, "tile_m": tile_m, "tile_n": tile_n, "tile_k_l1": tile_k_l1,
+                  "tile_k_l2": tile_k_l2, "drain_n": tile_n}  # upstream's drain rounds the whole tile
+        launch = program.launches[0]
+        cost = launch_cost(build_launch(program, launch, tuning), program.compile_options, "bfp16")
+        ours = launch_cost(build_launch(program, launch), program.compile_options, "bfp16")
+        measured_ms = 2 * M * K * N / (gflops * 1e9) * 1e3
+        predicted_ms = (DISPATCH_S + cost.seconds) * 1e3
+        rows.append({"shape": [M, K, N], "tiles": [tile_m, tile_k_l2, tile_k_l1, tile_n],
+                     "measured_ms": measured_ms, "predicted_ms": predicted_ms, "ratio": predicted_ms / measured_ms,
+                     "ddr_mb": cost.ddr_bytes / 1e6, "predicted_ours_ms": (DISPATCH_S + ours.seconds) * 1e3})
+    return rows
 
 
 # ---- Llama-3.2-1B predictions -------------------------------------------------------------------------------
@@ -861,6 +989,7 @@ def run(mode: str, out_dir, log=print) -> dict:
         "constants": constants(),
         "per_program": rows,
         "predictions": predictions(host=host_measurement(out_dir)),
+        "upstream_gemm_replay": upstream_gemm_replay(),
     }
     for r in rows:
         bound = max(r["compute_ms_by_class"].items(), key=lambda kv: kv[1])
@@ -876,6 +1005,12 @@ def run(mode: str, out_dir, log=print) -> dict:
         log(f"prefill {p['prompt_tokens']:5d} tokens: predicted {p['predicted_ms']:7.0f} ms (bf16 GEMMs), "
             f"{p['predicted_ms_bfp16']:7.0f} ms (bfp16 GEMMs); upstream published {p['upstream_published_ms']:.0f} ms")
     log(decode_line(data["predictions"]["decode"]))
+    replay = data["upstream_gemm_replay"]
+    log("upstream's measured standalone GEMMs through the model (M×K×N: measured ms; predicted at upstream's "
+        "tiling, ratio; predicted at ours):")
+    for r in replay:
+        log(f"{'x'.join(map(str, r['shape'])):>15}: {r['measured_ms']:6.2f} ms; {r['predicted_ms']:6.2f} ms "
+            f"(×{r['ratio']:.2f}); {r['predicted_ours_ms']:6.2f} ms")
     out_dir.mkdir(parents=True, exist_ok=True)
     plot(data, out_dir / "cost_model.png")
     common.write_result("cost_model", data, out_dir, mode, started)
