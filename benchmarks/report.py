@@ -27,10 +27,14 @@ def _machine(results: dict) -> list[str]:
     first = next(iter(results.values()))
     m, modes = first["machine"], sorted({r["mode"] for r in results.values()})
     loads = [r["machine"]["load_average"][0] for r in results.values()]
+    commits = {name: r["machine"]["git_commit"] for name, r in results.items()}
+    commit = (f"commit {m['git_commit']}" if len(set(commits.values())) == 1 else
+              "commits " + ", ".join(f"{c} ({name})" for name, c in commits.items()))
     return [f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; Python {m['python']}, torch "
-            f"{m['torch']}, transformers {m['transformers']}; commit {m['git_commit']}; mode {', '.join(modes)}; "
-            f"finished {first['finished']}. 1-minute load average when each section finished: "
-            f"{', '.join(f'{x:.1f}' for x in loads)} (the machine is shared: other jobs ran at the same time).", ""]
+            f"{m['torch']}, transformers {m['transformers']}; {commit}; mode {', '.join(modes)}; "
+            f"finished {max(r['finished'] for r in results.values())}. 1-minute load average when each section "
+            f"finished: {', '.join(f'{x:.1f}' for x in loads)} (the machine is shared: other jobs ran at the same "
+            f"time).", ""]
 
 
 def _targets(results: dict) -> list[str]:

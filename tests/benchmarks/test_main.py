@@ -59,3 +59,14 @@ def test_a_section_without_summary_table_ends_cleanly(recorded, tmp_path, capsys
     assert dispatcher.main(["precision", "--quick", "--out", str(tmp_path)]) == 0
     assert recorded == [("precision", "quick")]
     assert "summary: none" in capsys.readouterr().out
+
+
+def test_the_machine_line_names_each_sections_commit_when_they_differ():
+    machine = {"cpu": "x", "cores": 2, "memory_gib": 1, "python": "3", "torch": "t", "transformers": "5",
+               "load_average": [0.5, 0.5, 0.5]}
+    same = {"speed": {"machine": {**machine, "git_commit": "aaa"}, "mode": "full", "finished": "1"},
+            "cost_model": {"machine": {**machine, "git_commit": "aaa"}, "mode": "full", "finished": "2"}}
+    line = dispatcher.report._machine(same)[0]
+    assert "commit aaa;" in line and "finished 2." in line
+    differ = {**same, "cost_model": {**same["cost_model"], "machine": {**machine, "git_commit": "bbb"}}}
+    assert "commits aaa (speed), bbb (cost_model);" in dispatcher.report._machine(differ)[0]
