@@ -31,6 +31,7 @@
 //     fp32: silu_mul_bf16's rounding points (HF's act_fn(gate) * up)
 //   AIE path: every buffer 64-byte aligned; k0 a multiple of 32; swiglu_bf16's length a multiple of 16.
 #include "npu2_kernel.h"
+#include "silu_mul.h"
 
 #if !defined(__AIENGINE__)
 #include <cmath>
@@ -153,23 +154,11 @@ extern "C" void swiglu_bf16(bf16_t *gate_up, int32_t length) {
   bf16_t *gate = gate_up;
   const bf16_t *up = gate_up + length;
 #if defined(__AIENGINE__)
-  // silu_mul_bf16's vector path: silu(g) = h + h * tanh(h), h = g / 2, with the core's 16-lane tanh.
-  constexpr int kLanes = 16;
   RoundToNearestEven rounding;
-  const aie::vector<bfloat16, kLanes> half = aie::broadcast<bfloat16, kLanes>(0.5f);
-  for (int k = 0; k < length; k += kLanes) {
-    const aie::accum<accfloat, kLanes> half_g = aie::mul(aie::load_v<kLanes>(gate + k), half);
-    const aie::vector<bfloat16, kLanes> h = half_g.to_vector<bfloat16>();
-    const aie::vector<bfloat16, kLanes> t = aie::tanh<bfloat16>(half_g.to_vector<float>());
-    const aie::vector<bfloat16, kLanes> silu = aie::add(aie::mul(h, t), h).to_vector<bfloat16>();
-    aie::store_v(gate + k, aie::mul(silu, aie::load_v<kLanes>(up + k)).to_vector<bfloat16>());
-  }
+  for (int k = 0; k < length; k += kSiluMulLanes)
+    aie::store_v(gate + k, silu_mul_vector(aie::load_v<kSiluMulLanes>(gate + k), aie::load_v<kSiluMulLanes>(up + k)));
 #else
-  for (int k = 0; k < length; ++k) {
-    const float g = bf16_to_float(gate[k]);
-    // torch's fp32 formula, so the bf16 silu is torch's (silu_mul.cc's host path).
-    const float silu = round_to_bf16(g / (1.0f + std::exp(-g)));
-    gate[k] = float_to_bf16(silu * bf16_to_float(up[k]));
-  }
+  for (int k = 0; k < length; ++k)
+    gate[k] = silu_mul_scalar(gate[k], up[k]);
 #endif
 }
