@@ -22,7 +22,7 @@ IR — air.launch → air.segment → air.herd, scf.for trip counts, DMAs, compu
 * launch steps: aircc tiles the launch nest by the Program's ``runtime_loop_tiling_sizes`` (each dimension by
   its largest factor not above the size, ``kernels.lint.launch_tiles``) and its runtime sequence starts every
   shim DMA task of one batch of steps before it awaits the batch's outputs (tests/benchmarks/
-  test_cost_model_pingpong.py counts them in the real lowering). Inside a batch, nothing but the buffers orders
+  test_cost_model_batches.py counts them in the real lowering). Inside a batch, nothing but the buffers orders
   one step after the next: a step's first input copy (the first copy of its first double-buffered loop, into a
   buffer the previous step's last trip no longer uses) runs beside the previous step's last compute, and its
   closing writes to DDR run beside the next step's work, as far as DDR is idle then; between batches, steps
@@ -616,24 +616,25 @@ class _Evaluator:
     def segment(self, region: Region, copies: int, tiles: int, ddr_rate: float) -> float:
         """One step of a segment, and what of it overlaps its neighbours (``StepOverlap``)."""
         ddr_before = self.cost.ddr_bytes
-        times, pipelines = [], []
+        times, pipelines, moves_ddr = [], [], []
         for item in region.body:
-            self.pipeline = None
+            self.pipeline, item_ddr_before = None, self.cost.ddr_bytes
             times.append(self.item(item, copies, tiles, ddr_rate))
             pipelines.append(self.pipeline if isinstance(item, Region) and item.kind == "for" else None)
+            moves_ddr.append(self.cost.ddr_bytes > item_ddr_before)
         seconds = sum(times)
         tail_start = len(times)
         while tail_start and isinstance(region.body[tail_start - 1], Transfer) and \
                 region.body[tail_start - 1].dst_space == L3:
             tail_start -= 1
         head = head_window = 0.0
-        for index, (item, pipeline) in enumerate(zip(region.body, pipelines)):
+        for index, (pipeline, moved) in enumerate(zip(pipelines, moves_ddr)):
             if pipeline is not None:
                 head, last_compute = pipeline
                 head_window = last_compute + sum(times[index + 1:tail_start])
                 break
-            if isinstance(item, Transfer) or (isinstance(item, Region) and item.kind == "for"):
-                break  # DDR traffic or a sequential loop before any pipeline: no head to move
+            if moved:
+                break  # DDR traffic before any pipeline: no head to move
         busy = (self.cost.ddr_bytes - ddr_before) / max(copies, 1) / ddr_rate
         self.step = StepOverlap(seconds, head, head_window, sum(times[tail_start:]), busy)
         return seconds
@@ -820,7 +821,7 @@ def upstream_gemm_replay() -> list[dict]:
         launch = program.launches[0]
         cost = launch_cost(build_launch(program, launch, tuning), program.compile_options, "bfp16")
         ours = launch_cost(build_launch(program, launch), program.compile_options, "bfp16")
-        measured_ms = 2 * M * K * N / (gflops * 1e9) * 1e3
+        measured_ms = _measured_s((M, K, N), gflops) * 1e3
         predicted_ms = (DISPATCH_S + cost.seconds) * 1e3
         rows.append({"shape": [M, K, N], "tiles": [tile_m, tile_k_l2, tile_k_l1, tile_n],
                      "measured_ms": measured_ms, "predicted_ms": predicted_ms, "ratio": predicted_ms / measured_ms,
