@@ -802,20 +802,26 @@ def program_cost(program) -> ProgramCost:
     return ProgramCost(program.name, DISPATCH_S + sum(l.seconds for l in launches), launches)
 
 
+def gemm_program(M: int, K: int, N: int, precision: str = "bfp16", compile_options=None):
+    """A Program of one prefill GEMM, ``C = A · Wᵀ`` (the prefill Programs' aircc options unless given)."""
+    from torch_npu2.kernels.catalog import PREFILL_OPTIONS
+    from torch_npu2.kernels.program import Arg, Launch, Program, Role
+
+    return Program("gemm", (Arg("a", (M, K), "bf16", Role.INPUT), Arg("w", (N, K), "bf16", Role.WEIGHT),
+                            Arg("c", (M, N), "bf16", Role.OUTPUT)),
+                   (Launch("gemm", (("M", M), ("K", K), ("N", N), ("precision", precision)), ("a", "w"), ("c",)),),
+                   compile_options=compile_options or PREFILL_OPTIONS)
+
+
 def upstream_gemm_replay() -> list[dict]:
     """Each of upstream's measured drain GEMMs (``UPSTREAM_DRAIN_GEMMS``) through the model: our gemm builder at
     upstream's shape and tiling, BFP16 multiplies, one dispatch, against the time upstream measured; and, in the
     same model, the shape at the tiling our builder chooses."""
     from torch_npu2.kernels.builders import build_launch
-    from torch_npu2.kernels.catalog import PREFILL_OPTIONS
-    from torch_npu2.kernels.program import Arg, Launch, Program, Role
 
     rows = []
     for (M, K, N), ((tile_m, tile_k_l2, tile_k_l1, tile_n), gflops) in UPSTREAM_DRAIN_GEMMS.items():
-        program = Program("gemm", (Arg("a", (M, K), "bf16", Role.INPUT), Arg("w", (N, K), "bf16", Role.WEIGHT),
-                                   Arg("c", (M, N), "bf16", Role.OUTPUT)),
-                          (Launch("gemm", (("M", M), ("K", K), ("N", N), ("precision", "bfp16")), ("a", "w"), ("c",)),),
-                          compile_options=PREFILL_OPTIONS)
+        program = gemm_program(M, K, N)
         tuning = {"herd_m": 8, "herd_n": 4, "tile_m": tile_m, "tile_n": tile_n, "tile_k_l1": tile_k_l1,
                   "tile_k_l2": tile_k_l2, "drain_n": tile_n}  # upstream's drain rounds the whole tile
         launch = program.launches[0]

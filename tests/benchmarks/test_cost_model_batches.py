@@ -12,18 +12,10 @@ import pytest
 from benchmarks import cost_model
 from torch_npu2.kernels.air_pipeline import lower_to_npu_insts
 from torch_npu2.kernels.builders import build_launch
-from torch_npu2.kernels.catalog import PREFILL_OPTIONS
 from torch_npu2.kernels.lint import launch_tiles
-from torch_npu2.kernels.program import Arg, CompileOptions, Launch, Program, Role
+from torch_npu2.kernels.program import CompileOptions
 
 _SEQUENCE_OP = re.compile(r"aiex\.dma_(start|await)_task")
-
-
-def gemm_program(M: int, K: int, N: int, options: CompileOptions = PREFILL_OPTIONS) -> Program:
-    return Program("gemm", (Arg("a", (M, K), "bf16", Role.INPUT), Arg("w", (N, K), "bf16", Role.WEIGHT),
-                            Arg("c", (M, N), "bf16", Role.OUTPUT)),
-                   (Launch("gemm", (("M", M), ("K", K), ("N", N), ("precision", "bfp16")), ("a", "w"), ("c",)),),
-                   compile_options=options)
 
 
 def batches_in_runtime_sequence(npu_module: str) -> list[tuple[int, int]]:
@@ -41,7 +33,8 @@ def batches_in_runtime_sequence(npu_module: str) -> list[tuple[int, int]]:
 def test_the_runtime_sequence_starts_a_whole_batch_before_awaiting_it(air_tools, tmp_path, tiling):
     """A 2×4-step GEMM: the sequence has one start-then-await run per batch the model counts, 4 steps per batch at
     tiling (2, 2) and 1 at (1, 1)."""
-    program = gemm_program(1024, 512, 2048, CompileOptions(runtime_loop_tiling_sizes=tiling))
+    options = CompileOptions(runtime_loop_tiling_sizes=tiling)
+    program = cost_model.gemm_program(1024, 512, 2048, compile_options=options)
     steps = (1024 // 512, 2048 // 512)
     lower_to_npu_insts(program, keep_dir=tmp_path)
     runs = batches_in_runtime_sequence((tmp_path / "npu.mlir").read_text())
