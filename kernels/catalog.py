@@ -23,6 +23,10 @@ W, I, S, O = Role.WEIGHT, Role.INPUT, Role.SCRATCH, Role.OUTPUT
 # its K=8192 GEMV does not fit L1 twice; ours plans its tiles with the ping-pong copies counted, so it keeps
 # double buffering.
 PREFILL_OPTIONS = CompileOptions(runtime_loop_tiling_sizes=(2, 2))
+# Below this many rows a prefill GEMM's herd has one column of tiles, so AIR keeps gemm_swiglu's W slices whole:
+# their 4-D DDR window then takes a shim BD per K step, more than a shim tile has (Llama-3.2-1B at 16 rows).
+# o_ffn there runs the gate and up GEMMs and silu_mul as three launches.
+FUSED_SWIGLU_MIN_ROWS = 32
 ATTENTION_OPTIONS = CompileOptions(runtime_loop_tiling_sizes=(1, 1), omit_pingpong="all")
 DECODE_OPTIONS = CompileOptions(runtime_loop_tiling_sizes=(16, 16))
 
@@ -134,9 +138,19 @@ def _rms_qkv_rope(name, hidden, heads, kv_heads, head_dim, eps, rows, matmul, ro
 
 
 def _o_ffn(name, hidden, q_dim, intermediate, eps, rows, row_shape, options, precision) -> Program:
-    """O projection + residual → RMSNorm → SwiGLU MLP + residual (prefill GEMM)."""
+    """O projection + residual → RMSNorm → SwiGLU MLP + residual (prefill GEMM). The gate and up weights are one
+    buffer, ``w_gate_up`` = [Wg | Wu] (F × 2H, side by side in each row), so one launch (gemm_swiglu) projects
+    both and drains SiLU(gate)·up: neither projection crosses DDR. Below FUSED_SWIGLU_MIN_ROWS rows, two gemm
+    launches read the halves of its rows and silu_mul joins them."""
     h, q, f = hidden, q_dim, intermediate
     matmul, mm = "gemm", _matmul_params("gemm", rows, precision)
+    if rows >= FUSED_SWIGLU_MIN_ROWS:
+        swiglu_scratch, swiglu = (), (_launch("gemm_swiglu", ["normed", "w_gate_up"], ["act"], **mm(h, f)),)
+    else:  # the two projections from the halves of w_gate_up's rows, then SiLU·up
+        swiglu_scratch = (Arg("gate", row_shape(f), "bf16", S), Arg("up", row_shape(f), "bf16", S))
+        swiglu = (_launch(matmul, ["normed", "w_gate_up"], ["gate"], **mm(h, f), w_cols=2 * h, w_col0=0),
+                  _launch(matmul, ["normed", "w_gate_up"], ["up"], **mm(h, f), w_cols=2 * h, w_col0=h),
+                  _launch("silu_mul", ["gate", "up"], ["act"], rows=rows, cols=f))
     return Program(
         name=name,
         params=(("hidden", hidden), ("q_dim", q_dim), ("intermediate", intermediate), ("eps", eps), ("rows", rows)),
@@ -148,10 +162,8 @@ def _o_ffn(name, hidden, q_dim, intermediate, eps, rows, row_shape, options, pre
             Arg("res1", row_shape(h), "bf16", S),
             Arg("norm_w", (h,), "bf16", W),
             Arg("normed", row_shape(h), "bf16", S),
-            Arg("w_gate", (f, h), "bf16", W),
-            Arg("gate", row_shape(f), "bf16", S),
-            Arg("w_up", (f, h), "bf16", W),
-            Arg("up", row_shape(f), "bf16", S),
+            Arg("w_gate_up", (f, 2 * h), "bf16", W),
+            *swiglu_scratch,
             Arg("act", row_shape(f), "bf16", S),
             Arg("w_down", (h, f), "bf16", W),
             Arg("down", row_shape(h), "bf16", S),
@@ -161,9 +173,7 @@ def _o_ffn(name, hidden, q_dim, intermediate, eps, rows, row_shape, options, pre
             _launch(matmul, ["attn", "wo"], ["proj"], **mm(q, h)),
             _launch("add", ["x", "proj"], ["res1"], rows=rows, cols=h),
             _launch("rmsnorm", ["res1", "norm_w"], ["normed"], rows=rows, cols=h, eps=eps),
-            _launch(matmul, ["normed", "w_gate"], ["gate"], **mm(h, f)),
-            _launch(matmul, ["normed", "w_up"], ["up"], **mm(h, f)),
-            _launch("silu_mul", ["gate", "up"], ["act"], rows=rows, cols=f),
+            *swiglu,
             _launch(matmul, ["act", "w_down"], ["down"], **mm(f, h)),
             _launch("add", ["res1", "down"], ["out"], rows=rows, cols=h),
         ),
@@ -199,12 +209,12 @@ def rms_gemv_rope_program(hidden: int, heads: int, kv_heads: int, head_dim: int,
 
 
 def o_gemv_ffn_program(hidden: int, q_dim: int, intermediate: int, eps: float) -> Program:
-    """The decode o_ffn in 4 fused launches after upstream's 3 (builders/gemv_fused.py says where and why
-    they differ): O projection + residual → RMSNorm + gate projection → RMSNorm + up projection → SiLU·up +
-    down projection + residual. Only the post-attention residual (read again by the last launch), gate and
-    up cross DDR between launches.
+    """The decode o_ffn in upstream's 3 fused launches (builders/gemv_fused.py says where and how they differ):
+    O projection + residual → RMSNorm + gate and up projections → SiLU·up + down projection + residual. Only the
+    post-attention residual (read again by the last launch) and the interleaved gate and up cross DDR between
+    launches. The gate and up projections read o_ffn's ``w_gate_up`` as 2F rows of H.
 
-    Host arguments are o_ffn's, in the same order: attn, wo, x, norm_w, w_gate, w_up, w_down.
+    Host arguments are o_ffn's, in the same order: attn, wo, x, norm_w, w_gate_up, w_down.
     """
     h, q, f = hidden, q_dim, intermediate
     return Program(
@@ -216,18 +226,15 @@ def o_gemv_ffn_program(hidden: int, q_dim: int, intermediate: int, eps: float) -
             Arg("x", (h,), "bf16", I),
             Arg("res1", (h,), "bf16", S),
             Arg("norm_w", (h,), "bf16", W),
-            Arg("w_gate", (f, h), "bf16", W),
-            Arg("gate", (f,), "bf16", S),
-            Arg("w_up", (f, h), "bf16", W),
-            Arg("up", (f,), "bf16", S),
+            Arg("w_gate_up", (f, 2 * h), "bf16", W),
+            Arg("gate_up", (2 * f,), "bf16", S),
             Arg("w_down", (h, f), "bf16", W),
             Arg("out", (h,), "bf16", O),
         ),
         launches=(
             _launch("gemv_add", ["attn", "wo", "x"], ["res1"], K=q, N=h),
-            _launch("rms_gemv", ["res1", "norm_w", "w_gate"], ["gate"], K=h, N=f, eps=eps),
-            _launch("rms_gemv", ["res1", "norm_w", "w_up"], ["up"], K=h, N=f, eps=eps),
-            _launch("swiglu_gemv_add", ["gate", "up", "w_down", "res1"], ["out"], K=f, N=h),
+            _launch("rms_gemv", ["res1", "norm_w", "w_gate_up"], ["gate_up"], K=h, N=2 * f, eps=eps, gate_up=1),
+            _launch("swiglu_gemv_add", ["gate_up", "w_down", "res1"], ["out"], K=f, N=h),
         ),
         compile_options=DECODE_OPTIONS,
     )

@@ -249,14 +249,15 @@ def rms_gemv_rows(x: torch.Tensor, norm_weight: torch.Tensor, w: torch.Tensor, e
 
 
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
-    """``swiglu_bf16`` of a (2, n) gate/up pair: silu(gate) * up, as the fused down projection's tiles make it."""
+    """``swiglu_bf16`` of n interleaved (gate, up) pairs, shape (n, 2): silu(gate) * up, as the fused down
+    projection's tiles make it from rms_gemv's interleaved output."""
     gate_up = _require_bf16("gate_up", gate_up)
-    if gate_up.dim() != 2 or gate_up.shape[0] != 2:
-        raise ValueError(f"gate_up {tuple(gate_up.shape)}: expected (2, n), gate then up")
+    if gate_up.dim() != 2 or gate_up.shape[1] != 2:
+        raise ValueError(f"gate_up {tuple(gate_up.shape)}: expected (n, 2), (gate, up) pairs")
     kernel = _function(load("gemv.cc", {"GEMV_ROWS": 1, "GEMV_K": 32}), "swiglu_bf16", _PTR, ctypes.c_int32)
-    work = gate_up.clone()
-    kernel(work.data_ptr(), gate_up.shape[1])
-    return work[0]
+    work = gate_up.contiguous().clone()
+    kernel(work.data_ptr(), gate_up.shape[0])
+    return work.reshape(-1)[:gate_up.shape[0]].clone()
 
 
 class AttentionTiles:
@@ -355,6 +356,40 @@ def _gemm_l1_tiles(matrix: torch.Tensor, tile_rows: int, tile_k: int) -> torch.T
     blocks = matrix.reshape(rows // tile_rows, tile_rows // b, b, depth // tile_k, tile_k // b, b)
     # (row tile, row block, row, K tile, K block, k) -> (row tile, K tile, K block, row block, row, k)
     return blocks.permute(0, 3, 4, 1, 2, 5).contiguous()
+
+
+def gemm_swiglu(a: torch.Tensor, w_gate_up: torch.Tensor, *, tile_m: int, tile_k: int, tile_n: int, drain_n: int,
+                defines: Defines | None = None) -> torch.Tensor:
+    """``silu(bf16(A · Wgᵀ)) * bf16(A · Wuᵀ)`` for w_gate_up = [Wg | Wu] (N × 2K), as the gemm_swiglu launch's herd
+    makes it: each tile's W holds its tile_n gate rows then the same up rows (gemm.cc built 2·tile_n wide), and
+    ``gemm_f32_swiglu_to_bf16`` drains a gate chunk and its up chunk ``drain_n`` columns at a time."""
+    a, w_gate_up = _require_bf16("a", a), _require_bf16("w_gate_up", w_gate_up)
+    (m, depth), (n, width) = a.shape, w_gate_up.shape
+    if width != 2 * depth:
+        raise ValueError(f"a {tuple(a.shape)} and w_gate_up {tuple(w_gate_up.shape)}: expected rows of 2K={2 * depth}")
+    for name, extent, tile in (("M", m, tile_m), ("K", depth, tile_k), ("N", n, tile_n), ("tile_n", tile_n, drain_n)):
+        if extent % tile:
+            raise ValueError(f"{name}={extent}: expected a multiple of {tile}")
+    library = load("gemm.cc", {"GEMM_TILE_M": tile_m, "GEMM_TILE_K": tile_k, "GEMM_TILE_N": 2 * tile_n,
+                               "GEMM_DRAIN_N": drain_n, **(defines or {})})
+    zero = _function(library, "gemm_zero_f32", _PTR)
+    accumulate = _function(library, "gemm_bf16_f32_wnk", _PTR, _PTR, _PTR)
+    drain = _function(library, "gemm_f32_swiglu_to_bf16", _PTR, _PTR, _PTR)
+    # each tile's W: its tile_n gate rows, then the same up rows
+    gate, up = (half.reshape(n // tile_n, tile_n, depth) for half in w_gate_up.split(depth, dim=1))
+    w_tiles = _gemm_l1_tiles(torch.stack((gate, up), 1).reshape(2 * n, depth), 2 * tile_n, tile_k)
+    a_tiles, b, chunks = _gemm_l1_tiles(a, tile_m, tile_k), GEMM_BLOCK, tile_n // drain_n
+    out = torch.empty(m // tile_m, n // tile_n, tile_n // b, tile_m // b, b, b, dtype=torch.bfloat16)
+    acc = torch.empty(2 * chunks, drain_n // b, tile_m // b, b, b, dtype=torch.float32)
+    for mi in range(m // tile_m):
+        for ni in range(n // tile_n):
+            zero(acc.data_ptr())
+            for ki in range(depth // tile_k):
+                accumulate(a_tiles[mi, ki].data_ptr(), w_tiles[ni, ki].data_ptr(), acc.data_ptr())
+            for chunk in range(chunks):
+                drain(acc[chunk].data_ptr(), acc[chunks + chunk].data_ptr(),
+                      out[mi, ni, chunk * (drain_n // b)].data_ptr())
+    return out.permute(0, 3, 4, 1, 2, 5).reshape(m, n)
 
 
 def gemm(a: torch.Tensor, w: torch.Tensor, *, tile_m: int, tile_k: int, tile_n: int, out_dtype=torch.bfloat16,

@@ -64,6 +64,7 @@ KERNEL_ARGUMENT_ACCESS = {
     "gemm_zero_f32": "w",
     "gemm_bf16_f32_wnk": "rrm",
     "gemm_f32_to_bf16": "rw",
+    "gemm_f32_swiglu_to_bf16": "rrw",
     "gemv_partial_f32": "rrp",
     "gemv_add_bf16": "rrp",
     "gemv_rows_bf16": "rrp",

@@ -53,7 +53,7 @@ RULES = {
     "memtile-channels": "more DMA channels than a memtile (6 MM2S + 6 S2MM) has",
 }
 
-GEMM_CLASS_KINDS = ("gemm", "gemv", "gemv_f32")
+GEMM_CLASS_KINDS = ("gemm", "gemm_swiglu", "gemv", "gemv_f32")
 SHIM_BDS, TILE_BDS, MEMTILE_BDS = 16, 16, 48
 SHIM_CHANNELS_PER_DIRECTION, SHIM_COLUMNS = 2, 8
 MEMTILE_CHANNELS_PER_DIRECTION = 6

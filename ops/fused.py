@@ -52,9 +52,10 @@ def _rms_gemv_rope(shapes, eps):
 
 
 def _ffn_dims(shapes):
-    attn, wo, x, norm_w, w_gate, w_up, w_down = shapes
-    hidden = _agreed(wo[0], norm_w[0], w_gate[1], w_up[1], w_down[0], x[-1])
-    return hidden, _agreed(wo[1], attn[-1]), _agreed(w_gate[0], w_up[0], w_down[1])
+    """w_gate_up is [w_gate | w_up]: the gate and up weights side by side in each row (F × 2H)."""
+    attn, wo, x, norm_w, w_gate_up, w_down = shapes
+    hidden = _agreed(wo[0], norm_w[0], w_gate_up[1] // 2, w_down[0], x[-1])
+    return hidden, _agreed(wo[1], attn[-1]), _agreed(w_down[1], w_gate_up[0])  # a tie: w_gate_up is blamed
 
 
 def _o_ffn(shapes, eps, precision):

@@ -59,8 +59,10 @@ def rms_gemms_rope_reference(x, norm_w, wq, wk, wv, rope_lut, eps):
     return v, rope_half_split(q, rope_lut, head_dim), rope_half_split(k, rope_lut, head_dim)
 
 
-def o_ffn_reference(attn, wo, x, norm_w, w_gate, w_up, w_down, eps):
-    """Reference of npu2.o_ffn and npu2.o_gemv_ffn: the rest of a decoder layer after attention."""
+def o_ffn_reference(attn, wo, x, norm_w, w_gate_up, w_down, eps):
+    """Reference of npu2.o_ffn and npu2.o_gemv_ffn: the rest of a decoder layer after attention (w_gate_up is
+    [w_gate | w_up], the two weights side by side in each row)."""
+    w_gate, w_up = w_gate_up.chunk(2, dim=1)
     res1 = x + F.linear(attn, wo)
     normed = rms_norm(res1, norm_w, eps)
     return res1 + F.linear(silu_mul(F.linear(normed, w_gate), F.linear(normed, w_up)), w_down)

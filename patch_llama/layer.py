@@ -150,7 +150,9 @@ def _host_attention(q, k, v, mask, scale):
 class NpuDecoderLayer:
     """Callable that replaces one ``LlamaDecoderLayer.forward`` (bound per instance)."""
 
-    def __init__(self, layer, shared: SharedState):
+    def __init__(self, layer, shared: SharedState, gate_up: torch.Tensor):
+        """``gate_up``: the layer's gate and up weights side by side, [gate | up] (F × 2H), whose halves its
+        gate_proj.weight and up_proj.weight are (patch_llama lays them out so)."""
         attn, mlp = layer.self_attn, layer.mlp
         self.layer_idx = attn.layer_idx
         self.head_dim = attn.head_dim
@@ -160,8 +162,7 @@ class NpuDecoderLayer:
         # the norms themselves, not their eps: a variance_epsilon changed after patching still applies
         self.input_norm, self.post_attention_norm = layer.input_layernorm, layer.post_attention_layernorm
         self.qkv_weights = (layer.input_layernorm.weight, attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
-        self.ffn_weights = (attn.o_proj.weight, layer.post_attention_layernorm.weight, mlp.gate_proj.weight,
-                            mlp.up_proj.weight, mlp.down_proj.weight)
+        self.ffn_weights = (attn.o_proj.weight, layer.post_attention_layernorm.weight, gate_up, mlp.down_proj.weight)
         self.shared = shared
 
     def __call__(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
@@ -205,9 +206,9 @@ class NpuDecoderLayer:
                    for i, n in ((0, kv_heads), (1, heads), (2, kv_heads)))
         keys, values = self._update_cache(cache, k, v)
         attn = _sequence_rows(_host_attention(q, keys, values, mask, self.scale))
-        wo, norm2_w, w_gate, w_up, w_down = self.ffn_weights
+        wo, norm2_w, w_gate_up, w_down = self.ffn_weights
         eps = self.eps_mlp
-        out = [o_gemv_ffn(a, wo, x, norm2_w, w_gate, w_up, w_down, eps) for a, x in zip(attn, inputs)]
+        out = [o_gemv_ffn(a, wo, x, norm2_w, w_gate_up, w_down, eps) for a, x in zip(attn, inputs)]
         return out[0].view(1, 1, -1) if batch == 1 else torch.stack(out).unsqueeze(1)
 
     def _prefill(self, hidden, lut, mask, cache):
@@ -240,14 +241,14 @@ class NpuDecoderLayer:
                     q_all[b, c.start:c.stop] = c.q_roped[: c.stop - c.start]
             attn_all = _host_attention(to_heads(q_all), keys, values, mask, self.scale)
             attn_all = attn_all.transpose(1, 2).reshape(batch, seq, -1)
-        wo, norm2_w, w_gate, w_up, w_down = self.ffn_weights
+        wo, norm2_w, w_gate_up, w_down = self.ffn_weights
         result = None
         for b, chunks in enumerate(chunks_per_row):
             for c in chunks:
                 lo, hi = c.start, c.stop
                 attn = (flash_attn(c.q_roped, c.k_roped, c.v, self.head_dim) if on_npu
                         else pad_rows(attn_all[b, lo:hi], c.padded))
-                out = o_ffn(attn, wo, pad_rows(hidden[b, lo:hi], c.padded), norm2_w, w_gate, w_up, w_down,
+                out = o_ffn(attn, wo, pad_rows(hidden[b, lo:hi], c.padded), norm2_w, w_gate_up, w_down,
                             self.eps_mlp, self.shared.matmul_precision)
                 if batch == 1 and hi - lo == seq == c.padded:
                     return out.view(1, seq, -1)  # the op's output is the layer's output: no copy

@@ -149,6 +149,16 @@ def _npu_weights(model) -> list[nn.Parameter]:
     return list(unique.values())
 
 
+def _pin_gate_up(runtime, mlp) -> torch.Tensor:
+    """One NPU buffer [gate | up] (F × 2H, the two weights side by side in each row), the layout the FFN ops read;
+    gate_proj.weight and up_proj.weight become its two halves (views: still one copy of each)."""
+    gate, up = mlp.gate_proj.weight, mlp.up_proj.weight
+    hidden = gate.shape[1]
+    gate_up = runtime.pin(torch.cat((gate.data, up.data), dim=1))
+    gate.data, up.data = gate_up[:, :hidden], gate_up[:, hidden:]
+    return gate_up
+
+
 def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS,
                 matmul_precision: str = DEFAULT_MATMUL_PRECISION, progress: bool = False):
     """Run ``model`` (a HF ``LlamaForCausalLM``, patched in place and returned) through the npu2 ops.
@@ -169,15 +179,20 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
     runtime = npu_runtime.runtime_for(backend)
     _check_npu2_builds(model, buckets, matmul_precision, runtime.target)
     state = PatchState(SharedState(buckets, matmul_precision))
-    weights = _npu_weights(model)
+    paired = {id(p) for layer in model.model.layers for p in (layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight)}
+    weights = [p for p in _npu_weights(model) if id(p) not in paired] + list(model.model.layers)
     if progress:
         from tqdm import tqdm
 
         weights = tqdm(weights, desc="moving weights to NPU buffers", unit="tensor")
-    for param in weights:
-        param.data = runtime.pin(param.data)
-    for layer in model.model.layers:
-        _replace_forward(state, layer, NpuDecoderLayer(layer, state.shared))
+    gate_up = []
+    for item in weights:
+        if isinstance(item, nn.Parameter):
+            item.data = runtime.pin(item.data)
+        else:  # a decoder layer: its gate and up weights, as one buffer
+            gate_up.append(_pin_gate_up(runtime, item.mlp))
+    for layer, layer_gate_up in zip(model.model.layers, gate_up):
+        _replace_forward(state, layer, NpuDecoderLayer(layer, state.shared, layer_gate_up))
     _replace_forward(state, model.lm_head, NpuLmHead(model.lm_head))
     _refuse_conversions(state, model)
     setattr(model, STATE_ATTR, state)

@@ -23,6 +23,10 @@
 //   void gemm_bf16_f32_wnk(const bf16 *a, const bf16 *w, float *acc) acc[m][n] += sum_k a[m][k] * w[n][k] (fp32)
 //   void gemm_f32_to_bf16(const float *acc, bf16 *c)                 c = bf16(acc), rounded to nearest-even, over
 //                                                                    GEMM_DRAIN_N columns: acc points at the chunk
+//   void gemm_f32_swiglu_to_bf16(const float *gate, const float *up, bf16 *c)
+//                                                                    c = silu_mul(bf16(gate), bf16(up)) over one
+//                                                                    chunk: gate and up point at two chunks of acc
+//                                                                    (a tile computing gate and up rows at once)
 //   AIE path: every buffer 64-byte aligned.
 //
 // AIE path: aie::mmul with an fp32 accumulator. Exact bf16 runs the 4x8x8 shape AIE2P has for bf16 (each 8x8 A
@@ -32,6 +36,7 @@
 // machine (no Peano): written against the documented AIE API.
 // Host path: the same blocks in the same order, one fp32 multiply-add at a time along K.
 #include "npu2_kernel.h"
+#include "silu_mul.h"
 
 #if !defined(__AIENGINE__) && defined(AIE_API_EMULATE_BFLOAT16_MMUL_WITH_BFP16)
 #include "bfp16.h"
@@ -142,6 +147,17 @@ extern "C" void gemm_f32_to_bf16(const float *__restrict acc, bfloat16 *__restri
   }
 }
 
+extern "C" void gemm_f32_swiglu_to_bf16(const float *__restrict gate, const float *__restrict up,
+                                        bfloat16 *__restrict c) {
+  RoundToNearestEven rounding;
+  for (int i = 0; i < kDrainElements; i += kFloatLanes) {
+    aie::accum<accfloat, kFloatLanes> g, u;
+    g.from_vector(aie::load_v<kFloatLanes>(gate + i));
+    u.from_vector(aie::load_v<kFloatLanes>(up + i));
+    aie::store_v(c + i, silu_mul_vector(g.to_vector<bfloat16>(), u.to_vector<bfloat16>()));
+  }
+}
+
 #else
 
 namespace {
@@ -193,6 +209,11 @@ extern "C" void gemm_bf16_f32_wnk(const bf16_t *a, const bf16_t *w, float *acc) 
 extern "C" void gemm_f32_to_bf16(const float *acc, bf16_t *c) {
   for (int i = 0; i < kDrainElements; ++i)
     c[i] = float_to_bf16(acc[i]);
+}
+
+extern "C" void gemm_f32_swiglu_to_bf16(const float *gate, const float *up, bf16_t *c) {
+  for (int i = 0; i < kDrainElements; ++i)
+    c[i] = silu_mul_scalar(float_to_bf16(gate[i]), float_to_bf16(up[i]));
 }
 
 #endif

@@ -27,8 +27,9 @@
 //     out[k] = bf16(bf16(x[k] * rstd) * weight[k]), rstd = 1 / sqrt(mean(x^2) + eps) in fp32
 //     (HF's order: normalize in fp32, round, then scale by the weight)
 //   void swiglu_bf16(bf16 *gate_up, int32_t length)
-//     gate_up: gate (length) then up (length); in place, gate[k] = bf16(bf16(silu(gate[k])) * up[k]), silu in
-//     fp32: silu_mul_bf16's rounding points (HF's act_fn(gate) * up)
+//     gate_up: length (gate, up) pairs, interleaved (g0, u0, g1, u1, ...: a GEMV over [w_gate | w_up] rows read
+//     as 2·length rows); in place, gate_up[k] = bf16(bf16(silu(g_k)) * u_k) for k < length, silu in fp32:
+//     silu_mul_bf16's rounding points (HF's act_fn(gate) * up)
 //   AIE path: every buffer 64-byte aligned; k0 a multiple of 32; swiglu_bf16's length a multiple of 16.
 #include "npu2_kernel.h"
 #include "silu_mul.h"
@@ -151,14 +152,15 @@ extern "C" void rmsnorm_bf16(const bf16_t *x_and_weight, bf16_t *out, float eps)
 }
 
 extern "C" void swiglu_bf16(bf16_t *gate_up, int32_t length) {
-  bf16_t *gate = gate_up;
-  const bf16_t *up = gate_up + length;
+  // Pair k is read at 2k and 2k + 1 and written at k, in increasing k: a write never lands on an unread pair.
 #if defined(__AIENGINE__)
   RoundToNearestEven rounding;
-  for (int k = 0; k < length; k += kSiluMulLanes)
-    aie::store_v(gate + k, silu_mul_vector(aie::load_v<kSiluMulLanes>(gate + k), aie::load_v<kSiluMulLanes>(up + k)));
+  for (int k = 0; k < length; k += kSiluMulLanes) {
+    const aie::vector<bfloat16, 2 * kSiluMulLanes> pairs = aie::load_v<2 * kSiluMulLanes>(gate_up + 2 * k);
+    aie::store_v(gate_up + k, silu_mul_vector(aie::filter_even(pairs, 1), aie::filter_odd(pairs, 1)));
+  }
 #else
   for (int k = 0; k < length; ++k)
-    gate[k] = silu_mul_scalar(gate[k], up[k]);
+    gate_up[k] = silu_mul_scalar(gate_up[2 * k], gate_up[2 * k + 1]);
 #endif
 }

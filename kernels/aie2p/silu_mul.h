@@ -1,5 +1,5 @@
-// SwiGLU's activation on one value or one 16-lane vector, shared by silu_mul.cc and gemv.cc's swiglu_bf16:
-// silu_mul(g, u) = bf16(bf16(silu(g)) * u), HF's act_fn(gate) * up on bf16 tensors.
+// SwiGLU's activation on one value or one 16-lane vector, shared by silu_mul.cc, gemv.cc's swiglu_bf16 and
+// gemm.cc's SwiGLU drain: silu_mul(g, u) = bf16(bf16(silu(g)) * u), HF's act_fn(gate) * up on bf16 tensors.
 //   Host path: silu(g) = g / (1 + exp(-g)) in fp32, torch's formula (the overflow to -0 below g ~ -88.7 included).
 //   AIE path: silu(g) = h + h * tanh(h), h = g / 2, with the core's 16-lane vector tanh (its result is bf16, so
 //   silu carries an absolute error up to ~|g| * 2^-9: not bit-exact with torch where sigmoid is tiny).

@@ -39,6 +39,7 @@ def _module_builder(kind: str, module, build=None) -> KindBuilder:
 BUILDERS = {builder.kind: builder for builder in (
     _module_builder("rmsnorm", rmsnorm),
     _module_builder("gemm", gemm),
+    _module_builder("gemm_swiglu", gemm, gemm.build_swiglu),
     _module_builder("gemv", gemv),
     _module_builder("gemv_f32", gemv, gemv.build_f32),
     _module_builder("gemv_add", gemv_fused, gemv_fused.build_add),

@@ -54,7 +54,8 @@ EXTERNAL_KERNELS = (
                  ("attn_init_f32", "attn_qk_tile_bf16", "attn_online_softmax_bf16", "attn_pv_accumulate_bf16",
                   "attn_finalize_bf16"),
                  ("ATTN_TQ", "ATTN_TK", "ATTN_HEAD_DIM")),
-    KernelObject("gemm.o", "gemm.cc", ("gemm_zero_f32", "gemm_bf16_f32_wnk", "gemm_f32_to_bf16"),
+    KernelObject("gemm.o", "gemm.cc", ("gemm_zero_f32", "gemm_bf16_f32_wnk", "gemm_f32_to_bf16",
+                                       "gemm_f32_swiglu_to_bf16"),
                  ("GEMM_TILE_M", "GEMM_TILE_K", "GEMM_TILE_N"),
                  ("GEMM_DRAIN_N", "AIE_API_EMULATE_BFLOAT16_MMUL_WITH_BFP16")),
 )
@@ -102,6 +103,7 @@ CALL_COSTS = {
     "gemm_zero_f32": CallCost("vector_elementwise", (LAST_OPERAND,)),
     "gemm_bf16_f32_wnk": CallCost("mmul_bf16", (MATMUL_OPERANDS,)),
     "gemm_f32_to_bf16": CallCost("vector_elementwise", (LAST_OPERAND,)),
+    "gemm_f32_swiglu_to_bf16": CallCost("vector_transcendental", (LAST_OPERAND,)),  # silu_mul.h's aie::tanh
     # gemv.o's fused decode-FFN entry points (builders/gemv_fused.py).
     "gemv_partial_f32": CallCost("vector_mac", ("GEMV_ROWS", "GEMV_K")),
     "gemv_rows_bf16": CallCost("vector_mac", ("GEMV_ROWS", "GEMV_K")),

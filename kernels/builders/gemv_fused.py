@@ -6,14 +6,16 @@ the post-attention residual, gate and up cross between launches.
   K=2048 a call takes ``rows_per_call`` whole rows (``gemv_partial_f32`` then ``gemv_add_bf16``); a longer
   K (Llama-3.2-1B's 8192-long down projection) is split: one loop over K chunks of ``k_chunk``, each call
   adding a chunk of all the tile's rows to fp32 partial sums in L1, then the rounding and the residual add.
-* swiglu_gemv_add(K, N): the same with ``x = silu(gate) * up`` made in each tile first (``swiglu_bf16``, in
-  place over gate): the down projection with SwiGLU's product folded in.
+* swiglu_gemv_add(K, N): the same with ``x = silu(gate) * up`` made in each tile first from rms_gemv's interleaved
+  gate and up (``swiglu_bf16``, in place): the down projection with SwiGLU's product folded in.
 * rms_gemv(K, N, eps): ``y = W · (rmsnorm(x) * norm_w)``; each tile normalizes the whole x itself
   (``rmsnorm_bf16``: K MACs, small next to its rows' K MACs each), then walks its rows (``gemv_rows_bf16``).
+  Optional param ``gate_up``: W is [w_gate | w_up] (N/2 × 2K, the two weights side by side in each row), read as
+  N rows of K, so that y interleaves gate and up (g0, u0, g1, u1, ...): both projections in one launch.
 
-o_gemv_ffn is gemv_add → rms_gemv (gate) → rms_gemv (up) → swiglu_gemv_add. Every launch keeps the unfused
-chain's rounding points (projection to bf16, then the add; gate and up to bf16, then SiLU and the product),
-so the fused Program computes what the 8-launch one did.
+o_gemv_ffn is gemv_add → rms_gemv (gate and up) → swiglu_gemv_add: upstream's three launches. Every launch keeps
+the unfused chain's rounding points (projection to bf16, then the add; gate and up to bf16, then SiLU and the
+product), so the fused Program computes what the 8-launch one did.
 
 Departures from upstream, each for a limit of this AIR (0e3df89d) or of our weights:
 
@@ -21,17 +23,14 @@ Departures from upstream, each for a limit of this AIR (0e3df89d) or of our weig
   a second tile over one; this AIR predates upstream's cascade fixes (placement of cascade chains #1583,
   air-collapse-herd with cascades #1554, cascade locks across re-dispatch #1694), so K-split partial sums
   stay in the tile's own L1.
-* Four launches, not three. Upstream interleaves gate and up rows into one weight, so a tile gets both
-  over one stream and applies SiLU·up at once. Ours stay two HF-layout buffers (one buffer per weight
-  serves prefill and decode), and a compute tile has two S2MM channels, which this AIR cannot share between
-  streams from different sources (aiecc's router refuses a second connection to a DMA channel): gate rows,
-  up rows and the vector would need three. Tried and refused by this AIR: two 4-tile herds in one segment
-  (air-collapse-herd folds each into one column, whose memtile then bounds the panel: 128 launch steps for
-  Llama-3.2-1B, and air-opt-shim-dma-bds ran for over ten minutes); one herd over a panel filled from both
-  weights, or interleaved by strided DMAs (air-split-l2-memref leaves a panel with two writers whole).
-  So gate and up are one launch each, and SiLU·up moves into the down projection's tiles.
+* Gate and up in one stream. A compute tile has two S2MM channels, which this AIR cannot share between
+  streams from different sources, so gate rows, up rows and the vector cannot arrive separately (two herds in
+  one segment, or a panel filled from two buffers, were refused). The weights are one buffer instead,
+  [w_gate | w_up] (F × 2H, the two side by side in each row: kernels/catalog.py), read as 2F rows of H, so a
+  tile's panel holds gate and up rows alternately and y interleaves them; the down launch's tiles apply
+  SiLU·up to the pair.
 * Each tile gets exactly two streams: its weight rows, and one packed vector (x with the panel's residual
-  rows; x with the norm weight; gate and up with the panel's residual rows) that the segment gathers in a
+  rows; x with the norm weight; the interleaved gate and up with the panel's residual rows) that the segment gathers in a
   memtile from its DDR pieces and broadcasts to the herd. DDR → array streams are one per tile (AIR gives
   each tile's share of a panel its own memtile buffer, fed by its own shim channel) plus one per
   vector piece, at most 16 (two MM2S per shim tile).
@@ -70,7 +69,7 @@ SHIM_MM2S_CHANNELS = 2 * COLUMNS  # DDR → array streams: 2 per shim tile
 # (measured on rms_gemv K=576, N=2048; 32 panels lower).
 MAX_PANELS = 32
 # DDR → array streams of each kind: (per tile of the widest herd, shared vector pieces).
-STREAMS = {ADD_KIND: (1, 2), SWIGLU_ADD_KIND: (1, 3), RMS_KIND: (1, 2)}
+STREAMS = {ADD_KIND: (1, 2), SWIGLU_ADD_KIND: (1, 2), RMS_KIND: (1, 2)}
 
 
 @dataclass(frozen=True)
@@ -194,7 +193,7 @@ def build_swiglu_add(params: dict, operands, tuning: dict) -> LaunchIR:
 
 def _build_add(kind: str, params: dict, operands, tuning: dict) -> LaunchIR:
     K, N = params["K"], params["N"]
-    inputs = [("x", {(K,)}, "bf16")] if kind == ADD_KIND else [("gate", {(K,)}, "bf16"), ("up", {(K,)}, "bf16")]
+    inputs = [("x", {(K,)}, "bf16")] if kind == ADD_KIND else [("gate_up", {(2 * K,)}, "bf16")]  # interleaved
     check_operands(kind, operands, [*inputs, ("W", {(N, K)}, "bf16"), ("residual", {(N,)}, "bf16"),
                                     ("y", {(N,)}, "bf16")])
     p = plan(kind, K, N, tuning)
@@ -210,8 +209,8 @@ def _build_add(kind: str, params: dict, operands, tuning: dict) -> LaunchIR:
             y_panel = b.alloc(MemRef((panel,), "bf16", L2), "y_l2")
             with panel_loop(b, p, seg_step) as panel_row0:
                 w_window, rows_window = panel_windows(p, K, panel_row0)
-                for i, piece in enumerate(xs):  # x, or gate then up
-                    b.dma(vector, Window((i * K,), (K,), (1,)), piece, WHOLE)
+                (piece,) = xs  # x, or the interleaved gate and up
+                b.dma(vector, Window((0,), (x_len,), (1,)), piece, WHOLE)
                 b.dma(vector, Window((x_len,), (panel,), (1,)), sr, rows_window)
                 b.dma(w_panel, WHOLE, sw, w_window)
                 with b.herd(f"{kind}_herd", (p.herd, 1), [vector, w_panel, y_panel], link_with=OBJECT) as (
@@ -229,7 +228,7 @@ def _emit_add_tile(b: LaunchBuilder, kind: str, p: FusedGemvPlan, K: int, x_len:
     y_buf = b.alloc(MemRef((p.tile_n,), "bf16", L1), "y_l1")
     b.broadcast_dma(vector, WHOLE, hv, Window((0,), (x_len + p.panel_rows,), (1,)))
     config = {"GEMV_ROWS": p.rows_per_call, "GEMV_K": p.k_chunk}
-    if kind == SWIGLU_ADD_KIND:  # x = silu(gate) * up, written over gate
+    if kind == SWIGLU_ADD_KIND:  # x = silu(gate) * up from the interleaved pair, written over its first K
         b.call("swiglu_bf16", [vector, Value(b.const(K, "i32"), "i32")], config)
     first_row = b.affine(f"s0 * {p.tile_n}", [tx], "tile_row0")
     if p.k_chunk == K:  # a row group per call: partial sums of the whole rows, then the add
@@ -254,7 +253,10 @@ def _emit_add_tile(b: LaunchBuilder, kind: str, p: FusedGemvPlan, K: int, x_len:
 def build_rms_gemv(params: dict, operands, tuning: dict) -> LaunchIR:
     kind = RMS_KIND
     K, N, eps = params["K"], params["N"], float(params["eps"])
-    check_operands(kind, operands, [("x", {(K,)}, "bf16"), ("norm_w", {(K,)}, "bf16"), ("W", {(N, K)}, "bf16"),
+    # gate_up: W is [w_gate | w_up] (N/2 × 2K), read as N rows of K, so y interleaves gate and up
+    w_shape = (N // 2, 2 * K) if params.get("gate_up") else (N, K)
+    require(not params.get("gate_up") or N % 2 == 0, kind, "N", N, "must be even for a [w_gate | w_up] weight")
+    check_operands(kind, operands, [("x", {(K,)}, "bf16"), ("norm_w", {(K,)}, "bf16"), ("W", {w_shape}, "bf16"),
                                     ("y", {(N,)}, "bf16")])
     p = plan(kind, K, N, tuning)
     panel = p.panel_rows

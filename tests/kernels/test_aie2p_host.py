@@ -228,13 +228,15 @@ PREFILL_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
 # prefill.
 GEMM_TILE_CONFIGS = [(16, 32, 48, 48), (16, 32, 128, 128), (32, 32, 48, 48), (32, 32, 128, 128), (64, 32, 48, 48),
                      (64, 32, 128, 16)]
+# ... and of every gemm_swiglu build, by its output tile (tile_m, tile_k, tile_n, drain_n): gemm.cc is built 2·tile_n wide
+GEMM_SWIGLU_TILE_CONFIGS = [(16, 32, 64, 64), (32, 32, 64, 64), (64, 32, 64, 16)]
 
 
-def builder_gemm_tile_configs() -> set[tuple[int, int, int]]:
+def builder_gemm_tile_configs(kind: str = "gemm") -> set[tuple[int, int, int]]:
     configs = set()
     for dims in (SMOLLM2_DIMS, LLAMA32_1B_DIMS):
         for program in programs_for_model(dims, PREFILL_BUCKETS):
-            for launch in (l for l in program.launches if l.kind == "gemm"):
+            for launch in (l for l in program.launches if l.kind == kind):
                 defines = dict(build_launch(program, launch).externs[0].defines)
                 configs.add((defines["GEMM_TILE_M"], defines["GEMM_TILE_K"], defines["GEMM_TILE_N"],
                              defines["GEMM_DRAIN_N"]))
@@ -243,6 +245,40 @@ def builder_gemm_tile_configs() -> set[tuple[int, int, int]]:
 
 def test_gemm_tests_cover_every_tile_configuration_the_builders_choose():
     assert builder_gemm_tile_configs() == set(GEMM_TILE_CONFIGS)
+    # gemm_swiglu builds gemm.cc twice as wide as its output tile: gate and up columns
+    assert {(m, k, 2 * n, d) for m, k, n, d in GEMM_SWIGLU_TILE_CONFIGS} == builder_gemm_tile_configs("gemm_swiglu")
+
+
+@pytest.mark.parametrize("tile_m, tile_k, tile_n, drain_n", GEMM_SWIGLU_TILE_CONFIGS)
+def test_gemm_swiglu_is_silu_mul_of_the_two_projections(tile_m, tile_k, tile_n, drain_n):
+    """The fused launch's host path is, bit for bit, silu_mul of the gate and up GEMMs at the same tiles (the same
+    fp32 sums in the same order, then silu_mul's rounding points), and of torch's when the sums are exact."""
+    generator = torch.Generator().manual_seed(tile_m + tile_n + drain_n)
+    m, k, n = 2 * tile_m, 3 * tile_k, 2 * tile_n
+    a = torch.randn(m, k, generator=generator).to(torch.bfloat16)
+    w_gate, w_up = ((torch.randn(n, k, generator=generator) / math.sqrt(k)).to(torch.bfloat16) for _ in range(2))
+    tiles = dict(tile_m=tile_m, tile_k=tile_k, tile_n=tile_n, drain_n=drain_n)
+    fused = host_build.gemm_swiglu(a, torch.cat((w_gate, w_up), dim=1), **tiles)
+    gate, up = host_build.gemm(a, w_gate, **tiles), host_build.gemm(a, w_up, **tiles)
+    assert_bitwise(fused, reference.silu_mul(gate, up))
+    exact = [small_integers(rows, k, generator) for rows in (m, n, n)]
+    fused = host_build.gemm_swiglu(exact[0], torch.cat(exact[1:], dim=1), **tiles)
+    assert_bitwise(fused, launches.gemm_swiglu(dict(K=k, N=n), exact[0], torch.cat(exact[1:], dim=1)))
+
+
+def test_gemm_swiglu_covers_every_finite_bf16_gate():
+    """A = I makes the gate projection W_gᵀ itself, so 256×256 gates are every finite bf16 value (the overflow of
+    exp(-g) to -0 included; an infinite or NaN weight would reach every sum through 0 · w, and silu_mul's own test
+    covers those gates): the fused drain is silu_mul of the two projections, bit for bit."""
+    eye = torch.eye(256, dtype=torch.bfloat16)
+    gates = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).reshape(256, 256)
+    gates = torch.where(gates.isfinite(), gates, torch.ones_like(gates))
+    up = torch.randn(256, 256, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
+    tiles = dict(tile_m=64, tile_k=32, tile_n=64, drain_n=16)
+    fused = host_build.gemm_swiglu(eye, torch.cat((gates.T, up.T), dim=1), **tiles)
+    projections = [host_build.gemm(eye, w.T.contiguous(), **tiles) for w in (gates, up)]
+    assert torch.equal(projections[0].abs(), gates.abs())  # every finite gate value reaches the drain
+    assert_bitwise(fused, reference.silu_mul(*projections))
 
 
 def small_integers(rows: int, cols: int, generator: torch.Generator) -> torch.Tensor:
@@ -359,13 +395,14 @@ def test_rms_gemv_rows_is_rmsnorm_then_gemv(rows, depth, tile_rows):
 
 
 def test_swiglu_is_silu_mul():
+    """swiglu_bf16 over interleaved (gate, up) pairs, as rms_gemv over [w_gate | w_up] leaves them."""
     torch.manual_seed(3)
-    gate_up = (torch.randn(2, SMOLLM2["ffn"]) * 4).to(torch.bfloat16)
+    gate_up = (torch.randn(SMOLLM2["ffn"], 2) * 4).to(torch.bfloat16)
     act = host_build.swiglu(gate_up)
-    assert_bitwise(act, host_build.silu_mul(gate_up[0], gate_up[1], tile=SMOLLM2["ffn"]))
-    assert_bitwise(act, launches.silu_mul({}, gate_up[0], gate_up[1]))
-    with pytest.raises(ValueError, match=r"expected \(2, n\)"):
-        host_build.swiglu(gate_up.reshape(4, -1))
+    assert_bitwise(act, host_build.silu_mul(gate_up[:, 0], gate_up[:, 1], tile=SMOLLM2["ffn"]))
+    assert_bitwise(act, launches.silu_mul({}, gate_up[:, 0], gate_up[:, 1]))
+    with pytest.raises(ValueError, match=r"expected \(n, 2\)"):
+        host_build.swiglu(gate_up.reshape(2, -1))
 
 
 def attention_exact(q, k, v, head_dim: int, q_offset: int = 0) -> torch.Tensor:
@@ -532,7 +569,7 @@ KERNEL_SYMBOLS = {
                 "rmsnorm_bf16", "swiglu_bf16"],
     "attention.cc": ["attn_init_f32", "attn_qk_tile_bf16", "attn_online_softmax_bf16", "attn_pv_accumulate_bf16",
                      "attn_finalize_bf16"],
-    "gemm.cc": ["gemm_zero_f32", "gemm_bf16_f32_wnk", "gemm_f32_to_bf16"],
+    "gemm.cc": ["gemm_zero_f32", "gemm_bf16_f32_wnk", "gemm_f32_to_bf16", "gemm_f32_swiglu_to_bf16"],
 }
 
 

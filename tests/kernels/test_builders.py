@@ -30,6 +30,8 @@ def operand_types(kind, p):
         return bf16(row(p["rows"], p["cols"]), (p["cols"],), row(p["rows"], p["cols"]))
     if kind == "gemm":
         return bf16((p["M"], p["K"]), (p["N"], p["K"]), (p["M"], p["N"]))
+    if kind == "gemm_swiglu":
+        return bf16((p["M"], p["K"]), (p["N"], 2 * p["K"]), (p["M"], p["N"]))
     if kind == "gemv":
         return bf16((p["K"],), (p["N"], p["K"]), (p["N"],))
     if kind == "gemv_f32":
@@ -37,7 +39,7 @@ def operand_types(kind, p):
     if kind == "gemv_add":
         return bf16((p["K"],), (p["N"], p["K"]), (p["N"],), (p["N"],))
     if kind == "swiglu_gemv_add":
-        return bf16((p["K"],), (p["K"],), (p["N"], p["K"]), (p["N"],), (p["N"],))
+        return bf16((2 * p["K"],), (p["N"], p["K"]), (p["N"],), (p["N"],))
     if kind == "rms_gemv":
         return bf16((p["K"],), (p["K"],), (p["N"], p["K"]), (p["N"],))
     if kind == "rope":
@@ -55,6 +57,7 @@ def operand_types(kind, p):
 EXAMPLES = {
     "rmsnorm": dict(rows=2048, cols=2048, eps=1e-5),
     "gemm": dict(M=2048, K=2048, N=512),
+    "gemm_swiglu": dict(M=2048, K=2048, N=8192),
     "gemv": dict(K=8192, N=2048),
     "gemv_f32": dict(K=2048, N=128256),
     "gemv_add": dict(K=2048, N=2048),
@@ -111,6 +114,8 @@ def test_external_kernel_contract_names_and_objects():
     assert [d.symbol for d in build("gemv_f32").externs] == ["gemv_bf16_f32"]  # f32 logits
     assert {d.symbol for d in build("attention").externs} == set(KERNEL_OBJECTS["attention.o"].symbols)
     assert [d.symbol for d in build("gemm").externs] == ["gemm_zero_f32", "gemm_bf16_f32_wnk", "gemm_f32_to_bf16"]
+    assert [d.symbol for d in build("gemm_swiglu").externs] == ["gemm_zero_f32", "gemm_bf16_f32_wnk",
+                                                                "gemm_f32_swiglu_to_bf16"]
     assert not any(build(kind).externs for kind in ("rmsnorm", "add", "stack"))
     assert [d.symbol for d in build("gemv_add").externs] == ["gemv_partial_f32", "gemv_add_bf16"]
     assert [d.symbol for d in build("rms_gemv").externs] == ["rmsnorm_bf16", "gemv_rows_bf16"]

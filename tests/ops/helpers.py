@@ -42,8 +42,7 @@ def ffn_args(hidden, heads, head_dim, intermediate, seq, decode=False, gen=None)
         bf16(hidden, q, scale=q ** -0.5, gen=gen),
         bf16(*rows, hidden, gen=gen),
         (1.0 + 0.1 * torch.randn(hidden, generator=gen)).bfloat16(),
-        bf16(intermediate, hidden, scale=hidden ** -0.5, gen=gen),
-        bf16(intermediate, hidden, scale=hidden ** -0.5, gen=gen),
+        bf16(intermediate, 2 * hidden, scale=hidden ** -0.5, gen=gen),  # [w_gate | w_up]
         bf16(hidden, intermediate, scale=intermediate ** -0.5, gen=gen),
     ]
 

@@ -55,9 +55,10 @@ def test_precision_is_part_of_each_prefill_program_and_its_key():
     dims = ModelDims(hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=128, vocab=256, eps=1e-5)
     by_precision = {p: programs_for_model(dims, (16, 32), p) for p in ("bf16", "bfp16")}
     for precision, programs in by_precision.items():
-        gemms = [l for prog in programs for l in prog.launches if l.kind == "gemm"]
-        assert len(gemms) == 2 * (3 + 4) and all(l.p["precision"] == precision for l in gemms)
-        assert all("precision" not in l.p for prog in programs for l in prog.launches if l.kind != "gemm")
+        gemms = [l for prog in programs for l in prog.launches if l.kind in ("gemm", "gemm_swiglu")]
+        # rms_gemms_rope: 3 GEMMs per bucket; o_ffn: 4 at 16 rows (gate and up apart), 3 at 32 (gemm_swiglu)
+        assert len(gemms) == 2 * 3 + 4 + 3 and all(l.p["precision"] == precision for l in gemms)
+        assert all("precision" not in l.p for prog in programs for l in prog.launches if l not in gemms)
     keys = {p: {prog.name + str(prog.params): prog.key for prog in programs} for p, programs in by_precision.items()}
     for label, key in keys["bf16"].items():
         prefill = label.startswith(("rms_gemms_rope", "o_ffn"))

@@ -341,7 +341,7 @@ def test_emulator_warns_once_per_model_about_programs_the_npu_cannot_build(runti
     assert lines[1] == ("  rms_gemms_rope (hidden=96, heads=6, kv_heads=2, head_dim=16, eps=1e-06, rows=16): "
                         "rope launch: head_dim=16: must be a multiple of 32 so each rotated half is whole 16-lane "
                         "vectors")
-    assert lines[4] == ("  o_ffn (hidden=96, q_dim=96, intermediate=200, eps=1e-06, rows=32): gemm launch: N=200: must be "
+    assert lines[4] == ("  o_ffn (hidden=96, q_dim=96, intermediate=200, eps=1e-06, rows=32): gemm_swiglu launch: N=200: must be "
                         "a multiple of 16")
     with torch.no_grad():  # and it runs all the same
         assert torch.isfinite(model(prompt(5)).logits).all()

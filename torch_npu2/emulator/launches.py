@@ -22,8 +22,10 @@ def rmsnorm(p, x, weight):
 
 
 def matmul(p, a, w):
-    # torch's bf16 CPU matmul accumulates in fp32 and rounds once: the AIE2P bf16 GEMM contract.
-    a, w = a.reshape(-1, p["K"]), w.reshape(p["N"], p["K"])
+    # torch's bf16 CPU matmul accumulates in fp32 and rounds once: the AIE2P bf16 GEMM contract. W's rows may be
+    # longer than K (w_cols, the launch's K from w_col0).
+    K, col0 = p["K"], p.get("w_col0", 0)
+    a, w = a.reshape(-1, K), w.reshape(p["N"], p.get("w_cols", K))[:, col0:col0 + K]
     if p.get("precision") == "bfp16":
         # A GEMM built with BFP16 emulation first converts both operands to bfp16ebs8 (blocks of 8 along K);
         # the converted values are bf16 values and their products exact, so the bf16 matmul then matches.
@@ -36,14 +38,22 @@ def gemv_add(p, x, w, residual):
     return add(p, residual, matmul(p, x, w).reshape(-1))
 
 
+def gemm_swiglu(p, a, w):
+    # W is [Wg | Wu] (N × 2K); gate and up rounded to bf16, then silu_mul's rounding: gemm, gemm → silu_mul.
+    gate, up = (matmul(dict(p, w_cols=2 * p["K"], w_col0=col0), a, w) for col0 in (0, p["K"]))
+    return silu_mul(p, gate, up)
+
+
 def rms_gemv(p, x, norm_w, w):
     # RMSNorm, then the projection rounded to bf16: the unfused rmsnorm → gemv.
     return matmul(p, rmsnorm(dict(rows=1, cols=p["K"], eps=p["eps"]), x, norm_w).reshape(-1), w)
 
 
-def swiglu_gemv_add(p, gate, up, w, residual):
-    # silu_mul's rounding, then gemv_add's: the unfused silu_mul → gemv → add.
-    return gemv_add(p, silu_mul(p, gate, up), w, residual)
+def swiglu_gemv_add(p, gate_up, w, residual):
+    # gate and up interleaved (rms_gemv over [w_gate | w_up]); silu_mul's rounding, then gemv_add's: the unfused
+    # silu_mul → gemv → add.
+    pairs = gate_up.reshape(-1, 2)
+    return gemv_add(p, silu_mul(p, pairs[:, 0], pairs[:, 1]), w, residual)
 
 
 def rope(p, x, lut):
@@ -108,6 +118,7 @@ def gemv_f32(p, x, w):
 LAUNCH_KINDS = {
     "rmsnorm": rmsnorm,
     "gemm": matmul,
+    "gemm_swiglu": gemm_swiglu,
     "gemv": matmul,
     "rope": rope,
     "silu_mul": silu_mul,
