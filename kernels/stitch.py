@@ -130,6 +130,10 @@ def stitch(program: Program, tuning: dict[int, dict] | None = None) -> StitchedM
     """The Program as one MLIR module; ``tuning`` maps a launch index to its builder's tuning overrides."""
     _check_arg_names(program)
     tuning = tuning or {}
+    unknown = sorted(set(tuning) - set(range(len(program.launches))))
+    if unknown:
+        raise ValueError(f"Program {program.name}: tuning for launch index(es) {unknown}, but it has launches "
+                         f"0..{len(program.launches) - 1}")
     variants = _KernelVariants()
     bodies, dmas = [], []
     for index, launch in enumerate(program.launches):

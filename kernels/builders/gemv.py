@@ -154,13 +154,12 @@ def describe(plan: GemvPlan) -> str:
             f"{plan.panels} panels of {plan.tile_n}")
 
 
-def panel_windows(plan, K: int, panel_row0: str, w_cols: int | None = None, w_col0: int = 0) -> tuple[Window, Window]:
+def panel_windows(plan, K: int, panel_row0: str) -> tuple[Window, Window]:
     """(W, y) windows of one panel in DDR: ``herd * tile_n`` consecutive rows, ``tile_n`` per tile, with the
     tile as the leading dimension: air-split-l2-memref (0e3df89d) splits these per tile, where a flat window
-    of the same rows made it emit an affine map that fails to verify. A W whose rows hold more than the K values
-    a launch multiplies (``w_cols`` of them, the launch's from column ``w_col0``) is read with that row stride."""
-    n, cols = plan.tile_n, w_cols or K
-    return (Window((0, panel_row0, w_col0), (plan.herd, n, K), (n * cols, cols, 1)),
+    of the same rows made it emit an affine map that fails to verify."""
+    n = plan.tile_n
+    return (Window((0, panel_row0, 0), (plan.herd, n, K), (n * K, K, 1)),
             Window((0, panel_row0), (plan.herd, n), (n, 1)))
 
 

@@ -266,6 +266,15 @@ def test_gemm_swiglu_is_silu_mul_of_the_two_projections(tile_m, tile_k, tile_n, 
     assert_bitwise(fused, launches.gemm_swiglu(dict(K=k, N=n), exact[0], torch.cat(exact[1:], dim=1)))
 
 
+def test_gemm_swiglu_wrapper_refuses_what_does_not_tile():
+    a = torch.zeros(32, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"w_gate_up \(64, 64\): expected rows of 2K=128"):
+        host_build.gemm_swiglu(a, torch.zeros(64, 64, dtype=torch.bfloat16), tile_m=16, tile_k=32, tile_n=32, drain_n=8)
+    with pytest.raises(ValueError, match=r"tile_n=32: expected a multiple of 24"):
+        host_build.gemm_swiglu(a, torch.zeros(64, 128, dtype=torch.bfloat16), tile_m=16, tile_k=32, tile_n=32,
+                               drain_n=24)
+
+
 def test_gemm_swiglu_covers_every_finite_bf16_gate():
     """A = I makes the gate projection W_gᵀ itself, so 256×256 gates are every finite bf16 value (the overflow of
     exp(-g) to -0 included; an infinite or NaN weight would reach every sum through 0 · w, and silu_mul's own test

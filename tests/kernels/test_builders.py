@@ -360,6 +360,8 @@ def test_builders_are_deterministic():
     ("rmsnorm", dict(rows=16, cols=2048), {"herd": 3}, r"rmsnorm launch: herd=3: must divide rows=16"),
     ("rmsnorm", dict(rows=1, cols=16384), None, r"rmsnorm launch: L1 bytes=\d+: exceeds 64512 B"),
     ("gemm", dict(M=24, K=64, N=64), None, r"gemm launch: M=24: must be a multiple of 16"),
+    ("gemm", dict(w_cols=4096, w_col0=2049), None, r"gemm launch: w_col0=2049: must leave K=2048 columns of w_cols=4096"),
+    ("rms_gemv", dict(N=8191, gate_up=1), None, r"rms_gemv launch: N=8191: must be even for a \[w_gate \| w_up\]"),
     ("gemm", dict(M=32, K=60, N=64), None, r"gemm launch: K=60: must be a multiple of 8"),
     ("gemm", {}, {"tile_m": 8}, r"gemm launch: tile_m=8: .*be a multiple of 16"),
     ("gemm", {}, {"tile_n": 40}, r"gemm launch: tile_n=40: must divide N/herd_n=128"),

@@ -47,7 +47,7 @@ CASES = [(p, None) for p in programs_for_model(SMALL, (16, 32))] + [
     # o_gemv_ffn: two launch steps and row groups for the residual GEMV, row groups for the normed one, and the
     # K-split down projection (k_chunk < K)
     (o_gemv_ffn_program(256, 256, 512, EPS), {0: dict(herd=2, tile_n=64, rows_per_call=16), 1: dict(rows_per_call=8),
-                                      3: dict(k_chunk=128)}),
+                                      2: dict(k_chunk=128)}),
     (o_ffn_program(256, 256, 512, EPS, 16, "bfp16"), {1: dict(chunk=64)}),
 ]
 

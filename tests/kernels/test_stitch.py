@@ -185,6 +185,12 @@ def test_tuning_is_passed_to_the_indexed_launch():
     assert "gemm M=2048 K=2048 N=512: herd 8x4" in sections[2]
 
 
+def test_tuning_for_a_launch_the_program_lacks_is_refused():
+    program = rms_gemms_rope_program(2048, 32, 8, 64, 1e-5, 2048)
+    with pytest.raises(ValueError, match=r"rms_gemms_rope: tuning for launch index\(es\) \[6\], but it has launches 0..5"):
+        stitch(program, tuning={1: {"herd_m": 4}, 6: {"herd_m": 4}})
+
+
 def test_arg_names_that_would_clash_with_launch_prefixes_are_rejected():
     args = (Arg("l0_x", (16,), "bf16", Role.INPUT), Arg("o", (16,), "bf16", Role.OUTPUT))
     program = Program("clash", args, (Launch("add", (("cols", 16), ("rows", 1)), ("l0_x", "l0_x"), ("o",)),))
