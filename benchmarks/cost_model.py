@@ -854,6 +854,8 @@ def program(name: str, dims, seq: int | None = None, precision: str = "bf16"):
         "o_ffn": lambda: catalog.o_ffn_program(d.hidden, d.q_dim, d.intermediate, d.eps, seq, precision),
         "rms_gemv_rope": lambda: catalog.rms_gemv_rope_program(d.hidden, d.heads, d.kv_heads, d.head_dim, d.eps),
         "o_gemv_ffn": lambda: catalog.o_gemv_ffn_program(d.hidden, d.q_dim, d.intermediate, d.eps),
+        "o_gemv_ffn_rms_gemv_rope": lambda: catalog.o_gemv_ffn_rms_gemv_rope_program(
+            d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads, d.head_dim, d.eps),
         "lm_head_gemv": lambda: catalog.lm_head_gemv_program(d.hidden, d.vocab),
     }
     return build[name]()
@@ -865,9 +867,12 @@ def _seconds(name: str, dims, seq: int | None, precision: str = "bf16") -> float
 
 
 def decode_ms(dims, layers: int) -> float:
-    """NPU time of one decode token: per layer rms_gemv_rope + o_gemv_ffn, then the LM head."""
-    per_layer = _seconds("rms_gemv_rope", dims, None) + _seconds("o_gemv_ffn", dims, None)
-    return (layers * per_layer + _seconds("lm_head_gemv", dims, None)) * 1e3
+    """NPU time of one decode token, following NpuDecoderLayer: rms_gemv_rope for the first layer, then per layer
+    o_gemv_ffn_rms_gemv_rope (its o_gemv_ffn and the next layer's rms_gemv_rope in one dispatch), o_gemv_ffn for
+    the last; then the LM head."""
+    chained = _seconds("o_gemv_ffn_rms_gemv_rope", dims, None) * (layers - 1)
+    ends = _seconds("rms_gemv_rope", dims, None) + _seconds("o_gemv_ffn", dims, None)
+    return (ends + chained + _seconds("lm_head_gemv", dims, None)) * 1e3
 
 
 def prefill_ms(dims, layers: int, chunks, precision: str = "bf16") -> float:

@@ -64,12 +64,13 @@ def _host(r: dict) -> list[str]:
         rows.append([c["context_tokens"], f"{c['token_ms']:.2f}", f"{c['host_attention_ms']:.2f}",
                      f"**{c['host_overhead_ms']:.2f}**",
                      *(f"{ops[n]['us_per_call']:.0f} ({ops[n]['dispatch_and_checks_us_per_call']:.0f})" if n in ops
-                       else "–" for n in ("rms_gemv_rope", "o_gemv_ffn", "lm_head_gemv")),
+                       else "–" for n in ("rms_gemv_rope", "o_gemv_ffn_rms_gemv_rope", "o_gemv_ffn", "lm_head_gemv")),
                      f"{c['mean_layer']['glue_us']:.0f}", f"{c['outside_layers_ms']:.2f}"])
     d = r["dispatch"]
     return (["### Host time per decode token (1B shape, compute=False, measured)", ""]
             + _table(["context", "token ms", "host attention ms", "overhead ms", "rms_gemv_rope µs (dispatch+checks)",
-                      "o_gemv_ffn µs (…)", "lm_head_gemv µs (…)", "layer glue µs", "outside layers ms"], rows)
+                      "o_gemv_ffn_rms_gemv_rope µs (…)", "o_gemv_ffn µs (…)", "lm_head_gemv µs (…)",
+                      "layer glue µs", "outside layers ms"], rows)
             + ["", f"Bare torch.library dispatch per call: Library define/impl {d['library_dispatch_us']:.1f} µs, "
                    f"custom_op {d['custom_op_dispatch_us']:.1f} µs (over a {d['plain_python_call_us']:.1f} µs plain "
                    f"call). HF's own generate() cost per token with {r['hf_framework']['layers']} layers of "

@@ -240,6 +240,29 @@ def o_gemv_ffn_program(hidden: int, q_dim: int, intermediate: int, eps: float) -
     )
 
 
+def o_gemv_ffn_rms_gemv_rope_program(hidden: int, q_dim: int, intermediate: int, eps: float, heads: int,
+                                     kv_heads: int, head_dim: int, next_eps: float) -> Program:
+    """One decode layer's o_gemv_ffn, then the next layer's rms_gemv_rope on its output, in one dispatch: the
+    boundary between two decoder layers has no host work, so a token pays one dispatch per layer instead of two.
+
+    Host arguments are o_gemv_ffn's, then rms_gemv_rope's weights and LUT with a ``next_`` prefix (its input is
+    ``out``); outputs are ``out`` and the next layer's ``next_v``, ``next_q_roped``, ``next_k_roped``.
+    """
+    first = o_gemv_ffn_program(hidden, q_dim, intermediate, eps)
+    second = rms_gemv_rope_program(hidden, heads, kv_heads, head_dim, next_eps)
+    rename = {a.name: "next_" + a.name for a in second.args}
+    rename["x"] = "out"  # the next layer reads this layer's output
+    return Program(
+        name="o_gemv_ffn_rms_gemv_rope",
+        params=first.params + tuple(("next_" + k, v) for k, v in second.params),
+        args=first.args + tuple(Arg(rename[a.name], a.shape, a.dtype, a.role) for a in second.args if a.name != "x"),
+        launches=first.launches + tuple(
+            Launch(l.kind, l.params, tuple(rename[n] for n in l.reads), tuple(rename[n] for n in l.writes))
+            for l in second.launches),
+        compile_options=DECODE_OPTIONS,
+    )
+
+
 def flash_attn_program(heads: int, kv_heads: int, head_dim: int, seq: int) -> Program:
     """Causal GQA attention over one sequence, seq-first layout, scale 1/sqrt(head_dim).
 
@@ -292,7 +315,7 @@ def lm_head_gemv_program(hidden: int, vocab: int) -> Program:
 def programs_for_model(dims: ModelDims, prefill_buckets,
                        matmul_precision: str = DEFAULT_MATMUL_PRECISION) -> list[Program]:
     """Every Program a model needs: the prefill trio per bucket (its GEMMs in ``matmul_precision``), the
-    decode pair and the LM head."""
+    decode pair and their chain across a layer boundary, and the LM head."""
     _check_precision(matmul_precision)
     d = dims
     attn = (d.hidden, d.heads, d.kv_heads, d.head_dim, d.eps)
@@ -302,5 +325,7 @@ def programs_for_model(dims: ModelDims, prefill_buckets,
         out += [rms_gemms_rope_program(*attn, seq, matmul_precision),
                 flash_attn_program(d.heads, d.kv_heads, d.head_dim, seq),
                 o_ffn_program(*ffn, seq, matmul_precision)]
-    out += [rms_gemv_rope_program(*attn), o_gemv_ffn_program(*ffn), lm_head_gemv_program(d.hidden, d.vocab)]
+    out += [rms_gemv_rope_program(*attn), o_gemv_ffn_program(*ffn),
+            o_gemv_ffn_rms_gemv_rope_program(*ffn, d.heads, d.kv_heads, d.head_dim, d.eps),
+            lm_head_gemv_program(d.hidden, d.vocab)]
     return out

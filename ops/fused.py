@@ -1,4 +1,4 @@
-"""The six fused ops: how each op's tensor shapes determine its Program.
+"""The fused ops: how each op's tensor shapes determine its Program.
 
 A model dimension appears in several arguments; each is taken from the size most of them agree on (ties go
 to the weight, listed first), so that the registry's shape check blames the one argument that disagrees.
@@ -66,6 +66,17 @@ def _o_gemv_ffn(shapes, eps):
     return catalog.o_gemv_ffn_program(*_ffn_dims(shapes), eps)
 
 
+def _o_gemv_ffn_rms_gemv_rope(shapes, eps, next_eps):
+    """o_gemv_ffn's arguments, then the next layer's rms_gemv_rope weights and LUT (its input is this op's out)."""
+    hidden, q_dim, intermediate = _ffn_dims(shapes[:6])
+    try:
+        _, heads, kv_heads, head_dim = _qkv_dims(((hidden,),) + tuple(shapes[6:]))
+    except BadArgument as exc:
+        raise BadArgument("next_" + exc.arg, exc.expected, exc.given) from None
+    return catalog.o_gemv_ffn_rms_gemv_rope_program(hidden, q_dim, intermediate, eps, heads, kv_heads, head_dim,
+                                                    next_eps)
+
+
 def _flash_attn(shapes, head_dim):
     q, k, v = shapes
     return catalog.flash_attn_program(_heads(q[-1], head_dim, "q"), _heads(k[-1], head_dim, "k"), head_dim, q[0])
@@ -90,9 +101,12 @@ FUSED_OPS = {op.name: op for op in (
     FusedOp("o_ffn", (("eps", "float"), _PRECISION), _o_ffn, catalog.o_ffn_program(**_EX_FFN, seq=2)),
     FusedOp("rms_gemv_rope", (("eps", "float"),), _rms_gemv_rope, catalog.rms_gemv_rope_program(**_EX)),
     FusedOp("o_gemv_ffn", (("eps", "float"),), _o_gemv_ffn, catalog.o_gemv_ffn_program(**_EX_FFN)),
+    FusedOp("o_gemv_ffn_rms_gemv_rope", (("eps", "float"), ("next_eps", "float")), _o_gemv_ffn_rms_gemv_rope,
+            catalog.o_gemv_ffn_rms_gemv_rope_program(**_EX_FFN, heads=2, kv_heads=1, head_dim=4, next_eps=1e-5)),
     FusedOp("lm_head_gemv", (), _lm_head_gemv, catalog.lm_head_gemv_program(8, 16)),
 )}
 
 ALL_OPS = {name: register(op) for name, op in FUSED_OPS.items()}
 rms_gemms_rope, flash_attn, o_ffn = ALL_OPS["rms_gemms_rope"], ALL_OPS["flash_attn"], ALL_OPS["o_ffn"]
 rms_gemv_rope, o_gemv_ffn, lm_head_gemv = ALL_OPS["rms_gemv_rope"], ALL_OPS["o_gemv_ffn"], ALL_OPS["lm_head_gemv"]
+o_gemv_ffn_rms_gemv_rope = ALL_OPS["o_gemv_ffn_rms_gemv_rope"]

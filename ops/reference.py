@@ -68,6 +68,13 @@ def o_ffn_reference(attn, wo, x, norm_w, w_gate_up, w_down, eps):
     return res1 + F.linear(silu_mul(F.linear(normed, w_gate), F.linear(normed, w_up)), w_down)
 
 
+def o_gemv_ffn_rms_gemv_rope_reference(attn, wo, x, norm_w, w_gate_up, w_down, next_norm_w, next_wq, next_wk,
+                                       next_wv, next_rope_lut, eps, next_eps):
+    """Reference of npu2.o_gemv_ffn_rms_gemv_rope: (out, next layer's v, q_roped, k_roped)."""
+    out = o_ffn_reference(attn, wo, x, norm_w, w_gate_up, w_down, eps)
+    return (out, *rms_gemms_rope_reference(out, next_norm_w, next_wq, next_wk, next_wv, next_rope_lut, next_eps))
+
+
 def flash_attn_reference(q, k, v, head_dim):
     return gqa_causal_attention(q, k, v, head_dim)
 

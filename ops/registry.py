@@ -101,6 +101,7 @@ def _check_tensors(op: FusedOp, tensors, real: bool) -> None:
 # What each scalar argument (by name) must be: a predicate and the expectation an error states.
 SCALAR_CHECKS = {
     "eps": (lambda v: math.isfinite(v) and v > 0, "a finite float > 0"),
+    "next_eps": (lambda v: math.isfinite(v) and v > 0, "a finite float > 0"),
     "precision": (lambda v: v in MATMUL_PRECISIONS, f"one of {', '.join(map(repr, MATMUL_PRECISIONS))}"),
     "head_dim": (lambda v: v > 0, "a positive int"),
 }

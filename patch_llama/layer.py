@@ -4,6 +4,11 @@ Prefill (more than one new token) runs rms_gemms_rope → flash_attn → o_ffn o
 tokens, padded at the end to a compiled bucket length; decode (one new token) runs rms_gemv_rope →
 attention over HF's KV cache on the host → o_gemv_ffn. HF's Cache object stays the single source of
 truth for K/V, so every generate() feature that relies on it keeps working.
+
+In decode, a layer followed by another runs o_gemv_ffn_rms_gemv_rope instead of o_gemv_ffn: the next
+layer's rms_gemv_rope in the same dispatch, on this layer's output. The next layer takes those results
+only if the hidden state it is handed is that output, unmodified, at the same positions; otherwise (a
+hook replaced or edited it, layers were reordered) it runs rms_gemv_rope itself.
 """
 from __future__ import annotations
 
@@ -15,7 +20,20 @@ import torch.nn.functional as F
 
 from ..kernels import DEFAULT_MATMUL_PRECISION
 from ..kernels.program import pad_rows
-from ..ops import build_rope_lut, flash_attn, lm_head_gemv, o_ffn, o_gemv_ffn, rms_gemms_rope, rms_gemv_rope
+from ..ops import (build_rope_lut, flash_attn, lm_head_gemv, o_ffn, o_gemv_ffn, o_gemv_ffn_rms_gemv_rope,
+                   rms_gemms_rope, rms_gemv_rope)
+
+
+class ChainedQkv(NamedTuple):
+    """A decode layer's rms_gemv_rope results, computed by the layer before it, and what they were computed
+    from: the hidden state that layer returned (and its version), the LUT rows and the eps."""
+
+    layer: object  # the NpuDecoderLayer they are for
+    hidden: torch.Tensor
+    version: int
+    lut_rows: tuple
+    eps: float
+    rows: list  # per sequence, (v, q_roped, k_roped)
 
 
 @dataclass
@@ -27,6 +45,7 @@ class SharedState:
     matmul_precision: str = DEFAULT_MATMUL_PRECISION
     lut_memo: tuple = (None, None, None)  # (cos tensor, its RoPE LUT, decode rows); holding cos keeps its id unique
     mask_memo: tuple = (None, None)  # (mask tensor, per-row first real token or None)
+    chained: ChainedQkv | None = None  # handed from one decode layer to the next within a forward
 
     def bucket(self, rows: int) -> int:
         # a scan rather than bisect: dynamo cannot trace the C bisect, and there are few buckets
@@ -164,6 +183,7 @@ class NpuDecoderLayer:
         self.qkv_weights = (layer.input_layernorm.weight, attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
         self.ffn_weights = (attn.o_proj.weight, layer.post_attention_layernorm.weight, gate_up, mlp.down_proj.weight)
         self.shared = shared
+        self.next_layer: NpuDecoderLayer | None = None  # the decoder layer after this one (patch_llama links them)
 
     def __call__(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
                  use_cache=False, position_embeddings=None, output_attentions=False, **kwargs):
@@ -195,11 +215,23 @@ class NpuDecoderLayer:
     def _update_cache(self, cache, k, v):
         return (k, v) if cache is None else cache.update(k, v, self.layer_idx)
 
+    def _chained_rows(self, hidden, lut_rows, eps):
+        """The rms_gemv_rope results the previous layer computed for this one, if they are of ``hidden``."""
+        chained, self.shared.chained = self.shared.chained, None
+        if (chained is not None and chained.layer is self and chained.hidden is hidden
+                and hidden._version == chained.version and chained.lut_rows is lut_rows and chained.eps == eps):
+            return chained.rows
+        return None
+
     def _decode(self, hidden, lut_rows, mask, cache):
         batch, heads, kv_heads, head_dim = hidden.shape[0], self.heads, self.kv_heads, self.head_dim
         norm_w, wq, wk, wv = self.qkv_weights
         inputs, eps = _sequence_rows(hidden), self.eps_attn
-        rows = [rms_gemv_rope(x, norm_w, wq, wk, wv, lut, eps) for x, lut in zip(inputs, lut_rows)]
+        # under torch.compile the layers do not chain: identity checks on a side channel would make dynamo guard
+        compiling = torch.compiler.is_compiling()
+        rows = None if compiling else self._chained_rows(hidden, lut_rows, eps)
+        if rows is None:
+            rows = [rms_gemv_rope(x, norm_w, wq, wk, wv, lut, eps) for x, lut in zip(inputs, lut_rows)]
         # (batch, heads, 1, head_dim) views of the op outputs; stacking only when there are several rows
         v, q, k = (rows[0][i].view(1, n, 1, head_dim) if batch == 1 else
                    torch.stack([r[i] for r in rows]).view(batch, n, 1, head_dim)
@@ -207,9 +239,17 @@ class NpuDecoderLayer:
         keys, values = self._update_cache(cache, k, v)
         attn = _sequence_rows(_host_attention(q, keys, values, mask, self.scale))
         wo, norm2_w, w_gate_up, w_down = self.ffn_weights
-        eps = self.eps_mlp
-        out = [o_gemv_ffn(a, wo, x, norm2_w, w_gate_up, w_down, eps) for a, x in zip(attn, inputs)]
-        return out[0].view(1, 1, -1) if batch == 1 else torch.stack(out).unsqueeze(1)
+        eps, following = self.eps_mlp, self.next_layer
+        if following is None or compiling:
+            out = [o_gemv_ffn(a, wo, x, norm2_w, w_gate_up, w_down, eps) for a, x in zip(attn, inputs)]
+            return out[0].view(1, 1, -1) if batch == 1 else torch.stack(out).unsqueeze(1)
+        next_eps = following.eps_attn
+        chained = [o_gemv_ffn_rms_gemv_rope(a, wo, x, norm2_w, w_gate_up, w_down, *following.qkv_weights, lut, eps,
+                                            next_eps) for a, x, lut in zip(attn, inputs, lut_rows)]
+        result = chained[0][0].view(1, 1, -1) if batch == 1 else torch.stack([c[0] for c in chained]).unsqueeze(1)
+        self.shared.chained = ChainedQkv(following, result, result._version, lut_rows, next_eps,
+                                         [c[1:] for c in chained])
+        return result
 
     def _prefill(self, hidden, lut, mask, cache):
         batch, seq, _ = hidden.shape

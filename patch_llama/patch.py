@@ -191,8 +191,11 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
             item.data = runtime.pin(item.data)
         else:  # a decoder layer: its gate and up weights, as one buffer
             gate_up.append(_pin_gate_up(runtime, item.mlp))
-    for layer, layer_gate_up in zip(model.model.layers, gate_up):
-        _replace_forward(state, layer, NpuDecoderLayer(layer, state.shared, layer_gate_up))
+    patched = [NpuDecoderLayer(layer, state.shared, layer_gate_up)
+               for layer, layer_gate_up in zip(model.model.layers, gate_up)]
+    for layer, forward, following in zip(model.model.layers, patched, patched[1:] + [None]):
+        forward.next_layer = following
+        _replace_forward(state, layer, forward)
     _replace_forward(state, model.lm_head, NpuLmHead(model.lm_head))
     _refuse_conversions(state, model)
     setattr(model, STATE_ATTR, state)

@@ -310,3 +310,19 @@ def test_prefill_is_predicted_for_both_gemm_precisions():
     rows = {(r["program"], r["seq"]): r for r in cost_model.per_program(cost_model.llama_1b_dims())}
     assert rows[("o_ffn", 2048)]["predicted_ms_bfp16"] < rows[("o_ffn", 2048)]["predicted_ms"]
     assert rows[("flash_attn", 2048)]["predicted_ms_bfp16"] is None  # no GEMM precision to choose
+
+
+def test_a_decode_token_pays_one_dispatch_per_layer_plus_the_first_layers_and_the_lm_heads():
+    """The chained Program is its two parts' launches in one dispatch, and a decode token follows NpuDecoderLayer:
+    rms_gemv_rope, then L−1 chained Programs, o_gemv_ffn, the LM head: L+2 dispatches."""
+    dims = cost_model.llama_1b_dims()
+    cost = {name: cost_model.program_cost(cost_model.program(name, dims))
+            for name in ("rms_gemv_rope", "o_gemv_ffn", "o_gemv_ffn_rms_gemv_rope", "lm_head_gemv")}
+    chained, parts = cost["o_gemv_ffn_rms_gemv_rope"], (cost["o_gemv_ffn"], cost["rms_gemv_rope"])
+    assert [l.kind for l in chained.launches] == [l.kind for p in parts for l in p.launches]
+    assert chained.seconds == pytest.approx(sum(p.seconds for p in parts) - cost_model.DISPATCH_S)
+    for layers in (1, 16):
+        expected_s = sum(c.seconds for c in cost.values()) + (layers - 2) * chained.seconds
+        assert cost_model.decode_ms(dims, layers) == pytest.approx(expected_s * 1e3)
+    unchained = 16 * (cost["rms_gemv_rope"].seconds + cost["o_gemv_ffn"].seconds) + cost["lm_head_gemv"].seconds
+    assert unchained * 1e3 - cost_model.decode_ms(dims, 16) == pytest.approx(15 * cost_model.DISPATCH_S * 1e3)

@@ -25,10 +25,10 @@ def test_report_is_json_with_the_expected_fields(report):
         assert context["token_ms"] > 0 and context["host_attention_ms"] > 0
         assert context["host_overhead_ms"] == pytest.approx(context["token_ms"] - context["host_attention_ms"])
         assert len(context["per_layer_ms"]) == 2
-        assert set(context["ops"]) == {"rms_gemv_rope", "o_gemv_ffn", "lm_head_gemv"}  # decode only
-        assert context["ops"]["rms_gemv_rope"]["calls_per_token"] == 2  # one per layer
-        assert context["ops"]["lm_head_gemv"]["calls_per_token"] == 1
-        assert context["per_generate_counts"]["runs"] == 1 + 2 * 3 + 4 * (2 * 2 + 1)  # prefill + 4 decode steps
+        assert set(context["ops"]) == set(host_overhead.LAYER_DECODE_OPS) | {"lm_head_gemv"}  # decode only
+        for name in host_overhead.LAYER_DECODE_OPS + ("lm_head_gemv",):  # 2 layers: the first one chains
+            assert context["ops"][name]["calls_per_token"] == 1
+        assert context["per_generate_counts"]["runs"] == 1 + 2 * 3 + 4 * (2 + 2)  # prefill + 4 decode steps
         assert context["hot_functions"] and {"function", "own_us_per_token"} <= set(context["hot_functions"][0])
     dispatch = data["dispatch"]
     assert dispatch["library_define_impl_us"] > 0 and dispatch["custom_op_us"] > 0

@@ -265,4 +265,4 @@ def test_cli_prints_findings_per_program_and_exits_1(capsys, monkeypatch):
     out = capsys.readouterr().out.splitlines()
     assert "flash_attn_1024: 2 findings" in out and "lm_head_gemv: no findings" in out
     assert any(line.startswith("  [dma-wrap] launch 1 (attention): src of") for line in out)
-    assert out[-1] == "2 findings in 6 Programs"
+    assert out[-1] == "2 findings in 7 Programs"

@@ -42,7 +42,8 @@ def test_json_round_trip_and_stable_key():
 
 def test_programs_for_model_covers_buckets():
     names = [p.name for p in programs_for_model(SMOL, [16, 32])]
-    assert names == ["rms_gemms_rope", "flash_attn", "o_ffn"] * 2 + ["rms_gemv_rope", "o_gemv_ffn", "lm_head_gemv"]
+    assert names == ["rms_gemms_rope", "flash_attn", "o_ffn"] * 2 + ["rms_gemv_rope", "o_gemv_ffn",
+                                                                   "o_gemv_ffn_rms_gemv_rope", "lm_head_gemv"]
 
 
 @pytest.mark.parametrize("launches,message", [

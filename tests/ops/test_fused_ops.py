@@ -35,6 +35,10 @@ def op_cases(config):
         "flash_attn": (attn_args(heads, kv, hd, seq, gen=g), (hd,), reference.flash_attn_reference),
         "o_ffn": (ffn_args(hidden, heads, hd, ffn, seq, gen=g), (EPS,), reference.o_ffn_reference),
         "o_gemv_ffn": (ffn_args(hidden, heads, hd, ffn, seq, decode=True, gen=g), (EPS,), reference.o_ffn_reference),
+        "o_gemv_ffn_rms_gemv_rope": (
+            ffn_args(hidden, heads, hd, ffn, seq, decode=True, gen=g)
+            + qkv_args(hidden, heads, kv, hd, seq, decode=True, gen=g)[1:], (EPS, 2 * EPS),
+            reference.o_gemv_ffn_rms_gemv_rope_reference),
         "lm_head_gemv": ([torch.randn(hidden).bfloat16(), (torch.randn(vocab, hidden) * hidden ** -0.5).bfloat16()],
                          (), reference.lm_head_gemv_reference),
     }
@@ -56,6 +60,21 @@ def test_op_matches_reference(runtime, config, name):
 def test_opcheck(runtime, name):
     tensors, scalars, _ = op_cases("odd")[name]
     torch.library.opcheck(ALL_OPS[name], (*tensors, *scalars))
+
+
+def test_chained_op_is_its_two_ops_bit_for_bit(runtime):
+    """o_gemv_ffn_rms_gemv_rope is o_gemv_ffn, then rms_gemv_rope on its output, each with its own eps (one of
+    them 1.0 so that mixing them up would change the results)."""
+    tensors = op_cases("odd")["o_gemv_ffn_rms_gemv_rope"][0]
+    ffn, qkv = tensors[:6], tensors[6:]
+    for eps, next_eps in ((EPS, 1.0), (1.0, EPS)):
+        chained = ALL_OPS["o_gemv_ffn_rms_gemv_rope"](*tensors, eps, next_eps)
+        out = ALL_OPS["o_gemv_ffn"](*ffn, eps)
+        expected = (out, *ALL_OPS["rms_gemv_rope"](out, *qkv, next_eps))
+        assert len(chained) == len(expected) == 4
+        for c, e in zip(chained, expected):
+            assert torch.equal(c, e)
+        assert not torch.equal(chained[2], ALL_OPS["rms_gemv_rope"](out, *qkv, eps)[1])
 
 
 def test_outputs_never_alias_inputs(runtime):
@@ -87,6 +106,10 @@ def _call_with(name, index, value):
     ("o_ffn", 4, "w_gate_up", lambda t: t[:-2].contiguous(), "shape (200, 192)"),
     ("o_ffn", 4, "w_gate_up", lambda t: t[:, :-2].contiguous(), "shape (200, 192)"),
     ("lm_head_gemv", 0, "x", lambda t: t[:-2].contiguous(), "shape (96,)"),
+    # The chained op names the next layer's arguments as such.
+    ("o_gemv_ffn_rms_gemv_rope", 8, "next_wk", lambda t: t[:-2].contiguous(), "rows that are a multiple of head_dim"),
+    ("o_gemv_ffn_rms_gemv_rope", 6, "next_norm_w", lambda t: t[:-2].contiguous(), "shape (96,)"),
+    ("o_gemv_ffn_rms_gemv_rope", 10, "next_rope_lut", lambda t: t[:-1].contiguous(), "an even width (head_dim)"),
     ("rms_gemms_rope", 5, "rope_lut", lambda t: t[:, :-1].contiguous(), "an even width (head_dim) dividing"),
     ("rms_gemms_rope", 5, "rope_lut", lambda t: t[:, :-2].contiguous(), "an even width (head_dim) dividing"),
     ("rms_gemms_rope", 2, "wq", lambda t: t[:-2].contiguous(), "rows that are a multiple of head_dim 16"),
@@ -112,6 +135,7 @@ def test_bad_arguments_raise_naming_op_and_argument(runtime, name, index, arg, m
     ("o_ffn", (-1e-5,), "eps", "a finite float > 0, got -1e-05"),
     ("rms_gemv_rope", (float("nan"),), "eps", "a finite float > 0, got nan"),
     ("o_gemv_ffn", (float("inf"),), "eps", "a finite float > 0, got inf"),
+    ("o_gemv_ffn_rms_gemv_rope", (EPS, -1.0), "next_eps", "a finite float > 0, got -1.0"),
     ("rms_gemms_rope", (EPS, "fp8"), "precision", "one of 'bf16', 'bfp16', got 'fp8'"),
     ("flash_attn", (0,), "head_dim", "a positive int, got 0"),
 ])

@@ -66,10 +66,12 @@ def test_prefill_pads_to_bucket_and_tracks_length(runtime, pair):
 
 @pytest.mark.parametrize("layers", [2, 3])
 def test_one_decode_token_moves_what_architecture_md_says(runtime, layers):
-    """Per decode token of an L-layer model: 2L+1 dispatches, no weight bytes, L+4 staged host copies (each
-    layer's attention output, the step's RoPE LUT row once, the first layer's input for both its ops, the LM
-    head's row) and one read-back per op output; later layers take their input where the previous layer left
-    it, and find the LUT row already staged."""
+    """Per decode token of an L-layer model (L ≥ 2): L+2 dispatches (rms_gemv_rope for the first layer, then per
+    layer o_gemv_ffn_rms_gemv_rope, which also runs the next layer's rms_gemv_rope, or o_gemv_ffn for the last;
+    the LM head), no weight bytes, L+5 staged host copies (each layer's attention output; the step's RoPE LUT
+    row and the first layer's input once for each of the two Programs that read them; the LM head's row) and
+    one read-back per op output; later layers take their input where the previous layer left it, and later
+    chained runs find the LUT row already staged."""
     model = patch_llama(tiny_llama(num_hidden_layers=layers))
     ids = prompt(9)
 
@@ -81,12 +83,43 @@ def test_one_decode_token_moves_what_architecture_md_says(runtime, layers):
     counts(2)  # loads every Program and syncs the weights
     (stats2, xrt2), (stats3, xrt3) = counts(2), counts(3)  # the same prefill; the second decodes one more token
     token, token_xrt = stats3 - stats2, xrt3 - xrt2
-    assert token["runs"] == 2 * layers + 1
+    assert token["runs"] == layers + 2
+    assert (token_xrt["runs:rms_gemv_rope"], token_xrt["runs:o_gemv_ffn_rms_gemv_rope"],
+            token_xrt["runs:o_gemv_ffn"]) == (1, layers - 1, 1)
     assert token_xrt["bytes_to_device:weight"] == 0 == xrt3["syncs_to_device:weight"]
-    assert token["host_copies"] == token_xrt["syncs_to_device"] == layers + 4
-    assert token["staged_inputs_reused"] == layers - 1
-    assert token["inputs_already_on_device"] == 2 * (layers - 1)
+    assert token["host_copies"] == token_xrt["syncs_to_device"] == layers + 5
+    assert token["staged_inputs_reused"] == layers - 2
+    assert token["inputs_already_on_device"] == layers - 1
     assert token_xrt["syncs_from_device"] == 4 * layers + 1  # v, q_roped, k_roped, out per layer; the logits
+
+
+@pytest.mark.parametrize("edit", [None, "in_place", "replaced"])
+def test_chained_decode_layers_match_unchained_ones_and_see_hook_edits(runtime, edit):
+    """A decode layer runs the next layer's rms_gemv_rope in its own dispatch; the logits are bit-identical to
+    layers that do not chain. A forward hook on layer 0 that edits its output (in place, or by returning a new
+    tensor) makes layer 1 recompute from the edited state (layer 2 still takes layer 1's chained results)."""
+    def halve(module, args, output):
+        if edit == "in_place":
+            output.mul_(0.5)
+            return None
+        return output * 0.5
+
+    logits, runs = [], []
+    for chain in (True, False):
+        model = patch_llama(tiny_llama(num_hidden_layers=3))
+        if not chain:
+            for layer in model.model.layers:
+                layer.forward.next_layer = None
+        if edit:
+            model.model.layers[0].register_forward_hook(halve)
+        before = runtime.xrt.counters.copy()
+        out = model.generate(prompt(9), max_new_tokens=4, do_sample=False, output_logits=True,
+                             return_dict_in_generate=True)
+        logits.append(torch.stack(out.logits))
+        runs.append((runtime.xrt.counters - before)["runs:rms_gemv_rope"])
+    assert torch.equal(logits[0], logits[1])
+    decode_steps = 3  # 4 new tokens: the first comes from the prefill
+    assert runs == [decode_steps * (2 if edit else 1), decode_steps * 3]
 
 
 def test_prompt_longer_than_largest_bucket_is_chunked(runtime, pair):
@@ -337,7 +370,7 @@ def test_emulator_warns_once_per_model_about_programs_the_npu_cannot_build(runti
         patch_llama(model, prefill_buckets=(16, 32))
     (warning,) = [w for w in caught if NPU2_WARNING in str(w.message)]
     lines = str(warning.message).splitlines()
-    assert lines[0].endswith("but 6 of its Programs cannot be compiled for NPU2:")
+    assert lines[0].endswith("but 7 of its Programs cannot be compiled for NPU2:")
     assert lines[1] == ("  rms_gemms_rope (hidden=96, heads=6, kv_heads=2, head_dim=16, eps=1e-06, rows=16): "
                         "rope launch: head_dim=16: must be a multiple of 32 so each rotated half is whole 16-lane "
                         "vectors")
@@ -352,7 +385,7 @@ def test_npu_backend_refuses_programs_it_cannot_build_before_any_weight_moves(tm
     assert npu.target == "npu2"
     model = tiny_llama()
     snapshot = {n: p.detach().clone() for n, p in model.named_parameters()}
-    with use_runtime(npu), pytest.raises(ValueError, match=r"(?s)6 of the model's Programs cannot be compiled for "
+    with use_runtime(npu), pytest.raises(ValueError, match=r"(?s)7 of the model's Programs cannot be compiled for "
                                                             r"NPU2:\n  rms_gemms_rope .*the model was not modified"):
         patch_llama(model, backend="npu2", prefill_buckets=(16, 32))
     assert _unmodified(model, snapshot) and npu.stats["bo_allocs"] == 0
