@@ -98,10 +98,11 @@ def _check_tensors(op: FusedOp, tensors, real: bool) -> None:
                     f"device {t.device}")
 
 
+_POSITIVE_FLOAT = (lambda v: math.isfinite(v) and v > 0, "a finite float > 0")
 # What each scalar argument (by name) must be: a predicate and the expectation an error states.
 SCALAR_CHECKS = {
-    "eps": (lambda v: math.isfinite(v) and v > 0, "a finite float > 0"),
-    "next_eps": (lambda v: math.isfinite(v) and v > 0, "a finite float > 0"),
+    "eps": _POSITIVE_FLOAT,
+    "next_eps": _POSITIVE_FLOAT,
     "precision": (lambda v: v in MATMUL_PRECISIONS, f"one of {', '.join(map(repr, MATMUL_PRECISIONS))}"),
     "head_dim": (lambda v: v > 0, "a positive int"),
 }

@@ -93,11 +93,12 @@ def test_one_decode_token_moves_what_architecture_md_says(runtime, layers):
     assert token_xrt["syncs_from_device"] == 4 * layers + 1  # v, q_roped, k_roped, out per layer; the logits
 
 
-@pytest.mark.parametrize("edit", [None, "in_place", "replaced"])
+@pytest.mark.parametrize("edit", [None, "in_place", "replaced", "reordered"])
 def test_chained_decode_layers_match_unchained_ones_and_see_hook_edits(runtime, edit):
     """A decode layer runs the next layer's rms_gemv_rope in its own dispatch; the logits are bit-identical to
     layers that do not chain. A forward hook on layer 0 that edits its output (in place, or by returning a new
-    tensor) makes layer 1 recompute from the edited state (layer 2 still takes layer 1's chained results)."""
+    tensor) makes layer 1 recompute from the edited state (layer 2 still takes layer 1's chained results);
+    layers reordered after patching each compute their own."""
     def halve(module, args, output):
         if edit == "in_place":
             output.mul_(0.5)
@@ -110,7 +111,9 @@ def test_chained_decode_layers_match_unchained_ones_and_see_hook_edits(runtime, 
         if not chain:
             for layer in model.model.layers:
                 layer.forward.next_layer = None
-        if edit:
+        if edit == "reordered":
+            model.model.layers = torch.nn.ModuleList(reversed(model.model.layers))
+        elif edit:
             model.model.layers[0].register_forward_hook(halve)
         before = runtime.xrt.counters.copy()
         out = model.generate(prompt(9), max_new_tokens=4, do_sample=False, output_logits=True,
@@ -119,7 +122,7 @@ def test_chained_decode_layers_match_unchained_ones_and_see_hook_edits(runtime, 
         runs.append((runtime.xrt.counters - before)["runs:rms_gemv_rope"])
     assert torch.equal(logits[0], logits[1])
     decode_steps = 3  # 4 new tokens: the first comes from the prefill
-    assert runs == [decode_steps * (2 if edit else 1), decode_steps * 3]
+    assert runs == [decode_steps * {None: 1, "in_place": 2, "replaced": 2, "reordered": 3}[edit], decode_steps * 3]
 
 
 def test_prompt_longer_than_largest_bucket_is_chunked(runtime, pair):
