@@ -104,6 +104,12 @@ def _sequence_rows(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return (t.reshape(-1),) if t.shape[0] == 1 else t.reshape(t.shape[0], -1).unbind(0)
 
 
+def _from_sequence_rows(rows) -> torch.Tensor:
+    """The (batch, 1, n) tensor of per-sequence 1-D op outputs: for one sequence, a view of its output (still
+    BO-backed at offset 0, so the next op binds it without a copy)."""
+    return rows[0].view(1, 1, -1) if len(rows) == 1 else torch.stack(rows).unsqueeze(1)
+
+
 # Which rows a sequence's kernels run depends on the mask's values: under torch.compile this is a patched
 # layer's one graph break (README, "torch.compile"); prefill without a mask and decode trace whole.
 @torch.compiler.disable(reason="torch_npu2 reads the attention mask's values to choose the rows to compute")
@@ -241,12 +247,12 @@ class NpuDecoderLayer:
         wo, norm2_w, w_gate_up, w_down = self.ffn_weights
         eps, following = self.eps_mlp, self.next_layer
         if following is None or compiling:
-            out = [o_gemv_ffn(a, wo, x, norm2_w, w_gate_up, w_down, eps) for a, x in zip(attn, inputs)]
-            return out[0].view(1, 1, -1) if batch == 1 else torch.stack(out).unsqueeze(1)
+            return _from_sequence_rows([o_gemv_ffn(a, wo, x, norm2_w, w_gate_up, w_down, eps)
+                                        for a, x in zip(attn, inputs)])
         next_eps = following.eps_attn
         chained = [o_gemv_ffn_rms_gemv_rope(a, wo, x, norm2_w, w_gate_up, w_down, *following.qkv_weights, lut, eps,
                                             next_eps) for a, x, lut in zip(attn, inputs, lut_rows)]
-        result = chained[0][0].view(1, 1, -1) if batch == 1 else torch.stack([c[0] for c in chained]).unsqueeze(1)
+        result = _from_sequence_rows([c[0] for c in chained])
         self.shared.chained = ChainedQkv(following, result, result._version, lut_rows, next_eps,
                                          [c[1:] for c in chained])
         return result
@@ -316,8 +322,7 @@ class NpuLmHead:
 
     def _logits(self, hidden):
         if hidden.dim() == 3 and hidden.shape[1] == 1:
-            rows = [lm_head_gemv(x, self.weight) for x in _sequence_rows(hidden)]
-            return rows[0].view(1, 1, -1) if len(rows) == 1 else torch.stack(rows).unsqueeze(1)
+            return _from_sequence_rows([lm_head_gemv(x, self.weight) for x in _sequence_rows(hidden)])
         rows = hidden.float()
         logits = rows.new_empty(*hidden.shape[:-1], self.weight.shape[0])
         for start in range(0, self.weight.shape[0], self.VOCAB_CHUNK):
