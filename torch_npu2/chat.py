@@ -3,8 +3,11 @@ returns to the prompt, Ctrl-C twice in a row or Ctrl-D quits, ``/reset`` starts 
 quits. Line editing and history come from ``readline`` when the input is a terminal."""
 from __future__ import annotations
 
+import signal
 import sys
-from typing import Callable, TextIO
+import threading
+from contextlib import contextmanager
+from typing import Callable, Iterator, TextIO
 
 HELP = "Ctrl-C stops an answer, /reset starts over, /exit or Ctrl-D quits"
 
@@ -19,6 +22,29 @@ def enable_line_editing() -> bool:
     except ImportError:
         return False
     return True
+
+
+@contextmanager
+def ctrl_c_sets(cancel: threading.Event) -> Iterator[None]:
+    """While inside, Ctrl-C sets ``cancel`` (generation then ends after the current token) instead of raising
+    KeyboardInterrupt wherever the interpreter is: Python drops an exception raised in a weakref callback, and the
+    runtime returns buffers to its pool in one, so such a Ctrl-C would be lost and the answer would run on. A
+    second Ctrl-C before the answer ends raises KeyboardInterrupt as usual. Outside the main thread (where
+    signal handlers cannot be set) it changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_sigint(signum, frame):
+        if cancel.is_set():
+            raise KeyboardInterrupt
+        cancel.set()
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 class ChatLoop:

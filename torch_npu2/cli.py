@@ -102,14 +102,30 @@ def _print_now(text: str) -> None:
     print(text, end="", flush=True)
 
 
-def _answer(model, tokenizer, messages, sampling, stream: bool):
-    """Generate, stream (or print at the end) the answer, and the prefill/decode stats line on stderr."""
+def _generate_stoppably(model, tokenizer, messages, sampling, on_text=lambda text: None):
+    """generate() where Ctrl-C ends the answer after the current token (see ``chat.ctrl_c_sets``) rather than
+    raising wherever the interpreter happens to be."""
+    import threading
+
+    from .chat import ctrl_c_sets
     from .textgen import chat_input_ids, generate
 
-    result = generate(model, tokenizer, chat_input_ids(tokenizer, messages), sampling,
-                      on_text=_print_now if stream else lambda text: None)
+    cancel = threading.Event()
+    with ctrl_c_sets(cancel):
+        return generate(model, tokenizer, chat_input_ids(tokenizer, messages), sampling, on_text=on_text,
+                        cancel=cancel)
+
+
+def _answer(model, tokenizer, messages, sampling, stream: bool):
+    """Generate, stream (or print at the end) the answer, and the prefill/decode stats line on stderr. An answer
+    stopped by Ctrl-C raises KeyboardInterrupt after its stats line, between tokens: the chat drops the turn, a
+    single prompt exits 130."""
+    on_text = _print_now if stream else (lambda text: None)
+    result = _generate_stoppably(model, tokenizer, messages, sampling, on_text=on_text)
     print("" if stream else result.text, flush=True)
     print(result.stats_line(), file=sys.stderr)
+    if result.finish_reason == "cancelled":
+        raise KeyboardInterrupt
     return result
 
 
@@ -157,9 +173,9 @@ def cmd_generate(args) -> int:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
             [{"role": "user", "content": prompt}]
         if args.json:
-            from .textgen import chat_input_ids, generate
-
-            result = generate(model, tokenizer, chat_input_ids(tokenizer, messages), sampling)
+            result = _generate_stoppably(model, tokenizer, messages, sampling)
+            if result.finish_reason == "cancelled":
+                raise KeyboardInterrupt
             print(json.dumps({"model": _model_id(args.model), **result.as_dict()}))
             print(result.stats_line(), file=sys.stderr)
         else:

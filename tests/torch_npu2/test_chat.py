@@ -3,7 +3,7 @@ import io
 
 import pytest
 
-from torch_npu2.chat import ChatLoop
+from torch_npu2.chat import ChatLoop, ctrl_c_sets
 from torch_npu2.textgen import Sampling, SamplingError, StopText, chat_input_ids, generate
 
 
@@ -113,3 +113,25 @@ def test_sampling_with_a_seed_repeats(tiny_patched):
     ids = chat_input_ids(tokenizer, [{"role": "user", "content": "Hello"}])
     sampling = Sampling(max_new_tokens=6, temperature=1.5, top_p=0.95, top_k=40, seed=7)
     assert generate(model, tokenizer, ids, sampling).text == generate(model, tokenizer, ids, sampling).text
+
+
+def test_ctrl_c_sets_the_event_even_inside_a_weakref_callback_and_a_second_one_raises():
+    """Python drops an exception raised in a weakref callback (the runtime's buffer pool has one): there a plain
+    KeyboardInterrupt would be lost. Under ctrl_c_sets the first Ctrl-C only sets the event; the second raises."""
+    import os
+    import signal
+    import threading
+    import weakref
+
+    class Lease:
+        pass
+
+    cancel, lease = threading.Event(), Lease()
+    before = signal.getsignal(signal.SIGINT)
+    with ctrl_c_sets(cancel):
+        ref = weakref.ref(lease, lambda _: os.kill(os.getpid(), signal.SIGINT))
+        del lease
+        assert cancel.is_set() and ref() is None
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is before

@@ -276,6 +276,53 @@ def test_python_dash_m_runs_the_command():
 
 
 @pytest.mark.filterwarnings("ignore:patch_llama. LlamaForCausalLM runs here on the emulated NPU2:UserWarning")
+def test_a_sigint_mid_answer_ends_it_after_that_token_and_the_chat_goes_on(tiny_cli, tiny_checkpoint, capsys,
+                                                                            monkeypatch):
+    """A real SIGINT to this process while the second piece streams: the answer ends (one token later at most),
+    its turn is dropped, and the same question asked again gets a fresh conversation's answer."""
+    import os
+    import signal
+
+    lines = iter(["Hello", "Hello", "/exit"])
+    monkeypatch.setattr("builtins.input", lambda prompt: next(lines))
+    chunks = []
+
+    def print_now(text):
+        chunks.append(text)
+        if len(chunks) == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        print(text, end="")
+
+    monkeypatch.setattr(cli, "_print_now", print_now)
+    assert cli.main([*tiny_cli, "--max-new-tokens", "12"]) == 0
+    captured = capsys.readouterr()
+    expected = _reference_answer(tiny_checkpoint, [{"role": "user", "content": "Hello"}], 12)
+    assert captured.out.endswith(expected + "\n") and "answer stopped" in captured.err
+    assert captured.err.count("[prefill:") == 2  # the stopped answer's stats line is printed too
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
+
+
+@pytest.mark.filterwarnings("ignore:patch_llama. LlamaForCausalLM runs here on the emulated NPU2:UserWarning")
+def test_a_sigint_during_a_single_prompt_exits_130_with_or_without_json(tiny_cli, capsys, monkeypatch):
+    import os
+    import signal
+
+    from torch_npu2 import textgen
+
+    generate = textgen.generate
+
+    def generate_with_sigint(*args, on_text, **kwargs):  # a Ctrl-C once the first piece of text is out
+        return generate(*args, on_text=lambda text: os.kill(os.getpid(), signal.SIGINT), **kwargs)
+
+    monkeypatch.setattr(textgen, "generate", generate_with_sigint)
+    for extra in ([], ["--json"]):
+        assert cli.main([*tiny_cli, "--prompt", "Hello", "--max-new-tokens", "12", *extra]) == 130
+        captured = capsys.readouterr()
+        assert "interrupted" in captured.err and "Traceback" not in captured.err
+        assert '"finish_reason"' not in captured.out
+
+
+@pytest.mark.filterwarnings("ignore:patch_llama. LlamaForCausalLM runs here on the emulated NPU2:UserWarning")
 def test_sigint_in_a_real_process_stops_the_answer_not_the_chat(tiny_checkpoint, tmp_path):
     """A real SIGINT, as a terminal's Ctrl-C sends: the answer stops, the chat goes on, /exit exits 0."""
     import os
