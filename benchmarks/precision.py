@@ -1,4 +1,4 @@
-"""Accuracy of each prefill-GEMM precision ("bf16", "bfp16") against an fp32 run of the same model (measured
+"""Accuracy of each prefill matmul precision ("bf16", "bfp16", "bfp16_gate_up") against an fp32 run of the same model (measured
 on the emulated NPU2), and the predicted prefill cost of each (a MODEL, not a measurement).
 
 Per model and precision:
@@ -23,7 +23,7 @@ import torch
 
 from . import common, cost_model
 
-PRECISIONS = ("bf16", "bfp16")
+PRECISIONS = ("bf16", "bfp16", "bfp16_gate_up")
 SETTINGS = {
     "quick": dict(new_tokens=16, llama_layers=2, llama_prompts=4, llama_new_tokens=4, buckets=(16, 32, 64)),
     "full": dict(new_tokens=32, llama_layers=16, llama_prompts=9, llama_new_tokens=32, buckets=(16, 32, 64)),

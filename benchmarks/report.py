@@ -102,11 +102,13 @@ def _cost_model(r: dict) -> list[str]:
     for p in r["per_program"]:
         largest = max(p["compute_ms_by_class"].items(), key=lambda kv: kv[1])
         bfp16 = f"{p['predicted_ms_bfp16']:.2f}" if p.get("predicted_ms_bfp16") else "—"
-        programs.append([p["program"], p["seq"] or "decode", f"{p['predicted_ms']:.2f}", bfp16, p["upstream_published_ms"],
+        gate_up = f"{p['predicted_ms_bfp16_gate_up']:.2f}" if p.get("predicted_ms_bfp16_gate_up") else "—"
+        programs.append([p["program"], p["seq"] or "decode", f"{p['predicted_ms']:.2f}", gate_up, bfp16,
+                         p["upstream_published_ms"],
                          f"{p['ratio_to_upstream']:.1f}×", p["launch_iterations"], f"{p['ddr_mb']:.0f}",
                          f"{largest[0]} {largest[1]:.2f}"])
     prefill = [[p["prompt_tokens"], "+".join(map(str, p["buckets"])), f"{p['predicted_ms']:.0f}",
-                f"{p['predicted_ms_bfp16']:.0f}", f"{p['upstream_published_ms']:.0f}", f"{p['ratio_to_upstream']:.2f}×",
+                f"{p['predicted_ms_bfp16_gate_up']:.0f}", f"{p['predicted_ms_bfp16']:.0f}", f"{p['upstream_published_ms']:.0f}", f"{p['ratio_to_upstream']:.2f}×",
                 f"{p['ratio_to_upstream_bfp16']:.2f}×"] for p in r["predictions"]["prefill"]]
     d = r["predictions"]["decode"]
     conditions = [(p["program"], p["seq"] or "decode", c) for p in r["per_program"] for c in p.get("conditions", [])]
@@ -124,10 +126,12 @@ def _cost_model(r: dict) -> list[str]:
              "iterations, launches and a dispatch per call. The BFP16 mmul rate and the DDR bandwidth are what "
              "upstream's measured standalone GEMMs prove (the last table replays them). Upstream: published per-call "
              "times on Strix (KERNELS.md).", ""]
-            + _table(["program", "seq", "predicted ms (bf16 GEMMs, the default)", "predicted ms (bfp16 GEMMs)",
+            + _table(["program", "seq", "predicted ms (bf16 GEMMs, the default)",
+                      "predicted ms (bfp16 gate/up GEMM)", "predicted ms (bfp16 GEMMs)",
                       "upstream published ms (bfp16 GEMMs)", "ratio (bf16)", "launch iterations", "DDR MB",
                       "largest compute class (ms per tile)"], programs) + [""]
-            + _table(["prompt", "our buckets", "predicted prefill ms (bf16)", "predicted prefill ms (bfp16)",
+            + _table(["prompt", "our buckets", "predicted prefill ms (bf16)", "predicted prefill ms (bfp16 gate/up)",
+                      "predicted prefill ms (bfp16)",
                       "upstream published ms (pad to 2048)", "ratio (bf16)", "ratio (bfp16)"], prefill)
             + ["", "Branches (`scf.if`), counted as the IR executes them: " + ("; ".join(evaluated) or "none")
                + ". Conditions the model could not evaluate (counted as always taken): "

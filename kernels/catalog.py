@@ -32,8 +32,10 @@ DECODE_OPTIONS = CompileOptions(runtime_loop_tiling_sizes=(16, 16))
 
 # How the prefill GEMMs multiply: "bfp16" builds the GEMM kernel with AIE_API_EMULATE_BFLOAT16_MMUL_WITH_BFP16
 # (both operands converted to bfp16ebs8, blocks of 8 along K: fast), "bf16" with the AIE API's exact bf16 mmul
-# (slower). Decode GEMVs and the LM head use bf16 MACs either way. The default and its reason: README, "Numerics".
-MATMUL_PRECISIONS = ("bf16", "bfp16")
+# (slower); "bfp16_gate_up" builds the gate/up projection (over half of a layer's MACs, and the GEMM whose
+# conversion costs the least accuracy) with BFP16 and the others exact. Decode GEMVs and the LM head use bf16
+# MACs in every mode. The default and its reason: README, "Numerics".
+MATMUL_PRECISIONS = ("bf16", "bfp16", "bfp16_gate_up")
 DEFAULT_MATMUL_PRECISION = "bf16"
 
 
@@ -94,11 +96,18 @@ def _check_seq(seq: int) -> None:
         raise ValueError(f"sequence length must be a positive int, got {seq!r}")
 
 
-def _matmul_params(matmul: str, rows: int, precision: str | None):
-    """(K, N) → a matmul launch's params: a prefill GEMM carries its precision, a decode GEMV has none."""
+def _gemm_precision(mode: str, projection: str) -> str:
+    """The precision ("bf16" or "bfp16") the GEMM of ``projection`` is built with under matmul precision ``mode``."""
+    if mode == "bfp16_gate_up":
+        return "bfp16" if projection == "gate_up" else "bf16"
+    return mode
+
+
+def _matmul_params(matmul: str, rows: int, mode: str | None):
+    """(K, N, projection) → a matmul launch's params: a prefill GEMM carries its precision, a decode GEMV none."""
     if matmul == "gemm":
-        return lambda k, n: dict(M=rows, K=k, N=n, precision=precision)
-    return lambda k, n: dict(K=k, N=n)
+        return lambda k, n, projection: dict(M=rows, K=k, N=n, precision=_gemm_precision(mode, projection))
+    return lambda k, n, projection: dict(K=k, N=n)
 
 
 def _rms_qkv_rope(name, hidden, heads, kv_heads, head_dim, eps, rows, matmul, row_shape, options,
@@ -127,9 +136,9 @@ def _rms_qkv_rope(name, hidden, heads, kv_heads, head_dim, eps, rows, matmul, ro
         ),
         launches=(
             _launch("rmsnorm", ["x", "norm_w"], ["normed"], rows=rows, cols=h, eps=eps),
-            _launch(matmul, ["normed", "wq"], ["q"], **mm(h, q)),
-            _launch(matmul, ["normed", "wk"], ["k"], **mm(h, kv)),
-            _launch(matmul, ["normed", "wv"], ["v"], **mm(h, kv)),
+            _launch(matmul, ["normed", "wq"], ["q"], **mm(h, q, "q")),
+            _launch(matmul, ["normed", "wk"], ["k"], **mm(h, kv, "k")),
+            _launch(matmul, ["normed", "wv"], ["v"], **mm(h, kv, "v")),
             _launch("rope", ["q", "rope_lut"], ["q_roped"], rows=rows, heads=heads, head_dim=hd),
             _launch("rope", ["k", "rope_lut"], ["k_roped"], rows=rows, heads=kv_heads, head_dim=hd),
         ),
@@ -145,11 +154,12 @@ def _o_ffn(name, hidden, q_dim, intermediate, eps, rows, row_shape, options, pre
     h, q, f = hidden, q_dim, intermediate
     matmul, mm = "gemm", _matmul_params("gemm", rows, precision)
     if rows >= FUSED_SWIGLU_MIN_ROWS:
-        swiglu_scratch, swiglu = (), (_launch("gemm_swiglu", ["normed", "w_gate_up"], ["act"], **mm(h, f)),)
+        swiglu_scratch = ()
+        swiglu = (_launch("gemm_swiglu", ["normed", "w_gate_up"], ["act"], **mm(h, f, "gate_up")),)
     else:  # the two projections from the halves of w_gate_up's rows, then SiLU·up
         swiglu_scratch = (Arg("gate", row_shape(f), "bf16", S), Arg("up", row_shape(f), "bf16", S))
-        swiglu = (_launch(matmul, ["normed", "w_gate_up"], ["gate"], **mm(h, f), w_cols=2 * h, w_col0=0),
-                  _launch(matmul, ["normed", "w_gate_up"], ["up"], **mm(h, f), w_cols=2 * h, w_col0=h),
+        swiglu = (_launch(matmul, ["normed", "w_gate_up"], ["gate"], **mm(h, f, "gate_up"), w_cols=2 * h, w_col0=0),
+                  _launch(matmul, ["normed", "w_gate_up"], ["up"], **mm(h, f, "gate_up"), w_cols=2 * h, w_col0=h),
                   _launch("silu_mul", ["gate", "up"], ["act"], rows=rows, cols=f))
     return Program(
         name=name,
@@ -170,11 +180,11 @@ def _o_ffn(name, hidden, q_dim, intermediate, eps, rows, row_shape, options, pre
             Arg("out", row_shape(h), "bf16", O),
         ),
         launches=(
-            _launch(matmul, ["attn", "wo"], ["proj"], **mm(q, h)),
+            _launch(matmul, ["attn", "wo"], ["proj"], **mm(q, h, "o")),
             _launch("add", ["x", "proj"], ["res1"], rows=rows, cols=h),
             _launch("rmsnorm", ["res1", "norm_w"], ["normed"], rows=rows, cols=h, eps=eps),
             *swiglu,
-            _launch(matmul, ["act", "w_down"], ["down"], **mm(f, h)),
+            _launch(matmul, ["act", "w_down"], ["down"], **mm(f, h, "down")),
             _launch("add", ["res1", "down"], ["out"], rows=rows, cols=h),
         ),
         compile_options=options,

@@ -90,8 +90,8 @@ def _lm_head_gemv(shapes):
 # Small dims that fix each op's argument names and ranks for its schema.
 _EX = dict(hidden=8, heads=2, kv_heads=1, head_dim=4, eps=1e-5)
 _EX_FFN = dict(hidden=8, q_dim=8, intermediate=16, eps=1e-5)
-# The prefill ops' GEMM precision ("bf16" or "bfp16": kernels/catalog.py); optional, so calls without it keep
-# the default.
+# The prefill ops' matmul precision (one of catalog.MATMUL_PRECISIONS); optional, so calls without it keep the
+# default.
 _PRECISION = ("precision", "str", catalog.DEFAULT_MATMUL_PRECISION)
 
 FUSED_OPS = {op.name: op for op in (

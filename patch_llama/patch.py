@@ -166,9 +166,11 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
     ``backend``: "auto" (NPU if present, else emulated), "npu2" or "emulator" — the process-wide runtime.
     ``prefill_buckets``: the sequence lengths prefill kernels are compiled for; prompts pad to the next
     bucket, and prompts longer than the largest are processed in chunks of it.
-    ``matmul_precision``: how the prefill GEMMs multiply on the NPU: "bf16" (the AIE API's exact bf16 mmul)
-    or "bfp16" (operands converted to bfp16ebs8, blocks of 8 along K: faster, less accurate); the emulator
-    follows the choice. Decode and the LM head use bf16 either way. The default and why: README, "Numerics".
+    ``matmul_precision``: how the prefill GEMMs multiply on the NPU: "bf16" (the AIE API's exact bf16 mmul),
+    "bfp16" (operands converted to bfp16ebs8, blocks of 8 along K: faster, less accurate) or "bfp16_gate_up"
+    (BFP16 for the gate/up projection only, the others exact: between the two in speed and accuracy); the
+    emulator follows the choice. Decode and the LM head use bf16 in every mode. The default and why: README,
+    "Numerics".
     ``progress``: show a progress bar while weights move into NPU buffers.
     """
     if getattr(model, STATE_ATTR, None) is not None:

@@ -434,8 +434,9 @@ def _add_matmul_precision(parser) -> None:
     from .kernels import DEFAULT_MATMUL_PRECISION, MATMUL_PRECISIONS
 
     parser.add_argument("--matmul-precision", choices=MATMUL_PRECISIONS, default=DEFAULT_MATMUL_PRECISION,
-                        help="how the prefill GEMMs multiply: bf16 (exact bf16 mmul) or bfp16 (BFP16 emulation: "
-                             "faster, less accurate); default: %(default)s")
+                        help="how the prefill GEMMs multiply: bf16 (exact bf16 mmul), bfp16 (BFP16 emulation: "
+                             "faster, less accurate) or bfp16_gate_up (BFP16 for the gate/up projection only); "
+                             "default: %(default)s")
 
 
 def _add_sampling(parser) -> None:

@@ -53,16 +53,63 @@ def test_decode_gemv_stays_bf16(runtime):
 
 def test_precision_is_part_of_each_prefill_program_and_its_key():
     dims = ModelDims(hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=128, vocab=256, eps=1e-5)
-    by_precision = {p: programs_for_model(dims, (16, 32), p) for p in ("bf16", "bfp16")}
-    for precision, programs in by_precision.items():
+    by_precision = {p: programs_for_model(dims, (16, 32), p) for p in ("bf16", "bfp16", "bfp16_gate_up")}
+    for mode, programs in by_precision.items():
         gemms = [l for prog in programs for l in prog.launches if l.kind in ("gemm", "gemm_swiglu")]
         # rms_gemms_rope: 3 GEMMs per bucket; o_ffn: 4 at 16 rows (gate and up apart), 3 at 32 (gemm_swiglu)
-        assert len(gemms) == 2 * 3 + 4 + 3 and all(l.p["precision"] == precision for l in gemms)
+        assert len(gemms) == 2 * 3 + 4 + 3
+        gate_up = [l for l in gemms if l.writes[0] in ("gate", "up", "act")]
+        assert len(gate_up) == 3  # the gate and up GEMMs at 16 rows, gemm_swiglu at 32
+        for launch in gemms:
+            expected = ("bfp16" if launch in gate_up else "bf16") if mode == "bfp16_gate_up" else mode
+            assert launch.p["precision"] == expected, (mode, launch.kind, launch.writes)
         assert all("precision" not in l.p for prog in programs for l in prog.launches if l not in gemms)
     keys = {p: {prog.name + str(prog.params): prog.key for prog in programs} for p, programs in by_precision.items()}
     for label, key in keys["bf16"].items():
         prefill = label.startswith(("rms_gemms_rope", "o_ffn"))
         assert (key != keys["bfp16"][label]) == prefill, label
+        # only o_ffn has a gate/up GEMM: the mixed mode's rms_gemms_rope is the bf16 one
+        assert (key != keys["bfp16_gate_up"][label]) == label.startswith("o_ffn"), label
+
+
+def test_bfp16_gate_up_converts_the_gate_up_projection_and_nothing_else(runtime):
+    """o_ffn with hand-made weights where each GEMM's BFP16 conversion shows: under "bfp16_gate_up" the output
+    equals the reference with only the gate/up operands converted, and differs from both uniform modes."""
+    from torch_npu2.emulator.bfp16 import quantize_bf16_to_bfp16
+    from torch_npu2.ops import o_ffn as o_ffn_op
+    from torch_npu2.ops.reference import o_ffn_reference
+
+    hidden, inter, rows = 16, 32, 2
+    torch.manual_seed(0)
+    # 1 with seven small companions per block of 8: the small ones truncate to 0 or -2^-6 in bfp16
+    block = torch.tensor([1.0] + [SMALL] * 7)
+    attn = block.repeat(rows, hidden // 8).bfloat16()
+    wo = (torch.randn(hidden, hidden) * 0.3).bfloat16()
+    x = torch.randn(rows, hidden).bfloat16()
+    norm_w = torch.ones(hidden, dtype=torch.bfloat16)
+    w_gate_up = (torch.randn(inter, 2 * hidden) * 0.3).bfloat16()
+    w_down = (torch.randn(hidden, inter) * 0.3).bfloat16()
+    out = {mode: o_ffn_op(attn, wo, x, norm_w, w_gate_up, w_down, 1e-5, mode)
+           for mode in ("bf16", "bfp16", "bfp16_gate_up")}
+
+    def reference(convert):
+        """o_ffn_reference with the operands of the GEMMs named in ``convert`` put through bfp16 first."""
+        linear = torch.nn.functional.linear
+        names = {(hidden, hidden): "o", (inter, hidden): "gate_up", (hidden, inter): "down"}
+
+        def converting_linear(a, w):
+            if names[tuple(w.shape)] in convert:
+                a, w = quantize_bf16_to_bfp16(a), quantize_bf16_to_bfp16(w)
+            return linear(a, w)
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(torch.nn.functional, "linear", converting_linear)
+            return o_ffn_reference(attn, wo, x, norm_w, w_gate_up, w_down, 1e-5)
+
+    assert torch.equal(out["bf16"], reference(()))
+    assert torch.equal(out["bfp16"], reference(("o", "gate_up", "down")))
+    assert torch.equal(out["bfp16_gate_up"], reference(("gate_up",)))
+    assert not torch.equal(out["bfp16_gate_up"], out["bf16"]) and not torch.equal(out["bfp16_gate_up"], out["bfp16"])
 
 
 @pytest.mark.parametrize("make", [
@@ -71,10 +118,10 @@ def test_precision_is_part_of_each_prefill_program_and_its_key():
     lambda: programs_for_model(ModelDims(16, 2, 1, 8, 32, 64, 1e-5), (16,), None),
 ])
 def test_unknown_precision_is_refused(make):
-    with pytest.raises(ValueError, match="matmul precision must be one of 'bf16', 'bfp16'"):
+    with pytest.raises(ValueError, match="matmul precision must be one of 'bf16', 'bfp16', 'bfp16_gate_up'"):
         make()
 
 
 def test_op_refuses_an_unknown_precision(runtime):
-    with pytest.raises(ValueError, match="npu2.rms_gemms_rope: argument 'precision' expected one of 'bf16', 'bfp16', got 'fp8'"):
+    with pytest.raises(ValueError, match="npu2.rms_gemms_rope: argument 'precision' expected one of 'bf16', 'bfp16', 'bfp16_gate_up', got 'fp8'"):
         rms_gemms_rope_op(*hand_made_qkv((SEQ,)), 1e-5, "fp8")

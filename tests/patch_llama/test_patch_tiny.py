@@ -317,15 +317,15 @@ def test_bad_prefill_buckets_are_named_before_any_change(runtime, buckets, error
 def test_unknown_matmul_precision_is_rejected_before_any_change(runtime, precision):
     model = tiny_llama()
     snapshot = {n: p.detach().clone() for n, p in model.named_parameters()}
-    with pytest.raises(ValueError, match=r"matmul_precision must be one of 'bf16', 'bfp16', got .*the model was not "
+    with pytest.raises(ValueError, match=r"matmul_precision must be one of 'bf16', 'bfp16', 'bfp16_gate_up', got .*the model was not "
                                          r"modified"):
         patch_llama(model, matmul_precision=precision)
     assert _unmodified(model, snapshot)
 
 
 def test_matmul_precision_reaches_the_prefill_gemms_only(runtime, pair, monkeypatch):
-    """What the emulated NPU runs: every prefill GEMM launch in the chosen precision, decode GEMVs without one;
-    bfp16 GEMMs change the prompt's logits."""
+    """What the emulated NPU runs: every prefill GEMM launch in the chosen precision (both precisions under
+    "bfp16_gate_up"), decode GEMVs without one; bfp16 GEMMs change the prompt's logits."""
     from torch_npu2.emulator import launches
 
     seen = []
@@ -335,16 +335,20 @@ def test_matmul_precision_reaches_the_prefill_gemms_only(runtime, pair, monkeypa
             return run(p, a, w)
         monkeypatch.setitem(launches.LAUNCH_KINDS, kind, spy)
     ids, logits = prompt(12), {}
-    for precision in ("bf16", "bfp16"):
+    # at 16 rows the gate and up projections are gemm launches of their own (no gemm_swiglu)
+    gemm_precisions = {"bf16": {"bf16"}, "bfp16": {"bfp16"}, "bfp16_gate_up": {"bf16", "bfp16"}}
+    for precision, expected in gemm_precisions.items():
         _, model = pair(tiny_llama())
         patch_llama(model, matmul_precision=precision)
         seen.clear()
         with torch.no_grad():
             logits[precision] = model(ids).logits
         model.generate(ids, max_new_tokens=2, do_sample=False)
-        assert {p for kind, p in seen if kind == "gemm"} == {precision}
+        assert {p for kind, p in seen if kind == "gemm"} == expected
         assert {p for kind, p in seen if kind == "gemv"} == {None}
     assert not torch.equal(logits["bf16"], logits["bfp16"])
+    assert not torch.equal(logits["bfp16_gate_up"], logits["bf16"])
+    assert not torch.equal(logits["bfp16_gate_up"], logits["bfp16"])
 
 
 def test_model_stays_usable_after_a_rejected_patch(runtime):
