@@ -1,5 +1,5 @@
-"""Accuracy of each prefill matmul precision ("bf16", "bfp16", "bfp16_gate_up") against an fp32 run of the same model (measured
-on the emulated NPU2), and the predicted prefill cost of each (a MODEL, not a measurement).
+"""Accuracy of each prefill matmul precision ("bf16", "bfp16", "bfp16_gate_up") against an fp32 run of the same
+model (measured on the emulated NPU2), and the predicted prefill cost of each (a MODEL, not a measurement).
 
 Per model and precision:
 - ``compare_layers`` against the fp32 model on one prompt: the worst decoder layer's and the logits' minimum
@@ -11,12 +11,17 @@ SmolLM2-135M-Instruct uses the gate's chat and raw prompts; the Llama-3.2-1B sha
 tokenizer, so random token prompts) and, in quick mode, only 2 decoder layers, 4 prompts and 4 new tokens (on 2
 shared cores a full 16-layer run of every variant takes hours).
 
+Which GEMM's BFP16 conversion costs the accuracy (``sensitivity``): SmolLM2 with one projection at a time built
+with BFP16 and the others exact (the catalog's per-projection choice swapped for the study, so the Programs,
+their keys and the emulator's numerics are the real ones), ``compare_layers`` against fp32 on the same prompt.
+
 Predicted prefill cost: the IR-derived cost model (``cost_model.program_cost``) of each precision's Programs.
 """
 from __future__ import annotations
 
 import copy
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -24,6 +29,7 @@ import torch
 from . import common, cost_model
 
 PRECISIONS = ("bf16", "bfp16", "bfp16_gate_up")
+PROJECTIONS = ("q", "k", "v", "o", "gate_up", "down")  # the prefill GEMMs, as kernels/catalog.py names them
 SETTINGS = {
     "quick": dict(new_tokens=16, llama_layers=2, llama_prompts=4, llama_new_tokens=4, buckets=(16, 32, 64)),
     "full": dict(new_tokens=32, llama_layers=16, llama_prompts=9, llama_new_tokens=32, buckets=(16, 32, 64)),
@@ -120,6 +126,45 @@ def _smollm2(settings, log) -> dict:
                      tokenizer, log)
 
 
+@contextmanager
+def _only_projection_bfp16(projection: str):
+    """Prefill Programs built while inside have ``projection``'s GEMM at bfp16 and the others at bf16 (the op
+    registry's Program memo is emptied on entry and exit, so no Program crosses the boundary)."""
+    from unittest import mock
+
+    from torch_npu2.kernels import catalog
+    from torch_npu2.ops import registry
+
+    registry._program.cache_clear()
+    try:
+        with mock.patch.object(catalog, "_gemm_precision",
+                               lambda mode, which: "bfp16" if which == projection else "bf16"):
+            yield
+    finally:
+        registry._program.cache_clear()
+
+
+def _sensitivity(settings, log) -> dict:
+    """SmolLM2's distance to fp32 with only one projection's GEMM at bfp16, per projection."""
+    import torch_npu2
+    from tests.patch_llama.test_smollm2 import chat_ids
+    from torch_npu2.patch_llama.models import load_model
+
+    model, tokenizer = load_model()
+    compare_ids = chat_ids(tokenizer, "Explain what a neural network is in one sentence.")
+    fp32 = torch.nn.Module.float(copy.deepcopy(model))
+    rows = {}
+    for projection in PROJECTIONS:
+        candidate = copy.deepcopy(model)
+        with _only_projection_bfp16(projection):
+            torch_npu2.patch_llama(candidate, prefill_buckets=settings["buckets"])
+            rows[projection] = _distance(fp32, candidate, compare_ids)
+        log(f"  SmolLM2-135M, only {projection} at bfp16: worst layer "
+            f"{rows[projection]['worst_layer_min_cosine']:.5f}, logits {rows[projection]['logits_min_cosine']:.5f}")
+        del candidate
+    return rows
+
+
 def _llama_1b(settings, log) -> dict:
     shape = {**common.LLAMA_1B_SHAPE, "num_hidden_layers": settings["llama_layers"]}
     model = common.random_llama(common.llama_config(**shape))
@@ -155,6 +200,11 @@ def table(result: dict) -> str:
     if answers:
         lines += ["", f"SmolLM2, \"{CAPITAL}\" (greedy, 12 tokens):", ""]
         lines += [f"- {label}: {answer!r}" for label, answer in answers]
+    if result.get("sensitivity_smollm2"):
+        lines += ["", "SmolLM2-135M with one projection's GEMM at bfp16, the others bf16 (against fp32):", "",
+                  "| bfp16 GEMM | worst layer min cos | logits min cos |", "|---|---|---|"]
+        lines += [f"| {projection} | {row['worst_layer_min_cosine']:.5f} ({row['worst_layer']}) | "
+                  f"{row['logits_min_cosine']:.5f} |" for projection, row in result["sensitivity_smollm2"].items()]
     lines += ["", "Predicted Llama-3.2-1B prefill (16 layers, cost MODEL, not measured): " + ", ".join(
         f"seq {seq}: " + " / ".join(f"{p} {ms:.0f} ms" for p, ms in by_precision.items())
         for seq, by_precision in result["predicted_prefill_ms"].items())]
@@ -166,7 +216,9 @@ def run(mode: str, out_dir: Path, log=print) -> dict:
     started = time.perf_counter()
     with common.emulated_runtime(compute=True):
         models = {"SmolLM2-135M": _smollm2(settings, log), "Llama-3.2-1B shape": _llama_1b(settings, log)}
+        sensitivity = _sensitivity(settings, log)
     result = {"settings": {**settings, "llama_1b_layers": settings["llama_layers"]}, "models": models,
+              "sensitivity_smollm2": sensitivity,
               "predicted_prefill_ms": {seq: predicted_prefill_ms(seq) for seq in (128, 2048)},
               "method": __doc__}
     common.write_result("precision", result, out_dir, mode, started)
