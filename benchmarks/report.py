@@ -97,19 +97,24 @@ def _work(r: dict) -> list[str]:
                    f"{len(r['cross_check'])} prompt lengths ran exactly the computed rows.", ""])
 
 
+def _ms(value: float | None, digits: int = 2) -> str:
+    """A predicted time, or a dash where a Program has no such variant (or the JSON predates it)."""
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
 def _cost_model(r: dict) -> list[str]:
     programs = []
     for p in r["per_program"]:
         largest = max(p["compute_ms_by_class"].items(), key=lambda kv: kv[1])
-        bfp16 = f"{p['predicted_ms_bfp16']:.2f}" if p.get("predicted_ms_bfp16") else "—"
-        gate_up = f"{p['predicted_ms_bfp16_gate_up']:.2f}" if p.get("predicted_ms_bfp16_gate_up") else "—"
-        programs.append([p["program"], p["seq"] or "decode", f"{p['predicted_ms']:.2f}", gate_up, bfp16,
+        programs.append([p["program"], p["seq"] or "decode", f"{p['predicted_ms']:.2f}",
+                         _ms(p.get("predicted_ms_bfp16_gate_up")), _ms(p.get("predicted_ms_bfp16")),
                          p["upstream_published_ms"],
                          f"{p['ratio_to_upstream']:.1f}×", p["launch_iterations"], f"{p['ddr_mb']:.0f}",
                          f"{largest[0]} {largest[1]:.2f}"])
     prefill = [[p["prompt_tokens"], "+".join(map(str, p["buckets"])), f"{p['predicted_ms']:.0f}",
-                f"{p['predicted_ms_bfp16_gate_up']:.0f}", f"{p['predicted_ms_bfp16']:.0f}", f"{p['upstream_published_ms']:.0f}", f"{p['ratio_to_upstream']:.2f}×",
-                f"{p['ratio_to_upstream_bfp16']:.2f}×"] for p in r["predictions"]["prefill"]]
+                _ms(p.get("predicted_ms_bfp16_gate_up"), 0), f"{p['predicted_ms_bfp16']:.0f}",
+                f"{p['upstream_published_ms']:.0f}", f"{p['ratio_to_upstream']:.2f}×", f"{p['ratio_to_upstream_bfp16']:.2f}×"]
+               for p in r["predictions"]["prefill"]]
     d = r["predictions"]["decode"]
     conditions = [(p["program"], p["seq"] or "decode", c) for p in r["per_program"] for c in p.get("conditions", [])]
     evaluated = [f"{name} {seq} `{c['text']}` taken in {c['work_share']:.1%} of executions, {c['time_share']:.1%} "

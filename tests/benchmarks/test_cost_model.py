@@ -304,12 +304,16 @@ def test_a_double_buffered_loop_is_a_pipeline(work, nbytes):
     assert evaluate(frozenset()) < evaluate(frozenset({2}))
 
 
-def test_prefill_is_predicted_for_both_gemm_precisions():
+def test_prefill_is_predicted_for_every_matmul_precision():
     (row,) = cost_model.predictions(prompts=(128,))["prefill"]
-    assert row["predicted_ms_bfp16"] < row["predicted_ms"]  # the BFP16-emulated mmul runs at twice the rate
+    # the BFP16-emulated mmul runs at twice the rate; "bfp16_gate_up" has only the gate/up GEMM at it
+    assert row["predicted_ms_bfp16"] < row["predicted_ms_bfp16_gate_up"] < row["predicted_ms"]
     rows = {(r["program"], r["seq"]): r for r in cost_model.per_program(cost_model.llama_1b_dims())}
-    assert rows[("o_ffn", 2048)]["predicted_ms_bfp16"] < rows[("o_ffn", 2048)]["predicted_ms"]
-    assert rows[("flash_attn", 2048)]["predicted_ms_bfp16"] is None  # no GEMM precision to choose
+    o_ffn, qkv = rows[("o_ffn", 2048)], rows[("rms_gemms_rope", 2048)]
+    assert o_ffn["predicted_ms_bfp16"] < o_ffn["predicted_ms_bfp16_gate_up"] < o_ffn["predicted_ms"]
+    assert qkv["predicted_ms_bfp16_gate_up"] == qkv["predicted_ms"]  # no gate/up GEMM in it
+    for key in ("predicted_ms_bfp16", "predicted_ms_bfp16_gate_up"):
+        assert rows[("flash_attn", 2048)][key] is None  # no GEMM precision to choose
 
 
 def test_a_decode_token_pays_one_dispatch_per_layer_plus_the_first_layers_and_the_lm_heads():

@@ -70,3 +70,18 @@ def test_the_machine_line_names_each_sections_commit_when_they_differ():
     assert "commit aaa;" in line and "finished 2." in line
     differ = {**same, "cost_model": {**same["cost_model"], "machine": {**machine, "git_commit": "bbb"}}}
     assert "commits aaa (speed), bbb (cost_model);" in dispatcher.report._machine(differ)[0]
+
+
+def test_the_cost_model_table_renders_results_from_before_the_bfp16_gate_up_column():
+    """`report` re-renders whatever JSON is in results/: rows without the gate/up variant get a dash."""
+    from benchmarks import cost_model
+
+    rows = cost_model.per_program(cost_model.llama_1b_dims())
+    result = {"per_program": rows, "predictions": cost_model.predictions(prompts=(128,))}
+    current = "\n".join(dispatcher.report._cost_model(result))
+    o_ffn = next(r for r in rows if r["program"] == "o_ffn")
+    assert f"| {o_ffn['predicted_ms_bfp16_gate_up']:.2f} |" in current
+    for row in [*result["per_program"], *result["predictions"]["prefill"]]:
+        row.pop("predicted_ms_bfp16_gate_up")
+    older = "\n".join(dispatcher.report._cost_model(result))
+    assert f"| {o_ffn['predicted_ms']:.2f} | — | {o_ffn['predicted_ms_bfp16']:.2f} |" in older

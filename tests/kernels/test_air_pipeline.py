@@ -18,6 +18,11 @@ BUCKETS = [16, 32, 64, 128, 256, 512, 1024, 2048]
 LOWERING_TIMEOUT = "600"
 PROGRAMS = {f"{model}-{p.name}-{dict(p.params).get('rows', dict(p.params).get('seq'))}": p
             for model, dims in (("smol", SMOL), ("llama", LLAMA)) for p in programs_for_model(dims, BUCKETS)}
+# "bfp16_gate_up" changes only o_ffn (its gate/up GEMM becomes a second, BFP16-built variant of gemm.o); the
+# smallest and largest buckets lower with both variants in one Program.
+PROGRAMS.update({f"{model}-o_ffn-bfp16_gate_up-{dict(p.params)['rows']}": p
+                 for model, dims in (("smol", SMOL), ("llama", LLAMA))
+                 for p in programs_for_model(dims, (16, 2048), "bfp16_gate_up") if p.name == "o_ffn"})
 
 # What aircc (mlir-air python/air/compiler/aircc/main.py at 0e3df89d) runs for `--device npu2` with its
 # defaults: written out here from that file, so a change to our replay has to be a deliberate one.

@@ -72,6 +72,27 @@ def test_precision_is_part_of_each_prefill_program_and_its_key():
         assert (key != keys["bfp16_gate_up"][label]) == label.startswith("o_ffn"), label
 
 
+@pytest.mark.parametrize("rows", [16, 32])  # gate and up as two gemm launches; one gemm_swiglu
+def test_bfp16_gate_up_calls_a_bfp16_build_of_the_gemm_kernel_from_the_gate_up_launches_only(rows):
+    import re
+
+    from torch_npu2.kernels.stitch import LAUNCH_PREFIX, stitch
+
+    program = o_ffn_program(64, 64, 128, 1e-5, rows, "bfp16_gate_up")
+    stitched = stitch(program)
+    gemm_builds = [b for b in stitched.objects if b.object.startswith("gemm")]
+    emulated = [b for b in gemm_builds if ("AIE_API_EMULATE_BFLOAT16_MMUL_WITH_BFP16", 1) in b.defines]
+    assert len(gemm_builds) == 2 and len(emulated) == 1  # the exact build and one BFP16 build
+    bfp16_symbols = {new for _, new in emulated[0].renames}
+    for index, launch in enumerate(program.launches):
+        if launch.kind not in ("gemm", "gemm_swiglu"):
+            continue
+        body = stitched.text.split(f"air.launch @{LAUNCH_PREFIX.format(index=index)}")[1].split("air.launch @")[0]
+        called = set(re.findall(r"func\.call @(\w+)", body))
+        gate_up = launch.writes[0] in ("gate", "up", "act")
+        assert called and (called <= bfp16_symbols if gate_up else not called & bfp16_symbols), (index, called)
+
+
 def test_bfp16_gate_up_converts_the_gate_up_projection_and_nothing_else(runtime):
     """o_ffn with hand-made weights where each GEMM's BFP16 conversion shows: under "bfp16_gate_up" the output
     equals the reference with only the gate/up operands converted, and differs from both uniform modes."""
