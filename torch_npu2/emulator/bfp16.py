@@ -22,15 +22,17 @@ def quantize_bf16_to_bfp16(x: torch.Tensor) -> torch.Tensor:
     if x.dim() == 0 or x.shape[-1] % BLOCK:
         raise ValueError(f"quantize_bf16_to_bfp16: x's last dimension must be a multiple of {BLOCK}, "
                          f"got shape {tuple(x.shape)}")
-    bits = x.float().view(torch.int32)
+    bits = x.view(torch.int16).to(torch.int32) << 16  # the fp32 bit pattern of each bf16 value
     exponent = (bits >> 23) & 0xFF
     significand = (bits & 0x7FFFFF) | ((exponent != 0).to(torch.int32) << 23)
     signed_significand = torch.where(bits < 0, -significand, significand)
     blocks = exponent.unflatten(-1, (-1, BLOCK))
-    shared = blocks.amax(-1, keepdim=True).expand_as(blocks).flatten(-2)
+    shared = blocks.amax(-1, keepdim=True)
     # |signed_significand| < 2^24: shifting by 31 already gives the floor's 0 or -1.
-    shift = (17 + shared - exponent).clamp(max=31)
-    mantissa = signed_significand >> shift
-    converted = torch.ldexp(mantissa.double(), (shared - 133).double())  # exact in fp64
-    converted = torch.where(exponent == _NON_FINITE_EXPONENT, x.double(), converted)
-    return converted.to(torch.bfloat16)
+    mantissa = signed_significand >> (17 + shared - blocks).clamp(max=31).flatten(-2)
+    shared = shared.expand_as(blocks).flatten(-2)
+    # 2^(shared - 133) as fp32 bits: a normal number from shared = 7 up, a subnormal below. |mantissa| < 2^7,
+    # so the product, and then its bf16 rounding, are exact.
+    scale = torch.where(shared >= 7, (shared - 6) << 23, 1 << (shared + 16).clamp(max=30)).view(torch.float32)
+    converted = (mantissa.float() * scale).to(torch.bfloat16)
+    return torch.where(exponent == _NON_FINITE_EXPONENT, x, converted)
