@@ -57,8 +57,11 @@ def hard_operands() -> torch.Tensor:
     extremes = from_bits([0x7F7F, 0xFF7F, 0x0080, 0x8080, 0x3F80, 0xBF80, 0x7F00, 0x0001])
     non_finite = from_bits([0x7F80, 0xFF80, 0x7FC0, 0x3F80, 0xBF80, 0x0000, 0x4000, 0xC000])
     random_bits = torch.randint(-32768, 32767, (8192,), generator=g, dtype=torch.int32).to(torch.int16)
+    # every bf16 bit pattern, in blocks of neighbours and shuffled into blocks of strangers
+    every = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16)
+    shuffled = every[torch.randperm(every.numel(), generator=g)]
     return torch.cat([*(c.to(torch.bfloat16) for c in cases), subnormal, mixed_subnormal, extremes, non_finite,
-                      random_bits.view(torch.bfloat16)])
+                      random_bits.view(torch.bfloat16), every.view(torch.bfloat16), shuffled.view(torch.bfloat16)])
 
 
 @needs_host_compiler
