@@ -24,7 +24,10 @@ array: ``herd_q`` columns × ``herd_heads`` rows (8 × 4 = 32 tiles for Llama-3.
 
 Every round still streams every key/value block (the stream is shared and its length must not depend on
 the round for AIR to keep it one broadcast channel); stopping the stream at the round's causal frontier,
-and upstream's cascade of key/value stages, are left for later.
+and upstream's cascade of key/value stages, are left for later. Upstream's temporal-causal design
+(flash_attention/kernel_fusion_based/attn_npu2_temporal_causal.py) found the frontier costly on NPU2 too:
+each round's prefix is a shim transfer of its own size, all in flight at once, which it measured to
+deadlock past 6 rounds, so beyond that it also streams the full sequence every round.
 
 The kernels mask by position, so only causal attention is supported.
 
