@@ -113,7 +113,8 @@ def _cost_model(r: dict) -> list[str]:
                          f"{largest[0]} {largest[1]:.2f}"])
     prefill = [[p["prompt_tokens"], "+".join(map(str, p["buckets"])), f"{p['predicted_ms']:.0f}",
                 _ms(p.get("predicted_ms_bfp16_gate_up"), 0), f"{p['predicted_ms_bfp16']:.0f}",
-                f"{p['upstream_published_ms']:.0f}", f"{p['ratio_to_upstream']:.2f}×", f"{p['ratio_to_upstream_bfp16']:.2f}×"]
+                f"{p['upstream_published_ms']:.0f}", f"{p['ratio_to_upstream']:.2f}×",
+                f"{p['ratio_to_upstream_bfp16']:.2f}×"]
                for p in r["predictions"]["prefill"]]
     d = r["predictions"]["decode"]
     conditions = [(p["program"], p["seq"] or "decode", c) for p in r["per_program"] for c in p.get("conditions", [])]

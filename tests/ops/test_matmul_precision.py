@@ -144,5 +144,6 @@ def test_unknown_precision_is_refused(make):
 
 
 def test_op_refuses_an_unknown_precision(runtime):
-    with pytest.raises(ValueError, match="npu2.rms_gemms_rope: argument 'precision' expected one of 'bf16', 'bfp16', 'bfp16_gate_up', got 'fp8'"):
+    with pytest.raises(ValueError, match="npu2.rms_gemms_rope: argument 'precision' expected one of 'bf16', 'bfp16', "
+                                         "'bfp16_gate_up', got 'fp8'"):
         rms_gemms_rope_op(*hand_made_qkv((SEQ,)), 1e-5, "fp8")
