@@ -20,9 +20,12 @@ product), so the fused Program computes what the 8-launch one did.
 Departures from upstream, each for a limit of this AIR (0e3df89d) or of our weights:
 
 * No cascade. Upstream reduces a 4-tile K-split over ``npu_cascade`` channels and hands the residual add to
-  a second tile over one; this AIR predates upstream's cascade fixes (placement of cascade chains #1583,
-  air-collapse-herd with cascades #1554, cascade locks across re-dispatch #1694), so K-split partial sums
-  stay in the tile's own L1.
+  a second tile over one. This AIR lowers cascade channels (a 4-tile reduction over one reaches NPU
+  instructions here), but it predates upstream's fixes for them: placement of cascade chains across 3+ herds
+  (#1583), air-collapse-herd with cascades (#1554), and re-arming cascade locks when a single-trip launch is
+  dispatched again (#1694; before it the second dispatch hangs). The launches that would carry it (gemv_add,
+  swiglu_gemv_add, the plain gemvs) are single-trip and run once per token, so K-split partial sums stay in
+  the tile's own L1.
 * Gate and up in one stream. A compute tile has two S2MM channels, which this AIR cannot share between
   streams from different sources, so gate rows, up rows and the vector cannot arrive separately (two herds in
   one segment, or a panel filled from two buffers, were refused). The weights are one buffer instead,
