@@ -1,4 +1,7 @@
 """The torch-npu2 command: info, and generate on a local HF checkpoint directory."""
+import os
+import signal
+
 import pytest
 
 from torch_npu2 import cli
@@ -245,10 +248,21 @@ def test_generate_reads_the_prompt_from_stdin_without_streaming(tiny_cli, tiny_c
     assert capsys.readouterr().out == _reference_answer(tiny_checkpoint, [{"role": "user", "content": "Hello"}], 4) + "\n"
 
 
+def _raise_keyboard_interrupt():
+    raise KeyboardInterrupt
+
+
 @pytest.mark.filterwarnings("ignore:patch_llama. LlamaForCausalLM runs here on the emulated NPU2:UserWarning")
-def test_chat_ctrl_c_stops_an_answer_and_the_next_one_is_unaffected(tiny_cli, tiny_checkpoint, capsys, monkeypatch):
-    """Ctrl-C in the middle of the ops (raised from the streamer) leaves the model and runtime usable: the same
-    question asked again gets the answer a fresh conversation gets."""
+@pytest.mark.parametrize("interrupt, stats_lines", [
+    # a KeyboardInterrupt raised in the middle of the ops (as a second Ctrl-C does): no stats for that answer
+    (_raise_keyboard_interrupt, 1),
+    # a real SIGINT to this process: the answer ends one token later at most, its stats line printed
+    (lambda: os.kill(os.getpid(), signal.SIGINT), 2),
+], ids=["raised", "sigint"])
+def test_chat_ctrl_c_stops_an_answer_and_the_next_one_is_unaffected(tiny_cli, tiny_checkpoint, capsys, monkeypatch,
+                                                                    interrupt, stats_lines):
+    """Ctrl-C while the second piece streams: the turn is dropped, the model and runtime stay usable, and the
+    same question asked again gets the answer a fresh conversation gets."""
     lines = iter(["Hello", "Hello", "/exit"])
     monkeypatch.setattr("builtins.input", lambda prompt: next(lines))
     chunks = []
@@ -256,7 +270,7 @@ def test_chat_ctrl_c_stops_an_answer_and_the_next_one_is_unaffected(tiny_cli, ti
     def print_now(text):
         chunks.append(text)
         if len(chunks) == 2:
-            raise KeyboardInterrupt
+            interrupt()
         print(text, end="")
 
     monkeypatch.setattr(cli, "_print_now", print_now)
@@ -264,6 +278,8 @@ def test_chat_ctrl_c_stops_an_answer_and_the_next_one_is_unaffected(tiny_cli, ti
     captured = capsys.readouterr()
     expected = _reference_answer(tiny_checkpoint, [{"role": "user", "content": "Hello"}], 12)
     assert captured.out.endswith(expected + "\n") and "answer stopped" in captured.err
+    assert captured.err.count("[prefill:") == stats_lines
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
 
 
 def test_python_dash_m_runs_the_command():
@@ -276,37 +292,7 @@ def test_python_dash_m_runs_the_command():
 
 
 @pytest.mark.filterwarnings("ignore:patch_llama. LlamaForCausalLM runs here on the emulated NPU2:UserWarning")
-def test_a_sigint_mid_answer_ends_it_after_that_token_and_the_chat_goes_on(tiny_cli, tiny_checkpoint, capsys,
-                                                                            monkeypatch):
-    """A real SIGINT to this process while the second piece streams: the answer ends (one token later at most),
-    its turn is dropped, and the same question asked again gets a fresh conversation's answer."""
-    import os
-    import signal
-
-    lines = iter(["Hello", "Hello", "/exit"])
-    monkeypatch.setattr("builtins.input", lambda prompt: next(lines))
-    chunks = []
-
-    def print_now(text):
-        chunks.append(text)
-        if len(chunks) == 2:
-            os.kill(os.getpid(), signal.SIGINT)
-        print(text, end="")
-
-    monkeypatch.setattr(cli, "_print_now", print_now)
-    assert cli.main([*tiny_cli, "--max-new-tokens", "12"]) == 0
-    captured = capsys.readouterr()
-    expected = _reference_answer(tiny_checkpoint, [{"role": "user", "content": "Hello"}], 12)
-    assert captured.out.endswith(expected + "\n") and "answer stopped" in captured.err
-    assert captured.err.count("[prefill:") == 2  # the stopped answer's stats line is printed too
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
-
-
-@pytest.mark.filterwarnings("ignore:patch_llama. LlamaForCausalLM runs here on the emulated NPU2:UserWarning")
 def test_a_sigint_during_a_single_prompt_exits_130_with_or_without_json(tiny_cli, capsys, monkeypatch):
-    import os
-    import signal
-
     from torch_npu2 import textgen
 
     generate = textgen.generate
@@ -325,9 +311,7 @@ def test_a_sigint_during_a_single_prompt_exits_130_with_or_without_json(tiny_cli
 @pytest.mark.filterwarnings("ignore:patch_llama. LlamaForCausalLM runs here on the emulated NPU2:UserWarning")
 def test_sigint_in_a_real_process_stops_the_answer_not_the_chat(tiny_checkpoint, tmp_path):
     """A real SIGINT, as a terminal's Ctrl-C sends: the answer stops, the chat goes on, /exit exits 0."""
-    import os
     import select
-    import signal
     import subprocess
     import sys
     import time
