@@ -5,8 +5,10 @@ loops ``air-label-scf-for-to-ping-pong`` labels (read from its print, with the m
 marks for hoisting) must be the loops the model's rule double-buffers, launch by launch, and the transform must
 unroll each of them over a ping and a pong copy. A hand-made loop whose buffers are also used after it is the case
 the rule keeps sequential, where a rule that overlapped any loop with DMAs and compute would be wrong.
+Every buffer the label pass marks must be filled before it is read in each trip (that AIR does not check).
 """
 import dataclasses
+import math
 import re
 import subprocess
 
@@ -99,6 +101,68 @@ def labelled_loop_count(after_label: str) -> dict[str, int]:
     return found
 
 
+# Kernel arguments a call only writes (the symbol comments in kernels/aie2p/*.cc); gemv_partial_f32 only when
+# its k0 is 0 (the first K chunk starts the sum instead of adding to it).
+WRITE_ONLY_ARGS = {"gemm_f32_to_bf16": 1, "gemm_f32_swiglu_to_bf16": 2, "silu_mul_bf16": 2,
+                   "rope_half_split_bf16": 2, "gemv_bf16": 2, "gemv_bf16_f32": 2, "gemv_partial_f32": 2}
+_ZERO_I32 = re.compile(r"(%\w+) = arith\.constant 0 : i32")
+
+
+def _index_constant(name: str) -> int | None:
+    """The value MLIR's printer spells into an index constant's name (``%c2048_9`` is 2048)."""
+    return int(m.group(1)) if (m := re.fullmatch(r"%c(\d+)(?:_\d+)?", name)) else None
+
+
+def _filled_by_gets(uses: list[str], alias: str, numel: int) -> bool:
+    """Whether the leading channel gets of ``uses`` fill all ``numel`` elements of the buffer before anything else
+    touches it (whole-buffer gets, or 1-D windows with stride 1)."""
+    filled = set()
+    for use in uses:
+        get = re.search(r"air\.channel\.get .*\(" + re.escape(alias) + r"\[([^]]*)\] \[([^]]*)\] \[([^]]*)\]\)", use)
+        if not get:
+            break
+        offsets, sizes, strides = (g.split(", ") if g else [] for g in get.groups())
+        if not offsets:
+            return True
+        if len(offsets) != 1 or _index_constant(strides[0]) != 1 or None in (_index_constant(offsets[0]),
+                                                                                _index_constant(sizes[0])):
+            break
+        start = _index_constant(offsets[0])
+        filled.update(range(start, start + _index_constant(sizes[0])))
+    return len(filled) == numel
+
+
+def carried_buffers(after_label: str) -> list[str]:
+    """Buffers the label pass marks for ping and pong copies whose first use in their loop may read them.
+
+    The label pass of mlir-air 0e3df89d marks every alloc directly in a loop, and air-fuse-alloc-dealloc sinks
+    a buffer into the loop when every use is inside it, so a value carried from one trip to the next would be
+    split between the two copies (later AIR refuses such loops). Safe first uses fill the whole buffer: channel
+    gets, a vector write, or a kernel call with the buffer at write-only arguments only."""
+    lines = after_label.splitlines()
+    zeros = set(_ZERO_I32.findall(after_label))
+    carried = []
+    for index, line in enumerate(lines):
+        if "hoist_alloc = true" not in line:
+            continue
+        alias = re.search(r"(%results(?:_\d+)?)\b", lines[index - 1]).group(1)
+        shape = re.search(r"memref<((?:\d+x)*)\w+, \d : i32>", line).group(1)
+        use = re.compile(re.escape(alias) + r"(?!\w)")
+        uses = [x.strip() for x in lines[index + 2:] if use.search(x) and "memref.dealloc" not in x]
+        if not uses or _filled_by_gets(uses, alias, math.prod(int(d) for d in shape.split("x") if d)) \
+                or uses[0].startswith("vector.transfer_write"):
+            continue
+        if call := re.search(r"func\.call @(\w+)\(([^)]*)\)", uses[0]):
+            symbol, args = re.sub(r"_v\d+$", "", call.group(1)), call.group(2).split(", ")
+            written = WRITE_ONLY_ARGS.get(symbol)
+            if symbol == "gemv_partial_f32" and args[3] not in zeros:
+                written = None
+            if written is not None and [i for i, a in enumerate(args) if a == alias] == [written]:
+                continue
+        carried.append(f"{line.strip()} first used by: {uses[0][:160]}")
+    return carried
+
+
 def model_pingpong(program) -> dict[str, set[PingPongBuffer]]:
     found = {}
     for index, launch in enumerate(program.launches):
@@ -115,6 +179,7 @@ def test_the_model_double_buffers_exactly_what_air_does(air_tools, name, seq):
     air = air_pingpong(after_label)
     assert model_pingpong(program) == air
     assert air_transformed_loops(final) == labelled_loop_count(after_label)
+    assert carried_buffers(after_label) == []
     if program.compile_options.omit_pingpong != "all":
         assert air, "every Program but attention's has double-buffered loops"
 
@@ -125,9 +190,10 @@ MATMUL = ("linalg.matmul indexing_maps = [affine_map<(d0, d1, d2) -> (d0, d2)>, 
           "affine_map<(d0, d1, d2) -> (d0, d1)>]")
 
 
-def streamed_launch(reuse_after_loop: bool):
+def streamed_launch(reuse_after_loop: bool, drain_each_trip: bool = False):
     """One tile streams A and W windows DDR → L1 over K and multiplies them; with ``reuse_after_loop`` it multiplies
-    the last windows once more after the loop, so its buffers are used outside the loop too."""
+    the last windows once more after the loop, so its buffers are used outside the loop too; with
+    ``drain_each_trip`` it writes the running sum out every trip instead of once after the loop."""
     b = LaunchBuilder("streamed", [MemRef((TILE, K), "bf16"), MemRef((TILE, K), "bf16"), MemRef((TILE, TILE), "f32")],
                       "awc")
     step = K // TRIPS
@@ -143,9 +209,12 @@ def streamed_launch(reuse_after_loop: bool):
                     b.dma(a_buf, WHOLE, ha, Window((0, k), (TILE, step), (K, 1)))
                     b.dma(w_buf, WHOLE, hw, Window((0, k), (TILE, step), (K, 1)))
                     b.emit(multiply)
+                    if drain_each_trip:
+                        b.dma(hc, WHOLE, acc, WHOLE)
                 if reuse_after_loop:
                     b.emit(multiply)
-                b.dma(hc, WHOLE, acc, WHOLE)
+                if not drain_each_trip:
+                    b.dma(hc, WHOLE, acc, WHOLE)
     return b.finish()
 
 
@@ -181,3 +250,11 @@ def test_a_loop_whose_buffers_outlive_it_is_not_double_buffered(air_tools, reuse
         assert overlap_anywhere_with_dma_and_compute(ir) != air
     else:
         assert air == {PingPongBuffer("herd", TRIPS, L1)} and predicted < sequential
+
+
+def test_a_sum_carried_from_trip_to_trip_is_caught(air_tools):
+    """Drained every trip, the accumulator has no use after the loop: AIR sinks it into the loop and labels it for
+    ping and pong copies, which would give each copy half of the sum; drained after the loop, it stays single."""
+    carried = carried_buffers(run_to_pingpong(air_tools, as_module(streamed_launch(False, True)), CompileOptions())[0])
+    assert len(carried) == 1 and "memref<32x32xf32, 2 : i32>" in carried[0] and "linalg.matmul" in carried[0]
+    assert carried_buffers(run_to_pingpong(air_tools, as_module(streamed_launch(False)), CompileOptions())[0]) == []
