@@ -19,6 +19,7 @@ from benchmarks.cost_model import L1, PingPongBuffer
 from torch_npu2.kernels.air_pipeline import _module, _optimization_passes
 from torch_npu2.kernels.builders import build_launch
 from torch_npu2.kernels.builders.ir import WHOLE, LaunchBuilder, MemRef, Window
+from torch_npu2.kernels.interpret import KERNEL_ARGUMENT_ACCESS, _split_top
 from torch_npu2.kernels.program import CompileOptions
 from torch_npu2.kernels.stitch import stitch
 
@@ -101,19 +102,11 @@ def labelled_loop_count(after_label: str) -> dict[str, int]:
     return found
 
 
-# Kernel arguments a call only writes (the symbol comments in kernels/aie2p/*.cc); gemv_partial_f32 only when
-# its k0 is 0 (the first K chunk starts the sum instead of adding to it).
-WRITE_ONLY_ARGS = {"gemm_f32_to_bf16": 1, "gemm_f32_swiglu_to_bf16": 2, "silu_mul_bf16": 2,
-                   "rope_half_split_bf16": 2, "gemv_bf16": 2, "gemv_bf16_f32": 2, "gemv_partial_f32": 2}
 _ZERO_I32 = re.compile(r"(%\w+) = arith\.constant 0 : i32")
+_CALL = re.compile(r"func\.call @(\w+)\(([^)]*)\) : \((.*)\) ->")
 
 
-def _index_constant(name: str) -> int | None:
-    """The value MLIR's printer spells into an index constant's name (``%c2048_9`` is 2048)."""
-    return int(m.group(1)) if (m := re.fullmatch(r"%c(\d+)(?:_\d+)?", name)) else None
-
-
-def _filled_by_gets(uses: list[str], alias: str, numel: int) -> bool:
+def _filled_by_gets(uses: list[str], alias: str, numel: int, constants: dict[str, int]) -> bool:
     """Whether the leading channel gets of ``uses`` fill all ``numel`` elements of the buffer before anything else
     touches it (whole-buffer gets, or 1-D windows with stride 1)."""
     filled = set()
@@ -121,15 +114,28 @@ def _filled_by_gets(uses: list[str], alias: str, numel: int) -> bool:
         get = re.search(r"air\.channel\.get .*\(" + re.escape(alias) + r"\[([^]]*)\] \[([^]]*)\] \[([^]]*)\]\)", use)
         if not get:
             break
-        offsets, sizes, strides = (g.split(", ") if g else [] for g in get.groups())
-        if not offsets:
+        window = [[constants.get(name) for name in g.split(", ")] if g else [] for g in get.groups()]
+        if window == [[], [], []]:
             return True
-        if len(offsets) != 1 or _index_constant(strides[0]) != 1 or None in (_index_constant(offsets[0]),
-                                                                                _index_constant(sizes[0])):
+        if any(len(w) != 1 for w in window):
             break
-        start = _index_constant(offsets[0])
-        filled.update(range(start, start + _index_constant(sizes[0])))
+        (offset,), (size,), (stride,) = window
+        if None in (offset, size) or stride != 1:
+            break
+        filled.update(range(offset, offset + size))
     return len(filled) == numel
+
+
+def _written_whole_by_call(use: str, alias: str, zeros: set[str]) -> bool:
+    """Whether ``use`` is a kernel call that only writes the buffer (interpret.KERNEL_ARGUMENT_ACCESS: "w" at each
+    of its positions), or gemv_partial_f32 starting its sum there (k0 = 0)."""
+    if not (call := _CALL.search(use)):
+        return False
+    symbol, args, types = re.sub(r"_v\d+$", "", call.group(1)), _split_top(call.group(2)), _split_top(call.group(3))
+    memrefs = [a for a, t in zip(args, types) if t.startswith("memref")]
+    access = [KERNEL_ARGUMENT_ACCESS[symbol][i] for i, a in enumerate(memrefs) if a == alias]
+    starts_sum = symbol == "gemv_partial_f32" and args[3] in zeros
+    return bool(access) and all(a == "w" or (a == "p" and starts_sum) for a in access)
 
 
 def carried_buffers(after_label: str) -> list[str]:
@@ -138,8 +144,9 @@ def carried_buffers(after_label: str) -> list[str]:
     The label pass of mlir-air 0e3df89d marks every alloc directly in a loop, and air-fuse-alloc-dealloc sinks
     a buffer into the loop when every use is inside it, so a value carried from one trip to the next would be
     split between the two copies (later AIR refuses such loops). Safe first uses fill the whole buffer: channel
-    gets, a vector write, or a kernel call with the buffer at write-only arguments only."""
+    gets, a vector write, or a kernel call that only writes it."""
     lines = after_label.splitlines()
+    constants = {name: int(value) for name, value in _CONSTANT.findall(after_label)}
     zeros = set(_ZERO_I32.findall(after_label))
     carried = []
     for index, line in enumerate(lines):
@@ -149,16 +156,10 @@ def carried_buffers(after_label: str) -> list[str]:
         shape = re.search(r"memref<((?:\d+x)*)\w+, \d : i32>", line).group(1)
         use = re.compile(re.escape(alias) + r"(?!\w)")
         uses = [x.strip() for x in lines[index + 2:] if use.search(x) and "memref.dealloc" not in x]
-        if not uses or _filled_by_gets(uses, alias, math.prod(int(d) for d in shape.split("x") if d)) \
-                or uses[0].startswith("vector.transfer_write"):
+        numel = math.prod(int(d) for d in shape.split("x") if d)
+        if (not uses or _filled_by_gets(uses, alias, numel, constants)
+                or uses[0].startswith("vector.transfer_write") or _written_whole_by_call(uses[0], alias, zeros)):
             continue
-        if call := re.search(r"func\.call @(\w+)\(([^)]*)\)", uses[0]):
-            symbol, args = re.sub(r"_v\d+$", "", call.group(1)), call.group(2).split(", ")
-            written = WRITE_ONLY_ARGS.get(symbol)
-            if symbol == "gemv_partial_f32" and args[3] not in zeros:
-                written = None
-            if written is not None and [i for i, a in enumerate(args) if a == alias] == [written]:
-                continue
         carried.append(f"{line.strip()} first used by: {uses[0][:160]}")
     return carried
 
