@@ -91,7 +91,9 @@ class SharedState:
         if mask is None:
             return [0] * batch
         if torch.compiler.is_compiling():
-            return _left_padding_starts(mask, seq)
+            # Reading the mask's values would break the graph in every layer, and each layer's code after the
+            # break would compile once per layer_idx: compiled code attends on the host with the mask as given.
+            return None
         if self.mask_memo[0] is not mask:
             self.mask_memo = (mask, _left_padding_starts(mask, seq))
         return self.mask_memo[1]
@@ -114,9 +116,6 @@ def _from_sequence_rows(rows) -> torch.Tensor:
     return rows[0].view(1, 1, -1) if len(rows) == 1 else torch.stack(rows).unsqueeze(1)
 
 
-# Which rows a sequence's kernels run depends on the mask's values: under torch.compile this is a patched
-# layer's one graph break (README, "torch.compile"); prefill without a mask and decode trace whole.
-@torch.compiler.disable(reason="torch_npu2 reads the attention mask's values to choose the rows to compute")
 def _left_padding_starts(mask: torch.Tensor, seq: int):
     if mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[-2] != seq or mask.shape[-1] < seq:
         return None

@@ -23,9 +23,10 @@ import torch
 TESTED_TRANSFORMERS = ("5.0.0", "5.24.0")
 
 # Keywords HF may pass a decoder layer that do not change what the layer computes, so the patched layer
-# accepts and ignores them (README, "What keeps working"): HF collects hidden states with forward hooks on
-# the layer modules, which still run around the patched forward.
-IGNORED_KEYWORDS = frozenset({"output_hidden_states"})
+# accepts and ignores them (README, "Supported versions"): HF collects hidden states with forward hooks on
+# the layer modules, which still run around the patched forward; generate(stop_strings=..., tokenizer=...)
+# leaves the tokenizer among the model's keyword arguments, which HF's model hands on to every layer.
+IGNORED_KEYWORDS = frozenset({"output_hidden_states", "tokenizer", "assistant_tokenizer"})
 # Keywords a caller may still pass a model (they reach the layers through HF's **kwargs) after the layers of
 # a release stopped using them: from 5.4 on, HF's own layers ignore cache_position, and so does the patch.
 RETIRED_KEYWORDS = frozenset({"cache_position"})

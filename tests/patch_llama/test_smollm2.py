@@ -129,6 +129,7 @@ def test_batch_left_padding_same_tokens_as_single_prompts(smollm2):
         assert all(t == tokenizer.pad_token_id for t in batched[len(single):])
 
 
+@pytest.mark.compat
 def test_streamer_stop_strings_and_repetition_penalty(smollm2):
     _, model, tokenizer, _ = smollm2
     ids = chat_ids(tokenizer, "What is the capital of France?")
