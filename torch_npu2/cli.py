@@ -349,7 +349,8 @@ def cmd_lint(args) -> int:
     """Findings of the IR lint per Program (kernels/lint.py), or with --aie-source the AIE-path source check of every
     kernel variant; exit 1 when there are any."""
     from .kernels import ModelDims, programs_for_model
-    from .kernels.lint import lint_program, lower_and_lint
+    from .kernels.builders.npu2 import L1_BYTES, L1_HEADROOM
+    from .kernels.lint import lint_program, lower_and_lint, worst_l1_tile
     from .patch_llama import DEFAULT_BUCKETS
 
     if args.kernel_dir and not args.aie_source:
@@ -365,9 +366,16 @@ def cmd_lint(args) -> int:
     programs = programs_for_model(ModelDims.from_config(config), buckets)
     total = 0
     for program in programs:
-        findings = lower_and_lint(program) if args.lowered else lint_program(program)
+        if args.lowered:
+            findings, fullest = lower_and_lint(program)
+        else:
+            findings, fullest = lint_program(program), worst_l1_tile(program)
         total += len(findings)
-        print(f"{_program_label(program)}: {len(findings) or 'no'} finding{'s' if len(findings) != 1 else ''}")
+        print(f"{_program_label(program)}: {len(findings) or 'no'} finding{'s' if len(findings) != 1 else ''}; "
+              f"L1 {fullest.total:,} / {L1_BYTES:,} B at launch {fullest.launch} ({fullest.kind}), {fullest.tile} "
+              f"({fullest.buffer_bytes:,} B buffers + {fullest.stack:,} B stack + {L1_HEADROOM:,} B headroom"
+              + (f", used up to {fullest.used:,} B" if fullest.used != fullest.stack + fullest.buffer_bytes else "")
+              + ")")
         for finding in findings:
             print(f"  [{finding.rule}] {finding.where}: {finding.message}")
     print(f"{total} findings in {len(programs)} Programs")

@@ -43,7 +43,8 @@ def tile_gemm(kernel: bool, defines=()):
                         b.emit(f"linalg.matmul {MATMUL_TRANSPOSED_B} ins({a_buf.ssa}, {w_buf.ssa} : {a_type}, "
                                f"{w_type}) outs({acc.ssa} : {acc_type})")
                 b.dma(hc, Window((row, col), (tile_m, tile_n), (N, 1)), c_buf, WHOLE)
-    ir = b.finish()
+    ir = b.finish({name: value.type.nbytes for name, value in
+                   (("A window", a_buf), ("W window", w_buf), ("f32 accumulator", acc), ("C tile", c_buf))})
     if not kernel:
         return ir
     decl = ExternDecl("gemm_bf16_f32_wnk", (str(a_type), str(w_type), str(acc_type)), "gemm.o", tuple(defines))
@@ -168,7 +169,8 @@ def branch_launch(herd: tuple[int, int], trips: int, condition, orelse: bool = F
                     for _ in conditions[1:]:
                         b.emit("} else {")
                         b.emit("}")
-    return b.finish()
+    return b.finish({name: value.type.nbytes for name, value in
+                     (("x", x_buf), ("flag", flag_buf), ("row max", rows[0]), ("row sum", rows[1]), ("acc", acc))})
 
 
 def iv_below_3(b, tx, iv, flags):

@@ -216,7 +216,8 @@ def streamed_launch(reuse_after_loop: bool, drain_each_trip: bool = False):
                     b.emit(multiply)
                 if not drain_each_trip:
                     b.dma(hc, WHOLE, acc, WHOLE)
-    return b.finish()
+    return b.finish({name: value.type.nbytes
+                     for name, value in (("A window", a_buf), ("W window", w_buf), ("acc", acc))})
 
 
 def as_module(ir) -> str:
