@@ -21,7 +21,7 @@ setup(
     python_requires=">=3.10",
     packages=list(PACKAGE_DIRS),
     package_dir=PACKAGE_DIRS,
-    package_data={"torch_npu2.kernels": ["aie2p/*.cc", "aie2p/*.h"]},
+    package_data={"torch_npu2.kernels": ["aie2p/*.cc", "aie2p/*.h", "aie_count/aie_api/*.hpp"]},
     install_requires=["torch>=2.5", "transformers>=5.0", "numpy", "tqdm"],
     extras_require={
         "plot": ["matplotlib"],

@@ -537,7 +537,7 @@ class _Parser:
             work = _numel(shapes[-1])
         else:
             work = math.prod(self.defines[symbol][macro] for macro in cost.work)
-        throughput = cost.throughput
+        throughput = cost.kind
         if throughput == "mmul_bf16" and self._bfp16(symbol):
             throughput = "mmul_bfp16"
         return Compute(throughput, work)
