@@ -69,9 +69,9 @@ def _scaled(values, factor: float) -> list[float]:
 def _verdict(predicted: Range, measured: Range) -> str:
     """Where a measurement lies against a predicted range: inside it, or how far outside which end."""
     if measured[1] < predicted[0]:
-        return f"{1 - measured[1] / predicted[0]:.0%} below the fast end"
+        return f"{1 - measured[1] / predicted[0]:.1%} below the fast end"
     if measured[0] > predicted[1]:
-        return f"{measured[0] / predicted[1] - 1:.0%} above the slow end"
+        return f"{measured[0] / predicted[1] - 1:.1%} above the slow end"
     return "inside"
 
 
@@ -344,13 +344,16 @@ def plot(data: dict, path) -> None:
     rows = data["per_program"]
     names = [f"{r['program']}\n{r['seq'] or 'decode'}" for r in rows]
     positions = range(len(rows))
-    low = [r["predicted_ms"][0] for r in rows]
-    left.bar(positions, [r["predicted_ms"][1] - l for r, l in zip(rows, low)], bottom=low, width=0.5,
-             color="tab:blue", label="ours, fast–slow end (MODEL)")
+    for key, offset, color, label in (("predicted_ms", -0.15, "tab:blue", "ours, bf16 (MODEL, fast–slow end)"),
+                                      ("predicted_ms_bfp16", 0.15, "tab:green", "ours, bfp16 multiplies (MODEL)")):
+        shown = [(p + offset, r[key]) for p, r in zip(positions, rows) if r[key]]
+        left.bar([x for x, _ in shown], [high - low for _, (low, high) in shown],
+                 bottom=[low for _, (low, _) in shown], width=0.3, color=color, label=label)
     left.scatter(positions, [r["upstream_published_ms"] for r in rows], color="tab:red", zorder=3,
                  label="upstream (published)")
     left.set_xticks(list(positions), names, fontsize=7)
     left.set_yscale("log")
+    left.set_ylim(bottom=0.5 * min(r["predicted_ms"][0] for r in rows))
     left.set_ylabel("ms per call")
     left.set_title("Predicted ranges (MODEL, not measured) vs upstream, Llama-3.2-1B", fontsize=10)
     left.legend(fontsize=8)
@@ -390,9 +393,10 @@ def run(mode: str, out_dir, log=print) -> dict:
     for end in ENDS:
         log(f"{end.name} end: {end.assumption}")
     for r in rows:
-        bfp16 = f" ({span(r['predicted_ms_bfp16'], 2)} ms with bfp16 GEMMs)" if r["predicted_ms_bfp16"] else ""
+        bfp16 = f" ({span(r['predicted_ms_bfp16'], 2)} ms with bfp16 multiplies)" if r["predicted_ms_bfp16"] else ""
         log(f"{r['program']:>15} {str(r['seq'] or 'decode'):>6}: predicted {span(r['predicted_ms'], 2)} ms{bfp16}; "
-            f"upstream {r['upstream_published_ms']:.1f} ms ({r['upstream_against_range']} the like-for-like range)")
+            f"upstream {r['upstream_published_ms']:.1f} ms, against the like-for-like range: "
+            f"{r['upstream_against_range']}")
         for c in r["conditions"]:
             log(f"{'':>23} {c['launch']}: {c['text']}: " + (
                 f"NOT EVALUATED ({c['unevaluated']}), counted as always taken" if c["unevaluated"] else

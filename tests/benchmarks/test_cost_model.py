@@ -90,9 +90,9 @@ def test_the_headline_is_the_default_precisions_prefill_and_decode_range():
 def test_each_replay_row_says_where_the_measurement_lies():
     """A measurement inside the predicted range, below its fast end or above its slow end, and by how much."""
     assert cost_model._replay_row((2.0, 2.0), (1.0, 3.0))["measured_against_range"] == "inside"
-    assert cost_model._replay_row((1.0, 1.0), (2.0, 3.0))["measured_against_range"] == "50% below the fast end"
+    assert cost_model._replay_row((1.0, 1.0), (2.0, 3.0))["measured_against_range"] == "50.0% below the fast end"
     row = cost_model._replay_row((6.0, 6.0), (2.0, 3.0))
-    assert row["measured_against_range"] == "100% above the slow end"
+    assert row["measured_against_range"] == "100.0% above the slow end"
     assert row["predicted_over_measured"] == pytest.approx([2 / 6, 3 / 6])
 
 
