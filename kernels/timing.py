@@ -69,9 +69,9 @@ SHIM_COLUMN_BYTES_PER_S = 14e9  # FACTS.md: measured ≈ 14 GB/s per column
 LOAD_UNITS = 2  # AIE-ML v2: two 512-bit load units, one 512-bit store unit (AMD UG1603)
 
 # ---- what upstream's measured runs on NPU2 stream from DDR (mlir-air programming_examples/kernel_registry) -----
-# Standalone bf16-in/bf16-out GEMMs, details/GEMM_bf16_in_bf16_out.md ("drain" method: an in-herd f32 → bf16 drain
-# like ours, BFP16-emulated multiplies, 8×4 herd, June 2026): (M, K, N) → (tile_m, tile_k_l2, tile_k_l1, tile_n),
-# GFLOP/s.
+# Standalone bf16-in/bf16-out GEMMs, details/GEMM_bf16_in_bf16_out.md at mlir-air b2959c9 ("drain" method: an in-herd
+# f32 → bf16 drain like ours, BFP16-emulated multiplies, 8×4 herd, June 2026): (M, K, N) → (tile_m, tile_k_l2,
+# tile_k_l1, tile_n), GFLOP/s.
 UPSTREAM_DRAIN_GEMMS = {
     (2048, 2048, 2048): ((32, 512, 32, 128), 6025), (2048, 2048, 512): ((32, 256, 32, 128), 5626),
     (2048, 2048, 8192): ((32, 256, 32, 128), 5784), (2048, 8192, 2048): ((32, 256, 32, 128), 7234),
@@ -104,7 +104,7 @@ def gemv_bytes(M: int, K: int) -> int:
 
 
 # The most any measurement implies: upstream's 2048×8192×2048 drain GEMM moves 411 MB in 9.50 ms (43.3 GB/s; its
-# LM-head GEMV streams 38.6 GB/s; FACTS.md: 36–57 GB/s seen in practice).
+# llama32_1b LM-head GEMV streams 38.6 GB/s, docs/profile.md at f36b9e5; FACTS.md: 36–57 GB/s seen in practice).
 DDR_BEST_BYTES_PER_S = max(drain_gemm_ddr_bytes(shape, tiles[0], tiles[3]) / measured_gemm_s(shape, gflops)
                            for shape, (tiles, gflops) in UPSTREAM_DRAIN_GEMMS.items())
 # What upstream's standalone GEMVs stream: the median of UPSTREAM_GEMV_STREAMS (32.1 GB/s; they range 27.7–32.7).
