@@ -246,6 +246,18 @@ accum<Tag, N> mac(const accum<Tag, N> &, const vector<A, N> &, const vector<B, N
   return {};
 }
 
+// A scalar factor is broadcast to every lane first (one move), then multiplied as a vector.
+template <typename A, unsigned N> accum<accfloat, N> mul(const vector<A, N> &v, const A &) {
+  count(Kind::Move);
+  return mul(v, vector<A, N>{});
+}
+
+template <typename Tag, typename A, unsigned N>
+accum<Tag, N> mac(const accum<Tag, N> &acc, const vector<A, N> &v, const A &) {
+  count(Kind::Move);
+  return mac(acc, v, vector<A, N>{});
+}
+
 template <typename T, unsigned N> vector<T, N> max(const vector<T, N> &, const vector<T, N> &) {
   count(Kind::Vector, aie_count::lane_ops(N));
   return {};
