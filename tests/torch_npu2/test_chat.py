@@ -243,3 +243,8 @@ def test_a_prompt_that_fills_the_context_is_refused_before_any_work_and_answers_
     result = generate(model, tokenizer, torch.full((1, context - 3), 5), Sampling(max_new_tokens=10))
     assert result.completion_tokens == 3 and result.finish_reason == "length"
 
+
+def test_the_end_of_piped_input_ends_the_prompts_line_where_the_prompt_went():
+    out, err = io.StringIO(), io.StringIO()
+    assert ChatLoop(Replies(), read_line=_scripted(EOFError), err=err, out=out).run() == 0
+    assert out.getvalue() == "\n"
