@@ -3,6 +3,7 @@ prompt checked against the model's context, stop strings cut out of the streamed
 logit_bias and logprobs, cancellation between tokens, and prefill/decode timing."""
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
@@ -138,17 +139,22 @@ class TokenLogprob:
 def token_bytes(tokenizer, token_id: int) -> bytes:
     """A token's own bytes: exact for byte-level BPE tokenizers (GPT-2 style, as SmolLM2's and Llama 3's), where
     a token may hold part of a character; otherwise its decoded text as UTF-8."""
-    table = _byte_level_table(tokenizer)
     piece = tokenizer.convert_ids_to_tokens(token_id)
-    if table is not None and isinstance(piece, str) and all(ch in table for ch in piece):
-        return bytes(table[ch] for ch in piece)
+    if _is_byte_level(tokenizer) and isinstance(piece, str):
+        table = _byte_of_char()
+        if all(ch in table for ch in piece):
+            return bytes(table[ch] for ch in piece)
     return tokenizer.decode([token_id]).encode()
 
 
-def _byte_level_table(tokenizer) -> dict | None:
+def _is_byte_level(tokenizer) -> bool:
     decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
-    if decoder is None or type(decoder).__name__ != "ByteLevel":
-        return None
+    return type(decoder).__name__ == "ByteLevel"
+
+
+@functools.cache
+def _byte_of_char() -> dict[str, int]:
+    """Byte-level BPE's table from the printable character standing for each byte back to the byte."""
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     return {ch: byte for byte, ch in bytes_to_unicode().items()}
@@ -170,7 +176,7 @@ class _TokenLog:
         offset = self.text_length
         self.ids.append(token_id)
         self.text_length = len(self.tokenizer.decode(self.ids, skip_special_tokens=True))
-        if token_id in self.tokenizer.all_special_ids:  # the end of the turn: no text, no entry (as OpenAI)
+        if token_id in self.tokenizer.all_special_ids:  # the end of the turn: it has no text, so no entry
             return
         row = self.adjustments.last
         best = torch.topk(row, self.top) if self.top else None

@@ -454,3 +454,42 @@ def test_info_prints_the_wheels_install_command_once(capsys, monkeypatch, tmp_pa
     cli.main(["info"])
     out = capsys.readouterr().out
     assert out.count(toolchain.INSTALL_HINT) == 1 and "the wheels' install command (below)" in out
+
+
+@pytest.mark.filterwarnings("ignore:patch_llama. LlamaForCausalLM runs here on the emulated NPU2:UserWarning")
+def test_serve_in_a_real_process_answers_on_the_port_it_bound_and_stops_on_ctrl_c(tiny_checkpoint, tmp_path):
+    import json
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    pytest.importorskip("uvicorn", reason="serve needs uvicorn (pip install 'torch_npu2[serve]')")
+    with socket.socket() as probe:  # a free port (released again for the server to take)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "TORCH_NPU2_CACHE_DIR": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
+    server = subprocess.Popen([sys.executable, "-m", "torch_npu2", "serve", "--model", str(tiny_checkpoint),
+                               "--backend", "emulator", "--port", str(port), "--model-name", "tiny"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert server.stdout.readline().startswith(f"serving tiny at http://127.0.0.1:{port}/v1 ")
+        body = json.dumps({"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 3}).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=body,
+                                         headers={"content-type": "application/json"})
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(request, timeout=60) as answer:
+                    assert json.loads(answer.read())["usage"]["completion_tokens"] == 3
+                break
+            except urllib.error.URLError:
+                assert time.monotonic() < deadline, "the server did not answer"
+                time.sleep(0.2)
+        server.send_signal(signal.SIGINT)
+        assert server.wait(timeout=60) == 0
+    finally:
+        server.kill()
+    err = server.stderr.read()
+    assert f"Uvicorn running on http://127.0.0.1:{port}" in err and "Traceback" not in err
