@@ -1,5 +1,10 @@
 from setuptools import setup
 
+try:
+    from setuptools.command.editable_wheel import editable_wheel
+except ImportError:  # setuptools < 64 installs editable projects another way
+    editable_wheel = None
+
 # ops/, kernels/ and patch_llama/ sit at the top of the repository, one folder per layer (ARCHITECTURE.md),
 # but install as subpackages, so `torch_npu2` is the only top-level import name.
 PACKAGE_DIRS = {
@@ -11,6 +16,41 @@ PACKAGE_DIRS = {
     "torch_npu2.kernels.builders": "kernels/builders",
     "torch_npu2.patch_llama": "patch_llama",
 }
+
+# The package_dir mapping above makes an editable install use setuptools' meta path finder, which Python asks only
+# after its path search. From the folder holding a clone named torch_npu2, that search takes the clone (a folder
+# without __init__.py) for a namespace package and every import of torch_npu2 stops there (setuptools' install log
+# warns that such a folder may win; pypa/setuptools#3548). A second .pth, run after setuptools' own (.pth files run in name order), moves the finder
+# to the front of sys.meta_path. tests/test_packaging.py installs a copy editable and runs it from its parent.
+FINDER_FIRST_PTH = ("import sys; sys.meta_path.sort(key=lambda finder: "
+                    "not getattr(finder, '__module__', '').startswith('__editable___torch_npu2_'))")
+
+
+class _FinderFirst:
+    """Setuptools' editable strategy, plus the .pth that moves its finder to the front."""
+
+    def __init__(self, strategy):
+        self.strategy = strategy
+
+    def __call__(self, wheel, files, mapping):
+        self.strategy(wheel, files, mapping)
+        wheel.writestr("torch_npu2_editable_finder_first.pth", FINDER_FIRST_PTH)
+
+    def __enter__(self):
+        self.strategy.__enter__()
+        return self
+
+    def __exit__(self, *exc_info):
+        return self.strategy.__exit__(*exc_info)
+
+
+CMDCLASS = {}
+if editable_wheel is not None and hasattr(editable_wheel, "_select_strategy"):
+    class EditableWheel(editable_wheel):
+        def _select_strategy(self, *args, **kwargs):
+            return _FinderFirst(super()._select_strategy(*args, **kwargs))
+
+    CMDCLASS["editable_wheel"] = EditableWheel
 
 setup(
     name="torch_npu2",
@@ -32,4 +72,5 @@ setup(
                  "openai"],
     },
     entry_points={"console_scripts": ["torch-npu2=torch_npu2.cli:main"]},
+    cmdclass=CMDCLASS,
 )

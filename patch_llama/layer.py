@@ -46,6 +46,7 @@ class SharedState:
 
     buckets: tuple[int, ...]
     matmul_precision: str = DEFAULT_MATMUL_PRECISION
+    context: int | None = None  # the model's context (config.max_position_embeddings): longer prompts are refused
     lut_memo: tuple = (None, None, None)  # (cos tensor, its RoPE LUT, decode rows); holding cos keeps its id unique
     mask_memo: tuple = (None, None)  # (mask tensor, per-row first real token or None)
     chained: ChainedQkv | None = None  # handed from one decode layer to the next within a forward
@@ -135,6 +136,20 @@ def _left_padding_starts(mask: torch.Tensor, seq: int):
     return starts
 
 
+class PromptTooLongError(ValueError):
+    """A prompt that does not fit the model's context (config.max_position_embeddings), refused before any work.
+    ``most`` is how many tokens it may have: the context for a forward pass, one less where an answer must follow;
+    ``cached`` how many of its ``tokens`` a cache already holds (a conversation continued)."""
+
+    def __init__(self, tokens: int, context: int, most: int | None = None, cached: int = 0):
+        most = context if most is None else most
+        counted = f"{tokens} tokens ({cached} of them already cached)" if cached else f"{tokens} tokens"
+        limit = (f"the model's context of {context} tokens" if most == context else
+                 f"the {most} that leave room for an answer in the model's context of {context} tokens")
+        super().__init__(f"the prompt has {counted}, more than {limit} (config.max_position_embeddings)")
+        self.tokens, self.context, self.most = tokens, context, most
+
+
 class PrefillChunk(NamedTuple):
     """One rms_gemms_rope call of a prefill: sequence rows ``start:stop`` padded to ``padded`` (a bucket), and
     the op's outputs, whose rows past ``stop - start`` are padding."""
@@ -147,32 +162,77 @@ class PrefillChunk(NamedTuple):
     k_roped: torch.Tensor
 
 
-def _host_attention(q, k, v, mask, scale):
-    """Attention on the host over HF's cache (decode, and prefill that continues a cached context).
+# fp32 scores computed at a time by the host attention: at 8k tokens the whole score matrix of SmolLM2's 9 heads
+# is 2.3 GB (Llama-3.2-1B's 32 heads: 8.3 GB), so long prompts attend in blocks of queries of about this size.
+HOST_ATTENTION_BLOCK_BYTES = 16 << 20
+_MASKED = torch.finfo(torch.float32).min  # a finite minimum, as HF's eager attention uses
 
-    Same numerics as the NPU attention kernel: fp32 scores and softmax, bf16 probabilities into the P·V
-    matmul. Each KV head's query group is one batched matmul, which on CPUs without bf16 matmul units runs
-    several times faster than torch's bf16 scaled_dot_product_attention for a single query. Masked scores
-    get a finite minimum, as in HF's eager attention, so a fully masked (padding) row stays finite.
+
+def _host_attention(q, k, v, mask, scale):
+    """Attention on the host over HF's cache (decode, prefill over several chunks or with a mask the kernels do
+    not take, and prefill that continues a cached context).
+
+    Same numerics as the NPU attention kernel: fp32 scores and softmax, probabilities rounded to bf16, then
+    multiplied by V with fp32 accumulation and rounded to bf16 once. Each KV head's query group is one batched
+    matmul, which on CPUs without bf16 matmul units runs several times faster than torch's bf16
+    scaled_dot_product_attention for a single query. Masked scores get a finite minimum, as in HF's eager
+    attention, so a fully masked (padding) row stays finite.
+
+    Queries go in blocks whose fp32 scores take at most HOST_ATTENTION_BLOCK_BYTES, so memory stays bounded
+    however long the prompt; a block reads only the keys one of its rows may see (causally: the keys up to its
+    last query), so a long causal prompt computes half the score matrix. Each row's softmax still spans all
+    its keys at once: blocking changes which rows are computed together, not the arithmetic. The blocks share
+    three work buffers, allocated once per call (fresh allocations of that size cost more in page faults than
+    the softmax itself).
     """
-    hidden = torch.finfo(torch.float32).min
     batch, heads, q_len, head_dim = q.shape
     kv_heads, kv_len = k.shape[1], k.shape[2]
     group = heads // kv_heads
-    queries = q.reshape(batch, kv_heads, group * q_len, head_dim).float()
-    scores = torch.matmul(queries, k.float().transpose(-1, -2)).mul_(scale)
-    scores = scores.view(batch, kv_heads, group, q_len, kv_len)
-    if mask is None:
-        if q_len > 1:
-            if q_len != kv_len:
-                raise RuntimeError("torch_npu2: a causal mask is needed when queries continue a cached context")
-            scores.masked_fill_(torch.ones(q_len, kv_len, dtype=torch.bool).triu(1), hidden)
-    elif mask.dtype == torch.bool:
-        scores.masked_fill_(~mask[:, :, None], hidden)
-    else:
-        scores.add_(mask[:, :, None].float())
-    probs = torch.softmax(scores, dim=-1).to(torch.bfloat16).view(batch, kv_heads, group * q_len, kv_len)
-    return torch.matmul(probs, v).view(batch, heads, q_len, head_dim)
+    if mask is None and q_len > 1 and q_len != kv_len:
+        raise RuntimeError("torch_npu2: a causal mask is needed when queries continue a cached context")
+    keys, values = k.float().flatten(0, 1), v.float().flatten(0, 1)  # (batch · kv_heads, kv_len, head_dim)
+    queries = q.view(batch, kv_heads, group, q_len, head_dim)
+    out = q.new_empty(batch, kv_heads, group, q_len, head_dim)
+    rows = max(1, min(q_len, HOST_ATTENTION_BLOCK_BYTES // (batch * heads * kv_len * 4)))
+    scores_buf = torch.empty(batch * heads * rows * kv_len)
+    probs_buf = torch.empty_like(scores_buf)
+    rounded_buf = torch.empty_like(scores_buf, dtype=torch.bfloat16)
+    for start in range(0, q_len, rows):
+        stop = min(q_len, start + rows)
+        block_mask = None if mask is None else mask[:, :, start:stop]
+        if mask is None:  # the queries are the last q_len positions: each sees the keys up to itself
+            seen = kv_len - q_len + stop
+        else:  # reading the mask's values would make dynamo guard on them: compiled code reads every key
+            seen = kv_len if torch.compiler.is_compiling() else _keys_seen(block_mask, kv_len)
+        shape = (batch * kv_heads, group * (stop - start), seen)
+        size = shape[0] * shape[1] * seen
+        scores = scores_buf[:size].view(shape)
+        block_q = queries[:, :, :, start:stop].reshape(batch * kv_heads, group * (stop - start), head_dim)
+        torch.matmul(block_q.float(), keys[:, :seen].transpose(1, 2), out=scores).mul_(scale)
+        by_row = scores.view(batch, kv_heads, group, stop - start, seen)
+        if mask is None:
+            if q_len > 1:  # causal: row i is query start + i and sees keys up to it; only the diagonal block masks
+                by_row[..., start:].masked_fill_(torch.ones(stop - start, seen - start, dtype=torch.bool).triu(1),
+                                                 _MASKED)
+        elif mask.dtype == torch.bool:
+            by_row.masked_fill_(~block_mask[:, :, None, :, :seen], _MASKED)
+        else:
+            by_row.add_(block_mask[:, :, None, :, :seen].float())
+        probs = torch.softmax(scores, dim=-1, out=probs_buf[:size].view(shape))
+        scores.copy_(rounded_buf[:size].view(shape).copy_(probs))  # probabilities rounded to bf16, back in fp32
+        out[:, :, :, start:stop] = torch.matmul(scores, values[:, :seen]).view(
+            batch, kv_heads, group, stop - start, head_dim)
+    return out.view(batch, heads, q_len, head_dim)
+
+
+def _keys_seen(block_mask: torch.Tensor, kv_len: int) -> int:
+    """How many leading keys a block of queries needs: up to the last key any of its rows may see. A row that
+    sees no key at all (padding) spreads its softmax over every key, so a block holding one keeps them all."""
+    allowed = block_mask if block_mask.dtype == torch.bool else block_mask > torch.finfo(block_mask.dtype).min
+    allowed = allowed.reshape(-1, allowed.shape[-1])
+    if not bool(allowed.any(dim=-1).all()):
+        return kv_len
+    return int(allowed.any(dim=0).nonzero()[-1]) + 1
 
 
 class _PositionedCache:
@@ -296,6 +356,8 @@ class NpuDecoderLayer:
     def _prefill(self, hidden, lut, mask, cache):
         batch, seq, _ = hidden.shape
         past = cache.get_seq_length(self.layer_idx) if cache is not None else 0
+        if self.shared.context is not None and past + seq > self.shared.context:
+            raise PromptTooLongError(past + seq, self.shared.context, cached=past)
         starts = self.shared.first_real_tokens(mask, batch, seq) if past == 0 else None
         # Rows to compute per sequence: its real tokens when the mask is plain causal + left padding.
         spans = [(s, seq) for s in starts] if starts is not None else [(0, seq)] * batch

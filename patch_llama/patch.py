@@ -182,7 +182,8 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
     signature = check_transformers(model)
     runtime = npu_runtime.runtime_for(backend)
     _check_npu2_builds(model, buckets, matmul_precision, runtime.target)
-    state = PatchState(SharedState(buckets, matmul_precision))
+    state = PatchState(SharedState(buckets, matmul_precision,
+                                   context=getattr(model.config, "max_position_embeddings", None)))
     paired = {id(p) for layer in model.model.layers for p in (layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight)}
     weights = [p for p in _npu_weights(model) if id(p) not in paired] + list(model.model.layers)
     if progress:

@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 # Subpackages that live outside torch_npu2/ in the repository (setup.py maps them) are found where
-# Python imports them from, so the test reads what is installed, editable or not. (importlib: the
-# attribute torch_npu2.patch_llama is the function, not the package.)
+# Python imports them from, so the test reads what is installed, editable or not.
 PACKAGE_DIRS = {name: Path(importlib.import_module(name).__file__).parent
                 for name in ("torch_npu2", "torch_npu2.kernels", "torch_npu2.ops", "torch_npu2.patch_llama")}
 RUNTIME_SOURCE = PACKAGE_DIRS["torch_npu2"] / "runtime.py"

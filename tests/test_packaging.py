@@ -1,4 +1,5 @@
-"""A normal (non-editable) install carries the whole package under the single import name torch_npu2."""
+"""A normal (non-editable) install carries the whole package under the single import name torch_npu2; an editable
+install works from the folder that holds the clone."""
 import os
 import shutil
 import subprocess
@@ -6,12 +7,12 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+COPY_IGNORE = shutil.ignore_patterns(".git", ".air-tools*", ".compat", "build", "*.egg-info", "results", "__pycache__")
 
 
 def test_normal_install_has_one_top_level_name(tmp_path):
     source, target = tmp_path / "source", tmp_path / "site"  # a copy: the build writes build/ into its tree
-    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".git", ".air-tools*", "build", "*.egg-info",
-                                                                "results", "__pycache__"))
+    shutil.copytree(ROOT, source, ignore=COPY_IGNORE)
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
                     "--target", str(target), str(source)], check=True, cwd=tmp_path)
     assert sorted(p.name for p in target.iterdir() if not p.name.endswith(".dist-info")) == ["bin", "torch_npu2"]
@@ -25,3 +26,50 @@ def test_normal_install_has_one_top_level_name(tmp_path):
                          cwd=tmp_path).stdout.split()
     assert out[0].startswith(str(target)) and int(out[1]) >= 4 and out[2] == "npu2::rms_gemms_rope"
     assert out[3] == "True"  # the timing model's counting stand-in of the AIE API
+
+
+def test_an_editable_install_runs_from_the_folder_holding_the_clone(tmp_path):
+    """`cd ~ && python -m torch_npu2` with the clone at ~/torch_npu2: Python's path search sees the clone (a folder
+    without __init__.py) as a namespace package torch_npu2 before the editable install's finder is asked, unless
+    the install puts its finder first."""
+    home, venv = tmp_path / "home", tmp_path / "venv"
+    shutil.copytree(ROOT, home / "torch_npu2", ignore=COPY_IGNORE)  # a copy: the build writes into its tree
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
+                    "--no-build-isolation", "-e", str(home / "torch_npu2")], check=True, cwd=tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    cli = subprocess.run([str(python), "-m", "torch_npu2", "--help"], capture_output=True, text=True, env=env,
+                         cwd=home)
+    assert cli.returncode == 0, cli.stderr
+    assert cli.stdout.startswith("usage: torch-npu2")
+    (home / "script.py").write_text("import torch_npu2, torch_npu2.patch_llama.models as models\n"
+                                    "print(torch_npu2.__file__); print(callable(torch_npu2.patch_llama));"
+                                    "print(models.load_model.__module__)\n")
+    script = subprocess.run([str(python), "script.py"], capture_output=True, text=True, env=env, cwd=home)
+    assert script.returncode == 0, script.stderr
+    assert script.stdout.split() == [str(home / "torch_npu2" / "torch_npu2" / "__init__.py"), "True",
+                                     "torch_npu2.patch_llama.models"]
+
+
+def test_torch_npu2_patch_llama_is_both_the_subpackage_and_the_function(runtime):
+    """`import torch_npu2.patch_llama.models` reaches the subpackage's modules, and `torch_npu2.patch_llama(model)`
+    patches: the package is callable as its function, with its signature, and its warnings name the caller."""
+    import inspect
+    import types
+    import warnings
+
+    import torch_npu2
+    import torch_npu2.patch_llama.models
+    from tests.patch_llama.tiny import tiny_llama
+
+    assert isinstance(torch_npu2.patch_llama, types.ModuleType)
+    assert torch_npu2.patch_llama.models.load_model.__module__ == "torch_npu2.patch_llama.models"
+    assert inspect.signature(torch_npu2.patch_llama) == inspect.signature(torch_npu2.patch_llama.patch_llama)
+    model = tiny_llama()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert torch_npu2.patch_llama(model) is model and torch_npu2.is_patched(model)
+        torch_npu2.patch_llama(model)
+    already = [w for w in caught if "already patched" in str(w.message)]
+    assert len(already) == 1 and already[0].filename == __file__

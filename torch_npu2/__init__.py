@@ -4,7 +4,8 @@
 NPU2 driver (see ``TORCH_NPU2_BACKEND``).
 """
 from . import ops
-from .patch_llama import compare_layers, is_patched, patch_llama, unpatch_llama
+from . import patch_llama  # the subpackage, callable as patch_llama(model)
+from .patch_llama import PromptTooLongError, compare_layers, is_patched, unpatch_llama
 from .runtime import NPURunError, create_runtime, get_runtime, use_runtime
 
 __version__ = "0.1.0"
@@ -20,4 +21,5 @@ def refresh(tensor):
     get_runtime().refresh(tensor)
 
 
-__all__ = ["ops", "compare_layers", "patch_llama", "unpatch_llama", "is_patched", "NPURunError", "create_runtime", "get_runtime", "use_runtime", "pin", "refresh", "__version__"]
+__all__ = ["ops", "compare_layers", "patch_llama", "unpatch_llama", "is_patched", "PromptTooLongError", "NPURunError",
+           "create_runtime", "get_runtime", "use_runtime", "pin", "refresh", "__version__"]

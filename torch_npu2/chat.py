@@ -47,17 +47,24 @@ def ctrl_c_sets(cancel: threading.Event) -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+class RefusedTurn(Exception):
+    """Raised by a chat's ``reply`` for a message it will not answer (the conversation no longer fits the model's
+    context): the message is dropped and the chat goes on."""
+
+
 class ChatLoop:
     """``reply(messages)`` streams and returns the assistant's answer; a KeyboardInterrupt out of it means the
     user stopped that answer, whose turn is then dropped from the conversation (the model never sees a
-    half-written answer as its own)."""
+    half-written answer as its own), as is a turn it refuses (RefusedTurn)."""
 
     def __init__(self, reply: Callable[[list[dict]], str], system: str | None = None,
-                 read_line: Callable[[str], str] | None = None, err: TextIO | None = None):
+                 read_line: Callable[[str], str] | None = None, err: TextIO | None = None,
+                 out: TextIO | None = None):
         self.reply = reply
         self.system = system
         self.read_line = read_line or input
         self.err = err
+        self.out = out  # where read_line's prompt goes (input() writes it to stdout)
         self.messages: list[dict] = []
         self.reset()
 
@@ -73,8 +80,8 @@ class ChatLoop:
         while True:
             try:
                 line = self.read_line("you> ")
-            except EOFError:
-                self._say("")
+            except EOFError:  # end the prompt's line where it was written: stdout, when input is piped
+                print(file=self.out or sys.stdout, flush=True)
                 return 0
             except KeyboardInterrupt:
                 if interrupted_at_prompt:
@@ -102,5 +109,9 @@ class ChatLoop:
             except KeyboardInterrupt:
                 self.messages.pop()
                 self._say("\n(answer stopped; that turn is left out of the conversation)")
+                continue
+            except RefusedTurn as refused:
+                self.messages.pop()
+                self._say(f"({refused}; that message is left out of the conversation, /reset starts over)")
                 continue
             self.messages.append({"role": "assistant", "content": answer})

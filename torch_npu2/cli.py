@@ -52,20 +52,24 @@ def cmd_info(args) -> int:
     missing = pipeline.missing_toolchain()
     print(f"NPU toolchain (aircc or the AIR tools, Peano, AIE API headers): "
           f"{'complete' if not missing else 'incomplete'}")
+    # several missing pieces name the same long install command: it is printed once, at the end
+    wheels = "the wheels' install command (below)"
     for piece in missing:
-        print(f"    - {piece}")
+        print(f"    - {piece.replace(toolchain.INSTALL_HINT, wheels)}")
     lowering = toolchain.missing_lowering_tools()
     tc = toolchain.find_toolchain()
     print(f"AIR tools (air-opt, aiecc; lower to NPU instructions): "
           f"{toolchain.air_version(tc) + ' at ' + str(tc.air_opt.parent) if not lowering else 'missing'}")
     for piece in lowering:
-        print(f"    - {piece}")
+        print(f"    - {piece.replace(toolchain.INSTALL_HINT, wheels)}")
     if not lowering and toolchain.air_version_warning(tc):
         print(f"    - warning: {toolchain.air_version_warning(tc)}")
     print(f"torch {_version('torch')}, transformers {_version('transformers')}, python {sys.version.split()[0]}")
     caches = [target.cache() for target in TARGETS.values()]
     counts = ", ".join(f"{cache.target} {len(cache.entries())}" for cache in caches)
     print(f"artifact cache: {caches[0].root} (entries: {counts})")
+    if any(toolchain.INSTALL_HINT in piece for piece in missing + lowering):
+        print(f"the mlir_air[aie] wheels (aircc, aiecc, Peano, AIE API headers): {toolchain.INSTALL_HINT}")
     return 1 if backend.startswith("unavailable") else 0
 
 
@@ -77,7 +81,8 @@ def _load_patched(args):
     name = args.model or DEFAULT_NAME
     print(f"loading {name} ...", file=sys.stderr)
     started = time.perf_counter()
-    model, tokenizer = load_model(args.model)
+    model, tokenizer = load_model(args.model, progress=lambda step: print(f"  {step} ...", file=sys.stderr,
+                                                                           flush=True))
     print(f"loaded in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     backend = args.backend or "auto"
     runtime = runtime_for(backend)
@@ -123,10 +128,22 @@ def _answer(model, tokenizer, messages, sampling, stream: bool):
     on_text = _print_now if stream else (lambda text: None)
     result = _generate_stoppably(model, tokenizer, messages, sampling, on_text=on_text)
     print("" if stream else result.text, flush=True)
+    if result.finish_reason == "length":
+        print(_cut_off_line(model, result, sampling), file=sys.stderr)
     print(result.stats_line(), file=sys.stderr)
     if result.finish_reason == "cancelled":
         raise KeyboardInterrupt
     return result
+
+
+def _cut_off_line(model, result, sampling) -> str:
+    """Why an answer that ran out of tokens ended: --max-new-tokens, or the end of the model's context."""
+    from .textgen import context_of
+
+    if result.completion_tokens < sampling.max_new_tokens:
+        return (f"[answer cut off: the model's context of {context_of(model)} tokens is full after "
+                f"{result.completion_tokens} tokens]")
+    return (f"[answer cut off at --max-new-tokens {sampling.max_new_tokens}; a larger value lets it finish]")
 
 
 def _read_prompt(args) -> str | None:
@@ -172,6 +189,7 @@ def cmd_generate(args) -> int:
     if prompt is not None:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
             [{"role": "user", "content": prompt}]
+        _check_prompt_fits(args, model, tokenizer, messages)
         if args.json:
             result = _generate_stoppably(model, tokenizer, messages, sampling)
             if result.finish_reason == "cancelled":
@@ -181,17 +199,35 @@ def cmd_generate(args) -> int:
         else:
             _answer(model, tokenizer, messages, sampling, stream=not args.no_stream)
         return 0
-    from .chat import ChatLoop, enable_line_editing
+    from .chat import ChatLoop, RefusedTurn, enable_line_editing
+    from .patch_llama import PromptTooLongError
+
+    def reply(messages):
+        try:
+            return _answer(model, tokenizer, messages, sampling, stream=not args.no_stream).text
+        except PromptTooLongError as exc:
+            raise RefusedTurn(exc) from None
 
     enable_line_editing()
-    reply = lambda messages: _answer(model, tokenizer, messages, sampling, stream=not args.no_stream).text
     return ChatLoop(reply, system=args.system).run()
+
+
+def _check_prompt_fits(args, model, tokenizer, messages) -> None:
+    """A prompt too long for the model's context: one argparse-style error (exit 2) before any generation."""
+    from .patch_llama import PromptTooLongError
+    from .textgen import chat_input_ids, check_prompt
+
+    try:
+        check_prompt(model, chat_input_ids(tokenizer, messages).shape[1])
+    except PromptTooLongError as exc:
+        option = "--prompt-file" if args.prompt_file is not None else "--prompt"
+        args.parser.error(f"argument {option}: {exc}")
 
 
 def cmd_serve(args) -> int:
     _check_backend(args.parser, args.backend)
     _check_model_path(args.parser, args.model)
-    if args.max_queue < 0:
+    if args.max_queue is not None and args.max_queue < 0:
         args.parser.error(f"argument --max-queue: expected an int >= 0, got {args.max_queue}")
     try:
         import uvicorn  # noqa: F401  (serve.run starts it; checked here, before the model load)
@@ -199,10 +235,16 @@ def cmd_serve(args) -> int:
         from . import serve
     except ImportError as exc:
         args.parser.error(f"the server needs FastAPI and uvicorn ({exc}): pip install 'torch_npu2[serve]'")
+    try:  # the port is taken now, so that one in use is an error before the model loads
+        sock = serve.bind(args.host, args.port)
+    except OSError as exc:
+        args.parser.error(f"argument --port: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}")
     api_key = args.api_key or os.environ.get(serve.API_KEY_VARIABLE) or None
-    model, tokenizer = _load_patched(args)
-    return serve.run(model, tokenizer, model_name=args.model_name or _model_id(args.model), host=args.host,
-                     port=args.port, api_key=api_key, max_queue=args.max_queue)
+    max_queue = serve.DEFAULT_MAX_QUEUE if args.max_queue is None else args.max_queue
+    with sock:
+        model, tokenizer = _load_patched(args)
+        return serve.run(model, tokenizer, model_name=args.model_name or _model_id(args.model), sock=sock,
+                         api_key=api_key, max_queue=max_queue)
 
 
 def _model_id(path) -> str:
@@ -229,9 +271,9 @@ def _check_backend_variable(parser) -> str | None:
 
 
 def _check_model_path(parser, path) -> None:
-    """--model must name a HF checkpoint directory (with config.json) or a .gguf file; without it, the
-    default model's package must be installed."""
-    from .patch_llama.models import default_model_path
+    """--model must name a HF checkpoint directory (with config.json) or a .gguf file of a Llama-architecture
+    model, as far as its config or header tell; without it, the default model's package must be installed."""
+    from .patch_llama.models import checkpoint_problem, default_model_path
 
     if path is None:
         try:
@@ -246,6 +288,9 @@ def _check_model_path(parser, path) -> None:
         parser.error(f"argument --model: {path} is a directory without config.json (not a HF checkpoint)")
     if not model.is_dir() and model.suffix != ".gguf":
         parser.error(f"argument --model: {path} is neither a HF checkpoint directory nor a .gguf file")
+    problem = checkpoint_problem(model)
+    if problem:
+        parser.error(f"argument --model: {problem}")
 
 
 def _program_label(program) -> str:
@@ -495,7 +540,8 @@ def _add_sampling(parser) -> None:
     parser.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeats (default: 1)")
     parser.add_argument("--stop", action="append", metavar="TEXT",
                         help="end the answer before TEXT (repeatable); TEXT itself is not printed")
-    parser.add_argument("--seed", type=int, help="seed each answer's sampling, for repeatable answers")
+    parser.add_argument("--seed", type=int, help="seed each answer's sampling, for repeatable answers "
+                                                 "(an int in [0, 2**64 - 1])")
 
 
 def _bucket(text: str) -> int:
@@ -507,6 +553,16 @@ def _bucket(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive int, got {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive int, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number in [1, 65535], got {text!r}") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number in [1, 65535], got {value}")
     return value
 
 
@@ -541,11 +597,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--model-name", help="the model id clients see (default: the checkpoint's name)")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s, this machine "
                                                           "only; 0.0.0.0 exposes the server to the network)")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--port", type=_port, default=8000, help="TCP port, 1-65535 (default: %(default)s)")
     serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every request "
                                          "(default: $TORCH_NPU2_API_KEY; unset = no key)")
-    serve.add_argument("--max-queue", type=int, default=8, help="requests that may wait while one runs; more get "
-                                                                "503 (default: %(default)s)")
+    serve.add_argument("--max-queue", type=int, default=None, help="requests that may wait while one runs; more "
+                                                                   "get 503 (default: 32)")
     serve.add_argument("--backend", choices=BACKEND_CHOICES, default=None,
                        help="default: $TORCH_NPU2_BACKEND or auto")
     _add_matmul_precision(serve)

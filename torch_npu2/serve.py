@@ -4,8 +4,9 @@
 ``/v1/models``. The model is loaded once; requests run one at a time, in arrival order, on one generation
 thread, and at most ``max_queue`` wait behind the running one (more get 503 with a Retry-After). A client that
 disconnects cancels its generation after the current token, or before it starts if it was still waiting.
-Malformed bodies and out-of-range parameters get 400 with a message naming the parameter; nothing a request
-does stops the server.
+Every field is type-checked: malformed bodies, mistyped or out-of-range parameters and OpenAI fields this server
+does not implement get 400 with a message naming the parameter, a model other than the one served gets 404
+``model_not_found``; nothing a request does stops the server.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import asyncio
 import json
 import logging
 import secrets
+import socket
 import threading
 import time
 import uuid
@@ -28,13 +30,27 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException
 
-from .textgen import Generation, Sampling, SamplingError, chat_input_ids, generate, text_input_ids
+from .patch_llama import PromptTooLongError
+from .textgen import (Generation, Sampling, SamplingError, TokenLogprob, chat_input_ids, check_request, generate,
+                      text_input_ids)
 
 API_KEY_VARIABLE = "TORCH_NPU2_API_KEY"
 DEFAULT_MAX_TOKENS = 256
+# Requests that may wait behind the running one: enough for a dozen concurrent clients with the openai package's
+# defaults (2 retries of a 503) to all get answers; a waiting request holds only its prompt.
+DEFAULT_MAX_QUEUE = 32
 POLL_SECONDS = 0.2  # how often a waiting non-streaming request checks whether its client is still there
 # Our sampling field names where OpenAI's differ, for error messages.
-OPENAI_NAMES = {"max_new_tokens": "max_tokens"}
+OPENAI_NAMES = {"max_new_tokens": "max_tokens", "logprobs": "top_logprobs"}
+MOST_COMPLETION_LOGPROBS = 5  # the legacy completions API's limit
+UNLIKELY = -9999.0  # OpenAI's stand-in for a log-probability of -inf (JSON has no infinity)
+# What a mistyped field should have been, for the 400's message.
+EXPECTED = {"model": "a string", "max_tokens": "an int", "max_completion_tokens": "an int", "temperature": "a number",
+            "top_p": "a number", "top_k": "an int", "repetition_penalty": "a number", "seed": "an int",
+            "stop": "a string or a list of strings", "stream": "a boolean", "stream_options": "an object",
+            "n": "an int", "presence_penalty": "a number", "frequency_penalty": "a number",
+            "logit_bias": "an object mapping token ids to numbers", "user": "a string", "messages": "a list of messages",
+            "prompt": "a string or a list of strings", "top_logprobs": "an int"}
 
 log = logging.getLogger("torch_npu2.serve")
 
@@ -43,20 +59,29 @@ class ApiError(Exception):
     """An error answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
 
     def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
-                 headers: dict | None = None):
+                 headers: dict | None = None, code: str | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.kind, self.headers = status, message, param, kind, headers
+        self.code = code
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": None}}
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
 # ---- request bodies -------------------------------------------------------------------------------------------
 
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # clients send fields we do not use (user, metadata, …)
+class _Strict(BaseModel):
+    # no coercion ("5" is not an int, true is not a number) and no unknown field: an OpenAI field this server does
+    # not implement (tools, response_format, echo, …) is refused by name rather than silently ignored
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    model: str | None = None
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class _Body(_Strict):
+    model: str | None = None  # None or the served model's id
     max_tokens: int | None = None
     temperature: float = 1.0
     top_p: float = 1.0
@@ -65,16 +90,20 @@ class _Body(BaseModel):
     stop: str | list[str] | None = None
     seed: int | None = None
     stream: bool = False
-    stream_options: dict | None = None
+    stream_options: StreamOptions | None = None
     n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None  # an end user's id, for the operator: it does not change the answer
 
 
-class TextPart(BaseModel):
+class TextPart(_Strict):
     type: Literal["text"]
     text: str
 
 
-class ChatMessage(BaseModel):
+class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart]
 
@@ -85,10 +114,17 @@ class ChatMessage(BaseModel):
 class ChatBody(_Body):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
 
 
 class CompletionBody(_Body):
     prompt: str | list[str]
+    logprobs: int | None = None
+
+
+FIELD_NAMES = {name for body in (ChatBody, CompletionBody, ChatMessage, TextPart, StreamOptions)
+               for name in body.model_fields}
 
 
 # ---- the generation queue --------------------------------------------------------------------------------------
@@ -109,16 +145,23 @@ class Job:
     sampling: Sampling
     loop: asyncio.AbstractEventLoop
     cancel: threading.Event = field(default_factory=threading.Event)
-    events: asyncio.Queue = field(default_factory=asyncio.Queue)  # ("text", str), ("done", Generation), ("error", exc)
+    # ("text", (str, its tokens' logprobs)), ("done", Generation), ("error", exception)
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
 
     def _post(self, event) -> None:
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)
 
     def run(self, model, tokenizer) -> Generation | None:
         """On the generation thread."""
+        behind: list[TokenLogprob] = []  # generate hands a piece's logprobs over just before its text
+
+        def on_text(text: str) -> None:
+            self._post(("text", (text, behind[:])))
+            behind.clear()
+
         try:
-            result = generate(model, tokenizer, self.input_ids, self.sampling,
-                              on_text=lambda text: self._post(("text", text)), cancel=self.cancel)
+            result = generate(model, tokenizer, self.input_ids, self.sampling, on_text=on_text, cancel=self.cancel,
+                              on_logprobs=behind.extend)
         except Exception as exc:  # reported to the request; the server goes on
             log.exception("generation failed")
             self._post(("error", exc))
@@ -183,23 +226,60 @@ class Worker:
 
 # ---- the app ---------------------------------------------------------------------------------------------------
 
-def _sampling(body: _Body, max_tokens: int | None, prompt_tokens: int, context: int) -> Sampling:
+def _logit_bias(body: _Body) -> tuple[tuple[int, float], ...]:
+    """OpenAI's {"token id": bias} as (id, bias) pairs; a key that is not a token id gets a 400."""
+    pairs = []
+    for key, bias in (body.logit_bias or {}).items():
+        if not key.isdecimal():
+            raise ApiError(400, f"logit_bias: keys must be token ids (integers, as strings), got {key!r}", "logit_bias")
+        pairs.append((int(key), bias))
+    return tuple(pairs)
+
+
+def _sampling(model, body: _Body, max_tokens: int | None, logprobs: int | None, prompt_tokens: int, context: int,
+              prompt_param: str) -> Sampling:
     if body.n != 1:
         raise ApiError(400, f"n: only 1 choice per request is supported, got {body.n}", "n")
     room = context - prompt_tokens
-    if room < 1:
-        raise ApiError(400, f"the prompt has {prompt_tokens} tokens; the model's context is {context}", "messages")
-    if max_tokens is not None and max_tokens > room:
+    if max_tokens is not None and 0 < room < max_tokens:
         raise ApiError(400, f"max_tokens: the prompt ({prompt_tokens} tokens) leaves room for {room} tokens in the "
                             f"model's context of {context}, got {max_tokens}", "max_tokens")
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     try:
-        return Sampling(max_new_tokens=min(DEFAULT_MAX_TOKENS, room) if max_tokens is None else max_tokens,
-                        temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
-                        repetition_penalty=body.repetition_penalty, stop=stop, seed=body.seed)
+        sampling = Sampling(max_new_tokens=min(DEFAULT_MAX_TOKENS, max(room, 1)) if max_tokens is None else max_tokens,
+                            temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
+                            repetition_penalty=body.repetition_penalty, stop=stop, seed=body.seed,
+                            presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
+                            logit_bias=_logit_bias(body), logprobs=logprobs)
+        check_request(model, sampling, prompt_tokens)
     except SamplingError as exc:
         name = OPENAI_NAMES.get(exc.field, exc.field)
         raise ApiError(400, f"{name}: expected {exc.expected}, got {exc.value!r}", name) from None
+    except PromptTooLongError as exc:
+        raise ApiError(400, f"{prompt_param}: {exc}", prompt_param) from None
+    return sampling
+
+
+def _logprob(value: float) -> float:
+    return value if value > UNLIKELY else UNLIKELY
+
+
+def _chat_logprobs(entries: list[TokenLogprob] | None) -> dict | None:
+    """OpenAI's chat ``logprobs``: per token its text, log-probability, UTF-8 bytes and the likeliest tokens."""
+    if entries is None:
+        return None
+    return {"content": [{"token": e.text, "logprob": _logprob(e.logprob), "bytes": list(e.bytes),
+                         "top_logprobs": [{"token": text, "logprob": _logprob(lp), "bytes": list(raw)}
+                                          for text, raw, lp in e.top]} for e in entries], "refusal": None}
+
+
+def _completion_logprobs(entries: list[TokenLogprob] | None) -> dict | None:
+    """The legacy completions ``logprobs``: parallel lists, the likeliest tokens as {text: log-probability}."""
+    if entries is None:
+        return None
+    return {"tokens": [e.text for e in entries], "token_logprobs": [_logprob(e.logprob) for e in entries],
+            "top_logprobs": [{text: _logprob(lp) for text, _, lp in e.top} for e in entries],
+            "text_offset": [e.text_offset for e in entries]}
 
 
 def _usage(result: Generation) -> dict:
@@ -211,7 +291,29 @@ def _sse(payload) -> str:
     return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
 
 
-def create_app(model, tokenizer, model_name: str, api_key: str | None = None, max_queue: int = 8):
+def _validation_error(errors: list[dict], body: type[_Body]) -> ApiError:
+    """A 400 naming the parameter of pydantic's first error in ``body``: its path through the fields and list
+    indices (``messages[0].role``), without pydantic's union-member tags or a JSON syntax error's byte offset."""
+    first = errors[0]
+    kind, loc = first.get("type", ""), first.get("loc", ())[1:]
+    if kind == "json_invalid":
+        return ApiError(400, "the body is not valid JSON")
+    path = [part for i, part in enumerate(loc) if isinstance(part, int) or part in FIELD_NAMES
+            or (kind == "extra_forbidden" and i == len(loc) - 1)]
+    param = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in path).lstrip(".") or None
+    expected = {**EXPECTED, "logprobs": "a boolean" if body is ChatBody else "an int"}
+    if kind == "extra_forbidden":
+        message = f"{param}: not supported by this server (it takes: {', '.join(sorted(body.model_fields))})"
+    elif kind == "missing":
+        message = f"{param}: Field required"
+    elif len(path) == 1 and path[0] in expected:
+        message = f"{param}: expected {expected[path[0]]}, got {first.get('input')!r}"
+    else:
+        message = f"{param}: {first.get('msg', 'invalid')}" if param else first.get("msg", "invalid request")
+    return ApiError(400, message, param)
+
+
+def create_app(model, tokenizer, model_name: str, api_key: str | None = None, max_queue: int = DEFAULT_MAX_QUEUE):
     """The ASGI app serving ``model`` (already patched) under the id ``model_name``; ``app.state.worker`` runs
     the generations."""
     worker = Worker(model, tokenizer, max_queue)
@@ -236,10 +338,8 @@ def create_app(model, tokenizer, model_name: str, api_key: str | None = None, ma
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request, exc: RequestValidationError):
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
-        message = "the body is not valid JSON" if first.get("type") == "json_invalid" else first.get("msg", "invalid")
-        return error_response(ApiError(400, f"{where}: {message}" if where else message, where or None))
+        body = CompletionBody if request.url.path.endswith("/v1/completions") else ChatBody
+        return error_response(_validation_error(exc.errors(), body))
 
     @app.exception_handler(HTTPException)
     async def http_error(request, exc: HTTPException):
@@ -284,11 +384,11 @@ def create_app(model, tokenizer, model_name: str, api_key: str | None = None, ma
     async def stream_of(job: Job, chunk, final, include_usage: bool):
         """Server-sent events of a job; closing the stream (the client left) cancels the job."""
         try:
-            yield _sse(chunk(""))
+            yield _sse(chunk("", None))
             while True:
                 kind, value = await job.events.get()
                 if kind == "text":
-                    yield _sse(chunk(value))
+                    yield _sse(chunk(*value))
                 elif kind == "error":
                     yield _sse(ApiError(500, f"generation failed: {type(value).__name__}: {value}",
                                         kind="server_error").body())
@@ -302,8 +402,11 @@ def create_app(model, tokenizer, model_name: str, api_key: str | None = None, ma
         finally:
             job.cancel.set()
 
-    def start(body: _Body, input_ids, max_tokens: int | None) -> Job:
-        sampling = _sampling(body, max_tokens, input_ids.shape[1], context)
+    def start(body: _Body, input_ids, max_tokens: int | None, logprobs: int | None, prompt_param: str) -> Job:
+        if body.model is not None and body.model != model_name:
+            raise ApiError(404, f"the model {body.model!r} does not exist: this server serves {model_name!r}",
+                           "model", code="model_not_found")
+        sampling = _sampling(model, body, max_tokens, logprobs, input_ids.shape[1], context, prompt_param)
         return worker.submit(input_ids, sampling)
 
     @app.get("/v1/models", dependencies=[Depends(authorized)])
@@ -315,27 +418,32 @@ def create_app(model, tokenizer, model_name: str, api_key: str | None = None, ma
     async def chat_completions(body: ChatBody, request: Request):
         if not body.messages:
             raise ApiError(400, "messages: expected at least one message", "messages")
+        if body.top_logprobs is not None and not body.logprobs:
+            raise ApiError(400, "top_logprobs: needs logprobs set to true", "top_logprobs")
         messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
                     for m in body.messages]
-        job = start(body, chat_input_ids(tokenizer, messages), body.max_completion_tokens or body.max_tokens)
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        job = start(body, chat_input_ids(tokenizer, messages), max_tokens, logprobs, "messages")
         ident, stamp = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         head = {"id": ident, "model": model_name, "created": stamp}
         if body.stream:
-            def chunk(text):
+            def chunk(text, entries):
                 delta = {"role": "assistant", "content": ""} if text == "" else {"content": text}
                 return {**head, "object": "chat.completion.chunk",
-                        "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+                        "choices": [{"index": 0, "delta": delta, "finish_reason": None,
+                                     "logprobs": _chat_logprobs(entries) if logprobs is not None else None}]}
 
             def final(result):
                 return {**head, "object": "chat.completion.chunk",
                         "choices": [{"index": 0, "delta": {}, "finish_reason": _finish(result)}]}
 
-            include_usage = bool((body.stream_options or {}).get("include_usage"))
+            include_usage = body.stream_options is not None and body.stream_options.include_usage
             return StreamingResponse(stream_of(job, chunk, final, include_usage), media_type="text/event-stream")
         result = await result_of(job, request)
         return {**head, "object": "chat.completion",
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text},
-                             "finish_reason": _finish(result)}],
+                             "logprobs": _chat_logprobs(result.logprobs), "finish_reason": _finish(result)}],
                 "usage": _usage(result)}
 
     @app.post("/v1/completions", dependencies=[Depends(authorized)])
@@ -343,21 +451,26 @@ def create_app(model, tokenizer, model_name: str, api_key: str | None = None, ma
         prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
         if len(prompts) != 1 or not prompts[0]:
             raise ApiError(400, "prompt: expected one non-empty string", "prompt")
-        job = start(body, text_input_ids(tokenizer, prompts[0]), body.max_tokens)
+        if body.logprobs is not None and not 0 <= body.logprobs <= MOST_COMPLETION_LOGPROBS:
+            raise ApiError(400, f"logprobs: expected an int in [0, {MOST_COMPLETION_LOGPROBS}], got {body.logprobs}",
+                           "logprobs")
+        job = start(body, text_input_ids(tokenizer, prompts[0]), body.max_tokens, body.logprobs, "prompt")
         ident, stamp = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         head = {"id": ident, "object": "text_completion", "model": model_name, "created": stamp}
         if body.stream:
-            def chunk(text):
-                return {**head, "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": None}]}
+            def chunk(text, entries):
+                return {**head, "choices": [{"index": 0, "text": text, "finish_reason": None,
+                                             "logprobs": _completion_logprobs(entries) if body.logprobs is not None
+                                             else None}]}
 
             def final(result):
                 return {**head, "choices": [{"index": 0, "text": "", "logprobs": None,
                                              "finish_reason": _finish(result)}]}
 
-            include_usage = bool((body.stream_options or {}).get("include_usage"))
+            include_usage = body.stream_options is not None and body.stream_options.include_usage
             return StreamingResponse(stream_of(job, chunk, final, include_usage), media_type="text/event-stream")
         result = await result_of(job, request)
-        return {**head, "choices": [{"index": 0, "text": result.text, "logprobs": None,
+        return {**head, "choices": [{"index": 0, "text": result.text, "logprobs": _completion_logprobs(result.logprobs),
                                      "finish_reason": _finish(result)}], "usage": _usage(result)}
 
     return app
@@ -367,14 +480,30 @@ def _finish(result: Generation) -> str:
     return "length" if result.finish_reason == "length" else "stop"
 
 
-def run(model, tokenizer, model_name: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-        max_queue: int = 8) -> int:
-    """Serve until interrupted (Ctrl-C: uvicorn shuts down cleanly)."""
+def bind(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port``, ready for ``run``: binding before the model loads makes a port in use or
+    an address this machine does not have an error before any slow work. OSError otherwise."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a closed server's TIME_WAIT is fine
+        sock.bind(address)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def run(model, tokenizer, model_name: str, sock: socket.socket, api_key: str | None = None,
+        max_queue: int = DEFAULT_MAX_QUEUE) -> int:
+    """Serve on ``sock`` (from ``bind``) until interrupted (Ctrl-C: uvicorn shuts down cleanly)."""
     import uvicorn
 
     app = create_app(model, tokenizer, model_name, api_key=api_key, max_queue=max_queue)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    print(f"serving {model_name} at http://{host}:{port}/v1 (OpenAI-compatible; "
+    host, port = sock.getsockname()[:2]
+    where = f"[{host}]" if ":" in host else host
+    print(f"serving {model_name} at http://{where}:{port}/v1 (OpenAI-compatible; "
           f"{'API key required' if api_key else 'no API key'}; Ctrl-C stops)", flush=True)
-    uvicorn.run(app, host=host, port=port, log_level="info")
+    uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info")).run(sockets=[sock])  # host, port: its log
     return 0

@@ -1,7 +1,9 @@
-"""Text generation shared by the chat command and the server: sampling settings checked before any work,
-stop strings cut out of the streamed text, cancellation between tokens, and prefill/decode timing."""
+"""Text generation shared by the chat command and the server: sampling settings checked before any work, a
+prompt checked against the model's context, stop strings cut out of the streamed text, OpenAI's penalties,
+logit_bias and logprobs, cancellation between tokens, and prefill/decode timing."""
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
@@ -29,10 +31,18 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+SEED_LIMIT = 2 ** 64  # torch.manual_seed takes seeds below this (an unsigned 64-bit int)
+PENALTY_RANGE, BIAS_RANGE = 2.0, 100.0  # OpenAI's ranges: penalties in [-2, 2], logit_bias values in [-100, 100]
+MOST_LOGPROBS = 20  # OpenAI's top_logprobs limit
+
+
 @dataclass(frozen=True)
 class Sampling:
     """How to pick tokens. ``temperature`` 0 is greedy; ``top_k`` 0 keeps every token; ``seed`` reseeds torch's
-    generator before each answer, so that a sampled answer repeats."""
+    generator before each answer, so that a sampled answer repeats. ``presence_penalty``, ``frequency_penalty``
+    and ``logit_bias`` ((token id, bias) pairs) adjust the logits as OpenAI's parameters of those names do, before
+    temperature, top-k and top-p; ``logprobs`` (None: none) asks for each answer token's log-probability and its
+    ``logprobs`` likeliest alternatives."""
 
     max_new_tokens: int = 256
     temperature: float = 0.0
@@ -41,6 +51,10 @@ class Sampling:
     repetition_penalty: float = 1.0
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: int | None = None
 
     def __post_init__(self):
         checks = (
@@ -52,22 +66,134 @@ class Sampling:
              "a number > 0 (1 = off)"),
             ("stop", isinstance(self.stop, tuple) and all(isinstance(s, str) and s for s in self.stop),
              "non-empty strings"),
-            ("seed", self.seed is None or _is_int(self.seed), "an int"),
+            ("seed", self.seed is None or (_is_int(self.seed) and 0 <= self.seed < SEED_LIMIT),
+             f"an int in [0, {SEED_LIMIT - 1}]"),
+            ("presence_penalty", _is_number(self.presence_penalty) and abs(self.presence_penalty) <= PENALTY_RANGE,
+             "a number in [-2, 2]"),
+            ("frequency_penalty", _is_number(self.frequency_penalty) and abs(self.frequency_penalty) <= PENALTY_RANGE,
+             "a number in [-2, 2]"),
+            ("logit_bias", isinstance(self.logit_bias, tuple) and all(
+                isinstance(pair, tuple) and len(pair) == 2 and _is_int(pair[0]) and pair[0] >= 0
+                and _is_number(pair[1]) and abs(pair[1]) <= BIAS_RANGE for pair in self.logit_bias),
+             "token ids (ints >= 0) mapped to numbers in [-100, 100]"),
+            ("logprobs", self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= MOST_LOGPROBS),
+             f"an int in [0, {MOST_LOGPROBS}]"),
         )
         for name, ok, expected in checks:
             if not ok:
                 raise SamplingError(name, expected, getattr(self, name))
 
     def generate_kwargs(self) -> dict:
-        """The ``model.generate`` arguments; greedy passes no sampling knobs (transformers warns about unused ones)."""
-        kwargs = dict(max_new_tokens=self.max_new_tokens)
+        """The ``model.generate`` sampling arguments; greedy passes no sampling knobs (transformers warns about
+        unused ones). The repetition penalty is ``LogitAdjustments``' to apply: 1 here keeps a default of the
+        checkpoint's generation config from applying it a second time."""
+        picking = dict(do_sample=False, temperature=None, top_p=None, top_k=None)
         if self.temperature > 0:
-            kwargs.update(do_sample=True, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
-        else:
-            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        if self.repetition_penalty != 1.0:
-            kwargs["repetition_penalty"] = self.repetition_penalty
-        return kwargs
+            picking = dict(do_sample=True, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
+        return dict(picking, repetition_penalty=1.0)
+
+
+class LogitAdjustments:
+    """A logits processor for one (1, S) prompt: first notes the model's own log-probabilities of the step
+    (``last``, when logprobs are asked for), then applies the repetition penalty (transformers' rule, over
+    prompt and answer), OpenAI's presence and frequency penalties (over the answer's tokens so far: ``logit -=
+    count * frequency_penalty + (count > 0) * presence_penalty``) and logit_bias (added). transformers runs a
+    custom processor before temperature, top-k and top-p, so these see the model's logits, as OpenAI's do."""
+
+    def __init__(self, sampling: Sampling, prompt_tokens: int):
+        from transformers import RepetitionPenaltyLogitsProcessor
+
+        self.sampling, self.prompt_tokens = sampling, prompt_tokens
+        self.repetition = (RepetitionPenaltyLogitsProcessor(sampling.repetition_penalty)
+                           if sampling.repetition_penalty != 1.0 else None)
+        self.last: torch.Tensor | None = None  # the latest step's log-probabilities, (vocab,) fp32
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        sampling = self.sampling
+        if sampling.logprobs is not None:
+            self.last = torch.log_softmax(scores[0].float(), dim=-1)
+        if self.repetition is not None:
+            scores = self.repetition(input_ids, scores)
+        if sampling.presence_penalty or sampling.frequency_penalty:
+            counts = torch.bincount(input_ids[0, self.prompt_tokens:], minlength=scores.shape[-1])[:scores.shape[-1]]
+            scores = scores - (counts * sampling.frequency_penalty + (counts > 0) * sampling.presence_penalty).to(
+                scores.dtype)
+        if sampling.logit_bias:
+            ids, biases = zip(*sampling.logit_bias)
+            scores = scores.index_add(-1, torch.tensor(ids), torch.tensor([biases], dtype=scores.dtype))
+        return scores
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One answer token: its text and UTF-8 bytes, its log-probability under the model, where its text starts in
+    the answer, and the likeliest tokens of that step as (text, bytes, log-probability), best first."""
+
+    text: str
+    bytes: bytes
+    logprob: float
+    text_offset: int
+    top: tuple[tuple[str, bytes, float], ...]
+
+
+def token_bytes(tokenizer, token_id: int) -> bytes:
+    """A token's own bytes: exact for byte-level BPE tokenizers (GPT-2 style, as SmolLM2's and Llama 3's), where
+    a token may hold part of a character; otherwise its decoded text as UTF-8."""
+    piece = tokenizer.convert_ids_to_tokens(token_id)
+    if _is_byte_level(tokenizer) and isinstance(piece, str):
+        table = _byte_of_char()
+        if all(ch in table for ch in piece):
+            return bytes(table[ch] for ch in piece)
+    return tokenizer.decode([token_id]).encode()
+
+
+def _is_byte_level(tokenizer) -> bool:
+    decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+    return type(decoder).__name__ == "ByteLevel"
+
+
+@functools.cache
+def _byte_of_char() -> dict[str, int]:
+    """Byte-level BPE's table from the printable character standing for each byte back to the byte."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return {ch: byte for byte, ch in bytes_to_unicode().items()}
+
+
+class _TokenLog:
+    """Each answer token's log-probability (``LogitAdjustments.last`` at the step that chose it) and its
+    ``top`` likeliest alternatives; ``shown(length)`` hands out the entries whose text starts within the first
+    ``length`` characters of the answer, each once."""
+
+    def __init__(self, tokenizer, adjustments: LogitAdjustments, top: int):
+        self.tokenizer, self.adjustments, self.top = tokenizer, adjustments, top
+        self.ids: list[int] = []
+        self.text_length = 0  # of the answer's tokens so far, decoded as the streamed text is
+        self.entries: list[TokenLogprob] = []
+        self.handed_out = 0
+
+    def add(self, token_id: int) -> None:
+        offset = self.text_length
+        self.ids.append(token_id)
+        self.text_length = len(self.tokenizer.decode(self.ids, skip_special_tokens=True))
+        if token_id in self.tokenizer.all_special_ids:  # the end of the turn: it has no text, so no entry
+            return
+        row = self.adjustments.last
+        best = torch.topk(row, self.top) if self.top else None
+        top = () if best is None else tuple((*self._piece(i), float(lp))
+                                            for lp, i in zip(best.values, best.indices.tolist()))
+        self.entries.append(TokenLogprob(*self._piece(token_id), float(row[token_id]), offset, top))
+
+    def _piece(self, token_id: int) -> tuple[str, bytes]:
+        raw = token_bytes(self.tokenizer, token_id)
+        return raw.decode(errors="replace"), raw
+
+    def shown(self, length: int) -> list[TokenLogprob]:
+        end = self.handed_out
+        while end < len(self.entries) and self.entries[end].text_offset < length:
+            end += 1
+        taken, self.handed_out = self.entries[self.handed_out:end], end
+        return taken
 
 
 class StopText:
@@ -105,9 +231,10 @@ class Generation:
     text: str
     prompt_tokens: int
     completion_tokens: int
-    finish_reason: str  # "stop" (EOS or a stop string), "length" (max_new_tokens), "cancelled"
+    finish_reason: str  # "stop" (EOS or a stop string), "length" (max_new_tokens or the context), "cancelled"
     time_to_first_token: float | None
     seconds: float
+    logprobs: list[TokenLogprob] | None = None  # the tokens of ``text``, when Sampling.logprobs asked for them
 
     @property
     def prefill_tokens_per_second(self) -> float | None:
@@ -135,15 +262,18 @@ class Generation:
                     decode_tokens_per_s=self.decode_tokens_per_second, seconds=self.seconds)
 
 
-def _streamer(tokenizer, on_text: Callable[[str], None], stop_text: StopText, clock: dict):
+def _streamer(tokenizer, on_text: Callable[[str], None], stop_text: StopText, clock: dict,
+              on_token: Callable[[int], None]):
     from transformers import TextStreamer
 
     class TimedStreamer(TextStreamer):
-        """Hands finished words to ``on_text`` (stop strings cut) and notes when the first new token came."""
+        """Hands finished words to ``on_text`` (stop strings cut), each new token to ``on_token``, and notes when
+        the first new token came."""
 
         def put(self, value):
             if not (self.skip_prompt and self.next_tokens_are_prompt):
                 clock.setdefault("first_token", time.perf_counter())
+                on_token(int(value.reshape(-1)[0]))
             super().put(value)
 
         def on_finalized_text(self, text: str, stream_end: bool = False):
@@ -166,21 +296,60 @@ def _flag_criteria(is_set: Callable[[], bool]):
     return FlagCriteria()
 
 
+def context_of(model) -> int | None:
+    """The model's context in tokens (config.max_position_embeddings), if it states one."""
+    return getattr(model.config, "max_position_embeddings", None)
+
+
+def check_prompt(model, prompt_tokens: int) -> None:
+    """A PromptTooLongError unless the prompt leaves room for at least one answer token in the model's context."""
+    from .patch_llama import PromptTooLongError
+
+    context = context_of(model)
+    if context is not None and prompt_tokens >= context:
+        raise PromptTooLongError(prompt_tokens, context, most=context - 1)
+
+
+def check_request(model, sampling: Sampling, prompt_tokens: int) -> None:
+    """What only the model can tell, before any work: ``check_prompt``, and a SamplingError for a logit_bias token
+    outside its vocabulary."""
+    check_prompt(model, prompt_tokens)
+    vocab = model.config.vocab_size
+    unknown = [token for token, _ in sampling.logit_bias if token >= vocab]
+    if unknown:
+        raise SamplingError("logit_bias", f"token ids in [0, {vocab - 1}] (the model's vocabulary)", unknown[0])
+
+
 def generate(model, tokenizer, input_ids: torch.Tensor, sampling: Sampling,
              on_text: Callable[[str], None] = lambda text: None,
-             cancel: threading.Event | None = None) -> Generation:
-    """Generate one answer for a (1, S) prompt, streaming its text to ``on_text``. Setting ``cancel`` ends it
-    after the current token (finish_reason "cancelled"); a KeyboardInterrupt raised inside (by Ctrl-C or by
-    ``on_text``) propagates to the caller."""
-    from transformers import StoppingCriteriaList
+             cancel: threading.Event | None = None,
+             on_logprobs: Callable[[list[TokenLogprob]], None] = lambda entries: None) -> Generation:
+    """Generate one answer for a (1, S) prompt, streaming its text to ``on_text`` (and, when ``sampling.logprobs``
+    asks for them, the log-probabilities of the tokens behind each piece to ``on_logprobs`` just before it).
+    ``check_request``'s errors come before any work, and the answer stops where the context ends (finish_reason "length"). Setting ``cancel`` ends it after the
+    current token (finish_reason "cancelled"); a KeyboardInterrupt raised inside (by Ctrl-C or by ``on_text``)
+    propagates to the caller."""
+    from transformers import LogitsProcessorList, StoppingCriteriaList
 
     if input_ids.dim() != 2 or input_ids.shape[0] != 1:
         raise ValueError(f"input_ids must have shape (1, S), got {tuple(input_ids.shape)}")
+    prompt_tokens = input_ids.shape[1]
+    check_request(model, sampling, prompt_tokens)
+    context = context_of(model)
+    max_new_tokens = sampling.max_new_tokens if context is None else min(sampling.max_new_tokens,
+                                                                         context - prompt_tokens)
     cancel = cancel or threading.Event()
     stop_text, clock, pieces = StopText(sampling.stop), {}, []
+    adjustments = LogitAdjustments(sampling, prompt_tokens)
+    tokens = _TokenLog(tokenizer, adjustments, sampling.logprobs) if sampling.logprobs is not None else None
+    logprobs: list[TokenLogprob] | None = None if tokens is None else []
 
     def show(text: str) -> None:
         pieces.append(text)
+        if tokens is not None:
+            entries = tokens.shown(sum(map(len, pieces)))
+            logprobs.extend(entries)
+            on_logprobs(entries)
         on_text(text)
 
     criteria = StoppingCriteriaList([_flag_criteria(lambda: cancel.is_set() or stop_text.stopped)])
@@ -190,20 +359,23 @@ def generate(model, tokenizer, input_ids: torch.Tensor, sampling: Sampling,
     started = time.perf_counter()
     with torch.no_grad():
         out = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
-                             streamer=_streamer(tokenizer, show, stop_text, clock), stopping_criteria=criteria,
-                             pad_token_id=tokenizer.pad_token_id, **stop_kwargs, **sampling.generate_kwargs())
+                             streamer=_streamer(tokenizer, show, stop_text, clock,
+                                                tokens.add if tokens is not None else lambda token: None),
+                             stopping_criteria=criteria, logits_processor=LogitsProcessorList([adjustments]),
+                             pad_token_id=tokenizer.pad_token_id, max_new_tokens=max_new_tokens, **stop_kwargs,
+                             **sampling.generate_kwargs())
     seconds = time.perf_counter() - started
-    new_tokens = out[0, input_ids.shape[1]:]
+    new_tokens = out[0, prompt_tokens:]
     ended_on_eos = len(new_tokens) > 0 and int(new_tokens[-1]) in _eos_ids(model, tokenizer)
     if cancel.is_set():
         reason = "cancelled"
-    elif len(new_tokens) >= sampling.max_new_tokens and not ended_on_eos and not stop_text.stopped:
+    elif len(new_tokens) >= max_new_tokens and not ended_on_eos and not stop_text.stopped:
         reason = "length"
     else:
         reason = "stop"
     first = clock.get("first_token")
-    return Generation("".join(pieces), input_ids.shape[1], len(new_tokens), reason,
-                      None if first is None else first - started, seconds)
+    return Generation("".join(pieces), prompt_tokens, len(new_tokens), reason,
+                      None if first is None else first - started, seconds, logprobs)
 
 
 def _eos_ids(model, tokenizer) -> set[int]:
@@ -226,4 +398,5 @@ def text_input_ids(tokenizer, prompt: str) -> torch.Tensor:
     return tokenizer(prompt, return_tensors="pt")["input_ids"]
 
 
-__all__ = ["Generation", "Sampling", "SamplingError", "StopText", "chat_input_ids", "generate", "text_input_ids"]
+__all__ = ["Generation", "LogitAdjustments", "Sampling", "SamplingError", "StopText", "TokenLogprob", "chat_input_ids",
+           "check_prompt", "check_request", "context_of", "generate", "text_input_ids", "token_bytes"]

@@ -134,6 +134,24 @@ def test_prompt_longer_than_largest_bucket_is_chunked(runtime, pair):
     assert runtime.xrt.counters["runs:rms_gemms_rope"] == 2 * 3  # 40 rows → 3 chunks of 16, per layer
 
 
+def test_a_prompt_longer_than_the_context_is_refused_before_any_op_runs(runtime):
+    """The Python API's check: one PromptTooLongError at the first layer, before any op and before the cache is
+    touched, for a fresh prompt and for one that continues a cached conversation past the context."""
+    model = patch_llama(tiny_llama(max_position_embeddings=48))
+    cache = DynamicCache(config=model.config)
+    with pytest.raises(torch_npu2.PromptTooLongError) as refused:
+        model.generate(prompt(49), max_new_tokens=2, do_sample=False, past_key_values=cache)
+    assert str(refused.value) == ("the prompt has 49 tokens, more than the model's context of 48 tokens "
+                                  "(config.max_position_embeddings)")
+    assert runtime.stats["runs"] == 0 and cache.get_seq_length() == 0
+    out = model.generate(prompt(30), max_new_tokens=4, do_sample=False, return_dict_in_generate=True)
+    before = runtime.stats["runs"]
+    with pytest.raises(torch_npu2.PromptTooLongError, match=r"^the prompt has 54 tokens \(33 of them already cached\)"):
+        model(prompt(21), past_key_values=out.past_key_values, use_cache=True)
+    assert runtime.stats["runs"] == before and out.past_key_values.get_seq_length() == 33
+    assert model(prompt(48)).logits.shape == (1, 48, model.config.vocab_size)  # the whole context is fine
+
+
 def test_full_sequence_logits_stay_correct(runtime, pair):
     reference, model = pair(tiny_llama())
     patch_llama(model)

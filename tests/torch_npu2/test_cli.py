@@ -337,3 +337,159 @@ def test_sigint_in_a_real_process_stops_the_answer_not_the_chat(tiny_checkpoint,
         chat.kill()
     err = chat.stderr.read()
     assert "answer stopped" in err and "Traceback" not in err
+
+
+def _gguf_bytes(architecture: str, before=()) -> bytes:
+    """A GGUF v3 header whose metadata holds ``before`` ((key, type, value) with type 4 = u32, 8 = string, 9 = array
+    of strings) and then general.architecture; no tensors."""
+    import struct
+
+    def string(text):
+        return struct.pack("<Q", len(text.encode())) + text.encode()
+
+    def value(kind, item):
+        if kind == 4:
+            return struct.pack("<I", item)
+        if kind == 8:
+            return string(item)
+        return struct.pack("<IQ", 8, len(item)) + b"".join(string(s) for s in item)
+
+    pairs = [*before, ("general.architecture", 8, architecture)]
+    return (b"GGUF" + struct.pack("<IQQ", 3, 0, len(pairs))
+            + b"".join(string(key) + struct.pack("<I", kind) + value(kind, item) for key, kind, item in pairs))
+
+
+def test_checkpoints_that_are_not_llama_models_are_refused_before_loading(tmp_path, capsys, no_model_load):
+    (tmp_path / "zip.gguf").write_bytes(b"PK\x03\x04 not a gguf")
+    assert _usage_error(capsys, ["generate", "--model", str(tmp_path / "zip.gguf"), "--prompt", "x"]).endswith(
+        f"argument --model: {tmp_path / 'zip.gguf'} is not a GGUF file (it starts with b'PK\\x03\\x04', not b'GGUF')")
+    (tmp_path / "cut.gguf").write_bytes(_gguf_bytes("llama")[:30])
+    assert "is not a readable GGUF file (its metadata is truncated or malformed)" in _usage_error(
+        capsys, ["generate", "--model", str(tmp_path / "cut.gguf"), "--prompt", "x"])
+    (tmp_path / "gpt2.gguf").write_bytes(_gguf_bytes("gpt2", before=[("gpt2.context_length", 4, 1024),
+                                                                      ("tokenizer.ggml.model", 8, "gpt2"),
+                                                                      ("tokenizer.ggml.tokens", 9, ["a", "bc"])]))
+    assert _usage_error(capsys, ["serve", "--model", str(tmp_path / "gpt2.gguf")]).endswith(
+        f"argument --model: {tmp_path / 'gpt2.gguf'} holds a 'gpt2' model (general.architecture); torch_npu2 runs "
+        "Llama-architecture models ('llama')")
+    from transformers import GPT2Config
+
+    GPT2Config(n_layer=1, n_embd=32, n_head=2).save_pretrained(tmp_path / "gpt2")  # config.json tells, weights or not
+    assert _usage_error(capsys, ["generate", "--model", str(tmp_path / "gpt2"), "--prompt", "x"]).endswith(
+        f"argument --model: {tmp_path / 'gpt2' / 'config.json'} describes a 'gpt2' model; torch_npu2 runs "
+        "Llama-architecture models (model_type 'llama': Llama 2/3.x, SmolLM2, TinyLlama)")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{")
+    assert "config.json is not a readable JSON object" in _usage_error(
+        capsys, ["compile", "--model", str(tmp_path / "broken")])
+    (tmp_path / "llama.gguf").write_bytes(_gguf_bytes("llama", before=[("tokenizer.ggml.tokens", 9, ["x"])]))
+    from torch_npu2.patch_llama.models import checkpoint_problem
+
+    assert checkpoint_problem(tmp_path / "llama.gguf") is None
+
+
+def test_a_seed_out_of_range_is_refused_before_loading(capsys, no_model_load):
+    assert _usage_error(capsys, ["generate", "--seed", "99999999999999999999999", "--prompt", "x"]).endswith(
+        "argument --seed: expected an int in [0, 18446744073709551615], got 99999999999999999999999")
+
+
+def test_serve_ports_are_checked_by_binding_before_loading(capsys, monkeypatch, no_model_load):
+    import socket
+
+    pytest.importorskip("uvicorn", reason="serve needs uvicorn (pip install 'torch_npu2[serve]')")
+    assert _usage_error(capsys, ["serve", "--port", "70000"]).endswith(
+        "argument --port: expected a port number in [1, 65535], got 70000")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert _usage_error(capsys, ["serve", "--port", str(port)]).endswith(
+            f"argument --port: cannot listen on 127.0.0.1:{port}: Address already in use")
+    from torch_npu2 import serve
+
+    bound = []
+    monkeypatch.setattr(serve, "run", lambda *args, sock, **kwargs: bound.append(sock.getsockname()) or 0)
+    monkeypatch.setattr(cli, "_load_patched", lambda args: (None, None))
+    assert cli.main(["serve", "--port", str(port)]) == 0 and bound == [("127.0.0.1", port)]
+
+
+@pytest.mark.filterwarnings("ignore:patch_llama. LlamaForCausalLM runs here on the emulated NPU2:UserWarning")
+def test_a_prompt_longer_than_the_context_is_one_error_line_and_a_chat_goes_on(tiny_cli, tmp_path, capsys,
+                                                                             monkeypatch):
+    """The tiny checkpoint's context is 512 tokens: a longer prompt file gets the same message as the Python API
+    and the server, as an argparse-style error (exit 2) after the load and before any generation; in the chat the
+    message is left out and the next one is answered."""
+    from torch_npu2 import textgen
+
+    (tmp_path / "long.txt").write_text("word " * 600)
+    real_generate = textgen.generate
+    monkeypatch.setattr(textgen, "generate", lambda *a, **k: pytest.fail("generation started"))
+    line = _usage_error(capsys, [*tiny_cli, "--prompt-file", str(tmp_path / "long.txt")])
+    assert line.startswith("torch-npu2 generate: error: argument --prompt-file: the prompt has ")
+    assert line.endswith(" tokens, more than the 511 that leave room for an answer in the model's context of 512 "
+                         "tokens (config.max_position_embeddings)")
+    monkeypatch.setattr(textgen, "generate", real_generate)
+    lines = iter(["word " * 600, "Hello", "/exit"])
+    monkeypatch.setattr("builtins.input", lambda prompt: next(lines))
+    assert cli.main([*tiny_cli, "--max-new-tokens", "3"]) == 0
+    err = capsys.readouterr().err
+    assert "(the prompt has " in err and "that message is left out of the conversation, /reset starts over)" in err
+    assert err.count("[prefill: ") == 1  # "Hello" was answered
+
+
+@pytest.mark.filterwarnings("ignore:patch_llama. LlamaForCausalLM runs here on the emulated NPU2:UserWarning")
+def test_loading_reports_its_steps_and_a_cut_off_answer_says_so(tiny_cli, capsys):
+    assert cli.main([*tiny_cli, "--prompt", "Hello", "--max-new-tokens", "3"]) == 0
+    err = capsys.readouterr().err
+    assert err.index("  reading the tokenizer ...\n  reading the weights ...\n") < err.index("loaded in ")
+    assert "[answer cut off at --max-new-tokens 3; a larger value lets it finish]\n[prefill: " in err
+
+
+def test_info_prints_the_wheels_install_command_once(capsys, monkeypatch, tmp_path):
+    from torch_npu2.kernels import toolchain
+
+    monkeypatch.setenv("TORCH_NPU2_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv(toolchain.AIR_TOOLS_VARIABLE, str(tmp_path / "no-tools"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    cli.main(["info"])
+    out = capsys.readouterr().out
+    assert out.count(toolchain.INSTALL_HINT) == 1 and "the wheels' install command (below)" in out
+
+
+@pytest.mark.filterwarnings("ignore:patch_llama. LlamaForCausalLM runs here on the emulated NPU2:UserWarning")
+def test_serve_in_a_real_process_answers_on_the_port_it_bound_and_stops_on_ctrl_c(tiny_checkpoint, tmp_path):
+    import json
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    pytest.importorskip("uvicorn", reason="serve needs uvicorn (pip install 'torch_npu2[serve]')")
+    with socket.socket() as probe:  # a free port (released again for the server to take)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "TORCH_NPU2_CACHE_DIR": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
+    server = subprocess.Popen([sys.executable, "-m", "torch_npu2", "serve", "--model", str(tiny_checkpoint),
+                               "--backend", "emulator", "--port", str(port), "--model-name", "tiny"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert server.stdout.readline().startswith(f"serving tiny at http://127.0.0.1:{port}/v1 ")
+        body = json.dumps({"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 3}).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=body,
+                                         headers={"content-type": "application/json"})
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(request, timeout=60) as answer:
+                    assert json.loads(answer.read())["usage"]["completion_tokens"] == 3
+                break
+            except urllib.error.URLError:
+                assert time.monotonic() < deadline, "the server did not answer"
+                time.sleep(0.2)
+        server.send_signal(signal.SIGINT)
+        assert server.wait(timeout=60) == 0
+    finally:
+        server.kill()
+    err = server.stderr.read()
+    assert f"Uvicorn running on http://127.0.0.1:{port}" in err and "Traceback" not in err

@@ -167,26 +167,75 @@ def test_a_full_queue_answers_503_at_once_and_the_waiting_request_still_runs(ser
     assert waiting["reply"].choices[0].message.content and waiting["reply"].usage.completion_tokens == 3
 
 
-@pytest.mark.parametrize("body, status, fragment", [
-    (b"{not json", 400, "the body is not valid JSON"),
-    (b'{"model": "x"}', 400, "messages: Field required"),
-    (b'{"messages": [{"role": "wizard", "content": "hi"}]}', 400, "messages.0.role"),
-    (b'{"messages": []}', 400, "messages: expected at least one message"),
-    (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": -1}', 400,
-     "temperature: expected a number >= 0 (0 = greedy), got -1.0"),
-    (b'{"messages": [{"role": "user", "content": "hi"}], "top_p": 2}', 400, "top_p: expected a number in (0, 1]"),
-    (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}', 400, "max_tokens: expected an int >= 1"),
-    (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100000}', 400, "leaves room for"),
-    (b'{"messages": [{"role": "user", "content": "hi"}], "n": 2}', 400, "n: only 1 choice"),
-    (b'{"messages": [{"role": "user", "content": "hi"}], "stop": [""]}', 400, "stop: expected non-empty strings"),
-    (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}', 400, "temperature"),
+HI = b'"messages": [{"role": "user", "content": "hi"}]'
+
+
+@pytest.mark.parametrize("body, param, fragment", [
+    (b"{not json", None, "the body is not valid JSON"),  # no byte offset posing as a parameter
+    (b'{"model": "tiny-llama"}', "messages", "messages: Field required"),
+    (b'{"messages": [{"role": "wizard", "content": "hi"}]}', "messages[0].role", "messages[0].role: Input should be"),
+    (b'{"messages": [{"role": "user", "content": 5}]}', "messages[0].content", "messages[0].content: "),
+    (b'{"messages": []}', "messages", "messages: expected at least one message"),
+    (b'{%s, "temperature": -1}' % HI, "temperature", "temperature: expected a number >= 0 (0 = greedy), got -1.0"),
+    (b'{%s, "temperature": true}' % HI, "temperature", "temperature: expected a number, got True"),
+    (b'{%s, "temperature": "hot"}' % HI, "temperature", "temperature: expected a number, got 'hot'"),
+    (b'{%s, "top_p": 2}' % HI, "top_p", "top_p: expected a number in (0, 1]"),
+    (b'{%s, "max_tokens": 0}' % HI, "max_tokens", "max_tokens: expected an int >= 1"),
+    (b'{%s, "max_tokens": "5"}' % HI, "max_tokens", "max_tokens: expected an int, got '5'"),
+    (b'{%s, "max_tokens": 5.0}' % HI, "max_tokens", "max_tokens: expected an int, got 5.0"),
+    (b'{%s, "max_tokens": 100000}' % HI, "max_tokens", "leaves room for"),
+    (b'{%s, "n": 2}' % HI, "n", "n: only 1 choice"),
+    (b'{%s, "stop": [""]}' % HI, "stop", "stop: expected non-empty strings"),
+    (b'{%s, "stop": 7}' % HI, "stop", "stop: expected a string or a list of strings, got 7"),
+    (b'{%s, "seed": 99999999999999999999999}' % HI, "seed", "seed: expected an int in [0, 18446744073709551615]"),
+    (b'{%s, "stream": "yes"}' % HI, "stream", "stream: expected a boolean"),
+    (b'{%s, "stream_options": {"include_usage": 1}}' % HI, "stream_options.include_usage", "Input should be"),
+    (b'{%s, "presence_penalty": 3}' % HI, "presence_penalty", "presence_penalty: expected a number in [-2, 2]"),
+    (b'{%s, "logit_bias": {"abc": 1}}' % HI, "logit_bias", "logit_bias: keys must be token ids"),
+    (b'{%s, "logit_bias": {"5": 200}}' % HI, "logit_bias", "logit_bias: expected token ids"),
+    (b'{%s, "logit_bias": {"999999": 1}}' % HI, "logit_bias", "(the model's vocabulary), got 999999"),
+    (b'{%s, "top_logprobs": 2}' % HI, "top_logprobs", "top_logprobs: needs logprobs set to true"),
+    (b'{%s, "logprobs": true, "top_logprobs": 21}' % HI, "top_logprobs", "top_logprobs: expected an int in [0, 20]"),
+    (b'{%s, "logprobs": 1}' % HI, "logprobs", "logprobs: expected a boolean"),
+    (b'{"messages": [{"role": "user", "content": "%s"}]}' % (b"word " * 600), "messages",
+     "messages: the prompt has "),
 ])
-def test_malformed_bodies_get_400_with_a_message_and_the_server_goes_on(server, body, status, fragment):
+def test_malformed_chat_bodies_get_400_naming_the_parameter_and_the_server_goes_on(server, body, param, fragment):
     url, worker, _, _ = server
     code, answer = _raw(f"{url}/chat/completions", body)
-    assert code == status and fragment in answer["error"]["message"]
+    assert (code, answer["error"]["param"]) == (400, param) and fragment in answer["error"]["message"], answer
+    assert answer["error"]["type"] == "invalid_request_error"
     assert worker.outstanding == 0
     assert _raw(f"{url}/models")[0] == 200
+
+
+@pytest.mark.parametrize("path, body, param, fragment", [
+    ("chat/completions", b'{%s, "tools": [{"type": "function", "function": {"name": "f"}}]}' % HI, "tools", ""),
+    ("chat/completions", b'{%s, "response_format": {"type": "json_object"}}' % HI, "response_format", ""),
+    ("chat/completions", b'{%s, "tool_choice": "auto"}' % HI, "tool_choice", ""),
+    ("chat/completions", b'{%s, "temprature": 0}' % HI, "temprature", ""),
+    ("completions", b'{"prompt": "hi", "echo": true}', "echo", ""),
+    ("completions", b'{"prompt": "hi", "best_of": 2}', "best_of", ""),
+    ("completions", b'{"prompt": "hi", "suffix": "x"}', "suffix", ""),
+    ("completions", b'{"prompt": "hi", "logprobs": 6}', "logprobs", "logprobs: expected an int in [0, 5], got 6"),
+    ("completions", b'{"prompt": "%s"}' % (b"word " * 600), "prompt",
+     "prompt: the prompt has 601 tokens, more than the 511 that leave room for an answer in the model's context of "
+     "512 tokens (config.max_position_embeddings)"),
+])
+def test_fields_the_server_does_not_implement_get_400_naming_them(server, path, body, param, fragment):
+    code, answer = _raw(f"{server[0]}/{path}", body)
+    assert (code, answer["error"]["param"]) == (400, param), answer
+    assert answer["error"]["message"].startswith(fragment or f"{param}: not supported by this server")
+
+
+def test_an_unknown_model_gets_404_model_not_found(server, client):
+    with pytest.raises(openai.NotFoundError) as refused:
+        client.chat.completions.create(model="gpt-4", messages=HELLO, max_tokens=2)
+    assert refused.value.code == "model_not_found" and refused.value.param == "model"
+    assert "'gpt-4' does not exist: this server serves 'tiny-llama'" in refused.value.message
+    code, answer = _raw(f"{server[0]}/completions", b'{"model": "gpt-4", "prompt": "hi"}')
+    assert code == 404 and answer["error"]["code"] == "model_not_found"
+    assert _raw(f"{server[0]}/completions", b'{"prompt": "hi", "max_tokens": 1}')[0] == 200  # no model: the one served
 
 
 def test_the_client_sees_bad_parameters_as_bad_request(client):
@@ -245,3 +294,81 @@ def test_a_failing_generation_gets_500_and_the_server_goes_on(tiny_patched):
         with pytest.raises(openai.APIError, match="the NPU fell over"):
             list(stream)
         assert [m.id for m in client.models.list()] == [MODEL]
+
+
+def test_chat_logprobs_plain_and_streamed_are_the_generations_own(server, client):
+    _, _, model, tokenizer = server
+    expected = generate(model, tokenizer, chat_input_ids(tokenizer, HELLO), Sampling(max_new_tokens=6, logprobs=2))
+    reply = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=6, temperature=0, logprobs=True,
+                                           top_logprobs=2)
+    content = reply.choices[0].logprobs.content
+    assert [(c.token, c.logprob, bytes(c.bytes)) for c in content] == [(e.text, e.logprob, e.bytes)
+                                                                       for e in expected.logprobs]
+    assert [[(t.token, t.logprob) for t in c.top_logprobs] for c in content] == [[(text, lp) for text, _, lp in e.top]
+                                                                                 for e in expected.logprobs]
+    assert "".join(c.token for c in content) == reply.choices[0].message.content == expected.text
+    stream = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=6, temperature=0, logprobs=True,
+                                            top_logprobs=2, stream=True)
+    streamed = [(c.choices[0].delta.content or "", c.choices[0].logprobs) for c in stream if c.choices]
+    # each chunk carries the tokens whose text starts in it
+    assert "".join(text for text, _ in streamed) == expected.text
+    assert [(e.token, e.logprob) for _, logprobs in streamed if logprobs is not None
+            for e in logprobs.content] == [(c.token, c.logprob) for c in content]
+    plain = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2, temperature=0)
+    assert plain.choices[0].logprobs is None
+
+
+def test_completion_logprobs_take_the_legacy_shape(server, client):
+    reply = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=5, temperature=0, logprobs=3)
+    choice = reply.choices[0]
+    logprobs = choice.logprobs
+    assert "".join(logprobs.tokens) == choice.text and len(logprobs.tokens) == 5
+    assert logprobs.text_offset == [sum(map(len, logprobs.tokens[:i])) for i in range(5)]
+    for token, logprob, top in zip(logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs):
+        assert 1 <= len(top) <= 3 and top[token] == logprob == max(top.values())  # greedy: the likeliest
+        assert logprob <= 0
+
+
+def test_penalties_and_logit_bias_reach_the_generation(server, client):
+    _, _, model, tokenizer = server
+    sampling = Sampling(max_new_tokens=8, presence_penalty=1.0, frequency_penalty=1.5)
+    expected = generate(model, tokenizer, chat_input_ids(tokenizer, HELLO), sampling).text
+    reply = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=8, temperature=0,
+                                           presence_penalty=1.0, frequency_penalty=1.5)
+    assert reply.choices[0].message.content == expected
+    blue = tokenizer.convert_tokens_to_ids("Ġblue")
+    forced = client.completions.create(model=MODEL, prompt="Hello", max_tokens=3, temperature=0,
+                                       logit_bias={str(blue): 100})
+    assert forced.choices[0].text == " blue" * 3
+
+
+def test_a_dozen_concurrent_default_clients_all_get_answers(tiny_patched):
+    """The openai client's defaults (2 retries of a 503, about 1 s apart as Retry-After says): the default queue
+    absorbs 12 requests at once, each taking 1.2 s (with a queue of 8, requests still raised 503 after their
+    retries)."""
+    model, tokenizer = tiny_patched
+    expected = _greedy(model, tokenizer, chat_input_ids(tokenizer, HELLO), 3)
+
+    class Slow:
+        config, generation_config = model.config, model.generation_config
+
+        def generate(self, **kwargs):
+            time.sleep(1.2)
+            return model.generate(**kwargs)
+
+    with serving(create_app(Slow(), tokenizer, MODEL)) as url:
+        answers, errors = [], []
+
+        def ask():
+            try:
+                answers.append(openai.OpenAI(base_url=url, api_key="unused").chat.completions.create(
+                    model=MODEL, messages=HELLO, max_tokens=3, temperature=0).choices[0].message.content)
+            except openai.APIError as error:
+                errors.append(error)
+
+        threads = [threading.Thread(target=ask) for _ in range(12)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=300)
+    assert errors == [] and answers == [expected] * 12
