@@ -21,8 +21,11 @@ def test_normal_install_has_one_top_level_name(tmp_path):
              "print(torch_npu2.__file__); print(len(list(host_build.KERNEL_DIR.glob('*.cc'))));"
              "print(torch.ops.npu2.rms_gemms_rope.default.name());"
              "print((core_ops.STAND_IN_DIR / 'aie_api' / 'aie.hpp').is_file())")
-    env = dict(os.environ, PYTHONPATH=str(target))
-    out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True, env=env,
+    # -S: site-packages by path only, without their .pth files, so an editable install of this checkout (whose
+    # finder goes first, setup.py) cannot stand in for the installed copy
+    dependencies = os.pathsep.join(p for p in sys.path if p.endswith("-packages"))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(target), dependencies]))
+    out = subprocess.run([sys.executable, "-S", "-c", probe], check=True, capture_output=True, text=True, env=env,
                          cwd=tmp_path).stdout.split()
     assert out[0].startswith(str(target)) and int(out[1]) >= 4 and out[2] == "npu2::rms_gemms_rope"
     assert out[3] == "True"  # the timing model's counting stand-in of the AIE API
