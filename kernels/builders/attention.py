@@ -1,11 +1,12 @@
 """attention(seq, heads, kv_heads, head_dim, causal): flash attention, seq-first, GQA, scale 1/sqrt(head_dim).
 
 q/out are (seq, heads*head_dim), every head interleaved per position (the projections' natural output);
-kv is (2, seq, kv_heads*head_dim): the keys, then the values (a ``stack`` launch gathers them), so one
-DMA brings a tile a key block and the value block of the same positions. The copies into a core and out of
-it lay the tiles out in the 8x8 blocks attention.cc's mmuls take (each block row-major, 8 contiguous values,
-16 bytes, the innermost run of every access pattern): the queries and outputs by the memtile's pattern, the
-key/value block by the shim's, so the kernel loads each operand block whole.
+kv is (2, seq, kv_heads*head_dim): the keys, then the values (a ``stack`` launch gathers them, each in
+8-column blocks of all positions), so one DMA brings a tile a key block and the value block of the same
+positions. The copies into a core and out of it lay the tiles out in the 8x8 blocks attention.cc's mmuls take
+(each block row-major; 8 contiguous values, 16 bytes, are the innermost run of every access pattern): the
+queries and outputs column block by column block by the memtile's 3-D pattern, the key/value block by the
+shim's (a 3-D pattern thanks to stack's layout), so the kernel loads each operand block whole.
 
 Schedule: one launch step per (KV head, ``herd_heads`` query heads of its group); the step's herd spans the
 array: ``herd_q`` columns × ``herd_heads`` rows (8 × 4 = 32 tiles for Llama-3.2-1B's groups of 4).
