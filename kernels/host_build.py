@@ -271,14 +271,9 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
 ATTENTION_BLOCK = 8  # the side of the 8x8 blocks attention.cc's buffers are pre-tiled into
 
 
-def attention_blocks(matrix: torch.Tensor) -> torch.Tensor:
-    """A row-major (rows, cols) matrix as attention.cc holds scores and probs: [rows/8][cols/8][8][8]."""
-    rows, cols, b = *matrix.shape, ATTENTION_BLOCK
-    return matrix.reshape(rows // b, b, cols // b, b).permute(0, 2, 1, 3).contiguous().reshape(rows, cols)
-
-
 def attention_unblocks(blocks: torch.Tensor) -> torch.Tensor:
-    """The row-major matrix of a (rows, cols) buffer held as :func:`attention_blocks` lays it out."""
+    """The row-major (rows, cols) matrix of a buffer attention.cc holds in [rows/8][cols/8][8][8] blocks (scores,
+    probs)."""
     rows, cols, b = *blocks.shape, ATTENTION_BLOCK
     return blocks.reshape(rows // b, cols // b, b, b).permute(0, 2, 1, 3).reshape(rows, cols)
 
