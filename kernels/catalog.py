@@ -276,8 +276,8 @@ def o_gemv_ffn_rms_gemv_rope_program(hidden: int, q_dim: int, intermediate: int,
 def flash_attn_program(heads: int, kv_heads: int, head_dim: int, seq: int) -> Program:
     """Causal GQA attention over one sequence, seq-first layout, scale 1/sqrt(head_dim).
 
-    K and V are first stacked into one (2, seq, kv_dim) buffer, so that attention fetches a position
-    block's keys and values with one DMA (see builders/attention.py).
+    K and V are first stacked into one (2, seq, kv_dim) buffer (each in 8-column blocks, builders/stack.py), so
+    that attention fetches a position block's keys and values with one DMA (see builders/attention.py).
     """
     _check_seq(seq)
     _check_attention_dims(heads, kv_heads, head_dim)

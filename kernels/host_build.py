@@ -268,8 +268,41 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     return work.reshape(-1)[:gate_up.shape[0]].clone()
 
 
+ATTENTION_BLOCK = 8  # the side of the 8x8 blocks attention.cc's buffers are pre-tiled into
+
+
+def attention_unblocks(blocks: torch.Tensor) -> torch.Tensor:
+    """The row-major (rows, cols) matrix of a buffer attention.cc holds in [rows/8][cols/8][8][8] blocks (scores,
+    probs)."""
+    rows, cols, b = *blocks.shape, ATTENTION_BLOCK
+    return blocks.reshape(rows // b, cols // b, b, b).permute(0, 2, 1, 3).reshape(rows, cols)
+
+
+def attention_head_blocks(matrix: torch.Tensor) -> torch.Tensor:
+    """A row-major (rows, head_dim) tile as attention.cc holds q, acc and out: [head_dim/8][rows/8][8][8]."""
+    rows, cols, b = *matrix.shape, ATTENTION_BLOCK
+    return matrix.reshape(rows // b, b, cols // b, b).permute(2, 0, 1, 3).contiguous().reshape(rows, cols)
+
+
+def attention_head_unblocks(blocks: torch.Tensor) -> torch.Tensor:
+    """The row-major tile of a buffer held as :func:`attention_head_blocks` lays it out."""
+    rows, cols, b = *blocks.shape, ATTENTION_BLOCK
+    return blocks.reshape(cols // b, rows // b, b, b).permute(1, 2, 0, 3).reshape(rows, cols)
+
+
+def attention_kv_blocks(keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """attention.cc's kv buffer from (tile_k, head_dim) keys and values: each half [head_dim/8][tile_k/8][8][8]."""
+    b = ATTENTION_BLOCK
+
+    def blocked(m):
+        return m.reshape(m.shape[0] // b, b, m.shape[1] // b, b).permute(2, 0, 1, 3)
+
+    return torch.stack((blocked(keys), blocked(values))).contiguous()
+
+
 class AttentionTiles:
-    """The five attention tile primitives of one compiled variant, on torch tensors shaped as in attention.cc."""
+    """The five attention tile primitives of one compiled variant, on torch tensors: the tiles given and returned
+    row-major, the state buffers in attention.cc's block layout (:func:`attention_unblocks` reads them)."""
 
     def __init__(self, head_dim: int, tile_q: int = 32, tile_k: int = 32):
         self.head_dim, self.tile_q, self.tile_k = head_dim, tile_q, tile_k
@@ -295,22 +328,24 @@ class AttentionTiles:
         return state
 
     def _check_tile(self, name: str, tile: torch.Tensor, rows: int) -> None:
-        if tile.dtype != torch.bfloat16 or tile.shape != (rows, self.head_dim) or not tile.is_contiguous():
-            raise ValueError(f"{name}: expected a contiguous bf16 ({rows}, {self.head_dim}) tile")
+        if tile.dtype != torch.bfloat16 or tile.shape != (rows, self.head_dim):
+            raise ValueError(f"{name}: expected a bf16 ({rows}, {self.head_dim}) tile")
 
     def qk(self, state: dict[str, torch.Tensor], q: torch.Tensor, k: torch.Tensor, q_start: int, k_start: int) -> None:
-        """``state["scores"]`` = base-2 logits of the q tile against the k tile, causally masked (the kernel's
-        kv buffer starts with the key block and QK^T reads only that half)."""
+        """``state["scores"]`` = q . k of the q tile against the k tile, causally masked."""
         self._check_tile("q", q, self.tile_q)
         self._check_tile("k", k, self.tile_k)
-        self._qk(q.data_ptr(), k.data_ptr(), state["scores"].data_ptr(), q_start, k_start)
+        q_blocks, kv = attention_head_blocks(q), attention_kv_blocks(k, torch.zeros_like(k))  # QK^T reads the key half
+        self._qk(q_blocks.data_ptr(), kv.data_ptr(), state["scores"].data_ptr(), q_start, k_start)
 
     def accumulate(self, state: dict[str, torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    q_start: int, k_start: int) -> None:
         """One key/value tile into the state: QK^T with the causal mask, online softmax, PV accumulate."""
+        self._check_tile("q", q, self.tile_q)
+        self._check_tile("k", k, self.tile_k)
         self._check_tile("v", v, self.tile_k)
-        kv = torch.cat((k, v))  # the kernel's kv block: keys, then the values of the same positions
-        self.qk(state, q, kv[:self.tile_k], q_start, k_start)
+        q_blocks, kv = attention_head_blocks(q), attention_kv_blocks(k, v)  # the buffers live through the calls
+        self._qk(q_blocks.data_ptr(), kv.data_ptr(), state["scores"].data_ptr(), q_start, k_start)
         self._softmax(state["scores"].data_ptr(), state["probs"].data_ptr(), state["row_max"].data_ptr(),
                       state["row_sum"].data_ptr(), state["row_scale"].data_ptr())
         self._pv(state["probs"].data_ptr(), kv.data_ptr(), state["row_scale"].data_ptr(), state["acc"].data_ptr())
@@ -318,7 +353,7 @@ class AttentionTiles:
     def finalize(self, state: dict[str, torch.Tensor]) -> torch.Tensor:
         out = torch.empty(self.tile_q, self.head_dim, dtype=torch.bfloat16)
         self._finalize(state["acc"].data_ptr(), state["row_sum"].data_ptr(), out.data_ptr())
-        return out
+        return attention_head_unblocks(out)
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_dim: int, *, tile_q: int = 32,

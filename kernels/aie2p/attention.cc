@@ -17,19 +17,20 @@
 //   ATTN_HEAD_DIM  head dimension (a multiple of 8; AIE path: of 16)              default 64
 //   ATTN_SCALE     softmax scale                                                  default 1/sqrt(ATTN_HEAD_DIM)
 //
-// Buffers (row-major; AIE path: every buffer 64-byte aligned):
-//   q          ATTN_TQ x ATTN_HEAD_DIM bf16      query rows q_start .. q_start + ATTN_TQ - 1 of one head
-//   kv         2 x ATTN_TK x ATTN_HEAD_DIM bf16  key rows k_start .. k_start + ATTN_TK - 1 of its KV head, then
-//                                                the value rows of the same positions (one buffer, so one DMA
-//                                                fills both; QK^T reads only the key half)
-//   scores     ATTN_TQ x ATTN_TK fp32            base-2 logits: (q . k) * ATTN_SCALE * log2(e), or the mask
-//                                                value -2^100 where key position > query position
-//   probs      ATTN_TQ x ATTN_TK bf16            exp2(score - running max)
-//   row_max    ATTN_TQ fp32                      running max of the base-2 logits (-2^100: no key yet)
-//   row_sum    ATTN_TQ fp32                      running sum of probs, in the units of row_max
-//   row_scale  ATTN_TQ fp32                      exp2(previous row_max - new row_max), for the accumulator
-//   acc        ATTN_TQ x ATTN_HEAD_DIM fp32      running sum of probs * v
-//   out        ATTN_TQ x ATTN_HEAD_DIM bf16      acc / row_sum (0 for a row that saw no key)
+// Layouts: every matrix is pre-tiled into 8x8 blocks, each block row-major, so that every mmul operand is one
+// contiguous 64-value load (the DMAs lay Q, K and V out this way, and take the output back from it). With
+// QB = ATTN_TQ / 8, KB = ATTN_TK / 8, DB = ATTN_HEAD_DIM / 8 (AIE path: every buffer 64-byte aligned):
+//   q          bf16 [DB][QB][8][8]       query rows q_start .. q_start + ATTN_TQ - 1 of one head
+//   kv         bf16 [2][DB][KB][8][8]    keys k_start .. k_start + ATTN_TK - 1 of its KV head (block (d, k) holds
+//                                        8 keys by 8 dims), then the values of the same positions, alike (one
+//                                        buffer, so one DMA fills both; QK^T reads only the key half)
+//   scores     f32  [QB][KB][8][8]       q . k, or the mask value -2^100 where key position > query position
+//   probs      bf16 [QB][KB][8][8]       exp2((score - running max) * ATTN_SCALE * log2(e))
+//   row_max    f32  [ATTN_TQ]            running max of the scores (-2^100: no key yet)
+//   row_sum    f32  [ATTN_TQ]            running sum of probs, in the units of row_max
+//   row_scale  f32  [ATTN_TQ]            exp2((previous row_max - new row_max) * scale * log2(e)), for acc
+//   acc        f32  [DB][QB][8][8]       running sum of probs * v
+//   out        bf16 [DB][QB][8][8]       acc / row_sum (0 for a row that saw no key)
 //
 // Symbols (rename any with -D<name>=<new name> to link two variants into one ELF):
 //   void attn_init_f32(float *row_max, float *row_sum, float *acc)
@@ -39,12 +40,19 @@
 //   void attn_pv_accumulate_bf16(const bf16 *probs, const bf16 *kv, const float *row_scale, float *acc)
 //   void attn_finalize_bf16(const float *acc, const float *row_sum, bf16 *out)
 //
-// The AIE path uses the core's native bf16 x bf16 -> fp32 products only (fp32 x fp32 is composed from them,
-// see mul_f32), so it builds without the AIE API's fp32 emulation. It is written against the documented AIE API
-// and has not been compiled here (no Peano on the development machine); the scalar path is what tests run.
+// AIE path: aie::mmul<8, 8, 8> (exact bf16: two 4x8x8 halves; -DAIE_API_EMULATE_BFLOAT16_MMUL_WITH_BFP16: BFP16)
+// with fp32 accumulators, two by two mmuls sharing their operand loads (four accumulators in registers). A key
+// block is transposed in registers into the (dim, key) operand QK^T takes (a bf16 transpose cannot be done by the
+// DMA: 4-byte granules); a value block is already the (key, dim) operand P.V takes. The softmax works on 8 rows
+// at once: the row maxima and sums are folded out of 64-lane blocks (a transpose puts a row's values 8 lanes
+// apart), the scale enters each exponent's argument (fp32 from bf16 products, see scale_logits), and the
+// accumulator's rescale is a vector multiply by the bf16 factors exp2 gives. It uses the core's native
+// bf16 x bf16 -> fp32 products only, so it builds without the AIE API's fp32 emulation. Type-checked here
+// against the real AIE API (torch-npu2 lint --aie-source), not compiled (no Peano on the development machine);
+// the scalar path is what tests run.
 //
 // Causality is by position: key j of the tile is visible to query row i iff k_start + j <= q_start + i. Decode
-// against a cache is the same call with q_start = the token's position. Scores live in base 2 because exp2
+// against a cache is the same call with q_start = the token's position. Exponentials are base 2 because exp2
 // is the core's exponential; the softmax's result does not depend on the base.
 #include "npu2_kernel.h"
 
@@ -76,27 +84,43 @@ constexpr double constexpr_sqrt(double value) {
 #define ATTN_SCALE (1.0 / constexpr_sqrt(ATTN_HEAD_DIM))
 #endif
 
+constexpr int kBlock = 8;  // the side of every pre-tiled block
+constexpr int kBlockSize = kBlock * kBlock;
 constexpr int kTileQ = ATTN_TQ;
 constexpr int kTileK = ATTN_TK;
 constexpr int kHeadDim = ATTN_HEAD_DIM;
+constexpr int kBlocksQ = kTileQ / kBlock;
+constexpr int kBlocksK = kTileK / kBlock;
+constexpr int kBlocksD = kHeadDim / kBlock;
 constexpr double kLog2e = 1.4426950408889634;
-constexpr float kLogitScale = float((ATTN_SCALE) * kLog2e);
+constexpr double kLogitScaleExact = (ATTN_SCALE) * kLog2e;
+constexpr float kLogitScale = float(kLogitScaleExact);
 
-// A finite mask value: exp2 of it (minus any real max) is exactly 0, it survives bf16 rounding unchanged
-// (a power of two), and differences of it never overflow, so no inf - inf can turn into NaN.
+// A finite mask value: exp2 of it (minus any real max, times the scale) is exactly 0, it survives bf16 rounding
+// unchanged (a power of two), and differences of it never overflow, so no inf - inf can turn into NaN.
 constexpr float kMasked = -1.2676506002282294e30f; // -2^100
-// Any real logit is far above this; a running max below it means "no visible key yet".
+// Any real score is far above this; a running max below it means "no visible key yet".
 constexpr float kNoKeyYet = kMasked / 2;
 
-static_assert(kTileQ > 0 && kTileQ % 8 == 0, "ATTN_TQ must be a positive multiple of 8");
-static_assert(kTileK > 0 && kTileK % 8 == 0, "ATTN_TK must be a positive multiple of 8");
-static_assert(kHeadDim > 0 && kHeadDim % 8 == 0, "ATTN_HEAD_DIM must be a positive multiple of 8");
+static_assert(kTileQ > 0 && kTileQ % kBlock == 0, "ATTN_TQ must be a positive multiple of 8");
+static_assert(kTileK > 0 && kTileK % kBlock == 0, "ATTN_TK must be a positive multiple of 8");
+static_assert(kHeadDim > 0 && kHeadDim % kBlock == 0, "ATTN_HEAD_DIM must be a positive multiple of 8");
 
-// Keys of this tile visible to query row `row`: a count in [0, kTileK] (wide arithmetic: positions are
-// int32 and their difference need not be).
-inline int visible_keys(int32_t q_start, int32_t k_start, int row) {
-  const long long count = (long long)q_start + row - k_start + 1;
-  return count < 0 ? 0 : count > kTileK ? kTileK : int(count);
+// Offset of element (row, col) of a matrix with Cols columns held as [rows/8][Cols/8][8][8] blocks (scores,
+// probs).
+template <int Cols>
+inline int block_offset(int row, int col) {
+  return ((row / kBlock) * (Cols / kBlock) + col / kBlock) * kBlockSize + (row % kBlock) * kBlock + col % kBlock;
+}
+
+// Offset of element (row, dim) of a query-tile matrix held as [DB][QB][8][8] blocks (q, acc, out).
+inline int head_offset(int row, int dim) {
+  return ((dim / kBlock) * kBlocksQ + row / kBlock) * kBlockSize + (row % kBlock) * kBlock + dim % kBlock;
+}
+
+// Offset of element (key, dim) of the key (or value) half of kv: [DB][KB][8][8] blocks.
+inline int kv_offset(int key, int dim) {
+  return ((dim / kBlock) * kBlocksK + key / kBlock) * kBlockSize + (key % kBlock) * kBlock + dim % kBlock;
 }
 
 #if defined(__AIENGINE__)
@@ -107,53 +131,144 @@ static_assert(kHeadDim % 16 == 0, "AIE path: ATTN_HEAD_DIM must be a multiple of
 // 8x8x8 bf16 blocks with fp32 accumulation. Define AIE_API_EMULATE_BFLOAT16_MMUL_WITH_BFP16 when compiling
 // to trade accuracy (8-value blocks sharing an exponent) for speed.
 using BlockMmul = aie::mmul<8, 8, 8, bfloat16, bfloat16, accauto>;
+using Block = aie::vector<bfloat16, kBlockSize>;
+// Query row blocks one pass of the mmul loops covers: two (a 2x2 block of accumulators), one for ATTN_TQ = 8.
+constexpr int kRowsPerPass = kBlocksQ % 2 == 0 ? 2 : 1;
 
-alignas(64) const int32_t kLaneIndex[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-
-// The 8x8 block at `first` of a row-major matrix with `stride` columns, as one row-major 64-lane vector.
-template <int Stride, typename T>
-inline aie::vector<T, 64> load_block(const T *first) {
-  aie::vector<T, 64> block;
-  for (int r = 0; r < 8; ++r)
-    block.insert(r, aie::load_v<8>(first + r * Stride));
-  return block;
+// The nearest bf16 value of x (round to nearest even, at compile time): the scale's head and tail.
+constexpr double round_to_bf16(double x) {
+  if (x == 0.0)
+    return 0.0;
+  const double magnitude = x < 0 ? -x : x;
+  double unit = 1.0; // the weight of the 8th significant bit
+  while (magnitude >= 256.0 * unit)
+    unit *= 2.0;
+  while (magnitude < 128.0 * unit)
+    unit /= 2.0;
+  const double units = magnitude / unit;
+  double whole = double((long long)units);
+  if (units - whole > 0.5 || (units - whole == 0.5 && (long long)whole % 2 == 1))
+    whole += 1.0;
+  return (x < 0 ? -whole : whole) * unit;
 }
+constexpr float kScaleHead = float(round_to_bf16(kLogitScaleExact));
+constexpr float kScaleTail = float(round_to_bf16(kLogitScaleExact - round_to_bf16(kLogitScaleExact)));
 
-template <int Stride>
-inline void store_block(float *first, const aie::vector<float, 64> &block) {
-  for (int r = 0; r < 8; ++r)
-    aie::store_v(first + r * Stride, block.extract<8>(r));
+// Lane r * 8 + c of a block: c - r. Key c of a block is hidden from query row r iff c - r > the rows' offset.
+struct LaneTable {
+  int32_t value[kBlockSize];
+};
+constexpr LaneTable column_minus_row() {
+  LaneTable table{};
+  for (int lane = 0; lane < kBlockSize; ++lane)
+    table.value[lane] = lane % kBlock - lane / kBlock;
+  return table;
 }
+alignas(64) constexpr LaneTable kColumnMinusRow = column_minus_row();
 
 template <unsigned N>
 inline aie::accum<accfloat, N> widen(const aie::vector<float, N> &v) { return aie::accum<accfloat, N>(v); }
+template <unsigned N>
+inline aie::accum<accfloat, N> widen(const aie::vector<bfloat16, N> &v) { return aie::accum<accfloat, N>(v); }
 
-// fp32 x fp32 from the core's native bf16 x bf16 -> fp32 products, so the AIE path needs no fp32 vector
-// multiply (the AIE API's fp32 emulation): each factor is split into a bf16 head and the bf16 rounding of its
-// remainder, and the three products that matter are summed in the fp32 accumulator (the fourth, tail x
-// tail, is below fp32's rounding). Relative error about 2^-16, far below the bf16 rounding of any output.
+// x * y for fp32 x and bf16 y, from the core's native bf16 x bf16 -> fp32 products: x split into a bf16 head and
+// the bf16 rounding of its remainder (relative error about 2^-16, far below the bf16 rounding of any output).
+template <unsigned N>
+inline aie::accum<accfloat, N> mul_by_bf16(const aie::accum<accfloat, N> &x, const aie::vector<bfloat16, N> &y) {
+  const aie::vector<bfloat16, N> head = x.template to_vector<bfloat16>();
+  const aie::vector<bfloat16, N> tail = aie::sub(x, head).template to_vector<bfloat16>();
+  return aie::mac(aie::mul(head, y), tail, y);
+}
+
+// x * ATTN_SCALE * log2(e) in fp32 precision: the constant as a bf16 head and tail, x likewise, and the three
+// products that matter (tail x tail is below fp32's rounding).
+template <unsigned N>
+inline aie::accum<accfloat, N> scale_logits(const aie::accum<accfloat, N> &x, const aie::vector<bfloat16, N> &head,
+                                            const aie::vector<bfloat16, N> &tail) {
+  const aie::vector<bfloat16, N> x_head = x.template to_vector<bfloat16>();
+  const aie::vector<bfloat16, N> x_tail = aie::sub(x, x_head).template to_vector<bfloat16>();
+  return aie::mac(aie::mac(aie::mul(x_head, head), x_head, tail), x_tail, head);
+}
+
+// fp32 x fp32 (both split as above, three products): the final normalization, once per query tile.
 template <unsigned N>
 inline aie::accum<accfloat, N> mul_f32(const aie::vector<float, N> &x, const aie::vector<float, N> &y) {
-  const aie::vector<bfloat16, N> x_head = widen(x).template to_vector<bfloat16>();
   const aie::vector<bfloat16, N> y_head = widen(y).template to_vector<bfloat16>();
-  const aie::vector<bfloat16, N> x_tail = aie::sub(widen(x), x_head).template to_vector<bfloat16>();
   const aie::vector<bfloat16, N> y_tail = aie::sub(widen(y), y_head).template to_vector<bfloat16>();
-  aie::accum<accfloat, N> product = aie::mul(x_head, y_head);
-  product = aie::mac(product, x_head, y_tail);
-  return aie::mac(product, x_tail, y_head);
+  return scale_logits<N>(widen(x), y_head, y_tail);
 }
 
-// One 64-lane fp32 block times another, 16 lanes at a time (the width of the bf16 -> fp32 multiply).
-inline aie::vector<float, 64> mul_f32_block(const aie::vector<float, 64> &x, const aie::vector<float, 64> &y) {
-  aie::vector<float, 64> product;
-  for (int part = 0; part < 4; ++part)
-    product.insert(part, mul_f32<16>(x.extract<16>(part), y.extract<16>(part)).to_vector<float>());
-  return product;
+// A block whose lane r * 8 + c holds row r's value: 8 copies of the rows' vector, transposed.
+inline Block rows_to_block(const aie::vector<bfloat16, kBlock> &rows) {
+  Block copies;
+  for (int c = 0; c < kBlock; ++c)
+    copies.insert(c, rows);
+  return aie::transpose(copies, kBlock, kBlock);
 }
 
-// exp2 of one fp32 value through the core's 16-lane exp2 (native width), rounded to bf16 as every exp2 here.
-inline float exp2_scalar(float x) {
-  return static_cast<float>(aie::exp2<bfloat16>(aie::broadcast<float, 16>(x)).get(0));
+
+// Scores of Rows query row blocks from qb by two key blocks from kb: the 2x2 (or 1x2) accumulators stay in
+// registers over the head dimension; `offset` = q_start - k_start. A block on or past the diagonal is masked.
+template <int Rows>
+inline void qk_blocks(const bf16_t *q, const bf16_t *k, float *scores, int qb, int kb, long long offset) {
+  BlockMmul block[Rows][2];
+  for (int db = 0; db < kBlocksD; ++db) {
+    Block keys[2]; // K's block is (key, dim); the product needs (dim, key)
+    for (int j = 0; j < 2; ++j)
+      keys[j] = aie::transpose(aie::load_v<kBlockSize>(k + (db * kBlocksK + kb + j) * kBlockSize), kBlock, kBlock);
+    for (int i = 0; i < Rows; ++i) {
+      const Block queries = aie::load_v<kBlockSize>(q + (db * kBlocksQ + qb + i) * kBlockSize);
+      for (int j = 0; j < 2; ++j) {
+        if (db == 0)
+          block[i][j].mul(queries, keys[j]);
+        else
+          block[i][j].mac(queries, keys[j]);
+      }
+    }
+  }
+  const aie::vector<float, 16> masked = aie::broadcast<float, 16>(kMasked);
+  for (int i = 0; i < Rows; ++i) {
+    for (int j = 0; j < 2; ++j) {
+      float *out = scores + ((qb + i) * kBlocksK + kb + j) * kBlockSize;
+      const aie::vector<float, kBlockSize> s = block[i][j].template to_vector<float>();
+      // key c of the block is hidden from row r iff c - r > limit
+      const long long limit = offset + (long long)(qb + i - kb - j) * kBlock;
+      if (limit >= kBlock - 1) {
+        aie::store_v(out, s);
+        continue;
+      }
+      const int32_t first_hidden = limit < -kBlock ? -kBlock : int32_t(limit + 1);
+      for (int part = 0; part < kBlockSize / 16; ++part) {
+        const aie::mask<16> hidden =
+            aie::ge(aie::load_v<16>(kColumnMinusRow.value + part * 16), aie::broadcast<int32_t, 16>(first_hidden));
+        aie::store_v(out + part * 16, aie::select(s.extract<16>(part), masked, hidden));
+      }
+    }
+  }
+}
+
+// acc's Rows row blocks from qb by two dim blocks from db += probs . v, after scaling acc's rows by row_scale.
+template <int Rows>
+inline void pv_blocks(const bf16_t *probs, const bf16_t *v, const Block *row_scales, float *acc, int qb, int db) {
+  BlockMmul block[Rows][2];
+  for (int i = 0; i < Rows; ++i)
+    for (int j = 0; j < 2; ++j) {
+      const float *acc_block = acc + ((db + j) * kBlocksQ + qb + i) * kBlockSize;
+      block[i][j] = BlockMmul(mul_by_bf16(widen(aie::load_v<kBlockSize>(acc_block)), row_scales[i]));
+    }
+  for (int kb = 0; kb < kBlocksK; ++kb) {
+    Block values[2];
+    for (int j = 0; j < 2; ++j)
+      values[j] = aie::load_v<kBlockSize>(v + ((db + j) * kBlocksK + kb) * kBlockSize);
+    for (int i = 0; i < Rows; ++i) {
+      const Block p = aie::load_v<kBlockSize>(probs + ((qb + i) * kBlocksK + kb) * kBlockSize);
+      for (int j = 0; j < 2; ++j)
+        block[i][j].mac(p, values[j]);
+    }
+  }
+  for (int i = 0; i < Rows; ++i)
+    for (int j = 0; j < 2; ++j)
+      aie::store_v(acc + ((db + j) * kBlocksQ + qb + i) * kBlockSize, block[i][j].template to_vector<float>());
 }
 
 #endif
@@ -182,50 +297,23 @@ void attn_init_f32(float *row_max, float *row_sum, float *acc) {
 
 void attn_qk_tile_bf16(const bf16_t *q, const bf16_t *kv, float *scores, int32_t q_start, int32_t k_start) {
   const bf16_t *k = kv;
+  const long long offset = (long long)q_start - k_start;
 #if defined(__AIENGINE__)
-  for (int qb = 0; qb < kTileQ; qb += 8) {
-    for (int kb = 0; kb < kTileK; kb += 8) {
-      BlockMmul block;
-      for (int d = 0; d < kHeadDim; d += 8) {
-        const aie::vector<bfloat16, 64> q_block = load_block<kHeadDim>(q + qb * kHeadDim + d);
-        // K's block is (key, dim); the product needs (dim, key).
-        const aie::vector<bfloat16, 64> k_block = aie::transpose(load_block<kHeadDim>(k + kb * kHeadDim + d), 8, 8);
-        if (d == 0)
-          block.mul(q_block, k_block);
-        else
-          block.mac(q_block, k_block);
-      }
-      const aie::vector<float, 64> logits =
-          mul_f32_block(block.template to_vector<float>(), aie::broadcast<float, 64>(kLogitScale));
-      store_block<kTileK>(scores + qb * kTileK + kb, logits);
-    }
-  }
-  if ((long long)k_start + kTileK - 1 <= q_start)
-    return; // every key of the tile precedes every query: nothing to mask
-  const aie::vector<int32_t, 16> lane = aie::load_v<16>(kLaneIndex);
-  const aie::vector<float, 16> masked = aie::broadcast<float, 16>(kMasked);
-  for (int row = 0; row < kTileQ; ++row) {
-    const int visible = visible_keys(q_start, k_start, row);
-    float *scores_row = scores + row * kTileK;
-    for (int j = (visible / 16) * 16; j < kTileK; j += 16) {
-      const aie::mask<16> hidden = aie::ge(lane, aie::broadcast<int32_t, 16>(visible - j));
-      aie::store_v(scores_row + j, aie::select(aie::load_v<16>(scores_row + j), masked, hidden));
-    }
-  }
+  for (int qb = 0; qb < kBlocksQ; qb += kRowsPerPass)
+    for (int kb = 0; kb < kBlocksK; kb += 2)
+      qk_blocks<kRowsPerPass>(q, k, scores, qb, kb, offset);
 #else
   for (int row = 0; row < kTileQ; ++row) {
-    const int visible = visible_keys(q_start, k_start, row);
-    const bf16_t *q_row = q + row * kHeadDim;
     for (int j = 0; j < kTileK; ++j) {
-      if (j >= visible) {
-        scores[row * kTileK + j] = kMasked;
+      float &score = scores[block_offset<kTileK>(row, j)];
+      if (j > offset + row) {
+        score = kMasked;
         continue;
       }
-      const bf16_t *k_row = k + j * kHeadDim;
       float dot = 0.0f;
       for (int d = 0; d < kHeadDim; ++d)
-        dot += bf16_to_float(q_row[d]) * bf16_to_float(k_row[d]);
-      scores[row * kTileK + j] = dot * kLogitScale;
+        dot += bf16_to_float(q[head_offset(row, d)]) * bf16_to_float(k[kv_offset(j, d)]);
+      score = dot;
     }
   }
 #endif
@@ -235,49 +323,70 @@ void attn_online_softmax_bf16(const float *scores, bf16_t *probs, float *row_max
                               float *row_scale) {
 #if defined(__AIENGINE__)
   RoundToNearestEven rounding;
-  alignas(64) float tile_sum[kTileQ];
-  for (int row = 0; row < kTileQ; ++row) {
-    const float *s = scores + row * kTileK;
-    // The max only anchors the exponentials (any nearby value gives the same softmax), so bf16, whose
-    // vector max is native, is precise enough; kMasked is a power of two and survives the rounding.
-    aie::vector<bfloat16, 16> chunk_max = widen(aie::load_v<16>(s)).to_vector<bfloat16>();
-    for (int j = 16; j < kTileK; j += 16)
-      chunk_max = aie::max(chunk_max, widen(aie::load_v<16>(s + j)).to_vector<bfloat16>());
-    const float tile_max = static_cast<float>(aie::reduce_max(chunk_max));
-    const float old_max = row_max[row];
-    const float new_max = tile_max > old_max ? tile_max : old_max;
-    const float anchor = new_max > kNoKeyYet ? new_max : 0.0f; // no key yet: every prob must come out 0
-    row_max[row] = new_max;
-    row_scale[row] = old_max > kNoKeyYet ? exp2_scalar(old_max - new_max) : 0.0f;
+  const Block scale_head = aie::broadcast<bfloat16, kBlockSize>(kScaleHead);
+  const Block scale_tail = aie::broadcast<bfloat16, kBlockSize>(kScaleTail);
+  const aie::vector<bfloat16, kBlock> no_key_yet = aie::broadcast<bfloat16, kBlock>(kNoKeyYet);
+  for (int qb = 0; qb < kBlocksQ; ++qb) {
+    const float *s = scores + qb * kBlocksK * kBlockSize;
+    bf16_t *p = probs + qb * kBlocksK * kBlockSize;
+    float *rows = row_max + qb * kBlock;
+    // The max only anchors the exponentials (any nearby value gives the same softmax), so bf16, whose vector max
+    // is native, is precise enough; kMasked is a power of two and survives the rounding.
+    Block block_max = widen(aie::load_v<kBlockSize>(s)).to_vector<bfloat16>();
+    for (int kb = 1; kb < kBlocksK; ++kb)
+      block_max = aie::max(block_max, widen(aie::load_v<kBlockSize>(s + kb * kBlockSize)).to_vector<bfloat16>());
+    // Transposed, row r's values sit 8 lanes apart: three halvings leave lane r = row r's max.
+    const Block by_column = aie::transpose(block_max, kBlock, kBlock);
+    const aie::vector<bfloat16, 32> max32 = aie::max(by_column.extract<32>(0), by_column.extract<32>(1));
+    const aie::vector<bfloat16, 16> max16 = aie::max(max32.extract<16>(0), max32.extract<16>(1));
+    const aie::vector<bfloat16, kBlock> tile_max = aie::max(max16.extract<kBlock>(0), max16.extract<kBlock>(1));
+    // The running max is a bf16 value (or kMasked) already: exact in bf16.
+    const aie::vector<bfloat16, kBlock> old_max = widen(aie::load_v<kBlock>(rows)).to_vector<bfloat16>();
+    const aie::vector<bfloat16, kBlock> new_max = aie::max(old_max, tile_max);
+    aie::store_v(rows, widen(new_max).to_vector<float>());
+    // No key yet: anchor 0, so every prob comes out exp2(kMasked * scale) = 0. No key before: scale 0.
+    const aie::vector<bfloat16, kBlock> anchor =
+        aie::select(aie::zeros<bfloat16, kBlock>(), new_max, aie::ge(new_max, no_key_yet));
+    const aie::vector<bfloat16, kBlock> rescale = aie::exp2<bfloat16>(
+        scale_logits(aie::sub(widen(old_max), new_max), scale_head.extract<kBlock>(0), scale_tail.extract<kBlock>(0))
+            .to_vector<float>());
+    const aie::vector<bfloat16, kBlock> scale =
+        aie::select(aie::zeros<bfloat16, kBlock>(), rescale, aie::ge(old_max, no_key_yet));
+    aie::store_v(row_scale + qb * kBlock, widen(scale).to_vector<float>());
 
-    const aie::accum<accfloat, 16> anchor_lanes = widen(aie::broadcast<float, 16>(anchor));
-    aie::accum<accfloat, 16> sum = aie::zeros<accfloat, 16>();
-    for (int j = 0; j < kTileK; j += 16) {
-      const aie::vector<bfloat16, 16> p =
-          aie::exp2<bfloat16>(aie::sub(widen(aie::load_v<16>(s + j)), anchor_lanes).to_vector<float>());
-      aie::store_v(probs + row * kTileK + j, p);
-      sum = aie::add(sum, p); // the rounded probs, the very weights the PV product uses
+    const Block anchors = rows_to_block(anchor);
+    aie::accum<accfloat, kBlockSize> sum_by_column = aie::zeros<accfloat, kBlockSize>();
+    for (int kb = 0; kb < kBlocksK; ++kb) {
+      const aie::accum<accfloat, kBlockSize> shifted =
+          aie::sub(widen(aie::load_v<kBlockSize>(s + kb * kBlockSize)), anchors);
+      const Block e = aie::exp2<bfloat16>(scale_logits(shifted, scale_head, scale_tail).to_vector<float>());
+      aie::store_v(p + kb * kBlockSize, e);
+      // the rounded probs, the very weights the PV product uses; transposed to fold the rows out below
+      sum_by_column = aie::add(sum_by_column, aie::transpose(e, kBlock, kBlock));
     }
-    tile_sum[row] = aie::reduce_add(sum.to_vector<float>());
-  }
-  for (int row = 0; row < kTileQ; row += 8) {
-    const aie::accum<accfloat, 8> sum = mul_f32<8>(aie::load_v<8>(row_sum + row), aie::load_v<8>(row_scale + row));
-    aie::store_v(row_sum + row, aie::add(sum, widen(aie::load_v<8>(tile_sum + row))).to_vector<float>());
+    const aie::vector<float, kBlockSize> sums = sum_by_column.to_vector<float>();
+    const aie::vector<float, 32> sum32 = aie::add(widen(sums.extract<32>(0)), sums.extract<32>(1)).to_vector<float>();
+    const aie::vector<float, 16> sum16 = aie::add(widen(sum32.extract<16>(0)), sum32.extract<16>(1)).to_vector<float>();
+    const aie::accum<accfloat, kBlock> tile_sum = aie::add(widen(sum16.extract<kBlock>(0)), sum16.extract<kBlock>(1));
+    const aie::accum<accfloat, kBlock> kept = mul_by_bf16(widen(aie::load_v<kBlock>(row_sum + qb * kBlock)), scale);
+    aie::store_v(row_sum + qb * kBlock, aie::add(kept, tile_sum.to_vector<float>()).to_vector<float>());
   }
 #else
   for (int row = 0; row < kTileQ; ++row) {
-    const float *s = scores + row * kTileK;
-    float tile_max = s[0];
-    for (int j = 1; j < kTileK; ++j)
-      tile_max = s[j] > tile_max ? s[j] : tile_max;
+    float tile_max = scores[block_offset<kTileK>(row, 0)];
+    for (int j = 1; j < kTileK; ++j) {
+      const float s = scores[block_offset<kTileK>(row, j)];
+      tile_max = s > tile_max ? s : tile_max;
+    }
     const float old_max = row_max[row];
     const float new_max = tile_max > old_max ? tile_max : old_max;
     const float anchor = new_max > kNoKeyYet ? new_max : 0.0f; // no key yet: every prob must come out 0
-    const float scale = old_max > kNoKeyYet ? std::exp2(old_max - new_max) : 0.0f;
+    const float scale = old_max > kNoKeyYet ? std::exp2((old_max - new_max) * kLogitScale) : 0.0f;
     float tile_sum = 0.0f;
     for (int j = 0; j < kTileK; ++j) {
-      const bf16_t p = float_to_bf16(std::exp2(s[j] - anchor));
-      probs[row * kTileK + j] = p;
+      const int at = block_offset<kTileK>(row, j);
+      const bf16_t p = float_to_bf16(std::exp2((scores[at] - anchor) * kLogitScale));
+      probs[at] = p;
       tile_sum += bf16_to_float(p); // the rounded probs, the very weights the PV product uses
     }
     row_max[row] = new_max;
@@ -290,28 +399,21 @@ void attn_online_softmax_bf16(const float *scores, bf16_t *probs, float *row_max
 void attn_pv_accumulate_bf16(const bf16_t *probs, const bf16_t *kv, const float *row_scale, float *acc) {
   const bf16_t *v = kv + kTileK * kHeadDim;
 #if defined(__AIENGINE__)
-  for (int qb = 0; qb < kTileQ; qb += 8) {
-    aie::vector<float, 64> scale_by_row; // lane r * 8 + c holds row r's scale
-    for (int r = 0; r < 8; ++r)
-      scale_by_row.insert(r, aie::broadcast<float, 8>(row_scale[qb + r]));
-    for (int d = 0; d < kHeadDim; d += 8) {
-      float *acc_block = acc + qb * kHeadDim + d;
-      BlockMmul block(widen(mul_f32_block(load_block<kHeadDim>(acc_block), scale_by_row)));
-      for (int kb = 0; kb < kTileK; kb += 8)
-        block.mac(load_block<kTileK>(probs + qb * kTileK + kb), load_block<kHeadDim>(v + kb * kHeadDim + d));
-      store_block<kHeadDim>(acc_block, block.to_vector<float>());
-    }
+  for (int qb = 0; qb < kBlocksQ; qb += kRowsPerPass) {
+    Block row_scales[kRowsPerPass]; // exp2's bf16 results: exact in bf16
+    for (int i = 0; i < kRowsPerPass; ++i)
+      row_scales[i] = rows_to_block(widen(aie::load_v<kBlock>(row_scale + (qb + i) * kBlock)).to_vector<bfloat16>());
+    for (int db = 0; db < kBlocksD; db += 2)
+      pv_blocks<kRowsPerPass>(probs, v, row_scales, acc, qb, db);
   }
 #else
   for (int row = 0; row < kTileQ; ++row) {
-    float *acc_row = acc + row * kHeadDim;
     for (int d = 0; d < kHeadDim; ++d)
-      acc_row[d] *= row_scale[row];
+      acc[head_offset(row, d)] *= row_scale[row];
     for (int j = 0; j < kTileK; ++j) {
-      const float p = bf16_to_float(probs[row * kTileK + j]);
-      const bf16_t *v_row = v + j * kHeadDim;
+      const float p = bf16_to_float(probs[block_offset<kTileK>(row, j)]);
       for (int d = 0; d < kHeadDim; ++d)
-        acc_row[d] += p * bf16_to_float(v_row[d]);
+        acc[head_offset(row, d)] += p * bf16_to_float(v[kv_offset(j, d)]);
     }
   }
 #endif
@@ -320,19 +422,28 @@ void attn_pv_accumulate_bf16(const bf16_t *probs, const bf16_t *kv, const float 
 void attn_finalize_bf16(const float *acc, const float *row_sum, bf16_t *out) {
 #if defined(__AIENGINE__)
   RoundToNearestEven rounding;
-  for (int row = 0; row < kTileQ; ++row) {
-    const float sum = row_sum[row];
-    const aie::vector<float, 16> inverse = aie::broadcast<float, 16>(sum > 0.0f ? 1.0f / sum : 0.0f);
-    for (int d = 0; d < kHeadDim; d += 16) {
-      const aie::accum<accfloat, 16> o = mul_f32<16>(aie::load_v<16>(acc + row * kHeadDim + d), inverse);
-      aie::store_v(out + row * kHeadDim + d, o.to_vector<bfloat16>());
+  for (int qb = 0; qb < kBlocksQ; ++qb) {
+    aie::vector<float, kBlockSize> inverse; // lane r * 8 + c: 1 / row r's sum
+    for (int r = 0; r < kBlock; ++r) {
+      const float sum = row_sum[qb * kBlock + r];
+      inverse.insert(r, aie::broadcast<float, kBlock>(sum > 0.0f ? 1.0f / sum : 0.0f));
+    }
+    for (int db = 0; db < kBlocksD; ++db) {
+      const int at = (db * kBlocksQ + qb) * kBlockSize;
+      for (int part = 0; part < kBlockSize / 16; ++part) {
+        const aie::accum<accfloat, 16> o =
+            mul_f32<16>(aie::load_v<16>(acc + at + part * 16), inverse.extract<16>(part));
+        aie::store_v(out + at + part * 16, o.to_vector<bfloat16>());
+      }
     }
   }
 #else
   for (int row = 0; row < kTileQ; ++row) {
     const float sum = row_sum[row];
-    for (int d = 0; d < kHeadDim; ++d)
-      out[row * kHeadDim + d] = float_to_bf16(sum > 0.0f ? acc[row * kHeadDim + d] / sum : 0.0f);
+    for (int d = 0; d < kHeadDim; ++d) {
+      const int at = head_offset(row, d);
+      out[at] = float_to_bf16(sum > 0.0f ? acc[at] / sum : 0.0f);
+    }
   }
 #endif
 }

@@ -1,9 +1,12 @@
 """attention(seq, heads, kv_heads, head_dim, causal): flash attention, seq-first, GQA, scale 1/sqrt(head_dim).
 
 q/out are (seq, heads*head_dim), every head interleaved per position (the projections' natural output);
-kv is (2, seq, kv_heads*head_dim): the keys, then the values (a ``stack`` launch gathers them), so one
-DMA brings a tile a key block and the value block of the same positions. Each head's window is strided
-with a contiguous ``head_dim`` inner dimension: no transposes.
+kv is (2, seq, kv_heads*head_dim): the keys, then the values (a ``stack`` launch gathers them, each in
+8-column blocks of all positions), so one DMA brings a tile a key block and the value block of the same
+positions. The copies into a core and out of it lay the tiles out in the 8x8 blocks attention.cc's mmuls take
+(each block row-major; 8 contiguous values, 16 bytes, are the innermost run of every access pattern): the
+queries and outputs column block by column block by the memtile's 3-D pattern, the key/value block by the
+shim's (a 3-D pattern thanks to stack's layout), so the kernel loads each operand block whole.
 
 Schedule: one launch step per (KV head, ``herd_heads`` query heads of its group); the step's herd spans the
 array: ``herd_q`` columns × ``herd_heads`` rows (8 × 4 = 32 tiles for Llama-3.2-1B's groups of 4).
@@ -44,6 +47,8 @@ from dataclasses import dataclass
 from .ir import L1, L2, WHOLE, LaunchBuilder, LaunchIR, MemRef, Value, Window
 from .npu2 import (COLUMNS, L1_AVAILABLE, MMUL_GRANULE, ROWS, check_budget, check_operands,
                    divisors_descending, nbytes, require)
+
+BLOCK = 8  # attention.cc's buffers are pre-tiled into 8x8 blocks, each row-major
 
 KIND = "attention"
 PARAMS = ("seq", "heads", "kv_heads", "head_dim", "causal")
@@ -140,7 +145,7 @@ class _Tiling:
 def _emit_core(b: LaunchBuilder, tx, ty, kv_col, kv, q_step, o_step, t: _Tiling) -> None:
     """One core's rounds: in each, its query tile against the key/value blocks its queries can see."""
     seq, head_dim, tile_q, tile_kv = t.seq, t.head_dim, t.tile_q, t.tile_kv
-    kv_dim, block_width = kv.type.shape[2], q_step.type.shape[1]
+    kv_dim, block_width = kv.type.shape[2], q_step.type.shape[-1]
     q_buf = b.alloc(MemRef((tile_q * head_dim,), "bf16", L1), "q_l1")
     kv_buf = b.alloc(MemRef((2, tile_kv, head_dim), "bf16", L1), "kv_l1")
     scores = b.alloc(MemRef((tile_q * tile_kv,), "f32", L1), "scores_l1")
@@ -150,16 +155,21 @@ def _emit_core(b: LaunchBuilder, tx, ty, kv_col, kv, q_step, o_step, t: _Tiling)
     acc = b.alloc(MemRef((tile_q * head_dim,), "f32", L1), "acc_l1")
     out_buf = b.alloc(MemRef((tile_q * head_dim,), "bf16", L1), "out_l1")
     config = {"ATTN_TQ": tile_q, "ATTN_TK": tile_kv, "ATTN_HEAD_DIM": head_dim}
-    local_col = b.affine(f"s0 * {head_dim}", [ty], "local_col")
+    # the core's head: its columns of the step's queries and outputs, in 8-column blocks
+    local_col_block = b.affine(f"s0 * {head_dim // BLOCK}", [ty], "local_col_block")
     with b.loop(0, seq, t.block_q, "round") as first_row:
         q_row = b.affine(f"s0 + s1 * {tile_q}", [first_row, tx], "q_row")
         last_row = b.affine(f"s0 + s1 * {tile_q} + {tile_q - 1}", [first_row, tx], "last_row")
-        tile_window = Window((q_row, local_col), (tile_q, head_dim), (block_width, 1))
+        # the tile in attention.cc's [head_dim/8][tile_q/8][8][8] blocks: a column block's rows are consecutive
+        tile_window = Window((local_col_block, q_row, 0), (head_dim // BLOCK, tile_q, BLOCK), (BLOCK, block_width, 1))
         b.dma(q_buf, WHOLE, q_step, tile_window)
         b.call("attn_init_f32", [row_max, row_sum, acc], config)
         q_start = b.index_to_i32(q_row, "q_start")
         with b.loop(0, seq, tile_kv, "kv") as k_first:
-            b.dma(kv_buf, WHOLE, kv, Window((0, k_first, kv_col), (2, tile_kv, head_dim), (seq * kv_dim, kv_dim, 1)))
+            # keys then values, each in [head_dim/8][tile_kv/8][8][8] blocks: kv holds each 8-column block of
+            # all positions contiguously (the stack launch), so each of the head's column blocks is one run
+            b.dma(kv_buf, WHOLE, kv, Window((0, kv_col, 0, k_first, 0), (2, 1, head_dim // BLOCK, 1, tile_kv * BLOCK),
+                                            (seq * kv_dim, seq, seq * BLOCK, BLOCK, 1)))
             with b.when(b.index_at_most(k_first, last_row, "visible")):
                 k_start = b.index_to_i32(k_first, "k_start")
                 b.call("attn_qk_tile_bf16", [q_buf, kv_buf, scores, q_start, k_start], config)

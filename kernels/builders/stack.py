@@ -1,7 +1,10 @@
-"""stack(rows, cols): ``out[i] = inputs[i]`` for the launch's two (rows, cols) inputs, out (2, rows, cols).
+"""stack(rows, cols): the launch's two (rows, cols) inputs into one buffer out (2, rows, cols), each in
+8-column blocks: element (r, c) of input i at ``out.flat[i*rows*cols + (c//8)*rows*8 + r*8 + c%8]``.
 
 It gathers a layer's keys and values into one buffer so that attention can fetch each key/value block with
-one DMA: a compute tile has two input DMA channels, and attention needs one of them for queries.
+one DMA: a compute tile has two input DMA channels, and attention needs one of them for queries. The blocks
+let that DMA lay a block out in the 8x8 blocks attention.cc's mmuls take with a 3-D pattern (a shim BD's
+dimensions; the row-major layout would need a 4th).
 
 Schedule: see rowwise.py — chunks of each row spread over a row-parallel herd; every chunk goes DDR → L1 →
 DDR unchanged (no compute).
@@ -18,6 +21,7 @@ from .rowwise import chunk_loop, l1_bytes, plan_chunks
 KIND = "stack"
 PARAMS = ("rows", "cols")
 TUNING = ("herd", "chunk")
+BLOCK = 8
 
 
 def build(params: dict, operands, tuning: dict) -> LaunchIR:
@@ -36,7 +40,8 @@ def build(params: dict, operands, tuning: dict) -> LaunchIR:
                 with chunk_loop(b, plan, tx) as (row, col):
                     for index, (source, buffer) in enumerate(zip((first, second), buffers)):
                         b.dma(buffer, WHOLE, source, rows_window(source.type, row, 1, col, plan.chunk))
-                        b.dma(out, Window((index, row, col), (1, 1, plan.chunk), (rows * cols, cols, 1)), buffer,
-                              WHOLE)
+                        # the chunk's 8-column blocks: column block col/8 starts at col*rows, its row r 8*r further
+                        b.dma(out, Window((index, col, row, 0, 0), (1, 1, 1, plan.chunk // BLOCK, BLOCK),
+                                          (rows * cols, rows, BLOCK, rows * BLOCK, 1)), buffer, WHOLE)
                 b.dealloc(*buffers)
     return b.finish(l1_bytes(plan, live_buffers=2))

@@ -465,7 +465,8 @@ def test_decode_attention_against_cache():
 MASKED = -(2.0**100)
 
 
-def test_attention_scores_are_scaled_base2_logits_with_the_causal_mask():
+def test_attention_scores_are_dot_products_with_the_causal_mask():
+    """Scores are q . k in fp32 (the softmax applies the scale), held in 8x8 blocks, masked by position."""
     head_dim, tile_q, tile_k = 64, 16, 32
     tiles = host_build.AttentionTiles(head_dim, tile_q, tile_k)
     q, k, _ = qkv(tile_k, 1, 1, head_dim, seed=3)
@@ -474,10 +475,23 @@ def test_attention_scores_are_scaled_base2_logits_with_the_causal_mask():
     q_start, k_start = 40, 30  # row i sees keys j <= i + 10
     tiles.qk(state, q, k, q_start, k_start)
     visible = torch.arange(tile_k)[None, :] <= torch.arange(tile_q)[:, None] + (q_start - k_start)
-    logits = (q.double() @ k.double().T) / math.sqrt(head_dim) * math.log2(math.e)
-    scores = state["scores"].double()
+    dots = q.double() @ k.double().T
+    scores = host_build.attention_unblocks(state["scores"]).double()
     assert (scores[~visible] == MASKED).all()
-    assert_within(scores[visible], logits[visible], rtol=2**-20, atol=2**-20)
+    assert_within(scores[visible], dots[visible], rtol=2**-20, atol=2**-20)
+
+
+def test_attention_block_layouts_round_trip():
+    m = torch.arange(16 * 24, dtype=torch.float32).reshape(16, 24)
+    blocks = torch.cat([m[r:r + 8, c:c + 8].reshape(-1) for r in (0, 8) for c in (0, 8, 16)]).reshape(16, 24)
+    assert torch.equal(host_build.attention_unblocks(blocks), m)
+    heads = host_build.attention_head_blocks(m).reshape(-1)
+    assert torch.equal(heads[64:72], m[8, :8]) and torch.equal(heads[128:136], m[0, 8:16])
+    assert torch.equal(host_build.attention_head_unblocks(host_build.attention_head_blocks(m)), m)
+    kv = host_build.attention_kv_blocks(m[:, :16], -m[:, :16]).reshape(2, -1)
+    # key half: block (dim block 0, key block 1) follows block (0, 0): keys 8..15, dims 0..7
+    assert torch.equal(kv[0, 64:72], m[8, :8]) and torch.equal(kv[0, 128:136], m[0, 8:16])
+    assert torch.equal(kv[1, :8], -m[0, :8])
 
 
 def test_attention_fully_masked_tile_changes_nothing():

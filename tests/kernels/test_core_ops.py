@@ -65,40 +65,42 @@ def test_gemm_counts_follow_its_loops(bfp16):
     assert use.macs == tile_m * tile_k * tile_n
 
 
-def test_attention_scores_count_the_gathers_the_logit_scaling_and_the_mask():
-    """attn_qk_tile_bf16, per 8×8 block of scores and 8 of head_dim: a Q block and a K block gathered row by row
-    (8 loads of 128 bits and 8 inserts each), K transposed (2 shuffles), one exact 8×8×8 mmul (two 4×8×8 on the
-    halves of Q, one K); per block of scores the 3-product fp32 logit scaling (4 × (3 macs, 6 vector ops, 5 moves),
-    the block and the scale moved in and out: 8 more moves) and 8 stores. On the diagonal, per row, the 16-lane
-    chunks from the first that holds a hidden key: a load, a compare, a select, a broadcast and a store each, after
-    loading the lane indices and broadcasting the mask value once."""
+def test_attention_scores_count_whole_block_loads_2x2_blocking_and_the_mask():
+    """attn_qk_tile_bf16 in passes of 2×2 score blocks: per pass and 8 of head_dim, two Q and two K blocks loaded
+    whole (2 loads of 512 bits each), the two K blocks transposed (2 shuffles each), four exact 8×8×8 mmuls (each
+    two 4×8×8 on the halves of its Q block); per pass the mask value broadcast once, and per block the fp32
+    scores moved out (4) and stored (4). No gathers and no scaling (the softmax scales). On the diagonal, per block
+    on or above it, four 16-lane parts: the lane table loaded, the bound broadcast, a compare and a select."""
     tq, tk, dim = 32, 64, 64
     defines = {"ATTN_TQ": tq, "ATTN_TK": tk, "ATTN_HEAD_DIM": dim}
-    blocks = (tq // 8) * (tk // 8)
-    steps = blocks * dim // 8
+    passes = (tq // 16) * (tk // 16)
+    steps = passes * dim // 8
     cheapest, dearest = core_ops.call_ops("attn_qk_tile_bf16", defines, {})
-    assert cheapest.counts == {"load": 16 * steps, "store": 8 * blocks, "mac": 12 * blocks,
-                               "vector": 2 * steps + 24 * blocks, "move": 16 * steps + 28 * blocks, "nonlinear": 0,
-                               "scalar_float": 0}
+    assert cheapest.counts == {"load": 8 * steps, "store": 16 * passes, "mac": 0, "vector": 4 * steps,
+                               "move": 17 * passes, "nonlinear": 0, "scalar_float": 0}
     (use,) = cheapest.mmul
-    assert (use.precision, use.shape, use.calls, use.a_operands, use.b_operands) == ("bf16", (4, 8, 8), 2 * steps,
-                                                                                      2 * steps, steps)
-    chunks = sum(len(range((min(row + 1, tk) // 16) * 16, tk, 16)) for row in range(tq))
+    assert (use.precision, use.shape, use.calls, use.a_operands, use.b_operands) == ("bf16", (4, 8, 8), 8 * steps,
+                                                                                      4 * steps, 2 * steps)
+    on_or_above = sum(1 for qb in range(tq // 8) for kb in range(tk // 8) if kb >= qb)
     extra = {kind: dearest.counts[kind] - cheapest.counts[kind] for kind in core_ops.KINDS}
-    assert extra == {"load": chunks + 1, "store": chunks, "mac": 0, "vector": 2 * chunks, "move": chunks + 1,
-                     "nonlinear": 0, "scalar_float": 0}
+    assert extra == {"load": 4 * on_or_above, "store": 0, "mac": 0, "vector": 8 * on_or_above,
+                     "move": 4 * on_or_above, "nonlinear": 0, "scalar_float": 0}
 
 
-def test_the_online_softmax_counts_its_serial_row_work():
-    """attn_online_softmax_bf16 per row of TK scores: the bf16 max over 16-lane chunks and its 16-lane reduction,
-    the row's scalar float bookkeeping (4 compares and subtractions), one exp2 for the rescale factor, then per
-    chunk the shifted exp2 and the sum, and the sum's reduction."""
-    tq, tk = 32, 64
+@pytest.mark.parametrize("tk", [32, 64])
+def test_the_online_softmax_works_on_8_rows_at_once(tk):
+    """attn_online_softmax_bf16 per 8 rows: no scalar float work; one 8-lane exp2 for the rescale factors and per
+    8×8 block of scores a 64-lane exp2 (4 of 16 lanes); the scale in each exponent's argument (a 64-lane bf16
+    multiply and two multiply-adds: 6 ops of 32 lanes per block) and in the rescale factors' (3), the row sum's
+    rescale (2); per block 16 vector ops (the bf16 max, the shift, the split of the argument, the transpose and the
+    sum), and 25 per 8 rows (the folds of the max and the sums, the row state)."""
+    tq = 32
     ops = counts("attn_online_softmax_bf16", {"ATTN_TQ": tq, "ATTN_TK": tk, "ATTN_HEAD_DIM": 64})
-    chunks = tk // 16
-    assert ops.counts["nonlinear"] == tq * (1 + chunks)
-    assert ops.counts["scalar_float"] == 4 * tq
-    assert ops.counts["vector"] == tq * (2 * chunks - 1 + 8 + 2 * chunks + 8) + (tq // 8) * 7
+    groups, blocks = tq // 8, tk // 8
+    assert ops.counts["scalar_float"] == 0
+    assert ops.counts["nonlinear"] == groups * (4 * blocks + 1)
+    assert ops.counts["mac"] == groups * (6 * blocks + 5)
+    assert ops.counts["vector"] == groups * (16 * blocks + 25)
 
 
 SMOLLM2_DIMS = dict(hidden=576, heads=9, kv_heads=3, head_dim=64, intermediate=1536, vocab=49152, eps=1e-5)

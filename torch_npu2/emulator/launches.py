@@ -79,8 +79,13 @@ def add(p, a, b):
 ATTENTION_QUERY_BLOCK = 256
 
 
+KV_BLOCK = 8  # stack lays each input out in 8-column blocks (kernels/builders/stack.py), attention reads them
+
+
 def stack(p, first, second):
-    return torch.stack((first, second))
+    rows, cols = p["rows"], p["cols"]
+    pair = torch.stack((first.reshape(rows, cols), second.reshape(rows, cols)))
+    return pair.reshape(2, rows, cols // KV_BLOCK, KV_BLOCK).permute(0, 2, 1, 3).reshape(2, rows, cols)
 
 
 def attention(p, q, kv):
@@ -90,7 +95,9 @@ def attention(p, q, kv):
     seq, heads, kv_heads, hd = p["seq"], p["heads"], p["kv_heads"], p["head_dim"]
     group = heads // kv_heads
     qh = q.reshape(seq, heads, hd).transpose(0, 1)
-    kh, vh = kv.reshape(2, seq, kv_heads, hd).transpose(1, 2)
+    kv_dim = kv_heads * hd
+    rows = kv.reshape(2, kv_dim // KV_BLOCK, seq, KV_BLOCK).permute(0, 2, 1, 3)  # stack's 8-column blocks
+    kh, vh = rows.reshape(2, seq, kv_heads, hd).transpose(1, 2)
     out = torch.empty(heads, seq, hd, dtype=torch.bfloat16)
     for start in range(0, seq, ATTENTION_QUERY_BLOCK):
         stop = min(seq, start + ATTENTION_QUERY_BLOCK)

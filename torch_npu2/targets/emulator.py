@@ -16,7 +16,7 @@ from . import Target
 
 # Bumped when the artifact format, the emulator's numerics or what it refuses change, so cached artifacts are
 # rebuilt.
-TOOLCHAIN = "torch_npu2-emulator-2"
+TOOLCHAIN = "torch_npu2-emulator-3"
 COHERENCY_VARIABLE = "TORCH_NPU2_EMULATOR_COHERENCY"
 
 
