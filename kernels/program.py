@@ -15,8 +15,9 @@ from functools import cached_property
 
 import torch
 
-DTYPE_BYTES = {"bf16": 2, "f32": 4}
-TORCH_DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}  # what a Program's dtype names are as tensors
+# "i8": bytes (MLIR's signless i8), the dtype of packed block-quantized weights (kernels/quant.py)
+DTYPE_BYTES = {"bf16": 2, "f32": 4, "i8": 1}
+TORCH_DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32, "i8": torch.uint8}  # a Program's dtype names as tensors
 
 
 def pad_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:

@@ -64,6 +64,7 @@ Q8_0 = WeightFormat("q8_0", 32, False)
 FORMATS = {f.name: f for f in (Q4_0, Q4_1, Q8_0)}
 # GGUF's block of each format: fp16 d, fp16 m (Q4_1), then the quants (ggml's block_q4_0, block_q4_1, block_q8_0)
 GGUF_TYPES = {"q4_0": 2, "q4_1": 3, "q8_0": 8}  # gguf.GGMLQuantizationType values
+GEMV_QUANT = {"q4_0": 40, "q4_1": 41, "q8_0": 80}  # kernels/aie2p/gemv.cc's -DGEMV_QUANT of each format
 
 
 def weight_format(name: str) -> WeightFormat:
