@@ -49,11 +49,12 @@ def _check_weights(weights: str) -> None:
 
 
 def weight_arg(name: str, out_features: int, in_features: int, weights: str, pieces: int = 1) -> Arg:
-    """A projection weight of a decode Program: (out, in) bf16, or (out, row bytes) of packed rows; ``pieces``
+    """A projection weight of a decode Program: (out, in) bf16, or (out, row bytes / 4) int32 words of packed rows
+    (kernels/quant.py's bytes, viewed as words); ``pieces``
     rows of ``in_features`` side by side in each row (w_gate_up: [gate | up], each packed on its own)."""
     if weights == "bf16":
         return Arg(name, (out_features, pieces * in_features), "bf16", Role.WEIGHT)
-    return Arg(name, (out_features, pieces * weight_format(weights).row_bytes(in_features)), "i8", Role.WEIGHT)
+    return Arg(name, (out_features, pieces * weight_format(weights).row_bytes(in_features) // 4), "i32", Role.WEIGHT)
 
 
 @dataclass(frozen=True)

@@ -210,6 +210,7 @@ def gemv_packed(w: torch.Tensor, x: torch.Tensor, weights: str, *, tile_rows: in
     depth = x.shape[0]
     from .quant import GEMV_QUANT, weight_format
     fmt = weight_format(weights)
+    w = w.contiguous().view(torch.uint8) if w.dtype == torch.int32 else w
     if w.dtype != torch.uint8 or w.dim() != 2 or w.shape[1] != fmt.row_bytes(depth):
         raise ValueError(f"w must be (rows, {fmt.row_bytes(depth)}) uint8 for {weights} rows of {depth}, got "
                          f"{tuple(w.shape)} {w.dtype}")

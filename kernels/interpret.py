@@ -21,7 +21,7 @@ Semantics, for the subset the builders emit (anything else is an :class:`Unsuppo
 * ``air.dma_memcpy_nd`` moves elements in the order of its windows (offsets, sizes, strides in elements of the
   memref's row-major layout; an empty window is the whole memref); a window reaching outside its buffer is an
   :class:`OutOfBounds` error.
-* Storage is bf16, f32 or i8 (a packed weight's bytes) as the memref says; arith on bf16 values computes in fp32 and rounds to bf16 once per
+* Storage is bf16, f32 or i32 (a packed weight's words) as the memref says; arith on bf16 values computes in fp32 and rounds to bf16 once per
   op (torch's bf16 CPU arithmetic); f32 stays f32.
 * ``func.call`` of an external kernel stages each memref argument into a guarded copy: inputs must be fully
   written (:data:`KERNEL_ARGUMENT_ACCESS` says which arguments a kernel reads), outputs are fully written
@@ -76,7 +76,7 @@ KERNEL_ARGUMENT_ACCESS = {
     "gemv_q_rows_bf16": "rrp",
 }
 _SAME_WIDTH_INTEGER = {torch.bfloat16: torch.int16, torch.float32: torch.int32,  # to compare values bit for bit
-                       torch.uint8: torch.uint8}
+                       torch.int32: torch.int32}
 KERNEL_GUARD_ELEMENTS = 64  # canary elements after each staged kernel argument
 
 
@@ -833,8 +833,8 @@ def _element_dtype(type_text: str) -> torch.dtype:
 
 
 def _poisoned(numel: int, dtype: torch.dtype) -> torch.Tensor:
-    """Storage not yet written: NaN, or for bytes (packed weights) 0xA5."""
-    return torch.full((numel,), 0xA5 if dtype == torch.uint8 else float("nan"), dtype=dtype)
+    """Storage not yet written: NaN, or for words (packed weights) 0xA5A5A5A5."""
+    return torch.full((numel,), -0x5A5A5A5B if dtype == torch.int32 else float("nan"), dtype=dtype)
 
 
 def _canary(dtype: torch.dtype) -> torch.Tensor:

@@ -15,7 +15,7 @@ scale (and for Q4_1 its fp16 min) followed by its quants. We keep every bit of t
 * rows padded with zeros to a multiple of ``ROW_ALIGN`` bytes, so every row, and every DMA of whole rows and every
   vector load of quants, starts 16-byte aligned (Llama-3.2-1B's rows need none: K = 2048 → 1280 bytes).
 
-A weight is then a (N, row_bytes) uint8 tensor: rows stay rows, so the GEMVs' panel loop moves whole rows as it
+A weight is then a (N, row_bytes) uint8 tensor (bound by the Programs as (N, row_bytes / 4) int32 words): rows stay rows, so the GEMVs' panel loop moves whole rows as it
 moves bf16 ones, and a kernel call walks its rows' blocks with the scales at a fixed offset.
 
 Dequantization, exactly GGUF's (gguf-py ``quants.py``): Q4_0 ``d · (q − 8)``, Q4_1 ``d · q + m``, Q8_0 ``d · q``, in
@@ -104,9 +104,15 @@ def from_gguf_blocks(fmt: WeightFormat, blocks: torch.Tensor, K: int, out: torch
     return out
 
 
+def as_bytes(data: torch.Tensor) -> torch.Tensor:
+    """A packed weight's rows as bytes, given as bytes or as the int32 words the Programs bind."""
+    return data.contiguous().view(torch.uint8) if data.dtype == torch.int32 else data
+
+
 def unpack_fields(fmt: WeightFormat, data: torch.Tensor, K: int):
-    """(q, d, m) of a packed weight: q (N, K) the integer quants as GGUF defines them (Q4_0's still offset by 8),
-    d and m (N, K/32) fp32 from the fp16 planes (m None without one)."""
+    """(q, d, m) of a packed weight (bytes or int32 words): q (N, K) the integer quants as GGUF defines them (Q4_0's
+    still offset by 8), d and m (N, K/32) fp32 from the fp16 planes (m None without one)."""
+    data = as_bytes(data)
     N, G = data.shape[0], group_blocks(K)
     groups = data[:, :(K // BLOCK) * fmt.block_bytes()].reshape(N, K // BLOCK // G, -1)
     q_end, d_end = G * fmt.quant_bytes, G * (fmt.quant_bytes + 2)

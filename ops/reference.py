@@ -102,7 +102,7 @@ def rms_gemv_rope_packed_reference(x, norm_w, wq, wk, wv, rope_lut, eps, weights
 
 def o_gemv_ffn_packed_reference(attn, wo, x, norm_w, w_gate_up, w_down, eps, weights):
     """Reference of npu2.o_gemv_ffn_packed (w_gate_up: each row a packed gate row, then a packed up row)."""
-    w_gate, w_up = w_gate_up.view(w_gate_up.shape[0], 2, -1).unbind(1)
+    w_gate, w_up = w_gate_up.reshape(w_gate_up.shape[0], 2, -1).unbind(1)
     res1 = (x.float() + _linear_packed(attn, wo, weights).float()).to(torch.bfloat16)
     normed = rms_norm(res1, norm_w, eps)
     act = silu_mul(_linear_packed(normed, w_gate.contiguous(), weights), _linear_packed(normed, w_up.contiguous(), weights))

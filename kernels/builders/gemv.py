@@ -27,8 +27,8 @@ stride-0 wrap that aiecc rejects from 64 panels on ("Stride 1 must be a positive
 panels (Llama-3.2-1B's LM head in one step) air-opt-shim-dma-bds grew past 16 GB before it was stopped.
 Staged, the LM head's 334 panels lower in about 2 s.
 
-Packed weights (launch param ``weights``, a kernels/quant.py format such as "q4_1"): W is the (N, row_bytes)
-bytes of its packed rows (``i8``), moved row for row exactly as bf16 rows are, and the calls are gemv.cc's
+Packed weights (launch param ``weights``, a kernels/quant.py format such as "q4_1"): W is its packed rows as
+(N, row_bytes / 4) 32-bit words (``i32``), moved row for row exactly as bf16 rows are, and the calls are gemv.cc's
 ``gemv_q_*`` built with its GEMV_QUANT, which dequantize each block in the panel loop; everything else is the
 same schedule.
 
@@ -60,7 +60,7 @@ MAX_TILE_N = 1024
 MIN_PANELS = 16  # panels per tile before a larger panel is preferred: the first panel's DMA is not overlapped
 
 
-PACKED_DTYPE = "i8"  # a packed weight's bytes
+PACKED_DTYPE = "i32"  # a packed weight's rows, in 32-bit words
 PACKED_SYMBOLS = {"gemv_bf16": "gemv_q_bf16", "gemv_bf16_f32": "gemv_q_bf16_f32",
                   "gemv_partial_f32": "gemv_q_partial_f32", "gemv_rows_bf16": "gemv_q_rows_bf16"}
 
@@ -80,7 +80,7 @@ class WeightRows:
 
     def row(self, k: int) -> int:
         """W memref elements of a row (or a chunk of whole groups of one) of k weights."""
-        return weight_format(self.name).row_bytes(k) if self.packed else k
+        return weight_format(self.name).row_bytes(k) // 4 if self.packed else k
 
     def nbytes(self, rows: int, k: int) -> int:
         return nbytes((rows, self.row(k)), self.dtype)

@@ -29,7 +29,7 @@ def random_inputs(program: Program, seed: int = 0) -> dict[str, torch.Tensor]:
     packed weight holds such a weight quantized in the format of the launch that reads it."""
     generator = torch.Generator().manual_seed(seed)
     packed = {name: launch.p for launch in program.launches if "weights" in launch.p for name in launch.reads
-              if program.arg(name).dtype == "i8"}
+              if program.arg(name).dtype == "i32"}
     inputs = {}
     for arg in program.host_args:
         if arg.name in packed:
@@ -44,13 +44,13 @@ def random_inputs(program: Program, seed: int = 0) -> dict[str, torch.Tensor]:
 def _random_packed(params: dict, arg, generator) -> torch.Tensor:
     """Packed rows of K = params["K"] weights each: random quants, fp16 scales (and mins) of a Linear's size."""
     fmt, K = quant.weight_format(params["weights"]), params["K"]
-    rows, blocks = arg.numel // fmt.row_bytes(K), K // quant.BLOCK
+    rows, blocks = arg.nbytes // fmt.row_bytes(K), K // quant.BLOCK
     quants = torch.randint(0, 256, (rows, blocks, fmt.quant_bytes), dtype=torch.uint8, generator=generator)
     scale = K ** -0.5 / 8
     heads = [(torch.rand(rows, blocks, 1, generator=generator) * scale).half().view(torch.uint8)]
     if fmt.has_min:
         heads.append((-torch.rand(rows, blocks, 1, generator=generator) * 8 * scale).half().view(torch.uint8))
-    return quant.from_gguf_blocks(fmt, torch.cat(heads + [quants], dim=-1), K).reshape(arg.shape)
+    return quant.from_gguf_blocks(fmt, torch.cat(heads + [quants], dim=-1), K).view(torch.int32).reshape(arg.shape)
 
 
 def emulate(program: Program, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
