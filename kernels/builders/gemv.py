@@ -118,13 +118,15 @@ class GemvPlan:
         return self.rows_per_tile // self.tile_n
 
 
-def _l1_bytes(K: int, tile_n: int, rows_per_call: int, out_dtype: str, weights: WeightRows) -> dict[str, int]:
+def _l1_bytes(K: int, tile_n: int, rows_per_call: int, out_dtype: str,
+              weights: WeightRows = BF16_ROWS) -> dict[str, int]:
     copies = pingpong_copies(tile_n // rows_per_call)
     return {"x": nbytes((K,), "bf16"), f"W rows x{copies} (ping-pong)": copies * weights.nbytes(rows_per_call, K),
             f"y per call x{copies}": copies * nbytes((rows_per_call,), out_dtype), "y": nbytes((tile_n,), out_dtype)}
 
 
-def _l2_bytes(K: int, tile_n: int, panels: int, out_dtype: str, weights: WeightRows) -> dict[str, int]:
+def _l2_bytes(K: int, tile_n: int, panels: int, out_dtype: str,
+              weights: WeightRows = BF16_ROWS) -> dict[str, int]:
     """The fullest memtile: AIR's air-split-l2-memref gives the rows each tile reads (and the results it writes) a
     memtile buffer of their own, the ping-pong transform copies them for the panel loop, and x sits in one."""
     copies = pingpong_copies(panels)

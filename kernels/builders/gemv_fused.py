@@ -94,7 +94,8 @@ def _k_chunk(kind: str, K: int, tuning: dict, weights: WeightRows) -> int:
             f"must divide K={K} and be a multiple of {granule}" + (" (whole groups of packed rows)"
                                                                    if weights.packed else ""))
     require(_chunk_fits(k_chunk, weights), kind, "k_chunk", k_chunk,
-            f"a split chunk's row is one DMA dimension of at most {MAX_CHUNK_WORDS} words")
+            f"a split chunk spans at most {MAX_SPLIT_K_CHUNK} elements (one DMA dimension)" if not weights.packed
+            else f"a split chunk's row is one DMA dimension of at most {MAX_CHUNK_WORDS} words")
     return k_chunk
 
 
@@ -264,16 +265,17 @@ def _emit_add_tile(b: LaunchBuilder, kind: str, p: FusedGemvPlan, K: int, x_len:
             residual_row = b.affine(f"s0 + {x_len}", [w_row], "residual_row")
             b.call("gemv_add_bf16", [partial, vector, y_buf, b.index_to_i32(residual_row, "residual_row0"),
                                      b.index_to_i32(r, "row0")], config)
-    elif not weights.packed:  # a K chunk of all the tile's rows per call, then the add
-        with b.loop(0, K, p.k_chunk, "k0") as k0:
-            b.dma(w_buf, WHOLE, hw, Window((first_row, k0), (p.tile_n, p.k_chunk), (K, 1)))
-            b.call(partial_f32, [w_buf, vector, partial, b.index_to_i32(k0, "k0_i32")], config)
-    else:  # the same over packed rows: chunk c is bytes c·chunk of each row, elements c·k_chunk of x
-        with b.loop(0, K // p.k_chunk, 1, "chunk") as c:
-            column = b.affine(f"s0 * {chunk}", [c], "chunk_byte0")
-            b.dma(w_buf, WHOLE, hw, Window((first_row, column), (p.tile_n, chunk), (R, 1)))
-            k0 = b.affine(f"s0 * {p.k_chunk}", [c], "k0")
-            b.call(partial_f32, [w_buf, vector, partial, b.index_to_i32(k0, "k0_i32")], config)
+    else:  # a K chunk of all the tile's rows per call, then the add
+        if not weights.packed:
+            with b.loop(0, K, p.k_chunk, "k0") as k0:
+                b.dma(w_buf, WHOLE, hw, Window((first_row, k0), (p.tile_n, p.k_chunk), (K, 1)))
+                b.call(partial_f32, [w_buf, vector, partial, b.index_to_i32(k0, "k0_i32")], config)
+        else:  # packed rows: chunk c is words c·chunk of each row, elements c·k_chunk of x
+            with b.loop(0, K // p.k_chunk, 1, "chunk") as c:
+                column = b.affine(f"s0 * {chunk}", [c], "chunk_word0")
+                b.dma(w_buf, WHOLE, hw, Window((first_row, column), (p.tile_n, chunk), (R, 1)))
+                k0 = b.affine(f"s0 * {p.k_chunk}", [c], "k0")
+                b.call(partial_f32, [w_buf, vector, partial, b.index_to_i32(k0, "k0_i32")], config)
         residual_row = b.affine(f"s0 + {x_len}", [first_row], "residual_row")
         b.call("gemv_add_bf16", [partial, vector, y_buf, b.index_to_i32(residual_row, "residual_row0"),
                                  Value(b.const(0, "i32"), "i32")], config)
