@@ -354,6 +354,32 @@ def lm_head_gemv_program(hidden: int, vocab: int, weights: str = "bf16") -> Prog
     )
 
 
+# The packed decode ops' factories (torch.ops.npu2.<op>_packed): the decode Programs over packed weights.
+def _packed_only(weights: str) -> str:
+    if weights == "bf16":
+        raise ValueError("a packed decode Program takes a packed weight format, not 'bf16'")
+    return weights
+
+
+def rms_gemv_rope_packed_program(hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float,
+                                 weights: str) -> Program:
+    return rms_gemv_rope_program(hidden, heads, kv_heads, head_dim, eps, _packed_only(weights))
+
+
+def o_gemv_ffn_packed_program(hidden: int, q_dim: int, intermediate: int, eps: float, weights: str) -> Program:
+    return o_gemv_ffn_program(hidden, q_dim, intermediate, eps, _packed_only(weights))
+
+
+def o_gemv_ffn_rms_gemv_rope_packed_program(hidden: int, q_dim: int, intermediate: int, eps: float, heads: int,
+                                            kv_heads: int, head_dim: int, next_eps: float, weights: str) -> Program:
+    return o_gemv_ffn_rms_gemv_rope_program(hidden, q_dim, intermediate, eps, heads, kv_heads, head_dim, next_eps,
+                                            _packed_only(weights))
+
+
+def lm_head_gemv_packed_program(hidden: int, vocab: int, weights: str) -> Program:
+    return lm_head_gemv_program(hidden, vocab, _packed_only(weights))
+
+
 def programs_for_model(dims: ModelDims, prefill_buckets,
                        matmul_precision: str = DEFAULT_MATMUL_PRECISION, weights: str = "bf16",
                        lm_head_weights: str | None = None) -> list[Program]:

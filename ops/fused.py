@@ -93,8 +93,8 @@ def _lm_head_gemv(shapes):
 def _rms_gemv_rope_packed(shapes, eps, weights):
     x, norm_w, wq, wk, wv, lut = shapes
     head_dim = _rope_head_dim(lut, wq, wk)
-    return catalog.rms_gemv_rope_program(_agreed(norm_w[0], x[-1]), wq[0] // head_dim,
-                                         _agreed(wk[0], wv[0]) // head_dim, head_dim, eps, weights)
+    return catalog.rms_gemv_rope_packed_program(_agreed(norm_w[0], x[-1]), wq[0] // head_dim,
+                                                _agreed(wk[0], wv[0]) // head_dim, head_dim, eps, weights)
 
 
 def _ffn_dims_packed(shapes):
@@ -103,7 +103,7 @@ def _ffn_dims_packed(shapes):
 
 
 def _o_gemv_ffn_packed(shapes, eps, weights):
-    return catalog.o_gemv_ffn_program(*_ffn_dims_packed(shapes), eps, weights)
+    return catalog.o_gemv_ffn_packed_program(*_ffn_dims_packed(shapes), eps, weights)
 
 
 def _o_gemv_ffn_rms_gemv_rope_packed(shapes, eps, next_eps, weights):
@@ -113,13 +113,14 @@ def _o_gemv_ffn_rms_gemv_rope_packed(shapes, eps, next_eps, weights):
         head_dim = _rope_head_dim(lut, wq, wk)
     except BadArgument as exc:
         raise BadArgument("next_" + exc.arg, exc.expected, exc.given) from None
-    return catalog.o_gemv_ffn_rms_gemv_rope_program(hidden, q_dim, intermediate, eps, wq[0] // head_dim,
-                                                    _agreed(wk[0], wv[0]) // head_dim, head_dim, next_eps, weights)
+    return catalog.o_gemv_ffn_rms_gemv_rope_packed_program(hidden, q_dim, intermediate, eps, wq[0] // head_dim,
+                                                           _agreed(wk[0], wv[0]) // head_dim, head_dim, next_eps,
+                                                           weights)
 
 
 def _lm_head_gemv_packed(shapes, weights):
     x, w_lm = shapes
-    return catalog.lm_head_gemv_program(x[0], w_lm[0], weights)
+    return catalog.lm_head_gemv_packed_program(x[0], w_lm[0], weights)
 
 
 # Small dims that fix each op's argument names and ranks for its schema.
