@@ -82,8 +82,9 @@ def llama_1b_dims():
     return ModelDims.from_config(common.llama_config(**common.LLAMA_1B_SHAPE))
 
 
-def program(name: str, dims, seq: int | None = None, precision: str = "bf16"):
-    """Llama-3.2-1B's Program ``name`` (prefill Programs at ``seq`` rows, their GEMMs at matmul ``precision``)."""
+def program(name: str, dims, seq: int | None = None, precision: str = "bf16", weights: str = "bf16"):
+    """Llama-3.2-1B's Program ``name`` (prefill Programs at ``seq`` rows, their GEMMs at matmul ``precision``;
+    decode Programs with their projection weights as ``weights``: bf16 or a packed format)."""
     from torch_npu2.kernels import catalog
 
     d = dims
@@ -92,11 +93,12 @@ def program(name: str, dims, seq: int | None = None, precision: str = "bf16"):
                                                                  precision),
         "flash_attn": lambda: catalog.flash_attn_program(d.heads, d.kv_heads, d.head_dim, seq),
         "o_ffn": lambda: catalog.o_ffn_program(d.hidden, d.q_dim, d.intermediate, d.eps, seq, precision),
-        "rms_gemv_rope": lambda: catalog.rms_gemv_rope_program(d.hidden, d.heads, d.kv_heads, d.head_dim, d.eps),
-        "o_gemv_ffn": lambda: catalog.o_gemv_ffn_program(d.hidden, d.q_dim, d.intermediate, d.eps),
+        "rms_gemv_rope": lambda: catalog.rms_gemv_rope_program(d.hidden, d.heads, d.kv_heads, d.head_dim, d.eps,
+                                                               weights),
+        "o_gemv_ffn": lambda: catalog.o_gemv_ffn_program(d.hidden, d.q_dim, d.intermediate, d.eps, weights),
         "o_gemv_ffn_rms_gemv_rope": lambda: catalog.o_gemv_ffn_rms_gemv_rope_program(
-            d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads, d.head_dim, d.eps),
-        "lm_head_gemv": lambda: catalog.lm_head_gemv_program(d.hidden, d.vocab),
+            d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads, d.head_dim, d.eps, weights),
+        "lm_head_gemv": lambda: catalog.lm_head_gemv_program(d.hidden, d.vocab, weights),
     }
     return build[name]()
 
@@ -107,17 +109,26 @@ def program_range(prog) -> tuple[timing.ProgramCost, ...]:
 
 
 @lru_cache(maxsize=None)
-def _seconds(name: str, dims, seq: int | None, precision: str = "bf16") -> Range:
-    return tuple(cost.seconds for cost in program_range(program(name, dims, seq, precision)))
+def _seconds(name: str, dims, seq: int | None, precision: str = "bf16", weights: str = "bf16") -> Range:
+    return tuple(cost.seconds for cost in program_range(program(name, dims, seq, precision, weights)))
 
 
-def decode_ms(dims, layers: int) -> Range:
+DECODE_PROGRAMS = ("o_gemv_ffn_rms_gemv_rope", "rms_gemv_rope", "o_gemv_ffn", "lm_head_gemv")
+
+
+def decode_ms(dims, layers: int, weights: str = "bf16") -> Range:
     """NPU time of one decode token, following NpuDecoderLayer: rms_gemv_rope for the first layer, then per layer
     o_gemv_ffn_rms_gemv_rope (its o_gemv_ffn and the next layer's rms_gemv_rope in one dispatch), o_gemv_ffn for
-    the last; then the LM head."""
-    parts = [_seconds(name, dims, None) for name in ("o_gemv_ffn_rms_gemv_rope", "rms_gemv_rope", "o_gemv_ffn",
-                                                       "lm_head_gemv")]
+    the last; then the LM head (all with the projection weights as ``weights``)."""
+    parts = [_seconds(name, dims, None, "bf16", weights) for name in DECODE_PROGRAMS]
     return tuple((chained * (layers - 1) + first + last + head) * 1e3 for chained, first, last, head in zip(*parts))
+
+
+def decode_weight_bytes(dims, layers: int, weights: str = "bf16") -> int:
+    """Weight bytes one decode token streams from DDR (every weight argument of the decode Programs, once each)."""
+    counts = (layers - 1, 1, 1, 1)
+    return sum(count * sum(a.nbytes for a in program(name, dims, None, "bf16", weights).args if a.role.value == "weight")
+               for name, count in zip(DECODE_PROGRAMS, counts))
 
 
 def prefill_ms(dims, layers: int, chunks, precision: str = "bf16") -> Range:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .program import Arg, CompileOptions, Launch, Program, Role
+from .quant import FORMATS, weight_format
 
 W, I, S, O = Role.WEIGHT, Role.INPUT, Role.SCRATCH, Role.OUTPUT
 
@@ -37,6 +38,23 @@ DECODE_OPTIONS = CompileOptions(runtime_loop_tiling_sizes=(16, 16))
 # MACs in every mode. The default and its reason: README, "Numerics".
 MATMUL_PRECISIONS = ("bf16", "bfp16", "bfp16_gate_up")
 DEFAULT_MATMUL_PRECISION = "bf16"
+# How the decode Programs hold their projection weights: "bf16", or packed block-quantized rows (kernels/quant.py:
+# "q4_0", "q4_1", "q8_0"), which the GEMVs dequantize in their panel loop. Prefill Programs take bf16 weights.
+DECODE_WEIGHTS = ("bf16", *FORMATS)
+
+
+def _check_weights(weights: str) -> None:
+    if weights not in DECODE_WEIGHTS:
+        raise ValueError(f"decode weights must be one of {', '.join(map(repr, DECODE_WEIGHTS))}, got {weights!r}")
+
+
+def weight_arg(name: str, out_features: int, in_features: int, weights: str, pieces: int = 1) -> Arg:
+    """A projection weight of a decode Program: (out, in) bf16, or (out, row bytes / 4) int32 words of packed rows
+    (kernels/quant.py's bytes, viewed as words); ``pieces``
+    rows of ``in_features`` side by side in each row (w_gate_up: [gate | up], each packed on its own)."""
+    if weights == "bf16":
+        return Arg(name, (out_features, pieces * in_features), "bf16", Role.WEIGHT)
+    return Arg(name, (out_features, pieces * weight_format(weights).row_bytes(in_features) // 4), "i32", Role.WEIGHT)
 
 
 @dataclass(frozen=True)
@@ -103,19 +121,21 @@ def _gemm_precision(mode: str, projection: str) -> str:
     return mode
 
 
-def _matmul_params(matmul: str, rows: int, mode: str | None):
-    """(K, N, projection) → a matmul launch's params: a prefill GEMM carries its precision, a decode GEMV none."""
+def _matmul_params(matmul: str, rows: int, mode: str | None, weights: str = "bf16"):
+    """(K, N, projection) → a matmul launch's params: a prefill GEMM carries its precision, a decode GEMV its
+    weights' format when they are packed."""
     if matmul == "gemm":
         return lambda k, n, projection: dict(M=rows, K=k, N=n, precision=_gemm_precision(mode, projection))
-    return lambda k, n, projection: dict(K=k, N=n)
+    packed = {} if weights == "bf16" else {"weights": weights}
+    return lambda k, n, projection: dict(K=k, N=n, **packed)
 
 
 def _rms_qkv_rope(name, hidden, heads, kv_heads, head_dim, eps, rows, matmul, row_shape, options,
-                  precision=None) -> Program:
+                  precision=None, weights="bf16") -> Program:
     """RMSNorm → Q/K/V projections → half-split RoPE on Q and K (prefill GEMM or decode GEMV)."""
     _check_attention_dims(heads, kv_heads, head_dim)
     h, q, kv, hd = hidden, heads * head_dim, kv_heads * head_dim, head_dim
-    mm = _matmul_params(matmul, rows, precision)
+    mm = _matmul_params(matmul, rows, precision, weights)
     return Program(
         name=name,
         params=(("hidden", hidden), ("heads", heads), ("kv_heads", kv_heads), ("head_dim", head_dim), ("eps", eps),
@@ -124,9 +144,9 @@ def _rms_qkv_rope(name, hidden, heads, kv_heads, head_dim, eps, rows, matmul, ro
             Arg("x", row_shape(h), "bf16", I),
             Arg("norm_w", (h,), "bf16", W),
             Arg("normed", row_shape(h), "bf16", S),
-            Arg("wq", (q, h), "bf16", W),
-            Arg("wk", (kv, h), "bf16", W),
-            Arg("wv", (kv, h), "bf16", W),
+            weight_arg("wq", q, h, weights),
+            weight_arg("wk", kv, h, weights),
+            weight_arg("wv", kv, h, weights),
             Arg("rope_lut", row_shape(hd), "bf16", I),
             Arg("q", row_shape(q), "bf16", S),
             Arg("k", row_shape(kv), "bf16", S),
@@ -213,57 +233,67 @@ def o_ffn_program(hidden: int, q_dim: int, intermediate: int, eps: float, seq: i
     return _o_ffn("o_ffn", hidden, q_dim, intermediate, eps, seq, lambda n: (seq, n), PREFILL_OPTIONS, precision)
 
 
-def rms_gemv_rope_program(hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float) -> Program:
-    return _rms_qkv_rope("rms_gemv_rope", hidden, heads, kv_heads, head_dim, eps, 1, "gemv", lambda n: (n,),
-                         DECODE_OPTIONS)
+def _decode_name(name: str, weights: str) -> str:
+    return name if weights == "bf16" else f"{name}_packed"
 
 
-def o_gemv_ffn_program(hidden: int, q_dim: int, intermediate: int, eps: float) -> Program:
+def rms_gemv_rope_program(hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float,
+                          weights: str = "bf16") -> Program:
+    _check_weights(weights)
+    return _rms_qkv_rope(_decode_name("rms_gemv_rope", weights), hidden, heads, kv_heads, head_dim, eps, 1, "gemv",
+                         lambda n: (n,), DECODE_OPTIONS, weights=weights)
+
+
+def o_gemv_ffn_program(hidden: int, q_dim: int, intermediate: int, eps: float, weights: str = "bf16") -> Program:
     """The decode o_ffn in upstream's 3 fused launches (builders/gemv_fused.py says where and how they differ):
     O projection + residual → RMSNorm + gate and up projections → SiLU·up + down projection + residual. Only the
     post-attention residual (read again by the last launch) and the interleaved gate and up cross DDR between
     launches. The gate and up projections read o_ffn's ``w_gate_up`` as 2F rows of H.
 
-    Host arguments are o_ffn's, in the same order: attn, wo, x, norm_w, w_gate_up, w_down.
+    Host arguments are o_ffn's, in the same order: attn, wo, x, norm_w, w_gate_up, w_down. With packed
+    ``weights`` each projection weight holds packed rows, w_gate_up a packed gate row then a packed up row.
     """
+    _check_weights(weights)
     h, q, f = hidden, q_dim, intermediate
+    packed = {} if weights == "bf16" else {"weights": weights}
     return Program(
-        name="o_gemv_ffn",
+        name=_decode_name("o_gemv_ffn", weights),
         params=(("hidden", hidden), ("q_dim", q_dim), ("intermediate", intermediate), ("eps", eps), ("rows", 1)),
         args=(
             Arg("attn", (q,), "bf16", I),
-            Arg("wo", (h, q), "bf16", W),
+            weight_arg("wo", h, q, weights),
             Arg("x", (h,), "bf16", I),
             Arg("res1", (h,), "bf16", S),
             Arg("norm_w", (h,), "bf16", W),
-            Arg("w_gate_up", (f, 2 * h), "bf16", W),
+            weight_arg("w_gate_up", f, h, weights, pieces=2),
             Arg("gate_up", (2 * f,), "bf16", S),
-            Arg("w_down", (h, f), "bf16", W),
+            weight_arg("w_down", h, f, weights),
             Arg("out", (h,), "bf16", O),
         ),
         launches=(
-            _launch("gemv_add", ["attn", "wo", "x"], ["res1"], K=q, N=h),
-            _launch("rms_gemv", ["res1", "norm_w", "w_gate_up"], ["gate_up"], K=h, N=2 * f, eps=eps, gate_up=1),
-            _launch("swiglu_gemv_add", ["gate_up", "w_down", "res1"], ["out"], K=f, N=h),
+            _launch("gemv_add", ["attn", "wo", "x"], ["res1"], K=q, N=h, **packed),
+            _launch("rms_gemv", ["res1", "norm_w", "w_gate_up"], ["gate_up"], K=h, N=2 * f, eps=eps, gate_up=1,
+                    **packed),
+            _launch("swiglu_gemv_add", ["gate_up", "w_down", "res1"], ["out"], K=f, N=h, **packed),
         ),
         compile_options=DECODE_OPTIONS,
     )
 
 
 def o_gemv_ffn_rms_gemv_rope_program(hidden: int, q_dim: int, intermediate: int, eps: float, heads: int,
-                                     kv_heads: int, head_dim: int, next_eps: float) -> Program:
+                                     kv_heads: int, head_dim: int, next_eps: float, weights: str = "bf16") -> Program:
     """One decode layer's o_gemv_ffn, then the next layer's rms_gemv_rope on its output, in one dispatch: the
     boundary between two decoder layers has no host work, so a token pays one dispatch per layer instead of two.
 
     Host arguments are o_gemv_ffn's, then rms_gemv_rope's weights and LUT with a ``next_`` prefix (its input is
     ``out``); outputs are ``out`` and the next layer's ``next_v``, ``next_q_roped``, ``next_k_roped``.
     """
-    first = o_gemv_ffn_program(hidden, q_dim, intermediate, eps)
-    second = rms_gemv_rope_program(hidden, heads, kv_heads, head_dim, next_eps)
+    first = o_gemv_ffn_program(hidden, q_dim, intermediate, eps, weights)
+    second = rms_gemv_rope_program(hidden, heads, kv_heads, head_dim, next_eps, weights)
     rename = {a.name: "next_" + a.name for a in second.args}
     rename["x"] = "out"  # the next layer reads this layer's output
     return Program(
-        name="o_gemv_ffn_rms_gemv_rope",
+        name=_decode_name("o_gemv_ffn_rms_gemv_rope", weights),
         params=first.params + tuple(("next_" + k, v) for k, v in second.params),
         args=first.args + tuple(Arg(rename[a.name], a.shape, a.dtype, a.role) for a in second.args if a.name != "x"),
         launches=first.launches + tuple(
@@ -301,32 +331,63 @@ def flash_attn_program(heads: int, kv_heads: int, head_dim: int, seq: int) -> Pr
     )
 
 
-def lm_head_gemv_program(hidden: int, vocab: int) -> Program:
+def lm_head_gemv_program(hidden: int, vocab: int, weights: str = "bf16") -> Program:
     """Logits of one (already final-normed) row: a GEMV over the (vocab, hidden) LM-head weight.
 
     Logits leave the fp32 accumulator as fp32: bf16 logits (spacing 0.125 near 25) turn close
     candidates into ties that greedy decoding then breaks by token id.
     """
+    _check_weights(weights)
+    packed = {} if weights == "bf16" else {"weights": weights}
     return Program(
-        name="lm_head_gemv",
+        name=_decode_name("lm_head_gemv", weights),
         params=(("hidden", hidden), ("vocab", vocab)),
         args=(
             Arg("x", (hidden,), "bf16", I),
-            Arg("w_lm", (vocab, hidden), "bf16", W),
+            weight_arg("w_lm", vocab, hidden, weights),
             Arg("logits", (vocab,), "f32", O),
         ),
         launches=(
-            _launch("gemv_f32", ["x", "w_lm"], ["logits"], K=hidden, N=vocab),
+            _launch("gemv_f32", ["x", "w_lm"], ["logits"], K=hidden, N=vocab, **packed),
         ),
         compile_options=DECODE_OPTIONS,
     )
 
 
+# The packed decode ops' factories (torch.ops.npu2.<op>_packed): the decode Programs over packed weights.
+def _packed_only(weights: str) -> str:
+    if weights == "bf16":
+        raise ValueError("a packed decode Program takes a packed weight format, not 'bf16'")
+    return weights
+
+
+def rms_gemv_rope_packed_program(hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float,
+                                 weights: str) -> Program:
+    return rms_gemv_rope_program(hidden, heads, kv_heads, head_dim, eps, _packed_only(weights))
+
+
+def o_gemv_ffn_packed_program(hidden: int, q_dim: int, intermediate: int, eps: float, weights: str) -> Program:
+    return o_gemv_ffn_program(hidden, q_dim, intermediate, eps, _packed_only(weights))
+
+
+def o_gemv_ffn_rms_gemv_rope_packed_program(hidden: int, q_dim: int, intermediate: int, eps: float, heads: int,
+                                            kv_heads: int, head_dim: int, next_eps: float, weights: str) -> Program:
+    return o_gemv_ffn_rms_gemv_rope_program(hidden, q_dim, intermediate, eps, heads, kv_heads, head_dim, next_eps,
+                                            _packed_only(weights))
+
+
+def lm_head_gemv_packed_program(hidden: int, vocab: int, weights: str) -> Program:
+    return lm_head_gemv_program(hidden, vocab, _packed_only(weights))
+
+
 def programs_for_model(dims: ModelDims, prefill_buckets,
-                       matmul_precision: str = DEFAULT_MATMUL_PRECISION) -> list[Program]:
+                       matmul_precision: str = DEFAULT_MATMUL_PRECISION, weights: str = "bf16",
+                       lm_head_weights: str | None = None) -> list[Program]:
     """Every Program a model needs: the prefill trio per bucket (its GEMMs in ``matmul_precision``), the
-    decode pair and their chain across a layer boundary, and the LM head."""
+    decode pair and their chain across a layer boundary (projection weights as ``weights``), and the LM head
+    (``lm_head_weights``, by default ``weights``)."""
     _check_precision(matmul_precision)
+    _check_weights(weights)
     d = dims
     attn = (d.hidden, d.heads, d.kv_heads, d.head_dim, d.eps)
     ffn = (d.hidden, d.q_dim, d.intermediate, d.eps)
@@ -335,7 +396,7 @@ def programs_for_model(dims: ModelDims, prefill_buckets,
         out += [rms_gemms_rope_program(*attn, seq, matmul_precision),
                 flash_attn_program(d.heads, d.kv_heads, d.head_dim, seq),
                 o_ffn_program(*ffn, seq, matmul_precision)]
-    out += [rms_gemv_rope_program(*attn), o_gemv_ffn_program(*ffn),
-            o_gemv_ffn_rms_gemv_rope_program(*ffn, d.heads, d.kv_heads, d.head_dim, d.eps),
-            lm_head_gemv_program(d.hidden, d.vocab)]
+    out += [rms_gemv_rope_program(*attn, weights), o_gemv_ffn_program(*ffn, weights),
+            o_gemv_ffn_rms_gemv_rope_program(*ffn, d.heads, d.kv_heads, d.head_dim, d.eps, weights),
+            lm_head_gemv_program(d.hidden, d.vocab, lm_head_weights or weights)]
     return out

@@ -30,6 +30,7 @@ KINDS = ("load", "store", "mac", "vector", "move", "nonlinear", "scalar_float")
 # Scalar arguments the counting run passes for pointers and floats: no vector touches memory, and the few scalar
 # reads and writes of a kernel stay within this many elements.
 SCRATCH_ELEMENTS = 1 << 16
+PACKED_SCRATCH_BYTES = 1 << 20  # a call's packed weight rows, whose scales the kernel reads as scalars
 BFP16_DEFINE = "AIE_API_EMULATE_BFLOAT16_MMUL_WITH_BFP16"
 
 
@@ -101,7 +102,7 @@ def instructions(ops: CoreOps, share_operands: bool) -> dict[str, int]:
 @dataclass(frozen=True)
 class Param:
     name: str
-    kind: str                       # "bf16 *", "float *", "int" or "float"
+    kind: str                       # "bf16 *", "float *", "uint8 *", "int" or "float"
 
 
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
@@ -127,7 +128,8 @@ def entry_points(source: str) -> dict[str, tuple[Param, ...]]:
         params = []
         for declaration in m.group(1).split(","):
             words = declaration.replace("*", " * ").split()
-            base = "bf16" if {"bf16_t", "bfloat16"} & set(words) else "float" if "float" in words else "int"
+            base = ("bf16" if {"bf16_t", "bfloat16"} & set(words) else "float" if "float" in words
+                    else "uint8" if "uint8_t" in words else "int")
             params.append(Param(words[-1], f"{base} *" if "*" in words else base))
         found[symbol] = tuple(params)
     return found
@@ -140,6 +142,7 @@ WORK_ARGUMENTS = {
     "attn_qk_tile_bf16": lambda d: ({"q_start": d["ATTN_TK"], "k_start": 0}, {"q_start": 0, "k_start": 0}),
     # the first K chunk starts each row's sum, a later one adds to it
     "gemv_partial_f32": lambda d: ({"k0": 0}, {"k0": d["GEMV_K"]}),
+    "gemv_q_partial_f32": lambda d: ({"k0": 0}, {"k0": d["GEMV_K"]}),
 }
 
 
@@ -148,6 +151,7 @@ def _driver(source: str) -> str:
              "#define float counted_float", f'#include "{source}"', "#undef float",
              f"static bfloat16 bf16_memory[{SCRATCH_ELEMENTS}];",
              f"static counted_float f32_memory[{SCRATCH_ELEMENTS}];",
+             f"static uint8_t u8_memory[{PACKED_SCRATCH_BYTES}];",
              "int main(int argc, char **argv) {", "  if (argc < 2) return 2;"]
     for symbol, params in entry_points(source).items():
         args, integers = [], 0
@@ -156,7 +160,8 @@ def _driver(source: str) -> str:
                 args.append(f"argc > {2 + integers} ? std::atoi(argv[{2 + integers}]) : 0")
                 integers += 1
             else:
-                args.append({"bf16 *": "bf16_memory", "float *": "f32_memory", "float": "counted_float(1.0)"}[p.kind])
+                args.append({"bf16 *": "bf16_memory", "float *": "f32_memory", "uint8 *": "u8_memory",
+                             "float": "counted_float(1.0)"}[p.kind])
         lines.append(f'  if (!std::strcmp(argv[1], "{symbol}")) {{ {symbol}({", ".join(args)}); '
                       "aie_count::report(); return 0; }")
     return "\n".join([*lines, "  return 2;", "}", ""])

@@ -201,6 +201,42 @@ def gemv(w: torch.Tensor, x: torch.Tensor, *, tile_rows: int = 32, out_dtype=tor
     return y[:rows]
 
 
+def gemv_packed(w: torch.Tensor, x: torch.Tensor, weights: str, *, tile_rows: int = 32, out_dtype=torch.float32,
+                k_chunk: int | None = None, fast: bool = False) -> torch.Tensor:
+    """``gemv_q_bf16_f32`` (or ``gemv_q_bf16`` for bf16) over a packed weight (kernels/quant.py, format
+    ``weights``): w (out, row_bytes) uint8, x (in,) bf16, ``tile_rows`` rows per call. With ``k_chunk`` (whole
+    groups of a row), ``gemv_q_partial_f32`` walks each row group's K in chunks of it and the fp32 sums return."""
+    x = _require_bf16("x", x)
+    depth = x.shape[0]
+    from .quant import GEMV_QUANT, weight_format
+    fmt = weight_format(weights)
+    w = w.contiguous().view(torch.uint8) if w.dtype == torch.int32 else w
+    if w.dtype != torch.uint8 or w.dim() != 2 or w.shape[1] != fmt.row_bytes(depth):
+        raise ValueError(f"w must be (rows, {fmt.row_bytes(depth)}) uint8 for {weights} rows of {depth}, got "
+                         f"{tuple(w.shape)} {w.dtype}")
+    rows = w.shape[0]
+    padded_rows = _round_up(rows, tile_rows)
+    w_tiles = pad_rows(w, padded_rows)
+    if k_chunk is None or k_chunk == depth:
+        symbol = {torch.bfloat16: "gemv_q_bf16", torch.float32: "gemv_q_bf16_f32"}[out_dtype]
+        library = load("gemv.cc", {"GEMV_ROWS": tile_rows, "GEMV_K": depth, "GEMV_QUANT": GEMV_QUANT[weights]}, fast)
+        kernel = _function(library, symbol, _PTR, _PTR, _PTR)
+        y = torch.empty(padded_rows, dtype=out_dtype)
+        for first in range(0, padded_rows, tile_rows):
+            kernel(w_tiles[first].data_ptr(), x.data_ptr(), y[first:].data_ptr())
+        return y[:rows]
+    library = load("gemv.cc", {"GEMV_ROWS": tile_rows, "GEMV_K": k_chunk, "GEMV_QUANT": GEMV_QUANT[weights]}, fast)
+    partial = _function(library, "gemv_q_partial_f32", _PTR, _PTR, _PTR, ctypes.c_int32)
+    chunk_bytes = fmt.row_bytes(k_chunk)
+    y = torch.empty(padded_rows, dtype=torch.float32)
+    for first in range(0, padded_rows, tile_rows):
+        for k0 in range(0, depth, k_chunk):
+            start = k0 // k_chunk * chunk_bytes
+            chunk = w_tiles[first:first + tile_rows, start:start + chunk_bytes].contiguous()
+            partial(chunk.data_ptr(), x.data_ptr(), y[first:].data_ptr(), k0)
+    return y[:rows].to(out_dtype)
+
+
 def gemv_add(w: torch.Tensor, x: torch.Tensor, residual: torch.Tensor, *, tile_rows: int = 8,
              k_chunk: int | None = None) -> torch.Tensor:
     """``bf16(W x) + residual`` the way the fused ``gemv_add`` launch walks it: per ``tile_rows`` rows,

@@ -21,7 +21,7 @@ Semantics, for the subset the builders emit (anything else is an :class:`Unsuppo
 * ``air.dma_memcpy_nd`` moves elements in the order of its windows (offsets, sizes, strides in elements of the
   memref's row-major layout; an empty window is the whole memref); a window reaching outside its buffer is an
   :class:`OutOfBounds` error.
-* Storage is bf16 or f32 as the memref says; arith on bf16 values computes in fp32 and rounds to bf16 once per
+* Storage is bf16, f32 or i32 (a packed weight's words) as the memref says; arith on bf16 values computes in fp32 and rounds to bf16 once per
   op (torch's bf16 CPU arithmetic); f32 stays f32.
 * ``func.call`` of an external kernel stages each memref argument into a guarded copy: inputs must be fully
   written (:data:`KERNEL_ARGUMENT_ACCESS` says which arguments a kernel reads), outputs are fully written
@@ -70,8 +70,13 @@ KERNEL_ARGUMENT_ACCESS = {
     "gemv_rows_bf16": "rrp",
     "rmsnorm_bf16": "rw",
     "swiglu_bf16": "m",
+    "gemv_q_bf16": "rrw",
+    "gemv_q_bf16_f32": "rrw",
+    "gemv_q_partial_f32": "rrp",
+    "gemv_q_rows_bf16": "rrp",
 }
-_SAME_WIDTH_INTEGER = {torch.bfloat16: torch.int16, torch.float32: torch.int32}  # to compare values bit for bit
+_SAME_WIDTH_INTEGER = {torch.bfloat16: torch.int16, torch.float32: torch.int32,  # to compare values bit for bit
+                       torch.int32: torch.int32}
 KERNEL_GUARD_ELEMENTS = 64  # canary elements after each staged kernel argument
 
 
@@ -115,7 +120,7 @@ class Buffer:
     def __init__(self, name: str, shape: tuple[int, ...], dtype: str, space: int, in_herd: bool):
         numel = math.prod(shape)
         self.name, self.shape, self.dtype, self.space = name, shape, dtype, space
-        self.data = torch.full((numel,), float("nan"), dtype=TORCH_DTYPES[dtype])
+        self.data = _poisoned(numel, TORCH_DTYPES[dtype])
         self.written = torch.zeros(numel, dtype=torch.bool)
         self.freed = False
         # A segment-scope L1 buffer: one slab per tile; element -> the tile that first touched it (-1: none).
@@ -744,7 +749,7 @@ class Interpreter:
                 self._access(value, indices, True, what, tile, herd_run)
                 contents = value.buffer.data[indices].clone()
             else:
-                contents = torch.full((_count(indices),), float("nan"), dtype=value.buffer.data.dtype)
+                contents = _poisoned(_count(indices), value.buffer.data.dtype)
             guard = _canary(value.buffer.data.dtype)
             copy = torch.cat((contents, guard))
             staged.append((value, indices, mode, copy, guard))
@@ -825,6 +830,11 @@ def _element_dtype(type_text: str) -> torch.dtype:
     if not match or match.group(1) not in TORCH_DTYPES:
         raise UnsupportedOp(f"element type {type_text}")
     return TORCH_DTYPES[match.group(1)]
+
+
+def _poisoned(numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """Storage not yet written: NaN, or for words (packed weights) 0xA5A5A5A5."""
+    return torch.full((numel,), -0x5A5A5A5B if dtype == torch.int32 else float("nan"), dtype=dtype)
 
 
 def _canary(dtype: torch.dtype) -> torch.Tensor:

@@ -15,8 +15,10 @@ from functools import cached_property
 
 import torch
 
-DTYPE_BYTES = {"bf16": 2, "f32": 4}
-TORCH_DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}  # what a Program's dtype names are as tensors
+# "i32": 32-bit words, the dtype of packed block-quantized weights (kernels/quant.py): their rows are whole words,
+# and DMAs of words keep a BD dimension within its 512-element wrap where bytes would not (a 640-byte row chunk).
+DTYPE_BYTES = {"bf16": 2, "f32": 4, "i32": 4}
+TORCH_DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32, "i32": torch.int32}  # a Program's dtype names as tensors
 
 
 def pad_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:

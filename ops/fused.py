@@ -87,12 +87,53 @@ def _lm_head_gemv(shapes):
     return catalog.lm_head_gemv_program(_agreed(w_lm[1], x[0]), w_lm[0])
 
 
+# Packed weights: a weight's second dimension is its packed row bytes, so the model dims come from the vectors
+# (x, norm_w, attn, the LUT) and the weights' row counts; the registry's shape check then holds each weight to the
+# row bytes its format gives.
+def _rms_gemv_rope_packed(shapes, eps, weights):
+    x, norm_w, wq, wk, wv, lut = shapes
+    head_dim = _rope_head_dim(lut, wq, wk)
+    return catalog.rms_gemv_rope_packed_program(_agreed(norm_w[0], x[-1]), wq[0] // head_dim,
+                                                _agreed(wk[0], wv[0]) // head_dim, head_dim, eps, weights)
+
+
+def _ffn_dims_packed(shapes):
+    attn, wo, x, norm_w, w_gate_up, w_down = shapes
+    return _agreed(wo[0], norm_w[0], w_down[0], x[-1]), attn[-1], w_gate_up[0]
+
+
+def _o_gemv_ffn_packed(shapes, eps, weights):
+    return catalog.o_gemv_ffn_packed_program(*_ffn_dims_packed(shapes), eps, weights)
+
+
+def _o_gemv_ffn_rms_gemv_rope_packed(shapes, eps, next_eps, weights):
+    hidden, q_dim, intermediate = _ffn_dims_packed(shapes[:6])
+    norm_w, wq, wk, wv, lut = shapes[6:]
+    try:
+        head_dim = _rope_head_dim(lut, wq, wk)
+    except BadArgument as exc:
+        raise BadArgument("next_" + exc.arg, exc.expected, exc.given) from None
+    return catalog.o_gemv_ffn_rms_gemv_rope_packed_program(hidden, q_dim, intermediate, eps, wq[0] // head_dim,
+                                                           _agreed(wk[0], wv[0]) // head_dim, head_dim, next_eps,
+                                                           weights)
+
+
+def _lm_head_gemv_packed(shapes, weights):
+    x, w_lm = shapes
+    return catalog.lm_head_gemv_packed_program(x[0], w_lm[0], weights)
+
+
 # Small dims that fix each op's argument names and ranks for its schema.
 _EX = dict(hidden=8, heads=2, kv_heads=1, head_dim=4, eps=1e-5)
 _EX_FFN = dict(hidden=8, q_dim=8, intermediate=16, eps=1e-5)
 # The prefill ops' matmul precision (one of catalog.MATMUL_PRECISIONS); optional, so calls without it keep the
 # default.
 _PRECISION = ("precision", "str", catalog.DEFAULT_MATMUL_PRECISION)
+# The packed decode ops' weight format (kernels/quant.py), a required argument.
+_WEIGHTS = ("weights", "str")
+_EX_PACKED = "q4_1"
+_EX_PACKED_DIMS = dict(hidden=64, heads=2, kv_heads=1, head_dim=32, eps=1e-5)
+_EX_PACKED_FFN = dict(hidden=64, q_dim=64, intermediate=128, eps=1e-5)
 
 FUSED_OPS = {op.name: op for op in (
     FusedOp("rms_gemms_rope", (("eps", "float"), _PRECISION), _rms_gemms_rope,
@@ -104,9 +145,22 @@ FUSED_OPS = {op.name: op for op in (
     FusedOp("o_gemv_ffn_rms_gemv_rope", (("eps", "float"), ("next_eps", "float")), _o_gemv_ffn_rms_gemv_rope,
             catalog.o_gemv_ffn_rms_gemv_rope_program(**_EX_FFN, heads=2, kv_heads=1, head_dim=4, next_eps=1e-5)),
     FusedOp("lm_head_gemv", (), _lm_head_gemv, catalog.lm_head_gemv_program(8, 16)),
+    FusedOp("rms_gemv_rope_packed", (("eps", "float"), _WEIGHTS), _rms_gemv_rope_packed,
+            catalog.rms_gemv_rope_program(**_EX_PACKED_DIMS, weights=_EX_PACKED)),
+    FusedOp("o_gemv_ffn_packed", (("eps", "float"), _WEIGHTS), _o_gemv_ffn_packed,
+            catalog.o_gemv_ffn_program(**_EX_PACKED_FFN, weights=_EX_PACKED)),
+    FusedOp("o_gemv_ffn_rms_gemv_rope_packed", (("eps", "float"), ("next_eps", "float"), _WEIGHTS),
+            _o_gemv_ffn_rms_gemv_rope_packed,
+            catalog.o_gemv_ffn_rms_gemv_rope_program(**_EX_PACKED_FFN, heads=2, kv_heads=1, head_dim=32,
+                                                     next_eps=1e-5, weights=_EX_PACKED)),
+    FusedOp("lm_head_gemv_packed", (_WEIGHTS,), _lm_head_gemv_packed,
+            catalog.lm_head_gemv_program(64, 16, weights=_EX_PACKED)),
 )}
 
 ALL_OPS = {name: register(op) for name, op in FUSED_OPS.items()}
 rms_gemms_rope, flash_attn, o_ffn = ALL_OPS["rms_gemms_rope"], ALL_OPS["flash_attn"], ALL_OPS["o_ffn"]
 rms_gemv_rope, o_gemv_ffn, lm_head_gemv = ALL_OPS["rms_gemv_rope"], ALL_OPS["o_gemv_ffn"], ALL_OPS["lm_head_gemv"]
 o_gemv_ffn_rms_gemv_rope = ALL_OPS["o_gemv_ffn_rms_gemv_rope"]
+rms_gemv_rope_packed, o_gemv_ffn_packed = ALL_OPS["rms_gemv_rope_packed"], ALL_OPS["o_gemv_ffn_packed"]
+o_gemv_ffn_rms_gemv_rope_packed, lm_head_gemv_packed = (ALL_OPS["o_gemv_ffn_rms_gemv_rope_packed"],
+                                                        ALL_OPS["lm_head_gemv_packed"])

@@ -13,6 +13,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ..kernels import quant
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     h = x.float()
@@ -82,3 +84,39 @@ def flash_attn_reference(q, k, v, head_dim):
 def lm_head_gemv_reference(x, w_lm):
     """fp32 logits of one row (the op keeps its fp32 accumulator rather than rounding logits to bf16)."""
     return F.linear(x.float(), w_lm.float())
+
+
+# ---- the packed decode ops: the projections of GGUF's exact dequantization in fp32, rounded to bf16 once --------
+def _linear_packed(x, w, weights):
+    """bf16 ``W x`` for a packed (out, row bytes) weight: exact weights, fp32 sums, one rounding."""
+    return F.linear(x.float(), quant.dequantize(quant.weight_format(weights), w, x.shape[-1])).to(torch.bfloat16)
+
+
+def rms_gemv_rope_packed_reference(x, norm_w, wq, wk, wv, rope_lut, eps, weights):
+    """Reference of npu2.rms_gemv_rope_packed: (v, q_roped, k_roped)."""
+    head_dim = rope_lut.shape[-1]
+    normed = rms_norm(x, norm_w, eps)
+    q, k, v = (_linear_packed(normed, w, weights) for w in (wq, wk, wv))
+    return v, rope_half_split(q, rope_lut, head_dim), rope_half_split(k, rope_lut, head_dim)
+
+
+def o_gemv_ffn_packed_reference(attn, wo, x, norm_w, w_gate_up, w_down, eps, weights):
+    """Reference of npu2.o_gemv_ffn_packed (w_gate_up: each row a packed gate row, then a packed up row)."""
+    w_gate, w_up = w_gate_up.reshape(w_gate_up.shape[0], 2, -1).unbind(1)
+    res1 = (x.float() + _linear_packed(attn, wo, weights).float()).to(torch.bfloat16)
+    normed = rms_norm(res1, norm_w, eps)
+    act = silu_mul(_linear_packed(normed, w_gate.contiguous(), weights), _linear_packed(normed, w_up.contiguous(), weights))
+    return (res1.float() + _linear_packed(act, w_down, weights).float()).to(torch.bfloat16)
+
+
+def o_gemv_ffn_rms_gemv_rope_packed_reference(attn, wo, x, norm_w, w_gate_up, w_down, next_norm_w, next_wq, next_wk,
+                                              next_wv, next_rope_lut, eps, next_eps, weights):
+    """Reference of npu2.o_gemv_ffn_rms_gemv_rope_packed: (out, next layer's v, q_roped, k_roped)."""
+    out = o_gemv_ffn_packed_reference(attn, wo, x, norm_w, w_gate_up, w_down, eps, weights)
+    return (out, *rms_gemv_rope_packed_reference(out, next_norm_w, next_wq, next_wk, next_wv, next_rope_lut,
+                                                 next_eps, weights))
+
+
+def lm_head_gemv_packed_reference(x, w_lm, weights):
+    """fp32 logits of one row over a packed LM-head weight."""
+    return F.linear(x.float(), quant.dequantize(quant.weight_format(weights), w_lm, x.shape[-1]))

@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 
 from ..kernels.catalog import MATMUL_PRECISIONS
+from ..kernels.quant import FORMATS
 from ..kernels.program import TORCH_DTYPES, Program
 from ..runtime import get_runtime
 
@@ -104,6 +105,7 @@ SCALAR_CHECKS = {
     "next_eps": _POSITIVE_FLOAT,
     "precision": (lambda v: v in MATMUL_PRECISIONS, f"one of {', '.join(map(repr, MATMUL_PRECISIONS))}"),
     "head_dim": (lambda v: v > 0, "a positive int"),
+    "weights": (lambda v: v in FORMATS, f"one of {', '.join(map(repr, FORMATS))} (a packed weight format)"),
 }
 
 

@@ -20,10 +20,11 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ..kernels import DEFAULT_MATMUL_PRECISION
+from ..kernels import DEFAULT_MATMUL_PRECISION, quant
 from ..kernels.program import pad_rows
-from ..ops import (build_rope_lut, flash_attn, lm_head_gemv, o_ffn, o_gemv_ffn, o_gemv_ffn_rms_gemv_rope,
-                   rms_gemms_rope, rms_gemv_rope)
+from ..ops import (build_rope_lut, flash_attn, lm_head_gemv, lm_head_gemv_packed, o_ffn, o_gemv_ffn,
+                   o_gemv_ffn_packed, o_gemv_ffn_rms_gemv_rope, o_gemv_ffn_rms_gemv_rope_packed, rms_gemms_rope,
+                   rms_gemv_rope, rms_gemv_rope_packed)
 from .transformers_compat import LayerSignature
 
 
@@ -249,13 +250,37 @@ class _PositionedCache:
         return self.cache.get_seq_length(layer_idx)
 
 
+@dataclass
+class PackedProjections:
+    """A decoder layer's projections as packed block-quantized rows (kernels/quant.py), int32 words in NPU buffers:
+    what its decode ops read. ``gate_up`` holds each row's packed gate row, then its packed up row."""
+
+    format: str
+    wq: torch.Tensor
+    wk: torch.Tensor
+    wv: torch.Tensor
+    wo: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+
+    def dequantized(self, name: str, in_features: int) -> torch.Tensor:
+        """A projection as bf16, GGUF's exact weights rounded once (what prefill's bf16 GEMMs take for now)."""
+        fmt = quant.weight_format(self.format)
+        if name == "gate_up":  # [gate | up], each packed on its own
+            rows = self.gate_up.reshape(2 * self.gate_up.shape[0], -1)
+            return quant.dequantize(fmt, rows, in_features).reshape(self.gate_up.shape[0], -1).to(torch.bfloat16)
+        return quant.dequantize(fmt, getattr(self, name), in_features).to(torch.bfloat16)
+
+
 class NpuDecoderLayer:
     """Callable that replaces one ``LlamaDecoderLayer.forward`` (bound per instance)."""
 
-    def __init__(self, layer, shared: SharedState, gate_up: torch.Tensor, signature: LayerSignature):
+    def __init__(self, layer, shared: SharedState, gate_up: torch.Tensor | None, signature: LayerSignature,
+                 packed: PackedProjections | None = None):
         """``gate_up``: the layer's gate and up weights side by side, [gate | up] (F × 2H), whose halves its
         gate_proj.weight and up_proj.weight are (patch_llama lays them out so). ``signature``: the installed
-        transformers' decoder-layer signature, whose names the layer takes its arguments by."""
+        transformers' decoder-layer signature, whose names the layer takes its arguments by. ``packed``: the
+        projections as packed rows, when the model runs with quantized weights (then ``gate_up`` is None)."""
         self.signature = signature
         self.hf_forward = functools.partial(type(layer).forward, layer)  # HF's own layer, for output_attentions
         attn, mlp = layer.self_attn, layer.mlp
@@ -266,8 +291,17 @@ class NpuDecoderLayer:
         self.kv_heads = attn.k_proj.weight.shape[0] // self.head_dim
         # the norms themselves, not their eps: a variance_epsilon changed after patching still applies
         self.input_norm, self.post_attention_norm = layer.input_layernorm, layer.post_attention_layernorm
-        self.qkv_weights = (layer.input_layernorm.weight, attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
-        self.ffn_weights = (attn.o_proj.weight, layer.post_attention_layernorm.weight, gate_up, mlp.down_proj.weight)
+        self.packed = packed
+        if packed is None:
+            self.qkv_weights = (layer.input_layernorm.weight, attn.q_proj.weight, attn.k_proj.weight,
+                                attn.v_proj.weight)
+            self.ffn_weights = (attn.o_proj.weight, layer.post_attention_layernorm.weight, gate_up,
+                                mlp.down_proj.weight)
+        else:
+            self.qkv_weights = (layer.input_layernorm.weight, packed.wq, packed.wk, packed.wv)
+            self.ffn_weights = (packed.wo, layer.post_attention_layernorm.weight, packed.gate_up, packed.down)
+        self.hidden_size, self.q_dim = attn.q_proj.weight.shape[1], attn.q_proj.weight.shape[0]
+        self.intermediate = mlp.down_proj.weight.shape[1]
         self.shared = shared
         self.next_layer: NpuDecoderLayer | None = None  # the decoder layer after this one (patch_llama links them)
 
@@ -332,8 +366,10 @@ class NpuDecoderLayer:
         # under torch.compile the layers do not chain: identity checks on a side channel would make dynamo guard
         compiling = torch.compiler.is_compiling()
         rows = None if compiling else self._chained_rows(hidden, lut_rows, eps)
+        packed = () if self.packed is None else (self.packed.format,)
+        qkv_op = rms_gemv_rope if self.packed is None else rms_gemv_rope_packed
         if rows is None:
-            rows = [rms_gemv_rope(x, norm_w, wq, wk, wv, lut, eps) for x, lut in zip(inputs, lut_rows)]
+            rows = [qkv_op(x, norm_w, wq, wk, wv, lut, eps, *packed) for x, lut in zip(inputs, lut_rows)]
         # (batch, heads, 1, head_dim) views of the op outputs; stacking only when there are several rows
         v, q, k = (rows[0][i].view(1, n, 1, head_dim) if batch == 1 else
                    torch.stack([r[i] for r in rows]).view(batch, n, 1, head_dim)
@@ -342,16 +378,29 @@ class NpuDecoderLayer:
         attn = _sequence_rows(_host_attention(q, keys, values, mask, self.scale))
         wo, norm2_w, w_gate_up, w_down = self.ffn_weights
         eps, following = self.eps_mlp, self.next_layer
-        if following is None or compiling:
-            return _from_sequence_rows([o_gemv_ffn(a, wo, x, norm2_w, w_gate_up, w_down, eps)
+        ffn_op = o_gemv_ffn if self.packed is None else o_gemv_ffn_packed
+        if following is None or compiling or (following.packed is None) != (self.packed is None):
+            return _from_sequence_rows([ffn_op(a, wo, x, norm2_w, w_gate_up, w_down, eps, *packed)
                                         for a, x in zip(attn, inputs)])
         next_eps = following.eps_attn
-        chained = [o_gemv_ffn_rms_gemv_rope(a, wo, x, norm2_w, w_gate_up, w_down, *following.qkv_weights, lut, eps,
-                                            next_eps) for a, x, lut in zip(attn, inputs, lut_rows)]
+        chain_op = o_gemv_ffn_rms_gemv_rope if self.packed is None else o_gemv_ffn_rms_gemv_rope_packed
+        chained = [chain_op(a, wo, x, norm2_w, w_gate_up, w_down, *following.qkv_weights, lut, eps, next_eps, *packed)
+                   for a, x, lut in zip(attn, inputs, lut_rows)]
         result = _from_sequence_rows([c[0] for c in chained])
         self.shared.chained = ChainedQkv(following, result, result._version, lut_rows, next_eps,
                                          [c[1:] for c in chained])
         return result
+
+    def _prefill_weights(self, which: str):
+        """The bf16 weights prefill's GEMMs take: the layer's own, or its packed projections dequantized on the host
+        (the prefill GEMMs do not read packed rows yet)."""
+        if self.packed is None:
+            return self.qkv_weights if which == "qkv" else self.ffn_weights
+        p, h = self.packed, self.hidden_size
+        if which == "qkv":
+            return (self.qkv_weights[0], p.dequantized("wq", h), p.dequantized("wk", h), p.dequantized("wv", h))
+        return (p.dequantized("wo", self.q_dim), self.ffn_weights[1], p.dequantized("gate_up", h),
+                p.dequantized("down", self.intermediate))
 
     def _prefill(self, hidden, lut, mask, cache):
         batch, seq, _ = hidden.shape
@@ -361,7 +410,7 @@ class NpuDecoderLayer:
         starts = self.shared.first_real_tokens(mask, batch, seq) if past == 0 else None
         # Rows to compute per sequence: its real tokens when the mask is plain causal + left padding.
         spans = [(s, seq) for s in starts] if starts is not None else [(0, seq)] * batch
-        norm_w, wq, wk, wv = self.qkv_weights
+        norm_w, wq, wk, wv = self._prefill_weights("qkv")
         chunks_per_row: list[list[PrefillChunk]] = []
         k_new = hidden.new_zeros(batch, seq, self.kv_heads * self.head_dim)
         v_new = torch.zeros_like(k_new)
@@ -385,7 +434,7 @@ class NpuDecoderLayer:
                     q_all[b, c.start:c.stop] = c.q_roped[: c.stop - c.start]
             attn_all = _host_attention(to_heads(q_all), keys, values, mask, self.scale)
             attn_all = attn_all.transpose(1, 2).reshape(batch, seq, -1)
-        wo, norm2_w, w_gate_up, w_down = self.ffn_weights
+        wo, norm2_w, w_gate_up, w_down = self._prefill_weights("ffn")
         result = None
         for b, chunks in enumerate(chunks_per_row):
             for c in chunks:
@@ -409,8 +458,10 @@ class NpuLmHead:
 
     VOCAB_CHUNK = 8192  # weight rows widened to fp32 at a time: bounds the host path's extra memory
 
-    def __init__(self, lm_head):
+    def __init__(self, lm_head, packed: tuple[str, torch.Tensor] | None = None):
+        """``packed``: (format, int32 words of packed rows) when the LM head runs on quantized weights."""
         self.weight = lm_head.weight
+        self.packed = packed
 
     def __call__(self, hidden):
         if torch.is_grad_enabled():
@@ -420,10 +471,18 @@ class NpuLmHead:
 
     def _logits(self, hidden):
         if hidden.dim() == 3 and hidden.shape[1] == 1:
+            if self.packed is not None:
+                fmt, words = self.packed
+                return _from_sequence_rows([lm_head_gemv_packed(x, words, fmt) for x in _sequence_rows(hidden)])
             return _from_sequence_rows([lm_head_gemv(x, self.weight) for x in _sequence_rows(hidden)])
         rows = hidden.float()
         logits = rows.new_empty(*hidden.shape[:-1], self.weight.shape[0])
         for start in range(0, self.weight.shape[0], self.VOCAB_CHUNK):
-            chunk = self.weight[start:start + self.VOCAB_CHUNK]
-            logits[..., start:start + chunk.shape[0]] = F.linear(rows, chunk.float())
+            if self.packed is None:
+                chunk = self.weight[start:start + self.VOCAB_CHUNK].float()
+            else:  # the same exact weights the packed GEMV multiplies by
+                fmt, words = self.packed
+                chunk = quant.dequantize(quant.weight_format(fmt), words[start:start + self.VOCAB_CHUNK],
+                                         self.weight.shape[1])
+            logits[..., start:start + chunk.shape[0]] = F.linear(rows, chunk)
         return logits

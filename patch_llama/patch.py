@@ -8,9 +8,10 @@ import torch
 from torch import nn
 
 from .. import runtime as npu_runtime
-from ..kernels import DEFAULT_MATMUL_PRECISION, MATMUL_PRECISIONS, ModelDims, programs_for_model
+from ..kernels import DEFAULT_MATMUL_PRECISION, MATMUL_PRECISIONS, ModelDims, programs_for_model, quant
+from ..kernels.catalog import DECODE_WEIGHTS
 from ..kernels.stitch import npu2_build_problem
-from .layer import NpuDecoderLayer, NpuLmHead, SharedState
+from .layer import NpuDecoderLayer, NpuLmHead, PackedProjections, SharedState
 from .transformers_compat import check_transformers
 
 DEFAULT_BUCKETS = tuple(2 ** i for i in range(4, 12))  # 16 … 2048
@@ -28,7 +29,7 @@ def _fail(message: str) -> ValueError:
     return ValueError(f"patch_llama: {message}; the model was not modified")
 
 
-def _validate(model, buckets, matmul_precision) -> None:
+def _validate(model, buckets, matmul_precision, weights="bf16") -> None:
     from transformers import LlamaForCausalLM
 
     if not isinstance(model, LlamaForCausalLM):
@@ -62,6 +63,8 @@ def _validate(model, buckets, matmul_precision) -> None:
     if matmul_precision not in MATMUL_PRECISIONS:
         raise _fail(f"matmul_precision must be one of {', '.join(map(repr, MATMUL_PRECISIONS))}, "
                     f"got {matmul_precision!r}")
+    if weights not in DECODE_WEIGHTS:
+        raise _fail(f"weights must be one of {', '.join(map(repr, DECODE_WEIGHTS))}, got {weights!r}")
 
 
 def _bucket_lengths(prefill_buckets) -> tuple[int, ...]:
@@ -84,10 +87,11 @@ def _silu_modules() -> tuple[type, ...]:
     return (nn.SiLU, type(ACT2FN["silu"]), type(ACT2FN["swish"]))
 
 
-def _check_npu2_builds(model, buckets, matmul_precision, target: str) -> None:
+def _check_npu2_builds(model, buckets, matmul_precision, target: str, weights="bf16", head_weights=None) -> None:
     """Every Program the model needs against the NPU2 builders' constraints: an error on the NPU, where
     nothing could run; a warning on the emulator, which runs them anyway."""
-    programs = programs_for_model(ModelDims.from_config(model.config), buckets, matmul_precision)
+    programs = programs_for_model(ModelDims.from_config(model.config), buckets, matmul_precision, weights,
+                                  head_weights)
     problems = [(program, npu2_build_problem(program)) for program in programs]
     problems = [f"{program.name} ({', '.join(f'{k}={v}' for k, v in program.params)}): {problem}"
                 for program, problem in problems if problem]
@@ -160,8 +164,59 @@ def _pin_gate_up(runtime, mlp) -> torch.Tensor:
     return gate_up
 
 
+# ---- packed weights ---------------------------------------------------------------------------------------------
+# HF module → the GGUF tensor that holds it (llama.cpp's names); the LM head of a tied model is the embedding.
+_GGUF_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+               "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+               "mlp.down_proj": "ffn_down"}
+
+
+class _GgufBlocks:
+    """A GGUF file's quantized tensors, read as raw blocks (nothing dequantized), rows in HF's order."""
+
+    def __init__(self, path, config):
+        import gguf
+
+        self.reader = gguf.GGUFReader(str(path))
+        self.tensors = {t.name: t for t in self.reader.tensors}
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+
+    def format_of(self, name: str) -> str | None:
+        tensor = self.tensors.get(name)
+        kind = tensor.tensor_type.name.lower() if tensor is not None else None
+        return kind if kind in quant.FORMATS else None
+
+    def packed(self, name: str) -> torch.Tensor:
+        tensor = self.tensors[name]
+        K, N = (int(s) for s in tensor.shape)
+        rows = torch.from_numpy(tensor.data.reshape(N, -1).copy())
+        heads = {"attn_q": self.heads, "attn_k": self.kv_heads}.get(name.split(".")[-2])
+        if heads:  # llama.cpp permutes Q and K rows for its rotary layout; HF's loader reverses it (rows only)
+            rows = rows.reshape(heads, N // heads // 2, 2, -1).transpose(1, 2).reshape(N, -1)
+        return quant.from_gguf_blocks(quant.weight_format(self.format_of(name)), rows, K)
+
+
+def _quantize(weight: torch.Tensor, fmt: str) -> torch.Tensor:
+    """GGUF's round-to-nearest quantization of a bf16 weight, packed."""
+    if fmt == "q4_1":
+        return quant.quantize_q4_1(weight)
+    import gguf  # gguf-py's own quantizers for the other formats
+
+    raw = gguf.quants.quantize(weight.float().numpy(), getattr(gguf.GGMLQuantizationType, fmt.upper()))
+    return quant.from_gguf_blocks(quant.weight_format(fmt), torch.from_numpy(raw), weight.shape[1])
+
+
+def _describe_linear(module, fmt: str):
+    """The repr of a Linear whose NPU copy is packed: what the NPU holds, and that the bf16 weight stays."""
+    text = (f"in_features={module.in_features}, out_features={module.out_features}, bias={module.bias is not None}; "
+            f"on the NPU: {quant.describe(quant.weight_format(fmt), (module.out_features, module.in_features))}"
+            f" (the bf16 weight stays for unpatch_llama)")
+    return lambda: text
+
+
 def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS,
-                matmul_precision: str = DEFAULT_MATMUL_PRECISION, progress: bool = False):
+                matmul_precision: str = DEFAULT_MATMUL_PRECISION, weights: str = "bf16", gguf=None,
+                progress: bool = False):
     """Run ``model`` (a HF ``LlamaForCausalLM``, patched in place and returned) through the npu2 ops.
 
     ``backend``: "auto" (NPU if present, else emulated), "npu2" or "emulator" — the process-wide runtime.
@@ -172,39 +227,111 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
     (BFP16 for the gate/up projection only, the others exact: between the two in speed and accuracy); the
     emulator follows the choice. Decode and the LM head use bf16 in every mode. The default and why: README,
     "Numerics".
+    ``weights``: how decode reads the projection weights (and the LM head): "bf16", or packed block-quantized
+    rows, "q4_1" (GGUF's Q4_1, round to nearest per 32-element block, quantized here from the bf16 weights),
+    "q4_0" or "q8_0"; the decode GEMVs dequantize each block as they go. Prefill dequantizes them on the host
+    for now. The bf16 weights stay as they are, so ``unpatch_llama`` gives them back bit for bit.
+    ``gguf``: the GGUF file the model was loaded from: its quantized projections (and LM head) are packed from the
+    file's own blocks, with no quantization of ours (``weights`` then defaults to the file's format).
     ``progress``: show a progress bar while weights move into NPU buffers.
     """
     if getattr(model, STATE_ATTR, None) is not None:
         warnings.warn("patch_llama: the model is already patched; leaving it as it is", stacklevel=2)
         return model
     buckets = _bucket_lengths(prefill_buckets)
-    _validate(model, buckets, matmul_precision)
+    source = _GgufBlocks(gguf, model.config) if gguf is not None else None
+    head_weights = weights
+    if source is not None:
+        weights, head_weights = _gguf_formats(model, source, weights)
+    _validate(model, buckets, matmul_precision, weights)
     signature = check_transformers(model)
     runtime = npu_runtime.runtime_for(backend)
-    _check_npu2_builds(model, buckets, matmul_precision, runtime.target)
+    _check_npu2_builds(model, buckets, matmul_precision, runtime.target, weights, head_weights)
     state = PatchState(SharedState(buckets, matmul_precision,
                                    context=getattr(model.config, "max_position_embeddings", None)))
+    packed = weights != "bf16"
     paired = {id(p) for layer in model.model.layers for p in (layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight)}
-    weights = [p for p in _npu_weights(model) if id(p) not in paired] + list(model.model.layers)
+    if packed:  # the projections go to the NPU packed; their bf16 weights stay in ordinary memory
+        paired |= {id(m.weight) for layer in model.model.layers for m in _projections(layer)}
+        paired.add(id(model.lm_head.weight))
+    items = [p for p in _npu_weights(model) if id(p) not in paired] + list(model.model.layers)
     if progress:
         from tqdm import tqdm
 
-        weights = tqdm(weights, desc="moving weights to NPU buffers", unit="tensor")
-    gate_up = []
-    for item in weights:
+        items = tqdm(items, desc="moving weights to NPU buffers" + (f" ({weights})" if packed else ""),
+                     unit="tensor")
+    per_layer = []
+    for item in items:
         if isinstance(item, nn.Parameter):
             item.data = runtime.pin(item.data)
+        elif packed:
+            per_layer.append(_pin_packed(state, runtime, item, weights, source))
         else:  # a decoder layer: its gate and up weights, as one buffer
-            gate_up.append(_pin_gate_up(runtime, item.mlp))
-    patched = [NpuDecoderLayer(layer, state.shared, layer_gate_up, signature)
-               for layer, layer_gate_up in zip(model.model.layers, gate_up)]
+            per_layer.append(_pin_gate_up(runtime, item.mlp))
+    patched = [NpuDecoderLayer(layer, state.shared, None if packed else mine, signature, mine if packed else None)
+               for layer, mine in zip(model.model.layers, per_layer)]
     for layer, forward, following in zip(model.model.layers, patched, patched[1:] + [None]):
         forward.next_layer = following
         _replace_forward(state, layer, forward)
-    _replace_forward(state, model.lm_head, NpuLmHead(model.lm_head))
+    head = None
+    if packed:
+        head = (head_weights, _pack_linear(state, runtime, model.lm_head, "lm_head", head_weights, source))
+    _replace_forward(state, model.lm_head, NpuLmHead(model.lm_head, head))
     _refuse_conversions(state, model)
     setattr(model, STATE_ATTR, state)
     return model
+
+
+def _gguf_formats(model, source: _GgufBlocks, weights: str) -> tuple[str, str]:
+    """(projections' format, LM head's format) from the file: one packed format for every projection."""
+    formats = {source.format_of(f"blk.{i}.{name}.weight") for i in range(len(model.model.layers))
+               for name in _GGUF_NAMES.values()}
+    if len(formats) != 1 or None in formats:
+        raise _fail(f"the GGUF file's projections are not all of one packed format ({sorted(map(str, formats))}); "
+                    f"the decode Programs take one of {', '.join(quant.FORMATS)} for all of them")
+    (fmt,) = formats
+    if weights not in ("bf16", fmt):
+        raise _fail(f"weights={weights!r} asks for another format than the GGUF file's {fmt!r}")
+    head = source.format_of("output.weight") or source.format_of("token_embd.weight") or fmt
+    return fmt, head
+
+
+def _projections(layer):
+    attn, mlp = layer.self_attn, layer.mlp
+    return (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+
+
+def _packed_rows(module, hf_name: str, fmt: str, source) -> torch.Tensor:
+    if source is None:
+        return _quantize(module.weight.data, fmt)
+    if hf_name == "lm_head":
+        return source.packed("output.weight" if "output.weight" in source.tensors else "token_embd.weight")
+    layer, name = hf_name.split(".", 1)
+    return source.packed(f"blk.{layer}.{_GGUF_NAMES[name]}.weight")
+
+
+def _pack_linear(state, runtime, module, hf_name: str, fmt: str, source) -> torch.Tensor:
+    words = runtime.pin(_packed_rows(module, hf_name, fmt, source).view(torch.int32))
+    _set_instance_attr(state, module, "extra_repr", _describe_linear(module, fmt))
+    return words
+
+
+def _pin_packed(state, runtime, layer, fmt: str, source) -> PackedProjections:
+    """A decoder layer's projections packed into NPU buffers; [gate | up] as one buffer, each row a packed gate
+    row then a packed up row."""
+    index = layer.self_attn.layer_idx
+    attn, mlp = layer.self_attn, layer.mlp
+
+    def pack(module, name):
+        return _pack_linear(state, runtime, module, f"{index}.{name}", fmt, source)
+
+    gate_up = torch.cat([_packed_rows(m, f"{index}.mlp.{n}", fmt, source) for m, n in
+                         ((mlp.gate_proj, "gate_proj"), (mlp.up_proj, "up_proj"))], dim=1)
+    for module in (mlp.gate_proj, mlp.up_proj):
+        _set_instance_attr(state, module, "extra_repr", _describe_linear(module, fmt))
+    return PackedProjections(fmt, pack(attn.q_proj, "self_attn.q_proj"), pack(attn.k_proj, "self_attn.k_proj"),
+                             pack(attn.v_proj, "self_attn.v_proj"), pack(attn.o_proj, "self_attn.o_proj"),
+                             runtime.pin(gate_up.view(torch.int32)), pack(mlp.down_proj, "mlp.down_proj"))
 
 
 def unpatch_llama(model):

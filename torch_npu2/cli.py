@@ -428,11 +428,13 @@ def cmd_lint(args) -> int:
 
 
 def _lint_aie_source(dims, buckets, kernel_dir) -> int:
-    """Every -D variant Peano would build for the model's Programs, in every matmul precision, type-checked in its
-    AIE path (kernels/aie_source_check.py); exit 1 on a rejection, 2 when the check cannot run here."""
+    """Every -D variant Peano would build for the model's Programs, in every matmul precision and decode weight
+    format, type-checked in its AIE path (kernels/aie_source_check.py); exit 1 on a rejection, 2 when the check
+    cannot run here."""
     import textwrap
 
     from .kernels import MATMUL_PRECISIONS, programs_for_model
+    from .kernels.catalog import DECODE_WEIGHTS
     from .kernels.aie_source_check import CLANG, AieSourceChecker, kernel_variants, missing_tools
     from .kernels.toolchain import KERNEL_SOURCE_DIR
 
@@ -441,8 +443,9 @@ def _lint_aie_source(dims, buckets, kernel_dir) -> int:
         print("cannot check the kernels' AIE path; missing:\n  " + "\n  ".join(missing), file=sys.stderr)
         return 2
     kernel_dir = Path(kernel_dir) if kernel_dir else KERNEL_SOURCE_DIR
-    variants = kernel_variants(program for precision in MATMUL_PRECISIONS
-                               for program in programs_for_model(dims, buckets, precision))
+    variants = kernel_variants(
+        [program for precision in MATMUL_PRECISIONS for program in programs_for_model(dims, buckets, precision)]
+        + [program for weights in DECODE_WEIGHTS[1:] for program in programs_for_model(dims, (), weights=weights)])
     started = time.perf_counter()
     with AieSourceChecker() as checker:
         results = checker.check_variants(variants, kernel_dir)

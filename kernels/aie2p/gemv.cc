@@ -31,6 +31,21 @@
 //     as 2·length rows); in place, gate_up[k] = bf16(bf16(silu(g_k)) * u_k) for k < length, silu in fp32:
 //     silu_mul_bf16's rounding points (HF's act_fn(gate) * up)
 //   AIE path: every buffer 64-byte aligned; k0 a multiple of 32; swiglu_bf16's length a multiple of 16.
+//
+// Packed block-quantized weights (kernels/quant.py's row layout; the format by GEMV_QUANT, default 41):
+//   GEMV_QUANT  40 Q4_0 (int4 quants q - 8, fp16 scale d), 41 Q4_1 (uint4 q, fp16 d and min m), 80 Q8_0 (int8 q, d)
+//   Each row of w is GEMV_K elements in groups (32 blocks when GEMV_K is a multiple of 1024, else the whole row),
+//   each group its blocks' quants, then their fp16 scales, then (Q4_1) their fp16 mins; rows padded to 16 bytes.
+//   A block's weights are GGUF's, exactly: d * (q - 8), d * q + m, d * q, in fp32.
+//   void gemv_q_bf16(const uint8_t *w, const bf16 *x, bf16 *y)      gemv_bf16 over packed rows
+//   void gemv_q_bf16_f32(const uint8_t *w, const bf16 *x, float *y)  gemv_bf16_f32 over packed rows
+//   void gemv_q_partial_f32(const uint8_t *w, const bf16 *x, float *acc, int32_t k0)
+//     gemv_partial_f32 over a K chunk of packed rows (GEMV_K elements: whole groups of a longer row)
+//   void gemv_q_rows_bf16(const uint8_t *w, const bf16 *x, bf16 *y, int32_t row0)   gemv_rows_bf16 over packed rows
+//   Each row's sum is of the exact weights times x, in fp32: the host path adds w * x element by element; the AIE
+//   path takes each block's products q * x exactly in the accumulator, splits them into two bf16 values, and
+//   multiplies those by the scale written exactly as three bf16 values (fp16's 11 significant bits do not fit
+//   one), and x by the min the same way: every product exact, only the fp32 sums round.
 #include "npu2_kernel.h"
 #include "silu_mul.h"
 
@@ -43,6 +58,9 @@
 #endif
 #ifndef GEMV_K
 #define GEMV_K 2048
+#endif
+#ifndef GEMV_QUANT
+#define GEMV_QUANT 41
 #endif
 
 namespace {
@@ -85,6 +103,121 @@ inline bf16_t to_bf16(float value) { return float_to_bf16(value); }
 inline float to_float(bf16_t value) { return bf16_to_float(value); }
 inline float bf16_round(float value) { return round_to_bf16(value); }
 #endif
+
+// ---- packed block-quantized rows (kernels/quant.py) ----
+static_assert(GEMV_QUANT == 40 || GEMV_QUANT == 41 || GEMV_QUANT == 80, "GEMV_QUANT: 40 Q4_0, 41 Q4_1, 80 Q8_0");
+constexpr int kBlock = 32;
+constexpr bool kHasMin = GEMV_QUANT == 41;
+constexpr int kQuantBytes = GEMV_QUANT == 80 ? 32 : 16;
+constexpr int kBlocks = kDepth / kBlock;
+constexpr int kGroupBlocks = kDepth % (32 * kBlock) == 0 ? 32 : kBlocks;
+constexpr int kBlockBytes = kQuantBytes + 2 + (kHasMin ? 2 : 0);
+constexpr int kRowBytes = (kBlocks * kBlockBytes + 15) / 16 * 16;
+static_assert(kDepth % kBlock == 0, "packed rows: GEMV_K must be a multiple of 32");
+
+inline uint16_t load_u16(const uint8_t *p) { return uint16_t(p[0] | (p[1] << 8)); }
+
+#if defined(__AIENGINE__)
+// The quants of one block as 32 exact bf16 values.
+inline aie::vector<bfloat16, kBlock> block_quants(const uint8_t *quants) {
+  if constexpr (GEMV_QUANT == 41)
+    return aie::to_float<bfloat16>(aie::load_v<kBlock>(reinterpret_cast<const uint4 *>(quants)));
+  else if constexpr (GEMV_QUANT == 40)
+    return aie::to_float<bfloat16>(aie::load_v<kBlock>(reinterpret_cast<const int4 *>(quants)));
+  else
+    return aie::to_float<bfloat16>(aie::load_v<kBlock>(reinterpret_cast<const int8_t *>(quants)), 0);
+}
+
+// An fp16 value h as three bf16 values a + b + c, exactly, each broadcast to every lane: h = n * 2^e with n < 2048
+// its 11-bit significand; n = 16 hi + lo, and hi * 2^(e+4) = 2^(e+11) (1 + hi/128) - 2^(e+11), lo * 2^e =
+// 2^(e+4) (1 + lo/16) - 2^(e+4), so a and b carry hi and lo with a leading one each and c = -(2^(e+11) + 2^(e+4))
+// (8 significant bits) takes both leading ones away. Integer operations only (the core has no scalar float
+// unit). GGUF's scales are finite, so h's exponent field is below 31.
+struct ExactScale {
+  aie::vector<bfloat16, kBlock> a, b, c;
+};
+
+inline ExactScale exact_scale(uint16_t h) {
+  const int sign = h & 0x8000;
+  const int field = (h >> 10) & 31;
+  const int n = (field ? 1024 : 0) | (h & 1023);
+  const int e = (field ? field : 1) - 25;
+  const int16_t a = int16_t(sign | ((e + 138) << 7) | (n >> 4));
+  const int16_t b = int16_t(sign | ((e + 131) << 7) | ((n & 15) << 3));
+  const int16_t c = int16_t((sign ^ 0x8000) | ((e + 138) << 7) | 1);
+  return {aie::broadcast<int16, kBlock>(a).template cast_to<bfloat16>(),
+          aie::broadcast<int16, kBlock>(b).template cast_to<bfloat16>(),
+          aie::broadcast<int16, kBlock>(c).template cast_to<bfloat16>()};
+}
+
+inline aie::accum<accfloat, kBlock> mac_scaled(aie::accum<accfloat, kBlock> acc, const aie::vector<bfloat16, kBlock> &v,
+                                               const ExactScale &s) {
+  acc = aie::mac(acc, v, s.a);
+  acc = aie::mac(acc, v, s.b);
+  return aie::mac(acc, v, s.c);
+}
+
+inline float packed_row_dot(const uint8_t *row, const bf16_t *x) {
+  aie::accum<accfloat, kBlock> acc = aie::zeros<accfloat, kBlock>();
+  for (int g = 0; g < kBlocks; g += kGroupBlocks) {
+    const uint8_t *group = row + g * kBlockBytes;
+    const uint8_t *scales = group + kGroupBlocks * kQuantBytes;
+    for (int b = 0; b < kGroupBlocks; ++b) {
+      const aie::vector<bfloat16, kBlock> xv = aie::load_v<kBlock>(x + (g + b) * kBlock);
+      // q * x: at most 15 significant bits, exact in the accumulator, exact as two bf16 values
+      const aie::accum<accfloat, kBlock> qx = aie::mul(block_quants(group + b * kQuantBytes), xv);
+      const aie::vector<bfloat16, kBlock> high = qx.template to_vector<bfloat16>();
+      const aie::vector<bfloat16, kBlock> low = aie::sub(qx, high).template to_vector<bfloat16>();
+      const ExactScale d = exact_scale(load_u16(scales + 2 * b));
+      acc = mac_scaled(mac_scaled(acc, high, d), low, d);
+      if constexpr (kHasMin)
+        acc = mac_scaled(acc, xv, exact_scale(load_u16(scales + 2 * (kGroupBlocks + b))));
+    }
+  }
+  return aie::reduce_add(acc.template to_vector<float>());
+}
+#else
+inline float fp16_to_float(uint16_t h) {
+  const int field = (h >> 10) & 31;
+  const int n = (field ? 1024 : 0) | (h & 1023);
+  const float magnitude = std::ldexp(float(n), (field ? field : 1) - 25);
+  return (h & 0x8000) ? -magnitude : magnitude;
+}
+
+inline float packed_row_dot(const uint8_t *row, const bf16_t *x) {
+  float acc = 0.0f;
+  for (int g = 0; g < kBlocks; g += kGroupBlocks) {
+    const uint8_t *group = row + g * kBlockBytes;
+    const uint8_t *scales = group + kGroupBlocks * kQuantBytes;
+    for (int b = 0; b < kGroupBlocks; ++b) {
+      const uint8_t *quants = group + b * kQuantBytes;
+      const float d = fp16_to_float(load_u16(scales + 2 * b));
+      const float m = kHasMin ? fp16_to_float(load_u16(scales + 2 * (kGroupBlocks + b))) : 0.0f;
+      for (int i = 0; i < kBlock; ++i) {
+        int q;
+        if constexpr (kQuantBytes == 32)
+          q = int8_t(quants[i]);
+        else
+          q = (quants[i / 2] >> (4 * (i % 2))) & 15;
+        float w;
+        if constexpr (GEMV_QUANT == 40)
+          w = d * float((q ^ 8) - 8);  // the stored nibble is int4 q - 8: sign-extended, GGUF's d * (q - 8)
+        else if constexpr (GEMV_QUANT == 41)
+          w = d * float(q) + m;
+        else
+          w = d * float(q);
+        acc += w * bf16_to_float(x[(g + b) * kBlock + i]);
+      }
+    }
+  }
+  return acc;
+}
+#endif
+
+template <typename Store> void packed_row_dots(const uint8_t *w, const bf16_t *x, Store store) {
+  for (int m = 0; m < kRows; ++m)
+    store(m, packed_row_dot(w + m * kRowBytes, x));
+}
 
 } // namespace
 
@@ -171,4 +304,33 @@ extern "C" void swiglu_bf16(bf16_t *gate_up, int32_t length) {
   for (int k = 0; k < length; ++k)
     gate_up[k] = silu_mul_scalar(gate_up[2 * k], gate_up[2 * k + 1]);
 #endif
+}
+
+extern "C" void gemv_q_bf16(const uint8_t *w, const bf16_t *x, bf16_t *y) {
+#if defined(__AIENGINE__)
+  RoundToNearestEven rounding;
+#endif
+  packed_row_dots(w, x, [y](int m, float sum) { y[m] = to_bf16(sum); });
+}
+
+extern "C" void gemv_q_bf16_f32(const uint8_t *w, const bf16_t *x, float *y) {
+#if defined(__AIENGINE__)
+  RoundToNearestEven rounding;
+#endif
+  packed_row_dots(w, x, [y](int m, float sum) { y[m] = sum; });
+}
+
+extern "C" void gemv_q_partial_f32(const uint8_t *w, const bf16_t *x, float *acc, int32_t k0) {
+#if defined(__AIENGINE__)
+  RoundToNearestEven rounding;
+#endif
+  const bool first = k0 == 0;
+  packed_row_dots(w, x + k0, [acc, first](int m, float sum) { acc[m] = first ? sum : acc[m] + sum; });
+}
+
+extern "C" void gemv_q_rows_bf16(const uint8_t *w, const bf16_t *x, bf16_t *y, int32_t row0) {
+#if defined(__AIENGINE__)
+  RoundToNearestEven rounding;
+#endif
+  packed_row_dots(w, x, [y, row0](int m, float sum) { y[row0 + m] = to_bf16(sum); });
 }

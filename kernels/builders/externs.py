@@ -16,7 +16,10 @@ first (``-D<symbol>=<symbol>_v<n>``). A memref reaches C as a bare pointer to it
   ``gemv_partial_f32(const bf16 *w, const bf16 *x, float *acc, int32_t k0)``,
   ``gemv_add_bf16(const float *acc, const bf16 *residual, bf16 *y, int32_t residual_row0, int32_t row0)``,
   ``gemv_rows_bf16(const bf16 *w, const bf16 *x, bf16 *y, int32_t row0)``,
-  ``rmsnorm_bf16(const bf16 *x_and_weight, bf16 *out, float eps)`` and ``swiglu_bf16(bf16 *gate_up, int32_t n)``
+  ``rmsnorm_bf16(const bf16 *x_and_weight, bf16 *out, float eps)`` and ``swiglu_bf16(bf16 *gate_up, int32_t n)``;
+  over packed block-quantized rows (kernels/quant.py; the format by the optional GEMV_QUANT: 40 Q4_0, 41 Q4_1,
+  80 Q8_0) ``gemv_q_bf16``, ``gemv_q_bf16_f32``, ``gemv_q_partial_f32`` and ``gemv_q_rows_bf16``, the same
+  signatures with ``const uint8_t *w``
 * attention.o (attention.cc), configured by ATTN_TQ, ATTN_TK, ATTN_HEAD_DIM:
   ``attn_init_f32(float *row_max, float *row_sum, float *acc)``,
   ``attn_qk_tile_bf16(const bf16 *q, const bf16 *kv, float *scores, int32_t q_start, int32_t k_start)``,
@@ -49,7 +52,9 @@ EXTERNAL_KERNELS = (
                  ("ROPE_ROWS", "ROPE_HEADS", "ROPE_HEAD_DIM")),
     KernelObject("silu_mul.o", "silu_mul.cc", ("silu_mul_bf16",), ("SILU_MUL_LEN",)),
     KernelObject("gemv.o", "gemv.cc", ("gemv_bf16", "gemv_bf16_f32", "gemv_partial_f32", "gemv_add_bf16",
-                                       "gemv_rows_bf16", "rmsnorm_bf16", "swiglu_bf16"), ("GEMV_ROWS", "GEMV_K")),
+                                       "gemv_rows_bf16", "rmsnorm_bf16", "swiglu_bf16", "gemv_q_bf16",
+                                       "gemv_q_bf16_f32", "gemv_q_partial_f32", "gemv_q_rows_bf16"),
+                 ("GEMV_ROWS", "GEMV_K"), ("GEMV_QUANT",)),
     KernelObject("attention.o", "attention.cc",
                  ("attn_init_f32", "attn_qk_tile_bf16", "attn_online_softmax_bf16", "attn_pv_accumulate_bf16",
                   "attn_finalize_bf16"),
@@ -111,6 +116,11 @@ CALL_COSTS = {
     "rmsnorm_bf16": CallCost("vector_elementwise", ("GEMV_K",)),
     # Reported over the vector it is handed (gate, up and the residual panel): about twice the values it computes.
     "swiglu_bf16": CallCost("vector_transcendental", (LAST_OPERAND,)),
+    # the same GEMVs over packed block-quantized rows (GEMV_QUANT), dequantized in the call
+    "gemv_q_bf16": CallCost("vector_mac", ("GEMV_ROWS", "GEMV_K")),
+    "gemv_q_bf16_f32": CallCost("vector_mac", ("GEMV_ROWS", "GEMV_K")),
+    "gemv_q_partial_f32": CallCost("vector_mac", ("GEMV_ROWS", "GEMV_K")),
+    "gemv_q_rows_bf16": CallCost("vector_mac", ("GEMV_ROWS", "GEMV_K")),
 }
 
 

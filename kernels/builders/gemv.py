@@ -27,6 +27,11 @@ stride-0 wrap that aiecc rejects from 64 panels on ("Stride 1 must be a positive
 panels (Llama-3.2-1B's LM head in one step) air-opt-shim-dma-bds grew past 16 GB before it was stopped.
 Staged, the LM head's 334 panels lower in about 2 s.
 
+Packed weights (launch param ``weights``, a kernels/quant.py format such as "q4_1"): W is its packed rows as
+(N, row_bytes / 4) 32-bit words (``i32``), moved row for row exactly as bf16 rows are, and the calls are gemv.cc's
+``gemv_q_*`` built with its GEMV_QUANT, which dequantize each block in the panel loop; everything else is the
+same schedule.
+
 Constraints: K a multiple of 32; herd divides N; steps divides N/herd; tile_n divides N/(herd·steps) and is
 whole 4-byte words of y; rows_per_call divides tile_n; x, double-buffered W rows and y fit L1; one tile's
 W rows and results, times the ping-pong copies, fit one memtile.
@@ -36,6 +41,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from ..quant import GEMV_QUANT, weight_format
 from .ir import L1, L2, WHOLE, LaunchBuilder, LaunchIR, MemRef, Value, Window
 from .npu2 import (COLUMNS, HERD_CANDIDATES, L1_AVAILABLE, L2_BYTES, check_budget, check_operands,
                    divisors_descending, largest_dividing, nbytes, pingpong_copies, require)
@@ -54,6 +60,51 @@ MAX_TILE_N = 1024
 MIN_PANELS = 16  # panels per tile before a larger panel is preferred: the first panel's DMA is not overlapped
 
 
+PACKED_DTYPE = "i32"  # a packed weight's rows, in 32-bit words
+PACKED_SYMBOLS = {"gemv_bf16": "gemv_q_bf16", "gemv_bf16_f32": "gemv_q_bf16_f32",
+                  "gemv_partial_f32": "gemv_q_partial_f32", "gemv_rows_bf16": "gemv_q_rows_bf16"}
+
+
+@dataclass(frozen=True)
+class WeightRows:
+    """How a launch's W rows are stored: bf16 elements, or the bytes of packed block-quantized rows."""
+    name: str  # "bf16" or a kernels/quant.py format
+
+    @property
+    def packed(self) -> bool:
+        return self.name != "bf16"
+
+    @property
+    def dtype(self) -> str:
+        return PACKED_DTYPE if self.packed else "bf16"
+
+    def row(self, k: int) -> int:
+        """W memref elements of a row (or a chunk of whole groups of one) of k weights."""
+        return weight_format(self.name).row_bytes(k) // 4 if self.packed else k
+
+    def nbytes(self, rows: int, k: int) -> int:
+        return nbytes((rows, self.row(k)), self.dtype)
+
+    def symbol(self, bf16_symbol: str) -> str:
+        return PACKED_SYMBOLS[bf16_symbol] if self.packed else bf16_symbol
+
+    def config(self, rows: int, k: int) -> dict[str, int]:
+        config = {"GEMV_ROWS": rows, "GEMV_K": k}
+        if self.packed:
+            config["GEMV_QUANT"] = GEMV_QUANT[self.name]
+        return config
+
+
+BF16_ROWS = WeightRows("bf16")
+
+
+def weight_rows(kind: str, params: dict) -> WeightRows:
+    name = params.get("weights", "bf16")
+    require(name == "bf16" or name in GEMV_QUANT, kind, "weights", name,
+            f"must be 'bf16' or a packed format ({', '.join(GEMV_QUANT)})")
+    return WeightRows(name)
+
+
 @dataclass(frozen=True)
 class GemvPlan:
     herd: int
@@ -67,17 +118,19 @@ class GemvPlan:
         return self.rows_per_tile // self.tile_n
 
 
-def _l1_bytes(K: int, tile_n: int, rows_per_call: int, out_dtype: str) -> dict[str, int]:
+def _l1_bytes(K: int, tile_n: int, rows_per_call: int, out_dtype: str,
+              weights: WeightRows = BF16_ROWS) -> dict[str, int]:
     copies = pingpong_copies(tile_n // rows_per_call)
-    return {"x": nbytes((K,), "bf16"), f"W rows x{copies} (ping-pong)": copies * nbytes((rows_per_call, K), "bf16"),
+    return {"x": nbytes((K,), "bf16"), f"W rows x{copies} (ping-pong)": copies * weights.nbytes(rows_per_call, K),
             f"y per call x{copies}": copies * nbytes((rows_per_call,), out_dtype), "y": nbytes((tile_n,), out_dtype)}
 
 
-def _l2_bytes(K: int, tile_n: int, panels: int, out_dtype: str) -> dict[str, int]:
+def _l2_bytes(K: int, tile_n: int, panels: int, out_dtype: str,
+              weights: WeightRows = BF16_ROWS) -> dict[str, int]:
     """The fullest memtile: AIR's air-split-l2-memref gives the rows each tile reads (and the results it writes) a
     memtile buffer of their own, the ping-pong transform copies them for the panel loop, and x sits in one."""
     copies = pingpong_copies(panels)
-    return {f"W rows of one tile x{copies} (ping-pong)": copies * nbytes((tile_n, K), "bf16"),
+    return {f"W rows of one tile x{copies} (ping-pong)": copies * weights.nbytes(tile_n, K),
             f"y of one tile x{copies}": copies * nbytes((tile_n,), out_dtype), "x": nbytes((K,), "bf16")}
 
 
@@ -111,7 +164,7 @@ def split_rows(kind: str, N: int, tuning: dict, herd_candidates=HERD_CANDIDATES)
     return herd, steps, N // (herd * steps)
 
 
-def plan_gemv(kind: str, K: int, N: int, out_dtype: str, tuning: dict) -> GemvPlan:
+def plan_gemv(kind: str, K: int, N: int, out_dtype: str, tuning: dict, weights: WeightRows = BF16_ROWS) -> GemvPlan:
     """Widest herd dividing N, one launch step, then the panel (see :func:`panel_candidates`) and the most rows
     per call that fit L1 and a memtile."""
     require(K % GEMV_K_GRANULE == 0, kind, "K", K,
@@ -123,22 +176,24 @@ def plan_gemv(kind: str, K: int, N: int, out_dtype: str, tuning: dict) -> GemvPl
     require(bool(candidates), kind, "rows_per_call", calls[0], f"must divide tile_n (candidates {tiles})")
 
     def fits(tile_n: int, rows: int) -> bool:
-        return (sum(_l1_bytes(K, tile_n, rows, out_dtype).values()) <= L1_AVAILABLE
-                and sum(_l2_bytes(K, tile_n, rows_per_tile // tile_n, out_dtype).values()) <= L2_BYTES)
+        return (sum(_l1_bytes(K, tile_n, rows, out_dtype, weights).values()) <= L1_AVAILABLE
+                and sum(_l2_bytes(K, tile_n, rows_per_tile // tile_n, out_dtype, weights).values()) <= L2_BYTES)
 
     tile_n, rows_per_call = next((c for c in candidates if fits(*c)), candidates[-1])
-    check_budget(kind, "L1", _l1_bytes(K, tile_n, rows_per_call, out_dtype), "K is too long for one tile")
-    check_budget(kind, "L2", _l2_bytes(K, tile_n, rows_per_tile // tile_n, out_dtype), "lower tile_n")
+    check_budget(kind, "L1", _l1_bytes(K, tile_n, rows_per_call, out_dtype, weights), "K is too long for one tile")
+    check_budget(kind, "L2", _l2_bytes(K, tile_n, rows_per_tile // tile_n, out_dtype, weights), "lower tile_n")
     return GemvPlan(herd, steps, rows_per_tile, tile_n, rows_per_call)
 
 
 def _build(kind: str, out_dtype: str, params: dict, operands, tuning: dict) -> LaunchIR:
     K, N = params["K"], params["N"]
-    check_operands(kind, operands, [("x", {(K,)}, "bf16"), ("W", {(N, K)}, "bf16"), ("y", {(N,)}, out_dtype)])
-    plan = plan_gemv(kind, K, N, out_dtype, tuning)
+    weights = weight_rows(kind, params)
+    check_operands(kind, operands, [("x", {(K,)}, "bf16"), ("W", {(N, weights.row(K))}, weights.dtype),
+                                    ("y", {(N,)}, out_dtype)])
+    plan = plan_gemv(kind, K, N, out_dtype, tuning, weights)
     b = LaunchBuilder(kind, operands, GEMV_ROLES)
-    _emit(b, kind, K, N, plan, out_dtype)
-    return b.finish(_l1_bytes(K, plan.tile_n, plan.rows_per_call, out_dtype))
+    _emit(b, kind, K, N, plan, out_dtype, weights)
+    return b.finish(_l1_bytes(K, plan.tile_n, plan.rows_per_call, out_dtype, weights))
 
 
 def build(params: dict, operands, tuning: dict) -> LaunchIR:
@@ -155,7 +210,8 @@ def describe(plan: GemvPlan) -> str:
 
 
 def panel_windows(plan, K: int, panel_row0: str) -> tuple[Window, Window]:
-    """(W, y) windows of one panel in DDR: ``herd * tile_n`` consecutive rows, ``tile_n`` per tile, with the
+    """(W, y) windows of one panel in DDR (``K``: W's row length in its memref's elements):
+    ``herd * tile_n`` consecutive rows, ``tile_n`` per tile, with the
     tile as the leading dimension: air-split-l2-memref (0e3df89d) splits these per tile, where a flat window
     of the same rows made it emit an affine map that fails to verify."""
     n = plan.tile_n
@@ -174,34 +230,36 @@ def panel_loop(b: LaunchBuilder, plan, step: Value):
                        "panel_row0")
 
 
-def _emit(b: LaunchBuilder, name: str, K: int, rows: int, plan: GemvPlan, out_dtype: str) -> None:
-    b.comment(f"{name} K={K} N={rows}: {describe(plan)}, {plan.rows_per_call} rows per call")
+def _emit(b: LaunchBuilder, name: str, K: int, rows: int, plan: GemvPlan, out_dtype: str, weights: WeightRows) -> None:
+    b.comment(f"{name} K={K} N={rows} weights={weights.name}: {describe(plan)}, {plan.rows_per_call} rows per call")
+    R = weights.row(K)
     with b.launch(name, (plan.steps, 1), b.operands) as ((step, _), _, (x, w, y)):
         with b.segment(f"{name}_seg", [Value(step, "index"), x, w, y]) as (_, _, (seg_step, sx, sw, sy)):
             x_l2 = b.alloc(MemRef((K,), "bf16", L2), "x_l2")
-            w_panel = b.alloc(MemRef((plan.herd, plan.tile_n, K), "bf16", L2), "w_l2")
+            w_panel = b.alloc(MemRef((plan.herd, plan.tile_n, R), weights.dtype, L2), "w_l2")
             y_panel = b.alloc(MemRef((plan.herd, plan.tile_n), out_dtype, L2), "y_l2")
             b.dma(x_l2, WHOLE, sx, WHOLE)
             with panel_loop(b, plan, seg_step) as panel_row0:
-                w_window, y_window = panel_windows(plan, K, panel_row0)
+                w_window, y_window = panel_windows(plan, R, panel_row0)
                 b.dma(w_panel, WHOLE, sw, w_window)
                 with b.herd(f"{name}_herd", (plan.herd, 1), [x_l2, w_panel, y_panel], link_with=OBJECT) as (
                         (tx, _), _, (hx, hw, hy)):
-                    _emit_tile(b, K, plan, out_dtype, tx, hx, hw, hy)
+                    _emit_tile(b, K, plan, out_dtype, weights, tx, hx, hw, hy)
                 b.dma(sy, y_window, y_panel, WHOLE)
             b.dealloc(x_l2, w_panel, y_panel)
 
 
-def _emit_tile(b: LaunchBuilder, K: int, plan: GemvPlan, out_dtype: str, tx, hx, hw, hy) -> None:
+def _emit_tile(b: LaunchBuilder, K: int, plan: GemvPlan, out_dtype: str, weights: WeightRows, tx, hx, hw, hy) -> None:
+    R = weights.row(K)
     x_buf = b.alloc(MemRef((K,), "bf16", L1), "x_l1")
-    w_buf = b.alloc(MemRef((plan.rows_per_call, K), "bf16", L1), "w_l1")
+    w_buf = b.alloc(MemRef((plan.rows_per_call, R), weights.dtype, L1), "w_l1")
     y_call = b.alloc(MemRef((plan.rows_per_call,), out_dtype, L1), "y_call_l1")
     y_buf = b.alloc(MemRef((plan.tile_n,), out_dtype, L1), "y_l1")
     b.broadcast_dma(x_buf, WHOLE, hx, Window((0,), (K,), (1,)))
-    config = {"GEMV_ROWS": plan.rows_per_call, "GEMV_K": K}
+    config = weights.config(plan.rows_per_call, K)
     with b.loop(0, plan.tile_n, plan.rows_per_call, "r") as r:
-        b.dma(w_buf, WHOLE, hw, Window((tx, r, 0), (1, plan.rows_per_call, K), (plan.tile_n * K, K, 1)))
-        b.call(SYMBOL_FOR_OUTPUT[out_dtype], [w_buf, x_buf, y_call], config)
+        b.dma(w_buf, WHOLE, hw, Window((tx, r, 0), (1, plan.rows_per_call, R), (plan.tile_n * R, R, 1)))
+        b.call(weights.symbol(SYMBOL_FOR_OUTPUT[out_dtype]), [w_buf, x_buf, y_call], config)
         # A few scalars: cheaper than a DMA per call, and no sub-word transfers.
         with b.loop(0, plan.rows_per_call, 1, "i") as i:
             value = b.assign("y_value", f"memref.load {y_call.ssa}[{i}] : {y_call.type}", out_dtype)

@@ -50,8 +50,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .gemv import (GEMV_K_GRANULE, OBJECT, ROWS_PER_CALL_CANDIDATES, GemvPlan, describe, panel_candidates,
-                   panel_loop, panel_windows, split_rows, whole_words)
+from ..quant import BLOCK, GROUP_BLOCKS
+from .gemv import (BF16_ROWS, GEMV_K_GRANULE, OBJECT, ROWS_PER_CALL_CANDIDATES, GemvPlan, WeightRows, describe,
+                   panel_candidates, panel_loop, panel_windows, split_rows, weight_rows, whole_words)
 from .ir import L1, L2, WHOLE, LaunchBuilder, LaunchIR, MemRef, Value, Window
 from .npu2 import (COLUMNS, HERD_CANDIDATES, ROWS, L1_AVAILABLE, L2_BYTES, check_budget, check_operands,
                    divisors_descending, nbytes, pingpong_copies, require)
@@ -65,6 +66,8 @@ RMS_PARAMS = ("K", "N", "eps")
 RMS_TUNING = ("herd", "steps", "tile_n", "rows_per_call")
 # A split chunk row is one DMA dimension: at most 1023 4-byte words per BD dimension, so 1024 bf16 fits.
 MAX_SPLIT_K_CHUNK = 1024
+MAX_CHUNK_WORDS = 1023
+PACKED_CHUNK = GROUP_BLOCKS * BLOCK  # a packed row splits only between its groups
 MAX_WHOLE_K = 2048  # up to here a row is one chunk (a contiguous window: no per-dimension limit applies)
 SHIM_MM2S_CHANNELS = 2 * COLUMNS  # DDR → array streams: 2 per shim tile
 # Panels per launch step. The packed vector is read from DDR again every panel; AIR folds those reads into a
@@ -84,13 +87,22 @@ class FusedGemvPlan(GemvPlan):
         return self.herd * self.tile_n
 
 
-def _k_chunk(kind: str, K: int, tuning: dict) -> int:
+def _k_chunk(kind: str, K: int, tuning: dict, weights: WeightRows) -> int:
     k_chunk = tuning["k_chunk"]
-    require(K % k_chunk == 0 and k_chunk % GEMV_K_GRANULE == 0, kind, "k_chunk", k_chunk,
-            f"must divide K={K} and be a multiple of {GEMV_K_GRANULE}")
-    require(k_chunk <= MAX_SPLIT_K_CHUNK, kind, "k_chunk", k_chunk,
-            f"a split chunk spans at most {MAX_SPLIT_K_CHUNK} elements (one DMA dimension)")
+    granule = PACKED_CHUNK if weights.packed else GEMV_K_GRANULE
+    require(K % k_chunk == 0 and k_chunk % granule == 0, kind, "k_chunk", k_chunk,
+            f"must divide K={K} and be a multiple of {granule}" + (" (whole groups of packed rows)"
+                                                                   if weights.packed else ""))
+    require(_chunk_fits(k_chunk, weights), kind, "k_chunk", k_chunk,
+            f"a split chunk spans at most {MAX_SPLIT_K_CHUNK} elements (one DMA dimension)" if not weights.packed
+            else f"a split chunk's row is one DMA dimension of at most {MAX_CHUNK_WORDS} words")
     return k_chunk
+
+
+def _chunk_fits(k_chunk: int, weights: WeightRows) -> bool:
+    if not weights.packed:
+        return k_chunk <= MAX_SPLIT_K_CHUNK
+    return k_chunk % PACKED_CHUNK == 0 and weights.nbytes(1, k_chunk) <= 4 * MAX_CHUNK_WORDS
 
 
 def _vector_elements(kind: str, K: int, panel: int) -> int:
@@ -98,11 +110,12 @@ def _vector_elements(kind: str, K: int, panel: int) -> int:
     return {ADD_KIND: K + panel, SWIGLU_ADD_KIND: 2 * K + panel, RMS_KIND: 2 * K}[kind]
 
 
-def _l1_bytes(kind: str, K: int, herd: int, tile_n: int, rows: int, k_chunk: int) -> dict[str, int]:
+def _l1_bytes(kind: str, K: int, herd: int, tile_n: int, rows: int, k_chunk: int,
+              weights: WeightRows = BF16_ROWS) -> dict[str, int]:
     trips = K // k_chunk if K > k_chunk else tile_n // rows  # the loop that refills the W buffer
     copies = pingpong_copies(trips)
     buffers = {"packed vector": nbytes((_vector_elements(kind, K, herd * tile_n),), "bf16"),
-               f"W chunk x{copies} (ping-pong)": copies * nbytes((rows, k_chunk), "bf16"),
+               f"W chunk x{copies} (ping-pong)": copies * weights.nbytes(rows, k_chunk),
                "y": nbytes((tile_n,), "bf16")}
     if kind == RMS_KIND:
         buffers["normed x"] = nbytes((K,), "bf16")
@@ -119,16 +132,17 @@ def _tiles_per_memtile(herd: int) -> int:
     return herd if herd <= ROWS else 1
 
 
-def _l2_bytes(kind: str, K: int, herd: int, tile_n: int, panels: int) -> dict[str, int]:
+def _l2_bytes(kind: str, K: int, herd: int, tile_n: int, panels: int, weights: WeightRows = BF16_ROWS) -> dict[str, int]:
     """The fullest memtile: the W rows and y of the tiles in its column, and maybe the packed vector, each
     copied by the ping-pong transform of the panel loop."""
     tiles, copies = _tiles_per_memtile(herd), pingpong_copies(panels)
-    return {f"W rows of {tiles} tile(s) x{copies} (ping-pong)": copies * tiles * nbytes((tile_n, K), "bf16"),
+    return {f"W rows of {tiles} tile(s) x{copies} (ping-pong)": copies * tiles * weights.nbytes(tile_n, K),
             f"y of {tiles} tile(s) x{copies}": copies * tiles * nbytes((tile_n,), "bf16"),
             f"packed vector x{copies}": copies * nbytes((_vector_elements(kind, K, tile_n * herd),), "bf16")}
 
 
-def _candidates(kind: str, K: int, rows_per_tile: int, split: bool, tuning: dict) -> list[tuple[int, int, int]]:
+def _candidates(kind: str, K: int, rows_per_tile: int, split: bool, tuning: dict,
+                weights: WeightRows) -> list[tuple[int, int, int]]:
     """(tile_n, rows_per_call, k_chunk) to try for a tile's rows of one step, best first."""
     tiles = panel_candidates(kind, rows_per_tile, "bf16", tuning)
     if split:
@@ -139,8 +153,9 @@ def _candidates(kind: str, K: int, rows_per_tile: int, split: bool, tuning: dict
             require(rows in tiles and tuning.get("tile_n", rows) == rows, kind, "rows_per_call", rows,
                     f"with K in chunks a call covers the tile's rows: must equal tile_n (candidates {tiles})")
             tiles = [rows]
-        chunks = [_k_chunk(kind, K, tuning)] if "k_chunk" in tuning else [
-            c for c in divisors_descending(K, MAX_SPLIT_K_CHUNK) if c % GEMV_K_GRANULE == 0]
+        chunks = [_k_chunk(kind, K, tuning, weights)] if "k_chunk" in tuning else [
+            c for c in divisors_descending(K) if c % GEMV_K_GRANULE == 0 and _chunk_fits(c, weights)]
+        require(bool(chunks), kind, "K", K, "no K chunk of whole groups fits one DMA dimension")
         return [(tile_n, tile_n, k_chunk) for tile_n in tiles for k_chunk in chunks]
     calls = [tuning["rows_per_call"]] if "rows_per_call" in tuning else list(ROWS_PER_CALL_CANDIDATES)
     candidates = [(tile_n, rows, K) for tile_n in tiles for rows in calls if tile_n % rows == 0]
@@ -148,7 +163,7 @@ def _candidates(kind: str, K: int, rows_per_tile: int, split: bool, tuning: dict
     return candidates
 
 
-def plan(kind: str, K: int, N: int, tuning: dict) -> FusedGemvPlan:
+def plan(kind: str, K: int, N: int, tuning: dict, weights: WeightRows = BF16_ROWS) -> FusedGemvPlan:
     """Widest herd dividing N that the shim channels can feed; the fewest launch steps whose rows a tile walks
     in at most ``MAX_PANELS`` panels that fit; then the panel (gemv.py's :func:`~.gemv.panel_candidates`) and
     the most rows per call that fit L1 and a memtile (K in chunks when a row is longer than ``MAX_WHOLE_K``;
@@ -163,25 +178,25 @@ def plan(kind: str, K: int, N: int, tuning: dict) -> FusedGemvPlan:
     split = kind != RMS_KIND and (K > MAX_WHOLE_K or tuning.get("k_chunk", K) != K)
 
     def fits(rows_per_tile: int, tile_n: int, rows: int, k_chunk: int) -> bool:
-        return (sum(_l1_bytes(kind, K, herd, tile_n, rows, k_chunk).values()) <= L1_AVAILABLE
-                and sum(_l2_bytes(kind, K, herd, tile_n, rows_per_tile // tile_n).values()) <= L2_BYTES)
+        return (sum(_l1_bytes(kind, K, herd, tile_n, rows, k_chunk, weights).values()) <= L1_AVAILABLE
+                and sum(_l2_bytes(kind, K, herd, tile_n, rows_per_tile // tile_n, weights).values()) <= L2_BYTES)
 
     step_choices = [steps] if "steps" in tuning else [
         s for s in reversed(divisors_descending(N // herd)) if whole_words(N // (herd * s), "bf16")
         and ("tile_n" not in tuning or (N // (herd * s)) % tuning["tile_n"] == 0)]
     for choice in step_choices:
         tile_rows = N // (herd * choice)
-        good = [c for c in _candidates(kind, K, tile_rows, split, tuning)
+        good = [c for c in _candidates(kind, K, tile_rows, split, tuning, weights)
                 if fits(tile_rows, *c) and tile_rows // c[0] <= MAX_PANELS]
         if good:
             steps, rows_per_tile, (tile_n, rows_per_call, k_chunk) = choice, tile_rows, good[0]
             break
     else:  # nothing fits: the first candidate that does, else the last, for the checks below to name
-        candidates = _candidates(kind, K, rows_per_tile, split, tuning)
+        candidates = _candidates(kind, K, rows_per_tile, split, tuning, weights)
         tile_n, rows_per_call, k_chunk = next((c for c in candidates if fits(rows_per_tile, *c)), candidates[-1])
-    check_budget(kind, "L1", _l1_bytes(kind, K, herd, tile_n, rows_per_call, k_chunk),
+    check_budget(kind, "L1", _l1_bytes(kind, K, herd, tile_n, rows_per_call, k_chunk, weights),
                  "K is too long for one tile" + ("" if kind == RMS_KIND else ", or lower k_chunk"))
-    check_budget(kind, "L2", _l2_bytes(kind, K, herd, tile_n, rows_per_tile // tile_n), "lower tile_n")
+    check_budget(kind, "L2", _l2_bytes(kind, K, herd, tile_n, rows_per_tile // tile_n, weights), "lower tile_n")
     require(rows_per_tile // tile_n <= MAX_PANELS, kind, "steps", steps,
             f"a tile walks its {rows_per_tile} rows per step in {rows_per_tile // tile_n} panels of {tile_n}, more "
             f"than {MAX_PANELS}: raise steps or tile_n")
@@ -198,56 +213,69 @@ def build_swiglu_add(params: dict, operands, tuning: dict) -> LaunchIR:
 
 def _build_add(kind: str, params: dict, operands, tuning: dict) -> LaunchIR:
     K, N = params["K"], params["N"]
+    weights = weight_rows(kind, params)
+    R = weights.row(K)
     inputs = [("x", {(K,)}, "bf16")] if kind == ADD_KIND else [("gate_up", {(2 * K,)}, "bf16")]  # interleaved
-    check_operands(kind, operands, [*inputs, ("W", {(N, K)}, "bf16"), ("residual", {(N,)}, "bf16"),
+    check_operands(kind, operands, [*inputs, ("W", {(N, R)}, weights.dtype), ("residual", {(N,)}, "bf16"),
                                     ("y", {(N,)}, "bf16")])
-    p = plan(kind, K, N, tuning)
+    p = plan(kind, K, N, tuning, weights)
     panel = p.panel_rows
     x_len = K if kind == ADD_KIND else 2 * K
     b = LaunchBuilder(kind, operands, (*(role for role, _, _ in inputs), "w", "residual", "y"))
-    b.comment(f"{kind} K={K} N={N}: {describe(p)}, {p.rows_per_call} rows per call, K in chunks of {p.k_chunk}")
+    b.comment(f"{kind} K={K} N={N} weights={weights.name}: {describe(p)}, {p.rows_per_call} rows per call, K in "
+              f"chunks of {p.k_chunk}")
     with b.launch(kind, (p.steps, 1), b.operands) as ((step, _), _, launch_args):
         with b.segment(f"{kind}_seg", [Value(step, "index"), *launch_args]) as (_, _, (seg_step, *segment_args)):
             *xs, sw, sr, sy = segment_args
             vector = b.alloc(MemRef((x_len + panel,), "bf16", L2), "vector_l2")
-            w_panel = b.alloc(MemRef((panel, K), "bf16", L2), "w_l2")
+            w_panel = b.alloc(MemRef((panel, R), weights.dtype, L2), "w_l2")
             y_panel = b.alloc(MemRef((panel,), "bf16", L2), "y_l2")
             with panel_loop(b, p, seg_step) as panel_row0:
-                w_window, rows_window = panel_windows(p, K, panel_row0)
+                w_window, rows_window = panel_windows(p, R, panel_row0)
                 (piece,) = xs  # x, or the interleaved gate and up
                 b.dma(vector, Window((0,), (x_len,), (1,)), piece, WHOLE)
                 b.dma(vector, Window((x_len,), (panel,), (1,)), sr, rows_window)
                 b.dma(w_panel, WHOLE, sw, w_window)
                 with b.herd(f"{kind}_herd", (p.herd, 1), [vector, w_panel, y_panel], link_with=OBJECT) as (
                         (tx, _), _, (hv, hw, hy)):
-                    _emit_add_tile(b, kind, p, K, x_len, tx, hv, hw, hy)
+                    _emit_add_tile(b, kind, p, K, x_len, weights, tx, hv, hw, hy)
                 b.dma(sy, rows_window, y_panel, WHOLE)
             b.dealloc(vector, w_panel, y_panel)
-    return b.finish(_l1_bytes(kind, K, p.herd, p.tile_n, p.rows_per_call, p.k_chunk))
+    return b.finish(_l1_bytes(kind, K, p.herd, p.tile_n, p.rows_per_call, p.k_chunk, weights))
 
 
-def _emit_add_tile(b: LaunchBuilder, kind: str, p: FusedGemvPlan, K: int, x_len: int, tx, hv, hw, hy) -> None:
+def _emit_add_tile(b: LaunchBuilder, kind: str, p: FusedGemvPlan, K: int, x_len: int, weights: WeightRows,
+                   tx, hv, hw, hy) -> None:
+    R, chunk = weights.row(K), weights.row(p.k_chunk)
     vector = b.alloc(MemRef((x_len + p.panel_rows,), "bf16", L1), "vector_l1")
-    w_buf = b.alloc(MemRef((p.rows_per_call, p.k_chunk), "bf16", L1), "w_l1")
+    w_buf = b.alloc(MemRef((p.rows_per_call, chunk), weights.dtype, L1), "w_l1")
     partial = b.alloc(MemRef((p.rows_per_call,), "f32", L1), "partial_l1")
     y_buf = b.alloc(MemRef((p.tile_n,), "bf16", L1), "y_l1")
     b.broadcast_dma(vector, WHOLE, hv, Window((0,), (x_len + p.panel_rows,), (1,)))
-    config = {"GEMV_ROWS": p.rows_per_call, "GEMV_K": p.k_chunk}
+    config = weights.config(p.rows_per_call, p.k_chunk)
+    partial_f32 = weights.symbol("gemv_partial_f32")
     if kind == SWIGLU_ADD_KIND:  # x = silu(gate) * up from the interleaved pair, written over its first K
         b.call("swiglu_bf16", [vector, Value(b.const(K, "i32"), "i32")], config)
     first_row = b.affine(f"s0 * {p.tile_n}", [tx], "tile_row0")
     if p.k_chunk == K:  # a row group per call: partial sums of the whole rows, then the add
         with b.loop(0, p.tile_n, p.rows_per_call, "r") as r:
             w_row = b.affine(f"s0 * {p.tile_n} + s1", [tx, r], "w_row")
-            b.dma(w_buf, WHOLE, hw, Window((w_row, 0), (p.rows_per_call, K), (K, 1)))
-            b.call("gemv_partial_f32", [w_buf, vector, partial, Value(b.const(0, "i32"), "i32")], config)
+            b.dma(w_buf, WHOLE, hw, Window((w_row, 0), (p.rows_per_call, R), (R, 1)))
+            b.call(partial_f32, [w_buf, vector, partial, Value(b.const(0, "i32"), "i32")], config)
             residual_row = b.affine(f"s0 + {x_len}", [w_row], "residual_row")
             b.call("gemv_add_bf16", [partial, vector, y_buf, b.index_to_i32(residual_row, "residual_row0"),
                                      b.index_to_i32(r, "row0")], config)
     else:  # a K chunk of all the tile's rows per call, then the add
-        with b.loop(0, K, p.k_chunk, "k0") as k0:
-            b.dma(w_buf, WHOLE, hw, Window((first_row, k0), (p.tile_n, p.k_chunk), (K, 1)))
-            b.call("gemv_partial_f32", [w_buf, vector, partial, b.index_to_i32(k0, "k0_i32")], config)
+        if not weights.packed:
+            with b.loop(0, K, p.k_chunk, "k0") as k0:
+                b.dma(w_buf, WHOLE, hw, Window((first_row, k0), (p.tile_n, p.k_chunk), (K, 1)))
+                b.call(partial_f32, [w_buf, vector, partial, b.index_to_i32(k0, "k0_i32")], config)
+        else:  # packed rows: chunk c is words c·chunk of each row, elements c·k_chunk of x
+            with b.loop(0, K // p.k_chunk, 1, "chunk") as c:
+                column = b.affine(f"s0 * {chunk}", [c], "chunk_word0")
+                b.dma(w_buf, WHOLE, hw, Window((first_row, column), (p.tile_n, chunk), (R, 1)))
+                k0 = b.affine(f"s0 * {p.k_chunk}", [c], "k0")
+                b.call(partial_f32, [w_buf, vector, partial, b.index_to_i32(k0, "k0_i32")], config)
         residual_row = b.affine(f"s0 + {x_len}", [first_row], "residual_row")
         b.call("gemv_add_bf16", [partial, vector, y_buf, b.index_to_i32(residual_row, "residual_row0"),
                                  Value(b.const(0, "i32"), "i32")], config)
@@ -258,46 +286,50 @@ def _emit_add_tile(b: LaunchBuilder, kind: str, p: FusedGemvPlan, K: int, x_len:
 def build_rms_gemv(params: dict, operands, tuning: dict) -> LaunchIR:
     kind = RMS_KIND
     K, N, eps = params["K"], params["N"], float(params["eps"])
-    # gate_up: W is [w_gate | w_up] (N/2 × 2K), read as N rows of K, so y interleaves gate and up
-    w_shape = (N // 2, 2 * K) if params.get("gate_up") else (N, K)
+    weights = weight_rows(kind, params)
+    R = weights.row(K)
+    # gate_up: W is [w_gate | w_up] (N/2 × 2K; packed: each row a packed gate row then a packed up row), read as
+    # N rows of K, so y interleaves gate and up
+    w_shape = (N // 2, 2 * R) if params.get("gate_up") else (N, R)
     require(not params.get("gate_up") or N % 2 == 0, kind, "N", N, "must be even for a [w_gate | w_up] weight")
-    check_operands(kind, operands, [("x", {(K,)}, "bf16"), ("norm_w", {(K,)}, "bf16"), ("W", {w_shape}, "bf16"),
-                                    ("y", {(N,)}, "bf16")])
-    p = plan(kind, K, N, tuning)
+    check_operands(kind, operands, [("x", {(K,)}, "bf16"), ("norm_w", {(K,)}, "bf16"),
+                                    ("W", {w_shape}, weights.dtype), ("y", {(N,)}, "bf16")])
+    p = plan(kind, K, N, tuning, weights)
     panel = p.panel_rows
     b = LaunchBuilder(kind, operands, ("x", "norm_w", "w", "y"))
-    b.comment(f"{kind} K={K} N={N} eps={eps}: {describe(p)}, {p.rows_per_call} rows per call")
+    b.comment(f"{kind} K={K} N={N} eps={eps} weights={weights.name}: {describe(p)}, {p.rows_per_call} rows per call")
     with b.launch(kind, (p.steps, 1), b.operands) as ((step, _), _, (x, norm_w, w, y)):
         with b.segment(f"{kind}_seg", [Value(step, "index"), x, norm_w, w, y]) as (_, _, (seg_step, sx, snw, sw, sy)):
             vector = b.alloc(MemRef((2 * K,), "bf16", L2), "vector_l2")
-            w_panel = b.alloc(MemRef((panel, K), "bf16", L2), "w_l2")
+            w_panel = b.alloc(MemRef((panel, R), weights.dtype, L2), "w_l2")
             y_panel = b.alloc(MemRef((panel,), "bf16", L2), "y_l2")
             # x and the norm weight are loaded once; each panel streams only its weight rows
             b.dma(vector, Window((0,), (K,), (1,)), sx, WHOLE)
             b.dma(vector, Window((K,), (K,), (1,)), snw, WHOLE)
             with panel_loop(b, p, seg_step) as panel_row0:
-                w_window, y_window = panel_windows(p, K, panel_row0)
+                w_window, y_window = panel_windows(p, R, panel_row0)
                 b.dma(w_panel, WHOLE, sw, w_window)
                 with b.herd(f"{kind}_herd", (p.herd, 1), [vector, w_panel, y_panel], link_with=OBJECT) as (
                         (tx, _), _, (hv, hw, hy)):
-                    _emit_rms_tile(b, p, K, eps, tx, hv, hw, hy)
+                    _emit_rms_tile(b, p, K, eps, weights, tx, hv, hw, hy)
                 b.dma(sy, y_window, y_panel, WHOLE)
             b.dealloc(vector, w_panel, y_panel)
-    return b.finish(_l1_bytes(kind, K, p.herd, p.tile_n, p.rows_per_call, p.k_chunk))
+    return b.finish(_l1_bytes(kind, K, p.herd, p.tile_n, p.rows_per_call, p.k_chunk, weights))
 
 
-def _emit_rms_tile(b: LaunchBuilder, p: FusedGemvPlan, K: int, eps: float, tx, hv, hw, hy) -> None:
+def _emit_rms_tile(b: LaunchBuilder, p: FusedGemvPlan, K: int, eps: float, weights: WeightRows, tx, hv, hw, hy) -> None:
+    R = weights.row(K)
     vector = b.alloc(MemRef((2 * K,), "bf16", L1), "vector_l1")
     normed = b.alloc(MemRef((K,), "bf16", L1), "normed_l1")
-    w_buf = b.alloc(MemRef((p.rows_per_call, K), "bf16", L1), "w_l1")
+    w_buf = b.alloc(MemRef((p.rows_per_call, R), weights.dtype, L1), "w_l1")
     y_buf = b.alloc(MemRef((p.tile_n,), "bf16", L1), "y_l1")
     b.broadcast_dma(vector, WHOLE, hv, Window((0,), (2 * K,), (1,)))
-    config = {"GEMV_ROWS": p.rows_per_call, "GEMV_K": K}
+    config = weights.config(p.rows_per_call, K)
     b.call("rmsnorm_bf16", [vector, normed, Value(b.const(eps, "f32"), "f32")], config)
     with b.loop(0, p.tile_n, p.rows_per_call, "r") as r:
         w_row = b.affine(f"s0 * {p.tile_n} + s1", [tx, r], "w_row")
-        b.dma(w_buf, WHOLE, hw, Window((w_row, 0), (p.rows_per_call, K), (K, 1)))
-        b.call("gemv_rows_bf16", [w_buf, normed, y_buf, b.index_to_i32(r, "row0")], config)
+        b.dma(w_buf, WHOLE, hw, Window((w_row, 0), (p.rows_per_call, R), (R, 1)))
+        b.call(weights.symbol("gemv_rows_bf16"), [w_buf, normed, y_buf, b.index_to_i32(r, "row0")], config)
     b.dma(hy, Window((b.affine(f"s0 * {p.tile_n}", [tx], "tile_row0"),), (p.tile_n,), (1,)), y_buf, WHOLE)
     b.dealloc(vector, normed, w_buf, y_buf)
 

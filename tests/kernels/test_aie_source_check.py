@@ -20,8 +20,10 @@ BFP16_SWITCH = "AIE_API_EMULATE_BFLOAT16_MMUL_WITH_BFP16"
 @lru_cache(maxsize=None)
 def builder_variants() -> tuple[aie_source_check.KernelVariant, ...]:
     return tuple(aie_source_check.kernel_variants(
-        program for dims in (SMOLLM2, LLAMA32_1B) for precision in MATMUL_PRECISIONS
-        for program in programs_for_model(dims, PREFILL_BUCKETS, precision)))
+        [program for dims in (SMOLLM2, LLAMA32_1B) for precision in MATMUL_PRECISIONS
+         for program in programs_for_model(dims, PREFILL_BUCKETS, precision)]
+        + [program for dims in (SMOLLM2, LLAMA32_1B) for weights in ("q4_0", "q4_1", "q8_0")
+           for program in programs_for_model(dims, (), weights=weights)]))
 
 
 def test_the_variants_are_what_the_builders_build():
@@ -32,6 +34,8 @@ def test_the_variants_are_what_the_builders_build():
                    for v in variants if v.source == kernel.source), kernel.source
     gemm_switches = {dict(v.defines).get(BFP16_SWITCH) for v in variants if v.source == "gemm.cc"}
     assert gemm_switches == {None, 1}  # exact bf16 and BFP16 builds of the GEMM are both checked
+    gemv_formats = {dict(v.defines).get("GEMV_QUANT") for v in variants if v.source == "gemv.cc"}
+    assert gemv_formats == {None, 40, 41, 80}  # bf16 and every packed format of the decode GEMVs
     assert len(variants) == len(set(variants))
 
 

@@ -25,6 +25,11 @@ PROGRAMS.update({f"{model}-o_ffn-bfp16_gate_up-{dict(p.params)['rows']}": p
                  for model, dims in (("smol", SMOL), ("llama", LLAMA))
                  for p in programs_for_model(dims, (16, 2048), "bfp16_gate_up") if p.name == "o_ffn"})
 
+# The decode Programs over packed Q4_1 weights (SmolLM2's LM head in its GGUF's Q8_0): W rows move as bytes.
+PROGRAMS.update({f"{model}-{p.name}-{weights}": p
+                 for model, dims, weights, head in (("smol", SMOL, "q4_1", "q8_0"), ("llama", LLAMA, "q4_1", "q4_1"))
+                 for p in programs_for_model(dims, (), weights=weights, lm_head_weights=head)})
+
 # What aircc (mlir-air python/air/compiler/aircc/main.py at 0e3df89d) runs for `--device npu2` with its
 # defaults: written out here from that file, so a change to our replay has to be a deliberate one.
 AIRCC_PLACEMENT = (

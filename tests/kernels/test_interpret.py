@@ -49,6 +49,10 @@ CASES = [(p, None) for p in programs_for_model(SMALL, (16, 32))] + [
     (o_gemv_ffn_program(256, 256, 512, EPS), {0: dict(herd=2, tile_n=64, rows_per_call=16), 1: dict(rows_per_call=8),
                                       2: dict(k_chunk=128)}),
     (o_ffn_program(256, 256, 512, EPS, 16, "bfp16"), {1: dict(chunk=64)}),
+    # packed weights: every decode Program in each format, and the K-split down projection over whole groups
+    *[(p, None) for weights in ("q4_0", "q4_1", "q8_0")
+      for p in programs_for_model(SMALL, (), weights=weights)],
+    (o_gemv_ffn_program(256, 256, 2048, EPS, "q4_1"), {2: dict(k_chunk=1024)}),
 ]
 
 

@@ -3,6 +3,7 @@ import pytest
 import torch
 
 import torch_npu2  # noqa: F401  (registers torch.ops.npu2)
+from torch_npu2.kernels import quant
 from torch_npu2.ops import ALL_OPS, reference
 from torch_npu2.ops.fused import FUSED_OPS
 from torch_npu2.ops.registry import program_of
@@ -41,6 +42,32 @@ def op_cases(config):
             reference.o_gemv_ffn_rms_gemv_rope_reference),
         "lm_head_gemv": ([torch.randn(hidden).bfloat16(), (torch.randn(vocab, hidden) * hidden ** -0.5).bfloat16()],
                          (), reference.lm_head_gemv_reference),
+        **packed_cases(config, g),
+    }
+
+
+def _packed(w: torch.Tensor) -> torch.Tensor:
+    return quant.quantize_q4_1(w).view(torch.int32)
+
+
+def packed_cases(config, g):
+    """The decode ops over Q4_1 weights quantized from the bf16 cases' (the intermediate size rounded up to whole
+    32-element blocks), against the packed references."""
+    hidden, heads, kv, hd, ffn, vocab, seq = CONFIGS[config]
+    ffn = -(-ffn // quant.BLOCK) * quant.BLOCK
+    x, norm_w, wq, wk, wv, lut = qkv_args(hidden, heads, kv, hd, seq, decode=True, gen=g)
+    qkv = [x, norm_w, _packed(wq), _packed(wk), _packed(wv), lut]
+    attn, wo, x2, norm2, w_gate_up, w_down = ffn_args(hidden, heads, hd, ffn, seq, decode=True, gen=g)
+    gate_up = torch.cat((_packed(w_gate_up[:, :hidden]), _packed(w_gate_up[:, hidden:])), dim=1)
+    ffn_tensors = [attn, _packed(wo), x2, norm2, gate_up, _packed(w_down)]
+    w_lm = _packed((torch.randn(vocab, hidden, generator=g) * hidden ** -0.5).bfloat16())
+    return {
+        "rms_gemv_rope_packed": (qkv, (EPS, "q4_1"), reference.rms_gemv_rope_packed_reference),
+        "o_gemv_ffn_packed": (ffn_tensors, (EPS, "q4_1"), reference.o_gemv_ffn_packed_reference),
+        "o_gemv_ffn_rms_gemv_rope_packed": (ffn_tensors + qkv[1:], (EPS, 2 * EPS, "q4_1"),
+                                            reference.o_gemv_ffn_rms_gemv_rope_packed_reference),
+        "lm_head_gemv_packed": ([torch.randn(hidden, generator=g).bfloat16(), w_lm], ("q4_1",),
+                                reference.lm_head_gemv_packed_reference),
     }
 
 

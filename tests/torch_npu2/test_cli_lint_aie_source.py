@@ -41,7 +41,7 @@ def test_a_rejected_kernel_is_named_with_its_variant_and_the_compiler_message(ai
     gemv.write_text(gemv.read_text().replace(FIXED_SCALING, BF16_TIMES_FLOAT))
     assert main(["lint", "--aie-source", "--kernel-dir", str(kernel_dir), *small_model]) == 1
     out = capsys.readouterr().out
-    rejected = re.findall(r"^(gemv\.cc -DGEMV_K=\d+ -DGEMV_ROWS=\d+): REJECTED$", out, re.M)
+    rejected = re.findall(r"^(gemv\.cc -DGEMV_K=\d+(?: -DGEMV_QUANT=\d+)? -DGEMV_ROWS=\d+): REJECTED$", out, re.M)
     assert rejected, out
     assert f"{gemv}:" in out and "error: no matching function for call to 'mul'" in out
     assert "is_valid_mul_op_v" in out

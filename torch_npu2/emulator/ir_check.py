@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..kernels import quant
 from ..kernels.interpret import run_program_ir
 from ..kernels.program import TORCH_DTYPES, Program, Role
 from ..kernels.stitch import stitch
@@ -24,14 +25,32 @@ TOLERANCE = {torch.bfloat16: dict(max_rel=2.5e-2, min_cosine=0.9995),
 
 
 def random_inputs(program: Program, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Normal bf16 values for every host argument; 2-D weights scaled by 1/sqrt(in_features), as a Linear's."""
+    """Normal bf16 values for every host argument; 2-D weights scaled by 1/sqrt(in_features), as a Linear's; a
+    packed weight holds such a weight quantized in the format of the launch that reads it."""
     generator = torch.Generator().manual_seed(seed)
+    packed = {name: launch.p for launch in program.launches if "weights" in launch.p for name in launch.reads
+              if program.arg(name).dtype == "i32"}
     inputs = {}
     for arg in program.host_args:
+        if arg.name in packed:
+            inputs[arg.name] = _random_packed(packed[arg.name], arg, generator)
+            continue
         scale = arg.shape[-1] ** -0.5 if arg.role is Role.WEIGHT and len(arg.shape) == 2 else 1.0
         values = torch.randn(arg.shape, generator=generator) * scale
         inputs[arg.name] = values.to(TORCH_DTYPES[arg.dtype])
     return inputs
+
+
+def _random_packed(params: dict, arg, generator) -> torch.Tensor:
+    """Packed rows of K = params["K"] weights each: random quants, fp16 scales (and mins) of a Linear's size."""
+    fmt, K = quant.weight_format(params["weights"]), params["K"]
+    rows, blocks = arg.nbytes // fmt.row_bytes(K), K // quant.BLOCK
+    quants = torch.randint(0, 256, (rows, blocks, fmt.quant_bytes), dtype=torch.uint8, generator=generator)
+    scale = K ** -0.5 / 8
+    heads = [(torch.rand(rows, blocks, 1, generator=generator) * scale).half().view(torch.uint8)]
+    if fmt.has_min:
+        heads.append((-torch.rand(rows, blocks, 1, generator=generator) * 8 * scale).half().view(torch.uint8))
+    return quant.from_gguf_blocks(fmt, torch.cat(heads + [quants], dim=-1), K).view(torch.int32).reshape(arg.shape)
 
 
 def emulate(program: Program, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

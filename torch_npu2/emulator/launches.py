@@ -4,13 +4,15 @@ Inputs arrive as tensors viewing device memory (bf16); matmuls and reductions ac
 round once; elementwise kernels round where HF's modules round (the kernels are written to reproduce
 HF's bf16 results, so per-layer comparisons measure the NPU path, not a different rounding order).
 Results are written back in their buffer's dtype: bf16 between launches, fp32 only for the LM head's logits.
+A decode GEMV over packed block-quantized weights (launch param ``weights``) multiplies by GGUF's exact
+dequantization (kernels/quant.py) with fp32 sums, then rounds where the bf16 GEMV rounds.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from ..kernels import host_build
+from ..kernels import host_build, quant
 from .bfp16 import quantize_bf16_to_bfp16
 
 
@@ -21,9 +23,21 @@ def rmsnorm(p, x, weight):
     return h * weight
 
 
+def packed_matvec(p, x, w):
+    """fp32 ``W x`` of a packed weight: GGUF's exact weights, fp32 sums. The host build of gemv.cc's gemv_q_*
+    runs it (the same sums; widening the weight in torch every token costs several times more); without a host
+    compiler, torch on the dequantized weight."""
+    K, rows = p["K"], w.reshape(p["N"], -1)
+    if host_build.host_compiler() is None:
+        return F.linear(x.reshape(-1).float(), quant.dequantize(quant.weight_format(p["weights"]), rows, K))
+    return host_build.gemv_packed(rows, x.reshape(-1), p["weights"], tile_rows=p["N"], fast=True)
+
+
 def matmul(p, a, w):
     # torch's bf16 CPU matmul accumulates in fp32 and rounds once: the AIE2P bf16 GEMM contract. W's rows may be
     # longer than K (w_cols, the launch's K from w_col0).
+    if "weights" in p:  # a decode GEMV over packed rows, rounded to bf16 once
+        return packed_matvec(p, a, w).to(torch.bfloat16)
     K, col0 = p["K"], p.get("w_col0", 0)
     a, w = a.reshape(-1, K), w.reshape(p["N"], p.get("w_cols", K))[:, col0:col0 + K]
     if p.get("precision") == "bfp16":
@@ -117,6 +131,8 @@ def gemv_f32(p, x, w):
     """fp32 logits (the LM head keeps its accumulator). torch has no CPU bf16 GEMV with an fp32 output, and
     widening the whole weight every token costs ~10× the GEMV, so our C++ kernel's host build runs it, in one
     call over all rows; without a host compiler, torch in fp32."""
+    if "weights" in p:
+        return packed_matvec(p, x, w)
     if host_build.host_compiler() is None:
         return torch.mv(w.reshape(p["N"], p["K"]).float(), x.float())
     return host_build.gemv(w.reshape(p["N"], p["K"]), x, tile_rows=p["N"], out_dtype=torch.float32, fast=True)

@@ -35,6 +35,10 @@
 #endif
 
 struct bfloat16;
+// aie_api's 4-bit element types (global, as aie_api's types.hpp declares them); vectors of them count by 4-bit lanes
+struct int4 {};
+struct uint4 {};
+using int16 = int16_t;
 
 namespace aie_count {
 
@@ -55,6 +59,8 @@ constexpr unsigned kNonlinearLanes = 16;
 
 template <typename T> constexpr unsigned element_bits = 8 * sizeof(T);
 template <> constexpr unsigned element_bits<bfloat16> = 16;
+template <> constexpr unsigned element_bits<int4> = 4;
+template <> constexpr unsigned element_bits<uint4> = 4;
 template <typename T> constexpr unsigned long long registers(unsigned lanes) {
   return ceil_div(lanes * element_bits<T>, kRegisterBits);
 }
@@ -162,6 +168,10 @@ template <typename T, unsigned N> struct vector {
   T get(unsigned) const {
     count(Kind::Move);
     return T{};
+  }
+  // a reinterpretation of the same bits: no instruction
+  template <typename U> vector<U, N * aie_count::element_bits<T> / aie_count::element_bits<U>> cast_to() const {
+    return {};
   }
 };
 
@@ -292,6 +302,17 @@ template <typename R, typename T, unsigned N> vector<R, N> nonlinear() {
 }
 template <typename R, typename T, unsigned N> vector<R, N> exp2(const vector<T, N> &) { return nonlinear<R, T, N>(); }
 template <typename R, typename T, unsigned N> vector<R, N> tanh(const vector<T, N> &) { return nonlinear<R, T, N>(); }
+
+// Integers (up to 16 bits) to bf16 or float, as aie_api's AIE2P Fix2Float does it (detail/aie2p/elementary.hpp):
+// a magic-number constant broadcast (a move), the values upshifted into an integer accumulator, the constant added
+// in it and subtracted again in floating point, and the float accumulator converted back (four vector ops per 32
+// lanes); 4-bit lanes are first unpacked to 8 bits (one more).
+template <typename R, typename T, unsigned N> vector<R, N> to_float(const vector<T, N> &, int = 0) {
+  static_assert(aie_count::element_bits<T> <= 16, "the stand-in counts Fix2Float of up to 16-bit integers");
+  count(Kind::Move);
+  count(Kind::Vector, 4 * aie_count::lane_ops(N) + (aie_count::element_bits<T> < 8 ? aie_count::lane_ops(N) : 0));
+  return {};
+}
 
 inline counted_float invsqrt(counted_float x) {
   count(Kind::ScalarFloat);

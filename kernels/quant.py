@@ -1,0 +1,162 @@
+"""Packed block-quantized weights: GGUF's Q4_0, Q4_1 and Q8_0 in the row layout the decode GEMVs read.
+
+GGUF stores a quantized (N, K) weight as N·K/32 blocks of 32 consecutive row elements, each block its fp16
+scale (and for Q4_1 its fp16 min) followed by its quants. We keep every bit of that and only move the pieces:
+
+    one packed row (uint8) = its groups, each [quant plane][scale plane][min plane (Q4_1 only)], then zero padding
+
+* a group is 32 blocks (1024 elements) when K is a multiple of 1024, else the whole row: a K chunk of whole
+  groups is one contiguous run of a row's bytes, so the decode FFN's K-split GEMVs move chunks as they move rows;
+* quant plane: the group's blocks of quants in element order. Q4_1: byte j of a block holds element 2j in its
+  low nibble and element 2j + 1 in its high nibble (the order of an AIE ``uint4`` vector; GGUF's own order, j and
+  j + 16, is a reordering away); Q4_0: the same nibbles as two's-complement ``int4``, q − 8 (GGUF's q XOR 8);
+  Q8_0: GGUF's int8 quants as they are;
+* scale plane and min plane: the group's fp16 scales d (and mins m), the file's bits;
+* rows padded with zeros to a multiple of ``ROW_ALIGN`` bytes, so every row, and every DMA of whole rows and every
+  vector load of quants, starts 16-byte aligned (Llama-3.2-1B's rows need none: K = 2048 → 1280 bytes).
+
+A weight is then a (N, row_bytes) uint8 tensor (bound by the Programs as (N, row_bytes / 4) int32 words): rows stay rows, so the GEMVs' panel loop moves whole rows as it
+moves bf16 ones, and a kernel call walks its rows' blocks with the scales at a fixed offset.
+
+Dequantization, exactly GGUF's (gguf-py ``quants.py``): Q4_0 ``d · (q − 8)``, Q4_1 ``d · q + m``, Q8_0 ``d · q``, in
+fp32 from the fp16 scales (``dequantize``). ``quantize_q4_1`` is GGUF's Q4_1 round-to-nearest per block, on torch
+tensors, so a bf16 checkpoint can be packed at patch time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+BLOCK = 32
+GROUP_BLOCKS = 32  # blocks per group when K is a multiple of 32 blocks (1024 elements)
+ROW_ALIGN = 16
+
+
+def group_blocks(K: int) -> int:
+    return GROUP_BLOCKS if K % (GROUP_BLOCKS * BLOCK) == 0 else K // BLOCK
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    name: str
+    quant_bytes: int   # bytes of one block's quants
+    has_min: bool
+
+    def block_bytes(self) -> int:
+        return self.quant_bytes + 2 + (2 if self.has_min else 0)
+
+    def row_bytes(self, K: int) -> int:
+        """Bytes of one packed row of K elements (K a multiple of 32), or of a chunk of K elements of a longer
+        row made of whole groups."""
+        if K <= 0 or K % BLOCK:
+            raise ValueError(f"{self.name}: a row of {K} elements is not a whole number of {BLOCK}-element blocks")
+        raw = (K // BLOCK) * self.block_bytes()
+        return -(-raw // ROW_ALIGN) * ROW_ALIGN
+
+    def bits_per_weight(self, K: int) -> float:
+        return 8 * self.row_bytes(K) / K
+
+
+Q4_0 = WeightFormat("q4_0", 16, False)
+Q4_1 = WeightFormat("q4_1", 16, True)
+Q8_0 = WeightFormat("q8_0", 32, False)
+FORMATS = {f.name: f for f in (Q4_0, Q4_1, Q8_0)}
+# GGUF's block of each format: fp16 d, fp16 m (Q4_1), then the quants (ggml's block_q4_0, block_q4_1, block_q8_0)
+GGUF_TYPES = {"q4_0": 2, "q4_1": 3, "q8_0": 8}  # gguf.GGMLQuantizationType values
+GEMV_QUANT = {"q4_0": 40, "q4_1": 41, "q8_0": 80}  # kernels/aie2p/gemv.cc's -DGEMV_QUANT of each format
+
+
+def weight_format(name: str) -> WeightFormat:
+    try:
+        return FORMATS[name]
+    except KeyError:
+        raise ValueError(f"unknown weight format {name!r}; known: {', '.join(FORMATS)}") from None
+
+
+def _empty(fmt: WeightFormat, N: int, K: int, out: torch.Tensor | None) -> torch.Tensor:
+    if out is None:
+        return torch.empty(N, fmt.row_bytes(K), dtype=torch.uint8)
+    if tuple(out.shape) != (N, fmt.row_bytes(K)) or out.dtype != torch.uint8:
+        raise ValueError(f"{fmt.name}: out must be ({N}, {fmt.row_bytes(K)}) uint8, got {tuple(out.shape)} {out.dtype}")
+    return out
+
+
+def from_gguf_blocks(fmt: WeightFormat, blocks: torch.Tensor, K: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Pack GGUF's raw blocks of an (N, K) weight (uint8, N rows of K/32 blocks in GGUF's byte layout) into the
+    row layout, in ``out`` if given (e.g. a BO-backed buffer): bytes moved and nibbles reordered, nothing
+    converted."""
+    blocks = blocks.reshape(-1, K // BLOCK, fmt.block_bytes())
+    N = blocks.shape[0]
+    head = 4 if fmt.has_min else 2
+    quants = blocks[..., head:]
+    if fmt.quant_bytes == 16:  # GGUF: byte j = elements j (low nibble), j + 16 (high); ours: 2j, 2j + 1
+        elements = torch.cat((quants & 0x0F, quants >> 4), dim=-1)
+        if fmt.name == "q4_0":
+            elements = elements ^ 8  # q − 8 as two's-complement int4
+        quants = elements[..., 0::2] | (elements[..., 1::2] << 4)
+    G = group_blocks(K)
+    pieces = [quants, blocks[..., 0:2]] + ([blocks[..., 2:4]] if fmt.has_min else [])
+    grouped = torch.cat([p.reshape(N, K // BLOCK // G, -1) for p in pieces], dim=-1).reshape(N, -1)
+    out = _empty(fmt, N, K, out)
+    out[:, :grouped.shape[1]] = grouped
+    out[:, grouped.shape[1]:] = 0
+    return out
+
+
+def as_bytes(data: torch.Tensor) -> torch.Tensor:
+    """A packed weight's rows as bytes, given as bytes or as the int32 words the Programs bind."""
+    return data.contiguous().view(torch.uint8) if data.dtype == torch.int32 else data
+
+
+def unpack_fields(fmt: WeightFormat, data: torch.Tensor, K: int):
+    """(q, d, m) of a packed weight (bytes or int32 words): q (N, K) the integer quants as GGUF defines them (Q4_0's
+    still offset by 8), d and m (N, K/32) fp32 from the fp16 planes (m None without one)."""
+    data = as_bytes(data)
+    N, G = data.shape[0], group_blocks(K)
+    groups = data[:, :(K // BLOCK) * fmt.block_bytes()].reshape(N, K // BLOCK // G, -1)
+    q_end, d_end = G * fmt.quant_bytes, G * (fmt.quant_bytes + 2)
+    raw = groups[..., :q_end].reshape(N, K // BLOCK, fmt.quant_bytes)
+    if fmt.quant_bytes == 16:
+        q = torch.stack((raw & 0x0F, raw >> 4), dim=-1).reshape(N, K)
+        if fmt.name == "q4_0":
+            q = q ^ 8
+    else:
+        q = raw.view(torch.int8).reshape(N, K)
+    d = groups[..., q_end:d_end].contiguous().view(torch.float16).float().reshape(N, -1)
+    m = groups[..., d_end:].contiguous().view(torch.float16).float().reshape(N, -1) if fmt.has_min else None
+    return q, d, m
+
+
+def dequantize(fmt: WeightFormat, data: torch.Tensor, K: int) -> torch.Tensor:
+    """The fp32 (N, K) weight, exactly as GGUF dequantizes it."""
+    q, d, m = unpack_fields(fmt, data, K)
+    N = data.shape[0]
+    q = q.float().view(N, K // BLOCK, BLOCK)
+    if fmt.name == "q4_0":
+        w = d[..., None] * (q - 8)
+    elif fmt.name == "q4_1":
+        w = d[..., None] * q + m[..., None]
+    else:
+        w = q * d[..., None]
+    return w.reshape(N, K)
+
+
+def quantize_q4_1(weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """GGUF's Q4_1 quantization of an (N, K) weight, round to nearest per 32-element block, packed: the same
+    bytes gguf-py's ``quants.quantize(w, Q4_1)`` gives for the same fp32 values, in the row layout."""
+    N, K = weight.shape
+    blocks = weight.float().reshape(N, K // BLOCK, BLOCK)
+    low, high = blocks.amin(-1, keepdim=True), blocks.amax(-1, keepdim=True)
+    d = (high - low) / 15
+    inverse = torch.where(d == 0, torch.zeros_like(d), 1 / d)
+    q = torch.trunc((blocks - low) * inverse + 0.5).clamp(0, 15).to(torch.uint8)
+    nibbles = q[..., :16] | (q[..., 16:] << 4)
+    raw = torch.cat((d.half().view(torch.uint8), low.half().view(torch.uint8), nibbles), dim=-1)
+    return from_gguf_blocks(Q4_1, raw, K, out)
+
+
+def describe(fmt: WeightFormat, shape) -> str:
+    N, K = shape
+    return (f"{fmt.name.upper()} packed {N}×{K} ({fmt.bits_per_weight(K):.2f} bits/weight, "
+            f"{N * fmt.row_bytes(K)} bytes)")

@@ -1,0 +1,75 @@
+"""kernels/quant.py: the packed row layout holds GGUF's blocks losslessly, dequantizes exactly as gguf-py does, and
+quantizes a bf16 weight to the bytes gguf-py's Q4_1 quantizer gives."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from torch_npu2.kernels import quant
+
+gguf = pytest.importorskip("gguf", reason="the gguf package is the reference of GGUF's block formats")
+TYPES = {"q4_0": gguf.GGMLQuantizationType.Q4_0, "q4_1": gguf.GGMLQuantizationType.Q4_1,
+         "q8_0": gguf.GGMLQuantizationType.Q8_0}
+
+
+def _weight(N: int, K: int) -> torch.Tensor:
+    w = torch.randn(N, K, generator=torch.Generator().manual_seed(N * K))
+    w[0, :32] = 0  # a block of zeros: d = 0
+    w[1, 32:64] = 1e-6  # a constant block
+    return w
+
+
+@pytest.mark.parametrize("name", sorted(TYPES))
+@pytest.mark.parametrize("K", [64, 576, 1536, 2048, 3072])
+def test_dequantize_equals_gguf(name, K):
+    fmt = quant.weight_format(name)
+    raw = gguf.quants.quantize(_weight(8, K).numpy(), TYPES[name])
+    packed = quant.from_gguf_blocks(fmt, torch.from_numpy(raw), K)
+    assert packed.shape == (8, fmt.row_bytes(K)) and packed.dtype == torch.uint8
+    expected = torch.from_numpy(gguf.quants.dequantize(raw, TYPES[name]))
+    assert torch.equal(quant.dequantize(fmt, packed, K), expected)
+
+
+def test_a_wrong_scale_plane_is_seen():
+    fmt, K = quant.Q4_1, 2048
+    raw = gguf.quants.quantize(_weight(4, K).numpy(), TYPES["q4_1"])
+    packed = quant.from_gguf_blocks(fmt, torch.from_numpy(raw), K)
+    G = quant.group_blocks(K)
+    packed[2, G * 16 + 1] ^= 0x04  # one bit of the first block's scale
+    expected = torch.from_numpy(gguf.quants.dequantize(raw, TYPES["q4_1"]))
+    assert not torch.equal(quant.dequantize(fmt, packed, K), expected)
+
+
+@pytest.mark.parametrize("K", [576, 2048])
+def test_rows_are_aligned_and_groups_contiguous(K):
+    for fmt in quant.FORMATS.values():
+        assert fmt.row_bytes(K) % quant.ROW_ALIGN == 0
+    # Llama-3.2-1B's rows need no padding, and a 1024-element chunk is a whole number of groups
+    assert quant.Q4_1.row_bytes(2048) == 2048 // 32 * 20 == 2 * quant.Q4_1.row_bytes(1024)
+
+
+@pytest.mark.parametrize("K", [64, 576, 2048])
+def test_quantize_q4_1_equals_gguf(K):
+    w = _weight(16, K).to(torch.bfloat16)
+    ours = quant.quantize_q4_1(w)
+    theirs = quant.from_gguf_blocks(quant.Q4_1, torch.from_numpy(gguf.quants.quantize(w.float().numpy(),
+                                                                                      TYPES["q4_1"])), K)
+    assert torch.equal(ours, theirs)
+
+
+def test_smollm2_tensors_load_exactly():
+    from torch_npu2.patch_llama.models import default_model_path
+    try:
+        path = default_model_path()
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    reader = gguf.GGUFReader(path)
+    for tensor in reader.tensors:
+        if tensor.name not in ("blk.0.attn_q.weight", "blk.0.ffn_down.weight", "token_embd.weight"):
+            continue
+        fmt = quant.weight_format(tensor.tensor_type.name.lower())
+        K, N = (int(s) for s in tensor.shape)
+        packed = quant.from_gguf_blocks(fmt, torch.from_numpy(np.array(tensor.data)), K)
+        expected = gguf.quants.dequantize(np.array(tensor.data), tensor.tensor_type).reshape(N, K)
+        assert torch.equal(quant.dequantize(fmt, packed, K), torch.from_numpy(expected)), tensor.name
