@@ -1,4 +1,4 @@
-"""Accuracy of each prefill matmul precision ("bf16", "bfp16", "bfp16_gate_up") against an fp32 run of the same
+"""Accuracy of each prefill matmul precision ("bf16", "bfp16", "bfp16_gate_up", "int8", "w8a16") against an fp32 run of the same
 model (measured on the emulated NPU2), and the predicted prefill cost of each (a MODEL, not a measurement).
 
 Per model and precision:
@@ -28,7 +28,7 @@ import torch
 
 from . import common, cost_model
 
-PRECISIONS = ("bf16", "bfp16", "bfp16_gate_up")
+PRECISIONS = ("bf16", "bfp16", "bfp16_gate_up", "int8", "w8a16")
 PROJECTIONS = ("q", "k", "v", "o", "gate_up", "down")  # the prefill GEMMs, as kernels/catalog.py names them
 SETTINGS = {
     "quick": dict(new_tokens=16, llama_layers=2, llama_prompts=4, llama_new_tokens=4, buckets=(16, 32, 64)),
