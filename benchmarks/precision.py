@@ -1,4 +1,4 @@
-"""Accuracy of each prefill matmul precision ("bf16", "bfp16", "bfp16_gate_up", "int8", "w8a16") against an fp32 run of the same
+"""Accuracy of each prefill matmul precision ("bf16", "bfp16", "bfp16_gate_up") against an fp32 run of the same
 model (measured on the emulated NPU2), and the predicted prefill cost of each (a MODEL, not a measurement).
 
 Per model and precision:
@@ -15,6 +15,11 @@ Which GEMM's BFP16 conversion costs the accuracy (``sensitivity``): SmolLM2 with
 with BFP16 and the others exact (the catalog's per-projection choice swapped for the study, so the Programs,
 their keys and the emulator's numerics are the real ones), ``compare_layers`` against fp32 on the same prompt.
 
+Integer GEMMs (``STUDIES``): "int8" (W8A8) and "w8a16" (int8 weights, int16 activations), whose numerics the
+emulator has (torch_npu2/emulator/int8.py) but whose GEMM builder does not exist yet, so they are not matmul
+precisions a user can pick: the catalog's per-projection choice is swapped for the study (as in ``sensitivity``)
+and the Programs carry the integer precision to the emulator; patch_llama warns that the NPU could not build them.
+
 Predicted prefill cost: the timing model's range (``kernels/timing.py``) of each precision's Programs.
 """
 from __future__ import annotations
@@ -28,7 +33,9 @@ import torch
 
 from . import common, cost_model
 
-PRECISIONS = ("bf16", "bfp16", "bfp16_gate_up", "int8", "w8a16")
+PRECISIONS = ("bf16", "bfp16", "bfp16_gate_up")
+# Study name → the GEMM precision of each projection (kernels/catalog.py's names).
+STUDIES = {"int8": lambda projection: "int8", "w8a16": lambda projection: "w8a16"}
 PROJECTIONS = ("q", "k", "v", "o", "gate_up", "down")  # the prefill GEMMs, as kernels/catalog.py names them
 SETTINGS = {
     "quick": dict(new_tokens=16, llama_layers=2, llama_prompts=4, llama_new_tokens=4, buckets=(16, 32, 64)),
@@ -71,39 +78,17 @@ def _distance(reference, model, ids) -> dict:
 
 
 def _evaluate(name, model, prompts, compare_ids, new_tokens, buckets, tokenizer, log) -> dict:
-    """fp32 reference, HF bf16 and each patched precision on one model."""
-    import torch_npu2
-
+    """fp32 reference, HF bf16, each patched precision and each integer study on one model."""
     # nn.Module's own cast: HF refuses .float() on a GGUF-loaded model (dequantized bf16, flagged quantized)
     fp32 = torch.nn.Module.float(copy.deepcopy(model))
     reference = [_greedy(fp32, ids, new_tokens) for _, _, ids in prompts]
     rows = {}
-    candidates = [("HF bf16 (CPU)", None)] + [(f"NPU2 {p}", p) for p in PRECISIONS]
-    for label, precision in candidates:
-        started = time.perf_counter()
-        candidate = copy.deepcopy(model)
-        if precision is not None:
-            torch_npu2.patch_llama(candidate, prefill_buckets=buckets, matmul_precision=precision)
-        gates = []
-        for (kind, text, ids), ref in zip(prompts, reference):
-            gates.append({"kind": kind, "prompt": text, **_gate(ref, _greedy(candidate, ids, new_tokens))})
-        row = {"label": label, "precision": precision, **_distance(fp32, candidate, compare_ids), "prompts": gates,
-               "gate_passed": sum(g["gate_passed"] for g in gates),
-               "first_token_agreement": sum(g["first_token_agrees"] for g in gates),
-               "identical": sum(g["first_divergence"] is None for g in gates), "count": len(gates)}
-        if tokenizer is not None:
-            from tests.patch_llama.test_smollm2 import chat_ids
-
-            ids = chat_ids(tokenizer, CAPITAL)
-            with torch.no_grad():
-                out = candidate.generate(ids, max_new_tokens=12, do_sample=False)
-            row["capital_answer"] = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
-            log(f"  {name} {label}: {CAPITAL!r} -> {row['capital_answer']!r}")
-        rows[label] = row
-        log(f"  {name} {label}: worst layer {row['worst_layer_min_cosine']:.5f}, logits "
-            f"{row['logits_min_cosine']:.5f}, gate {row['gate_passed']}/{row['count']}, first token "
-            f"{row['first_token_agreement']}/{row['count']} ({time.perf_counter() - started:.0f} s)")
-        del candidate
+    candidates = ([("HF bf16 (CPU)", None, None)] + [(f"NPU2 {p}", p, None) for p in PRECISIONS]
+                  + [(f"NPU2 {name} (emulator study)", None, name) for name in STUDIES])
+    for label, precision, study in candidates:
+        with _studied(study):
+            rows[label] = _evaluate_one(label, precision, study, model, prompts, compare_ids, reference, fp32,
+                                        new_tokens, buckets, tokenizer, name, log)
     if tokenizer is not None:
         from tests.patch_llama.test_smollm2 import chat_ids
 
@@ -113,6 +98,37 @@ def _evaluate(name, model, prompts, compare_ids, new_tokens, buckets, tokenizer,
         rows["fp32"] = {"label": "fp32 (CPU)", "capital_answer": tokenizer.decode(out[0, ids.shape[1]:],
                                                                                    skip_special_tokens=True)}
     return rows
+
+
+def _evaluate_one(label, precision, study, model, prompts, compare_ids, reference, fp32, new_tokens, buckets,
+                  tokenizer, name, log) -> dict:
+    import torch_npu2
+
+    started = time.perf_counter()
+    candidate = copy.deepcopy(model)
+    if precision is not None:
+        torch_npu2.patch_llama(candidate, prefill_buckets=buckets, matmul_precision=precision)
+    elif study is not None:  # inside _studied: the catalog gives the GEMMs the study's precisions
+        torch_npu2.patch_llama(candidate, prefill_buckets=buckets)
+    gates = []
+    for (kind, text, ids), ref in zip(prompts, reference):
+        gates.append({"kind": kind, "prompt": text, **_gate(ref, _greedy(candidate, ids, new_tokens))})
+    row = {"label": label, "precision": precision or study, **_distance(fp32, candidate, compare_ids), "prompts": gates,
+           "gate_passed": sum(g["gate_passed"] for g in gates),
+           "first_token_agreement": sum(g["first_token_agrees"] for g in gates),
+           "identical": sum(g["first_divergence"] is None for g in gates), "count": len(gates)}
+    if tokenizer is not None:
+        from tests.patch_llama.test_smollm2 import chat_ids
+
+        ids = chat_ids(tokenizer, CAPITAL)
+        with torch.no_grad():
+            out = candidate.generate(ids, max_new_tokens=12, do_sample=False)
+        row["capital_answer"] = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        log(f"  {name} {label}: {CAPITAL!r} -> {row['capital_answer']!r}")
+    log(f"  {name} {label}: worst layer {row['worst_layer_min_cosine']:.5f}, logits "
+        f"{row['logits_min_cosine']:.5f}, gate {row['gate_passed']}/{row['count']}, first token "
+        f"{row['first_token_agreement']}/{row['count']} ({time.perf_counter() - started:.0f} s)")
+    return row
 
 
 def _smollm2(settings, log) -> dict:
@@ -143,6 +159,26 @@ def _only_projection_bfp16(projection: str):
     finally:
         registry._program.cache_clear()
 
+
+
+@contextmanager
+def _studied(study: str | None):
+    """Prefill Programs built inside carry study ``study``'s GEMM precisions (nothing changes for None); the op
+    registry's Program memo is emptied on entry and exit."""
+    if study is None:
+        yield
+        return
+    from unittest import mock
+
+    from torch_npu2.kernels import catalog
+    from torch_npu2.ops import registry
+
+    registry._program.cache_clear()
+    try:
+        with mock.patch.object(catalog, "_gemm_precision", lambda mode, projection: STUDIES[study](projection)):
+            yield
+    finally:
+        registry._program.cache_clear()
 
 def _sensitivity(settings, log) -> dict:
     """SmolLM2's distance to fp32 with only one projection's GEMM at bfp16, per projection."""

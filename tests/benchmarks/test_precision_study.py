@@ -1,0 +1,18 @@
+"""The precision benchmark's integer studies: Programs built inside a study carry its GEMM precision to every prefill
+GEMM launch (which the emulator then computes with emulator/int8.py), and nothing outside it changes."""
+from benchmarks import precision
+from torch_npu2.kernels import catalog
+
+
+def gemm_precisions(program):
+    return {launch.p["precision"] for launch in program.launches if launch.kind in ("gemm", "gemm_swiglu")}
+
+
+def test_a_study_sets_every_prefill_gemm_and_only_inside():
+    build = lambda: (catalog.rms_gemms_rope_program(576, 9, 3, 64, 1e-5, 64),  # noqa: E731
+                     catalog.o_ffn_program(576, 576, 1536, 1e-5, 64), catalog.o_ffn_program(576, 576, 1536, 1e-5, 16))
+    for study in precision.STUDIES:
+        with precision._studied(study):
+            assert [gemm_precisions(p) for p in build()] == [{study}] * 3
+    assert [gemm_precisions(p) for p in build()] == [{catalog.DEFAULT_MATMUL_PRECISION}] * 3
+    assert "int8" not in catalog.MATMUL_PRECISIONS  # not a user's choice until its builder exists
