@@ -35,7 +35,7 @@ BFP16_DEFINE = "AIE_API_EMULATE_BFLOAT16_MMUL_WITH_BFP16"
 
 @dataclass(frozen=True)
 class MmulUse:
-    precision: str                  # "bf16" (exact) or "bfp16" (emulated through BFP16)
+    precision: str                  # "bf16" (exact), "bfp16" (emulated through BFP16), "int8", "int16x8" (A × B)
     shape: tuple[int, int, int]     # M, K, N of the aie::mmul aie_api runs
     calls: int
     a_operands: int                 # distinct A values among the calls
@@ -76,6 +76,14 @@ MMUL_INSTRUCTIONS = {
         "AIE_API_EMULATE_BFLOAT16_MMUL_WITH_BFP16: one mac_8x8_8x8T_conf; A becomes an accumulator (two "
         "ups_to_v32accfloat) and then bfp16 (to_v64bfp16ebs8); B is transposed (two shuffles on AIE2P, "
         "detail/aie2/transpose.hpp), multiplied by ones (mul_elem_64) and converted (to_v64bfp16ebs8)"),
+    ("int8", (8, 8, 8)): MmulInstructions(
+        {"mac": 1}, {}, {},
+        "aie_api detail/aie2p/mmul_8_8.hpp, mmul_8_8<8, 8, 8> at 32 bits: one mac_8x8_8x8_conf; A and B are one "
+        "512-bit register each as loaded"),
+    ("int16x8", (8, 4, 8)): MmulInstructions(
+        {"mac": 1}, {}, {},
+        "aie_api detail/aie2p/mmul_16_8.hpp, mmul_16_8<8, 4, 8> at 32 bits: one mac_8x4_4x8_conf; A is one 512-bit "
+        "register, B (256 bits) grown to 512 (a register name)"),
 }
 
 
@@ -116,9 +124,11 @@ def source_of(symbol: str) -> str:
 
 @lru_cache(maxsize=None)
 def entry_points(source: str) -> dict[str, tuple[Param, ...]]:
-    """Each symbol of ``aie2p/<source>`` with its C parameters, from its definition."""
+    """Each symbol of ``aie2p/<source>`` with its C parameters, from its definition (the symbols builders/externs.py
+    lists for it, or, for a kernel no builder calls yet, every extern "C" function it defines)."""
     text = _COMMENT.sub("", (host_build.KERNEL_DIR / source).read_text())
-    symbols = next(k.symbols for k in EXTERNAL_KERNELS if k.source == source)
+    symbols = next((k.symbols for k in EXTERNAL_KERNELS if k.source == source), None) or \
+        tuple(re.findall(r'extern "C" void (\w+)\(', text))
     found = {}
     for symbol in symbols:
         m = re.search(rf"\bvoid {symbol}\(([^)]*)\)\s*\{{", text)
@@ -128,6 +138,7 @@ def entry_points(source: str) -> dict[str, tuple[Param, ...]]:
         for declaration in m.group(1).split(","):
             words = declaration.replace("*", " * ").split()
             base = "bf16" if {"bf16_t", "bfloat16"} & set(words) else "float" if "float" in words else "int"
+            # any other pointer (int8_t *, int32_t *, a typedef'd element) is raw memory
             params.append(Param(words[-1], f"{base} *" if "*" in words else base))
         found[symbol] = tuple(params)
     return found
@@ -148,6 +159,8 @@ def _driver(source: str) -> str:
              "#define float counted_float", f'#include "{source}"', "#undef float",
              f"static bfloat16 bf16_memory[{SCRATCH_ELEMENTS}];",
              f"static counted_float f32_memory[{SCRATCH_ELEMENTS}];",
+             f"alignas(64) static unsigned char raw_memory[{4 * SCRATCH_ELEMENTS}];",
+             "struct raw_pointer { template <typename T> operator T *() const { return reinterpret_cast<T *>(raw_memory); } };",
              "int main(int argc, char **argv) {", "  if (argc < 2) return 2;"]
     for symbol, params in entry_points(source).items():
         args, integers = [], 0
@@ -156,7 +169,8 @@ def _driver(source: str) -> str:
                 args.append(f"argc > {2 + integers} ? std::atoi(argv[{2 + integers}]) : 0")
                 integers += 1
             else:
-                args.append({"bf16 *": "bf16_memory", "float *": "f32_memory", "float": "counted_float(1.0)"}[p.kind])
+                args.append({"bf16 *": "bf16_memory", "float *": "f32_memory", "float": "counted_float(1.0)",
+                             "int *": "raw_pointer{}"}[p.kind])
         lines.append(f'  if (!std::strcmp(argv[1], "{symbol}")) {{ {symbol}({", ".join(args)}); '
                       "aie_count::report(); return 0; }")
     return "\n".join([*lines, "  return 2;", "}", ""])
@@ -179,9 +193,11 @@ def _counter(source: str, defines: tuple[tuple[str, int], ...]) -> Path:
 
 
 @lru_cache(maxsize=None)
-def count_call(symbol: str, defines: tuple[tuple[str, int], ...], integers: tuple[int, ...]) -> CoreOps:
-    """Run ``symbol``'s AIE path once, built with ``defines``, with these integer arguments in order."""
-    source = source_of(symbol)
+def count_call(symbol: str, defines: tuple[tuple[str, int], ...], integers: tuple[int, ...],
+               source: str | None = None) -> CoreOps:
+    """Run ``symbol``'s AIE path once, built with ``defines``, with these integer arguments in order (``source``:
+    its file, for a kernel builders/externs.py does not list)."""
+    source = source or source_of(symbol)
     result = subprocess.run([str(_counter(source, defines)), symbol, *map(str, integers)], capture_output=True,
                             text=True, check=True)
     data = json.loads(result.stdout)

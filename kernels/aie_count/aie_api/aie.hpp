@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <set>
 #include <type_traits>
 #include <utility>
@@ -65,7 +66,7 @@ template <typename T> void piece(unsigned lanes) {
 }
 
 struct MmulUse {
-  bool bfp16;
+  const char *precision;
   unsigned m, k, n;
   unsigned long long calls = 0;
   std::set<std::pair<unsigned long long, unsigned>> a_operands;
@@ -73,17 +74,17 @@ struct MmulUse {
 };
 inline std::vector<MmulUse> mmul_uses;
 
-inline void record_mmul(bool bfp16, unsigned m, unsigned k, unsigned n, unsigned long long a, unsigned a_part,
-                        unsigned long long b) {
+inline void record_mmul(const char *precision, unsigned m, unsigned k, unsigned n, unsigned long long a,
+                        unsigned a_part, unsigned long long b) {
   for (MmulUse &use : mmul_uses)
-    if (use.bfp16 == bfp16 && use.m == m && use.k == k && use.n == n) {
+    if (!std::strcmp(use.precision, precision) && use.m == m && use.k == k && use.n == n) {
       ++use.calls;
       use.a_operands.insert({a, a_part});
       use.b_operands.insert(b);
       return;
     }
-  mmul_uses.push_back(MmulUse{bfp16, m, k, n});
-  record_mmul(bfp16, m, k, n, a, a_part, b);
+  mmul_uses.push_back(MmulUse{precision, m, k, n});
+  record_mmul(precision, m, k, n, a, a_part, b);
 }
 
 // One JSON object on stdout: the tallies and the mmul uses.
@@ -95,7 +96,7 @@ inline void report() {
   for (unsigned i = 0; i < mmul_uses.size(); ++i) {
     const MmulUse &use = mmul_uses[i];
     std::printf("%s{\"precision\": \"%s\", \"shape\": [%u, %u, %u], \"calls\": %llu, \"a_operands\": %zu, "
-                "\"b_operands\": %zu}", i ? ", " : "", use.bfp16 ? "bfp16" : "bf16", use.m, use.k, use.n, use.calls,
+                "\"b_operands\": %zu}", i ? ", " : "", use.precision, use.m, use.k, use.n, use.calls,
                 use.a_operands.size(), use.b_operands.size());
   }
   std::printf("]}\n");
@@ -141,6 +142,7 @@ constexpr counted_float::counted_float(const bfloat16 &v) : value(v.value) {}  /
 
 struct accfloat {};
 struct accauto {};
+struct acc32 {};
 
 namespace aie {
 
@@ -263,6 +265,45 @@ template <typename T, unsigned N> vector<T, N> max(const vector<T, N> &, const v
   return {};
 }
 
+template <typename T, unsigned N> vector<T, N> min(const vector<T, N> &, const vector<T, N> &) {
+  count(Kind::Vector, aie_count::lane_ops(N));
+  return {};
+}
+
+// Two halves side by side: free when each names a register (256 bits or more), else a move each.
+template <typename T, unsigned N> vector<T, 2 * N> concat(const vector<T, N> &, const vector<T, N> &) {
+  aie_count::piece<T>(N);
+  aie_count::piece<T>(N);
+  return {};
+}
+
+// Vector float arithmetic: through the accumulator, one op per 32 lanes.
+template <typename T, unsigned N> vector<T, N> add(const vector<T, N> &, const vector<T, N> &) {
+  count(Kind::Vector, aie_count::lane_ops(N));
+  return {};
+}
+template <typename T, unsigned N> vector<T, N> sub(const vector<T, N> &, const vector<T, N> &) {
+  count(Kind::Vector, aie_count::lane_ops(N));
+  return {};
+}
+
+// int32 -> fp32 (aie_api detail/aie2p/elementary.hpp, Fix2Float, at no fewer than 32 lanes): the high and low 16
+// bits split out (two filters) and widened (two moves), each offset by a magic number and back (four ops), summed.
+template <typename TR, typename T, unsigned N> vector<TR, N> to_float(const vector<T, N> &, int = 0) {
+  count(Kind::Vector, 7 * aie_count::lane_ops(N));
+  count(Kind::Move, 2 * aie_count::lane_ops(N));
+  return {};
+}
+template <typename T, unsigned N> vector<counted_float, N> to_float(const vector<T, N> &v, int shift = 0) {
+  return to_float<counted_float, T, N>(v, shift);  // the kernel's `float`
+}
+
+// fp32 -> int8/int16 (Float2Fix, at no fewer than 32 lanes): a magic-number add and subtract, then a shift-round.
+template <typename TR, typename T, unsigned N> vector<TR, N> to_fixed(const vector<T, N> &, int = 0) {
+  count(Kind::Vector, 3 * aie_count::lane_ops(N));
+  return {};
+}
+
 template <typename T, unsigned N> T reduce(const vector<T, N> &) {
   unsigned steps = 0;
   for (unsigned lanes = N; lanes > 1; lanes /= 2)
@@ -272,6 +313,7 @@ template <typename T, unsigned N> T reduce(const vector<T, N> &) {
   return T{};
 }
 template <typename T, unsigned N> T reduce_max(const vector<T, N> &v) { return reduce(v); }
+template <typename T, unsigned N> T reduce_min(const vector<T, N> &v) { return reduce(v); }
 template <typename T, unsigned N> T reduce_add(const vector<T, N> &v) { return reduce(v); }
 
 template <typename T, unsigned N> mask<N> ge(const vector<T, N> &, const vector<T, N> &) {
@@ -322,11 +364,13 @@ template <unsigned M, unsigned K, unsigned N, typename TypeA, typename TypeB, ty
 
 private:
   template <typename A, typename B> static void use(const A &a, const B &b) {
-    if (!AIE_COUNT_BFP16 && M == 8) {
-      aie_count::record_mmul(false, 4, K, N, a.id, 0, b.id);
-      aie_count::record_mmul(false, 4, K, N, a.id, 1, b.id);
+    if constexpr (std::is_integral_v<TypeA>) {  // integer mmuls: "int8" (int8 x int8), "int16x8" (int16 x int8)
+      aie_count::record_mmul(sizeof(TypeA) == 1 ? "int8" : "int16x8", M, K, N, a.id, 0, b.id);
+    } else if (!AIE_COUNT_BFP16 && M == 8) {
+      aie_count::record_mmul("bf16", 4, K, N, a.id, 0, b.id);
+      aie_count::record_mmul("bf16", 4, K, N, a.id, 1, b.id);
     } else {
-      aie_count::record_mmul(AIE_COUNT_BFP16, M, K, N, a.id, 0, b.id);
+      aie_count::record_mmul(AIE_COUNT_BFP16 ? "bfp16" : "bf16", M, K, N, a.id, 0, b.id);
     }
   }
 };
