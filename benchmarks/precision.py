@@ -219,6 +219,26 @@ def predicted_prefill_ms(seq: int) -> dict:
             for precision in PRECISIONS}
 
 
+def gemm_call_cycles(tile_m: int = 64, tile_k: int = 32, tile_n: int = 128) -> dict:
+    """Core cycles of one GEMM kernel call on a (tile_m × tile_k) · (tile_k × tile_n) tile, [fast end, slow end], per
+    GEMM precision, from what the call executes (kernels/core_ops.py's count of its AIE path, kernels/timing.py's
+    ends): gemm.cc's exact bf16 and BFP16 builds and gemm_int8.cc's W8A8 and W8A16 builds. The tile is the one the
+    GEMM builder picks for Llama-3.2-1B's prefill GEMMs at 2048 rows."""
+    from torch_npu2.kernels import core_ops, timing
+
+    tile = {"GEMM_TILE_M": tile_m, "GEMM_TILE_K": tile_k, "GEMM_TILE_N": tile_n, "GEMM_DRAIN_N": 32}
+    calls = {"bf16": ("gemm_bf16_f32_wnk", {}, None),
+             "bfp16": ("gemm_bf16_f32_wnk", {core_ops.BFP16_DEFINE: 1}, None),
+             "int8": ("gemm_int_i32_wkn", {"GEMM_ACT_BITS": 8}, "gemm_int8.cc"),
+             "w8a16": ("gemm_int_i32_wkn", {"GEMM_ACT_BITS": 16}, "gemm_int8.cc")}
+    cycles = {}
+    for precision, (symbol, extra, source) in calls.items():
+        ops = core_ops.count_call(symbol, tuple(sorted({**tile, **extra}.items())), (), source=source)
+        cycles[precision] = [timing.core_cycles(core_ops.instructions(ops, end.share_operands), end)
+                             for end in timing.ENDS]
+    return cycles
+
+
 def table(result: dict) -> str:
     lines = ["| model | run | worst layer min cos | last layer min cos | logits min cos | top-5 gate passed | "
              "identical tokens | first token = fp32 |", "|---|---|---|---|---|---|---|---|"]

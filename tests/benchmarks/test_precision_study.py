@@ -16,3 +16,12 @@ def test_a_study_sets_every_prefill_gemm_and_only_inside():
             assert [gemm_precisions(p) for p in build()] == [{study}] * 3
     assert [gemm_precisions(p) for p in build()] == [{catalog.DEFAULT_MATMUL_PRECISION}] * 3
     assert "int8" not in catalog.MATMUL_PRECISIONS  # not a user's choice until its builder exists
+
+
+def test_per_call_cycles_rank_the_precisions():
+    """At both ends of the timing model, an integer call is cheaper than a BFP16 one, which is cheaper than exact
+    bf16 (aie_api's emulation of it); W8A16 issues twice W8A8's MACs (256-MAC instructions)."""
+    cycles = precision.gemm_call_cycles()
+    for end in (0, 1):
+        assert cycles["int8"][end] <= cycles["w8a16"][end] < cycles["bfp16"][end] < cycles["bf16"][end]
+    assert cycles["w8a16"][1] > cycles["int8"][1]

@@ -27,3 +27,4 @@ def test_the_drain_rescales_every_output():
     chunk = 64 * 32  # GEMM_TILE_M x GEMM_DRAIN_N outputs
     assert ops["store"] == chunk // 16       # 16 bf16 outputs a store
     assert ops["vector"] >= 7 * chunk // 16  # an int32 -> fp32 conversion per 16 outputs (at 32 lanes)
+
