@@ -35,9 +35,11 @@ from . import common, cost_model
 
 PRECISIONS = ("bf16", "bfp16", "bfp16_gate_up")
 # Study name → the GEMM precision of each projection (kernels/catalog.py's names). "w8a16_v_bf16": the V
-# projection, the one whose integer GEMM costs SmolLM2 the most (README, "Integer GEMMs"), stays exact bf16.
+# projection, the one whose integer GEMM alone costs SmolLM2 the most (README, "Integer GEMMs"), stays exact bf16;
+# "w8a16_v_down_bf16": V and down do.
 STUDIES = {"int8": lambda projection: "int8", "w8a16": lambda projection: "w8a16",
-           "w8a16_v_bf16": lambda projection: "bf16" if projection == "v" else "w8a16"}
+           "w8a16_v_bf16": lambda projection: "bf16" if projection == "v" else "w8a16",
+           "w8a16_v_down_bf16": lambda projection: "bf16" if projection in ("v", "down") else "w8a16"}
 PROJECTIONS = ("q", "k", "v", "o", "gate_up", "down")  # the prefill GEMMs, as kernels/catalog.py names them
 SETTINGS = {
     "quick": dict(new_tokens=16, llama_layers=2, llama_prompts=4, llama_new_tokens=4, buckets=(16, 32, 64)),
