@@ -167,11 +167,18 @@ def _only_projection_bfp16(projection: str):
 
 @contextmanager
 def _studied(study: str | None):
-    """Prefill Programs built inside carry study ``study``'s GEMM precisions (nothing changes for None); the op
-    registry's Program memo is emptied on entry and exit."""
+    """Prefill Programs built inside carry study ``study``'s GEMM precisions (nothing changes for None)."""
     if study is None:
         yield
         return
+    with _studied_scheme(STUDIES[study]):
+        yield
+
+
+@contextmanager
+def _studied_scheme(scheme):
+    """Prefill Programs built inside give projection p's GEMM precision ``scheme(p)``; the op registry's Program memo
+    is emptied on entry and exit."""
     from unittest import mock
 
     from torch_npu2.kernels import catalog
@@ -179,7 +186,7 @@ def _studied(study: str | None):
 
     registry._program.cache_clear()
     try:
-        with mock.patch.object(catalog, "_gemm_precision", lambda mode, projection: STUDIES[study](projection)):
+        with mock.patch.object(catalog, "_gemm_precision", lambda mode, projection: scheme(projection)):
             yield
     finally:
         registry._program.cache_clear()
@@ -202,6 +209,32 @@ def _sensitivity(settings, log) -> dict:
         log(f"  SmolLM2-135M, only {projection} at bfp16: worst layer "
             f"{rows[projection]['worst_layer_min_cosine']:.5f}, logits {rows[projection]['logits_min_cosine']:.5f}")
         del candidate
+    return rows
+
+
+def integer_distances(log=print) -> dict:
+    """SmolLM2's distance to fp32 (``compare_layers`` on the chat prompt ``sensitivity`` uses) with integer GEMMs:
+    exact bf16 GEMMs for reference, each study of ``STUDIES``, the integer W8A8 GEMM with V and down exact, and W8A16 in one projection at a time
+    (the others exact bf16). Runs on the emulated NPU2."""
+    import torch_npu2
+    from tests.patch_llama.test_smollm2 import chat_ids
+    from torch_npu2.patch_llama.models import load_model
+
+    schemes = {"bf16": lambda projection: "bf16", **STUDIES, "int8_v_down_bf16": lambda projection: "bf16" if projection in ("v", "down") else "int8",
+               **{f"w8a16_{only}_only": (lambda only: lambda projection: "w8a16" if projection == only else "bf16")(only)
+                  for only in PROJECTIONS}}
+    rows = {}
+    with common.emulated_runtime(compute=True):
+        model, tokenizer = load_model()
+        compare_ids = chat_ids(tokenizer, "Explain what a neural network is in one sentence.")
+        fp32 = torch.nn.Module.float(copy.deepcopy(model))
+        for name, scheme in schemes.items():
+            candidate = copy.deepcopy(model)
+            with _studied_scheme(scheme):
+                torch_npu2.patch_llama(candidate, prefill_buckets=SETTINGS["quick"]["buckets"])
+                rows[name] = _distance(fp32, candidate, compare_ids)
+            log(f"  SmolLM2-135M, {name}: worst layer {rows[name]['worst_layer_min_cosine']:.5f}, logits "
+                f"{rows[name]['logits_min_cosine']:.5f}")
     return rows
 
 
