@@ -19,6 +19,8 @@ Integer GEMMs (``STUDIES``): "int8" (W8A8) and "w8a16" (int8 weights, int16 acti
 emulator has (torch_npu2/emulator/int8.py) but whose GEMM builder does not exist yet, so they are not matmul
 precisions a user can pick: the catalog's per-projection choice is swapped for the study (as in ``sensitivity``)
 and the Programs carry the integer precision to the emulator; patch_llama warns that the NPU could not build them.
+``integer_distances`` measures SmolLM2's distance to fp32 per integer scheme (and per projection), and
+``gemm_call_cycles`` the core cycles of one GEMM kernel call per precision (counted, at the timing model's ends).
 
 Predicted prefill cost: the timing model's range (``kernels/timing.py``) of each precision's Programs.
 """
