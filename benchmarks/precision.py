@@ -15,6 +15,13 @@ Which GEMM's BFP16 conversion costs the accuracy (``sensitivity``): SmolLM2 with
 with BFP16 and the others exact (the catalog's per-projection choice swapped for the study, so the Programs,
 their keys and the emulator's numerics are the real ones), ``compare_layers`` against fp32 on the same prompt.
 
+Integer GEMMs (``STUDIES``): "int8" (W8A8) and "w8a16" (int8 weights, int16 activations), whose numerics the
+emulator has (torch_npu2/emulator/int8.py) but whose GEMM builder does not exist yet, so they are not matmul
+precisions a user can pick: the catalog's per-projection choice is swapped for the study (as in ``sensitivity``)
+and the Programs carry the integer precision to the emulator; patch_llama warns that the NPU could not build them.
+``integer_distances`` measures SmolLM2's distance to fp32 per integer scheme (and per projection), and
+``gemm_call_cycles`` the core cycles of one GEMM kernel call per precision (counted, at the timing model's ends).
+
 Predicted prefill cost: the timing model's range (``kernels/timing.py``) of each precision's Programs.
 """
 from __future__ import annotations
@@ -29,6 +36,12 @@ import torch
 from . import common, cost_model
 
 PRECISIONS = ("bf16", "bfp16", "bfp16_gate_up")
+# Study name → the GEMM precision of each projection (kernels/catalog.py's names). "w8a16_v_bf16": the V
+# projection, the one whose integer GEMM alone costs SmolLM2 the most (README, "Integer GEMMs"), stays exact bf16;
+# "w8a16_v_down_bf16": V and down do.
+STUDIES = {"int8": lambda projection: "int8", "w8a16": lambda projection: "w8a16",
+           "w8a16_v_bf16": lambda projection: "bf16" if projection == "v" else "w8a16",
+           "w8a16_v_down_bf16": lambda projection: "bf16" if projection in ("v", "down") else "w8a16"}
 PROJECTIONS = ("q", "k", "v", "o", "gate_up", "down")  # the prefill GEMMs, as kernels/catalog.py names them
 SETTINGS = {
     "quick": dict(new_tokens=16, llama_layers=2, llama_prompts=4, llama_new_tokens=4, buckets=(16, 32, 64)),
@@ -71,39 +84,17 @@ def _distance(reference, model, ids) -> dict:
 
 
 def _evaluate(name, model, prompts, compare_ids, new_tokens, buckets, tokenizer, log) -> dict:
-    """fp32 reference, HF bf16 and each patched precision on one model."""
-    import torch_npu2
-
+    """fp32 reference, HF bf16, each patched precision and each integer study on one model."""
     # nn.Module's own cast: HF refuses .float() on a GGUF-loaded model (dequantized bf16, flagged quantized)
     fp32 = torch.nn.Module.float(copy.deepcopy(model))
     reference = [_greedy(fp32, ids, new_tokens) for _, _, ids in prompts]
     rows = {}
-    candidates = [("HF bf16 (CPU)", None)] + [(f"NPU2 {p}", p) for p in PRECISIONS]
-    for label, precision in candidates:
-        started = time.perf_counter()
-        candidate = copy.deepcopy(model)
-        if precision is not None:
-            torch_npu2.patch_llama(candidate, prefill_buckets=buckets, matmul_precision=precision)
-        gates = []
-        for (kind, text, ids), ref in zip(prompts, reference):
-            gates.append({"kind": kind, "prompt": text, **_gate(ref, _greedy(candidate, ids, new_tokens))})
-        row = {"label": label, "precision": precision, **_distance(fp32, candidate, compare_ids), "prompts": gates,
-               "gate_passed": sum(g["gate_passed"] for g in gates),
-               "first_token_agreement": sum(g["first_token_agrees"] for g in gates),
-               "identical": sum(g["first_divergence"] is None for g in gates), "count": len(gates)}
-        if tokenizer is not None:
-            from tests.patch_llama.test_smollm2 import chat_ids
-
-            ids = chat_ids(tokenizer, CAPITAL)
-            with torch.no_grad():
-                out = candidate.generate(ids, max_new_tokens=12, do_sample=False)
-            row["capital_answer"] = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
-            log(f"  {name} {label}: {CAPITAL!r} -> {row['capital_answer']!r}")
-        rows[label] = row
-        log(f"  {name} {label}: worst layer {row['worst_layer_min_cosine']:.5f}, logits "
-            f"{row['logits_min_cosine']:.5f}, gate {row['gate_passed']}/{row['count']}, first token "
-            f"{row['first_token_agreement']}/{row['count']} ({time.perf_counter() - started:.0f} s)")
-        del candidate
+    candidates = ([("HF bf16 (CPU)", None, None)] + [(f"NPU2 {p}", p, None) for p in PRECISIONS]
+                  + [(f"NPU2 {name} (emulator study)", None, name) for name in STUDIES])
+    for label, precision, study in candidates:
+        with _studied(study):
+            rows[label] = _evaluate_one(label, precision, study, model, prompts, compare_ids, reference, fp32,
+                                        new_tokens, buckets, tokenizer, name, log)
     if tokenizer is not None:
         from tests.patch_llama.test_smollm2 import chat_ids
 
@@ -113,6 +104,37 @@ def _evaluate(name, model, prompts, compare_ids, new_tokens, buckets, tokenizer,
         rows["fp32"] = {"label": "fp32 (CPU)", "capital_answer": tokenizer.decode(out[0, ids.shape[1]:],
                                                                                    skip_special_tokens=True)}
     return rows
+
+
+def _evaluate_one(label, precision, study, model, prompts, compare_ids, reference, fp32, new_tokens, buckets,
+                  tokenizer, name, log) -> dict:
+    import torch_npu2
+
+    started = time.perf_counter()
+    candidate = copy.deepcopy(model)
+    if precision is not None:
+        torch_npu2.patch_llama(candidate, prefill_buckets=buckets, matmul_precision=precision)
+    elif study is not None:  # inside _studied: the catalog gives the GEMMs the study's precisions
+        torch_npu2.patch_llama(candidate, prefill_buckets=buckets)
+    gates = []
+    for (kind, text, ids), ref in zip(prompts, reference):
+        gates.append({"kind": kind, "prompt": text, **_gate(ref, _greedy(candidate, ids, new_tokens))})
+    row = {"label": label, "precision": precision or study, **_distance(fp32, candidate, compare_ids), "prompts": gates,
+           "gate_passed": sum(g["gate_passed"] for g in gates),
+           "first_token_agreement": sum(g["first_token_agrees"] for g in gates),
+           "identical": sum(g["first_divergence"] is None for g in gates), "count": len(gates)}
+    if tokenizer is not None:
+        from tests.patch_llama.test_smollm2 import chat_ids
+
+        ids = chat_ids(tokenizer, CAPITAL)
+        with torch.no_grad():
+            out = candidate.generate(ids, max_new_tokens=12, do_sample=False)
+        row["capital_answer"] = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        log(f"  {name} {label}: {CAPITAL!r} -> {row['capital_answer']!r}")
+    log(f"  {name} {label}: worst layer {row['worst_layer_min_cosine']:.5f}, logits "
+        f"{row['logits_min_cosine']:.5f}, gate {row['gate_passed']}/{row['count']}, first token "
+        f"{row['first_token_agreement']}/{row['count']} ({time.perf_counter() - started:.0f} s)")
+    return row
 
 
 def _smollm2(settings, log) -> dict:
@@ -144,6 +166,33 @@ def _only_projection_bfp16(projection: str):
         registry._program.cache_clear()
 
 
+
+@contextmanager
+def _studied(study: str | None):
+    """Prefill Programs built inside carry study ``study``'s GEMM precisions (nothing changes for None)."""
+    if study is None:
+        yield
+        return
+    with _studied_scheme(STUDIES[study]):
+        yield
+
+
+@contextmanager
+def _studied_scheme(scheme):
+    """Prefill Programs built inside give projection p's GEMM precision ``scheme(p)``; the op registry's Program memo
+    is emptied on entry and exit."""
+    from unittest import mock
+
+    from torch_npu2.kernels import catalog
+    from torch_npu2.ops import registry
+
+    registry._program.cache_clear()
+    try:
+        with mock.patch.object(catalog, "_gemm_precision", lambda mode, projection: scheme(projection)):
+            yield
+    finally:
+        registry._program.cache_clear()
+
 def _sensitivity(settings, log) -> dict:
     """SmolLM2's distance to fp32 with only one projection's GEMM at bfp16, per projection."""
     import torch_npu2
@@ -165,6 +214,32 @@ def _sensitivity(settings, log) -> dict:
     return rows
 
 
+def integer_distances(log=print) -> dict:
+    """SmolLM2's distance to fp32 (``compare_layers`` on the chat prompt ``sensitivity`` uses) with integer GEMMs:
+    exact bf16 GEMMs for reference, each study of ``STUDIES``, the integer W8A8 GEMM with V and down exact, and W8A16 in one projection at a time
+    (the others exact bf16). Runs on the emulated NPU2."""
+    import torch_npu2
+    from tests.patch_llama.test_smollm2 import chat_ids
+    from torch_npu2.patch_llama.models import load_model
+
+    schemes = {"bf16": lambda projection: "bf16", **STUDIES, "int8_v_down_bf16": lambda projection: "bf16" if projection in ("v", "down") else "int8",
+               **{f"w8a16_{only}_only": (lambda only: lambda projection: "w8a16" if projection == only else "bf16")(only)
+                  for only in PROJECTIONS}}
+    rows = {}
+    with common.emulated_runtime(compute=True):
+        model, tokenizer = load_model()
+        compare_ids = chat_ids(tokenizer, "Explain what a neural network is in one sentence.")
+        fp32 = torch.nn.Module.float(copy.deepcopy(model))
+        for name, scheme in schemes.items():
+            candidate = copy.deepcopy(model)
+            with _studied_scheme(scheme):
+                torch_npu2.patch_llama(candidate, prefill_buckets=SETTINGS["quick"]["buckets"])
+                rows[name] = _distance(fp32, candidate, compare_ids)
+            log(f"  SmolLM2-135M, {name}: worst layer {rows[name]['worst_layer_min_cosine']:.5f}, logits "
+                f"{rows[name]['logits_min_cosine']:.5f}")
+    return rows
+
+
 def _llama_1b(settings, log) -> dict:
     shape = {**common.LLAMA_1B_SHAPE, "num_hidden_layers": settings["llama_layers"]}
     model = common.random_llama(common.llama_config(**shape))
@@ -181,6 +256,26 @@ def predicted_prefill_ms(seq: int) -> dict:
     dims = cost_model.llama_1b_dims()
     return {precision: list(cost_model.prefill_ms(dims, cost_model.LLAMA_1B_LAYERS, [(0, seq, seq)], precision))
             for precision in PRECISIONS}
+
+
+def gemm_call_cycles(tile_m: int = 64, tile_k: int = 32, tile_n: int = 128) -> dict:
+    """Core cycles of one GEMM kernel call on a (tile_m × tile_k) · (tile_k × tile_n) tile, [fast end, slow end], per
+    GEMM precision, from what the call executes (kernels/core_ops.py's count of its AIE path, kernels/timing.py's
+    ends): gemm.cc's exact bf16 and BFP16 builds and gemm_int8.cc's W8A8 and W8A16 builds. The tile is the one the
+    GEMM builder picks for Llama-3.2-1B's prefill GEMMs at 2048 rows."""
+    from torch_npu2.kernels import core_ops, timing
+
+    tile = {"GEMM_TILE_M": tile_m, "GEMM_TILE_K": tile_k, "GEMM_TILE_N": tile_n, "GEMM_DRAIN_N": 32}
+    calls = {"bf16": ("gemm_bf16_f32_wnk", {}, None),
+             "bfp16": ("gemm_bf16_f32_wnk", {core_ops.BFP16_DEFINE: 1}, None),
+             "int8": ("gemm_int_i32_wkn", {"GEMM_ACT_BITS": 8}, "gemm_int8.cc"),
+             "w8a16": ("gemm_int_i32_wkn", {"GEMM_ACT_BITS": 16}, "gemm_int8.cc")}
+    cycles = {}
+    for precision, (symbol, extra, source) in calls.items():
+        ops = core_ops.count_call(symbol, tuple(sorted({**tile, **extra}.items())), (), source=source)
+        cycles[precision] = [timing.core_cycles(core_ops.instructions(ops, end.share_operands), end)
+                             for end in timing.ENDS]
+    return cycles
 
 
 def table(result: dict) -> str:

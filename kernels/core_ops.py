@@ -30,13 +30,15 @@ KINDS = ("load", "store", "mac", "vector", "move", "nonlinear", "scalar_float")
 # Scalar arguments the counting run passes for pointers and floats: no vector touches memory, and the few scalar
 # reads and writes of a kernel stay within this many elements.
 SCRATCH_ELEMENTS = 1 << 16
-PACKED_SCRATCH_BYTES = 1 << 20  # a call's packed weight rows, whose scales the kernel reads as scalars
+# raw memory behind every other pointer: int8 operands, int32 accumulators, a call's packed weight rows (whose
+# scales the kernel reads as scalars)
+RAW_SCRATCH_BYTES = 1 << 20
 BFP16_DEFINE = "AIE_API_EMULATE_BFLOAT16_MMUL_WITH_BFP16"
 
 
 @dataclass(frozen=True)
 class MmulUse:
-    precision: str                  # "bf16" (exact) or "bfp16" (emulated through BFP16)
+    precision: str                  # "bf16" (exact), "bfp16" (emulated through BFP16), "int8", "int16x8" (A × B)
     shape: tuple[int, int, int]     # M, K, N of the aie::mmul aie_api runs
     calls: int
     a_operands: int                 # distinct A values among the calls
@@ -77,6 +79,14 @@ MMUL_INSTRUCTIONS = {
         "AIE_API_EMULATE_BFLOAT16_MMUL_WITH_BFP16: one mac_8x8_8x8T_conf; A becomes an accumulator (two "
         "ups_to_v32accfloat) and then bfp16 (to_v64bfp16ebs8); B is transposed (two shuffles on AIE2P, "
         "detail/aie2/transpose.hpp), multiplied by ones (mul_elem_64) and converted (to_v64bfp16ebs8)"),
+    ("int8", (8, 8, 8)): MmulInstructions(
+        {"mac": 1}, {}, {},
+        "aie_api detail/aie2p/mmul_8_8.hpp, mmul_8_8<8, 8, 8> at 32 bits: one mac_8x8_8x8_conf; A and B are one "
+        "512-bit register each as loaded"),
+    ("int16x8", (8, 4, 8)): MmulInstructions(
+        {"mac": 1}, {}, {},
+        "aie_api detail/aie2p/mmul_16_8.hpp, mmul_16_8<8, 4, 8> at 32 bits: one mac_8x4_4x8_conf; A is one 512-bit "
+        "register, B (256 bits) grown to 512 (a register name)"),
 }
 
 
@@ -102,7 +112,7 @@ def instructions(ops: CoreOps, share_operands: bool) -> dict[str, int]:
 @dataclass(frozen=True)
 class Param:
     name: str
-    kind: str                       # "bf16 *", "float *", "uint8 *", "int" or "float"
+    kind: str                       # "bf16 *", "float *", "int *" (any other pointer), "int" or "float"
 
 
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
@@ -117,9 +127,11 @@ def source_of(symbol: str) -> str:
 
 @lru_cache(maxsize=None)
 def entry_points(source: str) -> dict[str, tuple[Param, ...]]:
-    """Each symbol of ``aie2p/<source>`` with its C parameters, from its definition."""
+    """Each symbol of ``aie2p/<source>`` with its C parameters, from its definition (the symbols builders/externs.py
+    lists for it, or, for a kernel no builder calls yet, every extern "C" function it defines)."""
     text = _COMMENT.sub("", (host_build.KERNEL_DIR / source).read_text())
-    symbols = next(k.symbols for k in EXTERNAL_KERNELS if k.source == source)
+    symbols = next((k.symbols for k in EXTERNAL_KERNELS if k.source == source), None) or \
+        tuple(re.findall(r'extern "C" void (\w+)\(', text))
     found = {}
     for symbol in symbols:
         m = re.search(rf"\bvoid {symbol}\(([^)]*)\)\s*\{{", text)
@@ -128,8 +140,8 @@ def entry_points(source: str) -> dict[str, tuple[Param, ...]]:
         params = []
         for declaration in m.group(1).split(","):
             words = declaration.replace("*", " * ").split()
-            base = ("bf16" if {"bf16_t", "bfloat16"} & set(words) else "float" if "float" in words
-                    else "uint8" if "uint8_t" in words else "int")
+            base = "bf16" if {"bf16_t", "bfloat16"} & set(words) else "float" if "float" in words else "int"
+            # any other pointer (int8_t *, int32_t *, a typedef'd element) is raw memory
             params.append(Param(words[-1], f"{base} *" if "*" in words else base))
         found[symbol] = tuple(params)
     return found
@@ -151,7 +163,8 @@ def _driver(source: str) -> str:
              "#define float counted_float", f'#include "{source}"', "#undef float",
              f"static bfloat16 bf16_memory[{SCRATCH_ELEMENTS}];",
              f"static counted_float f32_memory[{SCRATCH_ELEMENTS}];",
-             f"static uint8_t u8_memory[{PACKED_SCRATCH_BYTES}];",
+             f"alignas(64) static unsigned char raw_memory[{RAW_SCRATCH_BYTES}];",
+             "struct raw_pointer { template <typename T> operator T *() const { return reinterpret_cast<T *>(raw_memory); } };",
              "int main(int argc, char **argv) {", "  if (argc < 2) return 2;"]
     for symbol, params in entry_points(source).items():
         args, integers = [], 0
@@ -160,8 +173,8 @@ def _driver(source: str) -> str:
                 args.append(f"argc > {2 + integers} ? std::atoi(argv[{2 + integers}]) : 0")
                 integers += 1
             else:
-                args.append({"bf16 *": "bf16_memory", "float *": "f32_memory", "uint8 *": "u8_memory",
-                             "float": "counted_float(1.0)"}[p.kind])
+                args.append({"bf16 *": "bf16_memory", "float *": "f32_memory", "float": "counted_float(1.0)",
+                             "int *": "raw_pointer{}"}[p.kind])
         lines.append(f'  if (!std::strcmp(argv[1], "{symbol}")) {{ {symbol}({", ".join(args)}); '
                       "aie_count::report(); return 0; }")
     return "\n".join([*lines, "  return 2;", "}", ""])
@@ -184,9 +197,11 @@ def _counter(source: str, defines: tuple[tuple[str, int], ...]) -> Path:
 
 
 @lru_cache(maxsize=None)
-def count_call(symbol: str, defines: tuple[tuple[str, int], ...], integers: tuple[int, ...]) -> CoreOps:
-    """Run ``symbol``'s AIE path once, built with ``defines``, with these integer arguments in order."""
-    source = source_of(symbol)
+def count_call(symbol: str, defines: tuple[tuple[str, int], ...], integers: tuple[int, ...],
+               source: str | None = None) -> CoreOps:
+    """Run ``symbol``'s AIE path once, built with ``defines``, with these integer arguments in order (``source``:
+    its file, for a kernel builders/externs.py does not list)."""
+    source = source or source_of(symbol)
     result = subprocess.run([str(_counter(source, defines)), symbol, *map(str, integers)], capture_output=True,
                             text=True, check=True)
     data = json.loads(result.stdout)

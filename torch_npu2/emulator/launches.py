@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from ..kernels import host_build, quant
 from .bfp16 import quantize_bf16_to_bfp16
+from .int8 import ACTIVATION_BITS, integer_gemm, quantize_weight
 
 
 def rmsnorm(p, x, weight):
@@ -40,6 +41,10 @@ def matmul(p, a, w):
         return packed_matvec(p, a, w).to(torch.bfloat16)
     K, col0 = p["K"], p.get("w_col0", 0)
     a, w = a.reshape(-1, K), w.reshape(p["N"], p.get("w_cols", K))[:, col0:col0 + K]
+    if p.get("precision") in ACTIVATION_BITS:
+        # int8 weights (quantized when the weights are prepared: a function of W alone, so quantizing here gives
+        # the same values), activations quantized per row on the device: emulator/int8.py defines both.
+        return integer_gemm(a, *quantize_weight(w), p["precision"])
     if p.get("precision") == "bfp16":
         # A GEMM built with BFP16 emulation first converts both operands to bfp16ebs8 (blocks of 8 along K);
         # the converted values are bf16 values and their products exact, so the bf16 matmul then matches.

@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <set>
 #include <type_traits>
 #include <utility>
@@ -71,7 +72,7 @@ template <typename T> void piece(unsigned lanes) {
 }
 
 struct MmulUse {
-  bool bfp16;
+  const char *precision;
   unsigned m, k, n;
   unsigned long long calls = 0;
   std::set<std::pair<unsigned long long, unsigned>> a_operands;
@@ -79,17 +80,17 @@ struct MmulUse {
 };
 inline std::vector<MmulUse> mmul_uses;
 
-inline void record_mmul(bool bfp16, unsigned m, unsigned k, unsigned n, unsigned long long a, unsigned a_part,
-                        unsigned long long b) {
+inline void record_mmul(const char *precision, unsigned m, unsigned k, unsigned n, unsigned long long a,
+                        unsigned a_part, unsigned long long b) {
   for (MmulUse &use : mmul_uses)
-    if (use.bfp16 == bfp16 && use.m == m && use.k == k && use.n == n) {
+    if (!std::strcmp(use.precision, precision) && use.m == m && use.k == k && use.n == n) {
       ++use.calls;
       use.a_operands.insert({a, a_part});
       use.b_operands.insert(b);
       return;
     }
-  mmul_uses.push_back(MmulUse{bfp16, m, k, n});
-  record_mmul(bfp16, m, k, n, a, a_part, b);
+  mmul_uses.push_back(MmulUse{precision, m, k, n});
+  record_mmul(precision, m, k, n, a, a_part, b);
 }
 
 // One JSON object on stdout: the tallies and the mmul uses.
@@ -101,7 +102,7 @@ inline void report() {
   for (unsigned i = 0; i < mmul_uses.size(); ++i) {
     const MmulUse &use = mmul_uses[i];
     std::printf("%s{\"precision\": \"%s\", \"shape\": [%u, %u, %u], \"calls\": %llu, \"a_operands\": %zu, "
-                "\"b_operands\": %zu}", i ? ", " : "", use.bfp16 ? "bfp16" : "bf16", use.m, use.k, use.n, use.calls,
+                "\"b_operands\": %zu}", i ? ", " : "", use.precision, use.m, use.k, use.n, use.calls,
                 use.a_operands.size(), use.b_operands.size());
   }
   std::printf("]}\n");
@@ -147,6 +148,7 @@ constexpr counted_float::counted_float(const bfloat16 &v) : value(v.value) {}  /
 
 struct accfloat {};
 struct accauto {};
+struct acc32 {};
 
 namespace aie {
 
@@ -273,6 +275,54 @@ template <typename T, unsigned N> vector<T, N> max(const vector<T, N> &, const v
   return {};
 }
 
+template <typename T, unsigned N> vector<T, N> min(const vector<T, N> &, const vector<T, N> &) {
+  count(Kind::Vector, aie_count::lane_ops(N));
+  return {};
+}
+
+// Two halves side by side: free when each names a register (256 bits or more), else a move each.
+template <typename T, unsigned N> vector<T, 2 * N> concat(const vector<T, N> &, const vector<T, N> &) {
+  aie_count::piece<T>(N);
+  aie_count::piece<T>(N);
+  return {};
+}
+
+// Vector float arithmetic: through the accumulator, one op per 32 lanes.
+template <typename T, unsigned N> vector<T, N> add(const vector<T, N> &, const vector<T, N> &) {
+  count(Kind::Vector, aie_count::lane_ops(N));
+  return {};
+}
+template <typename T, unsigned N> vector<T, N> sub(const vector<T, N> &, const vector<T, N> &) {
+  count(Kind::Vector, aie_count::lane_ops(N));
+  return {};
+}
+
+// Integers to bf16 or float, as aie_api's AIE2P Fix2Float does it (detail/aie2p/elementary.hpp). Up to 16 bits:
+// a magic-number constant broadcast (a move), the values upshifted into an integer accumulator, the constant added
+// in it and subtracted again in floating point, and the float accumulator converted back (four vector ops per 32
+// lanes); 4-bit lanes are first unpacked to 8 bits (one more). int32 (at no fewer than 32 lanes): the high and low
+// 16 bits split out (two filters) and widened (two moves), each offset by a magic number and back (four ops), summed.
+template <typename TR, typename T, unsigned N> vector<TR, N> to_float(const vector<T, N> &, int = 0) {
+  if constexpr (aie_count::element_bits<T> == 32) {
+    count(Kind::Vector, 7 * aie_count::lane_ops(N));
+    count(Kind::Move, 2 * aie_count::lane_ops(N));
+  } else {
+    static_assert(aie_count::element_bits<T> <= 16, "the stand-in counts Fix2Float of int32 or up to 16-bit integers");
+    count(Kind::Move);
+    count(Kind::Vector, 4 * aie_count::lane_ops(N) + (aie_count::element_bits<T> < 8 ? aie_count::lane_ops(N) : 0));
+  }
+  return {};
+}
+template <typename T, unsigned N> vector<counted_float, N> to_float(const vector<T, N> &v, int shift = 0) {
+  return to_float<counted_float, T, N>(v, shift);  // the kernel's `float`
+}
+
+// fp32 -> int8/int16 (Float2Fix, at no fewer than 32 lanes): a magic-number add and subtract, then a shift-round.
+template <typename TR, typename T, unsigned N> vector<TR, N> to_fixed(const vector<T, N> &, int = 0) {
+  count(Kind::Vector, 3 * aie_count::lane_ops(N));
+  return {};
+}
+
 template <typename T, unsigned N> T reduce(const vector<T, N> &) {
   unsigned steps = 0;
   for (unsigned lanes = N; lanes > 1; lanes /= 2)
@@ -282,6 +332,7 @@ template <typename T, unsigned N> T reduce(const vector<T, N> &) {
   return T{};
 }
 template <typename T, unsigned N> T reduce_max(const vector<T, N> &v) { return reduce(v); }
+template <typename T, unsigned N> T reduce_min(const vector<T, N> &v) { return reduce(v); }
 template <typename T, unsigned N> T reduce_add(const vector<T, N> &v) { return reduce(v); }
 
 template <typename T, unsigned N> mask<N> ge(const vector<T, N> &, const vector<T, N> &) {
@@ -302,17 +353,6 @@ template <typename R, typename T, unsigned N> vector<R, N> nonlinear() {
 }
 template <typename R, typename T, unsigned N> vector<R, N> exp2(const vector<T, N> &) { return nonlinear<R, T, N>(); }
 template <typename R, typename T, unsigned N> vector<R, N> tanh(const vector<T, N> &) { return nonlinear<R, T, N>(); }
-
-// Integers (up to 16 bits) to bf16 or float, as aie_api's AIE2P Fix2Float does it (detail/aie2p/elementary.hpp):
-// a magic-number constant broadcast (a move), the values upshifted into an integer accumulator, the constant added
-// in it and subtracted again in floating point, and the float accumulator converted back (four vector ops per 32
-// lanes); 4-bit lanes are first unpacked to 8 bits (one more).
-template <typename R, typename T, unsigned N> vector<R, N> to_float(const vector<T, N> &, int = 0) {
-  static_assert(aie_count::element_bits<T> <= 16, "the stand-in counts Fix2Float of up to 16-bit integers");
-  count(Kind::Move);
-  count(Kind::Vector, 4 * aie_count::lane_ops(N) + (aie_count::element_bits<T> < 8 ? aie_count::lane_ops(N) : 0));
-  return {};
-}
 
 inline counted_float invsqrt(counted_float x) {
   count(Kind::ScalarFloat);
@@ -343,11 +383,13 @@ template <unsigned M, unsigned K, unsigned N, typename TypeA, typename TypeB, ty
 
 private:
   template <typename A, typename B> static void use(const A &a, const B &b) {
-    if (!AIE_COUNT_BFP16 && M == 8) {
-      aie_count::record_mmul(false, 4, K, N, a.id, 0, b.id);
-      aie_count::record_mmul(false, 4, K, N, a.id, 1, b.id);
+    if constexpr (std::is_integral_v<TypeA>) {  // integer mmuls: "int8" (int8 x int8), "int16x8" (int16 x int8)
+      aie_count::record_mmul(sizeof(TypeA) == 1 ? "int8" : "int16x8", M, K, N, a.id, 0, b.id);
+    } else if (!AIE_COUNT_BFP16 && M == 8) {
+      aie_count::record_mmul("bf16", 4, K, N, a.id, 0, b.id);
+      aie_count::record_mmul("bf16", 4, K, N, a.id, 1, b.id);
     } else {
-      aie_count::record_mmul(AIE_COUNT_BFP16, M, K, N, a.id, 0, b.id);
+      aie_count::record_mmul(AIE_COUNT_BFP16 ? "bfp16" : "bf16", M, K, N, a.id, 0, b.id);
     }
   }
 };
