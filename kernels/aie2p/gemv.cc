@@ -105,6 +105,9 @@ inline float bf16_round(float value) { return round_to_bf16(value); }
 #endif
 
 // ---- packed block-quantized rows (kernels/quant.py) ----
+// Packed rows hold whole 32-element blocks: a host build of the bf16 GEMVs at another K leaves them out (the AIE
+// path needs K a multiple of 32 anyway).
+#if GEMV_K % 32 == 0
 static_assert(GEMV_QUANT == 40 || GEMV_QUANT == 41 || GEMV_QUANT == 80, "GEMV_QUANT: 40 Q4_0, 41 Q4_1, 80 Q8_0");
 constexpr int kBlock = 32;
 constexpr bool kHasMin = GEMV_QUANT == 41;
@@ -113,7 +116,6 @@ constexpr int kBlocks = kDepth / kBlock;
 constexpr int kGroupBlocks = kDepth % (32 * kBlock) == 0 ? 32 : kBlocks;
 constexpr int kBlockBytes = kQuantBytes + 2 + (kHasMin ? 2 : 0);
 constexpr int kRowBytes = (kBlocks * kBlockBytes + 15) / 16 * 16;
-static_assert(kDepth % kBlock == 0, "packed rows: GEMV_K must be a multiple of 32");
 
 inline uint16_t load_u16(const uint8_t *p) { return uint16_t(p[0] | (p[1] << 8)); }
 
@@ -218,6 +220,7 @@ template <typename Store> void packed_row_dots(const uint8_t *w, const bf16_t *x
   for (int m = 0; m < kRows; ++m)
     store(m, packed_row_dot(w + m * kRowBytes, x));
 }
+#endif
 
 } // namespace
 
@@ -306,6 +309,7 @@ extern "C" void swiglu_bf16(bf16_t *gate_up, int32_t length) {
 #endif
 }
 
+#if GEMV_K % 32 == 0
 extern "C" void gemv_q_bf16(const uint8_t *w, const bf16_t *x, bf16_t *y) {
 #if defined(__AIENGINE__)
   RoundToNearestEven rounding;
@@ -334,3 +338,4 @@ extern "C" void gemv_q_rows_bf16(const uint8_t *w, const bf16_t *x, bf16_t *y, i
 #endif
   packed_row_dots(w, x, [y, row0](int m, float sum) { y[row0 + m] = to_bf16(sum); });
 }
+#endif

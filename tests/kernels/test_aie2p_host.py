@@ -589,7 +589,7 @@ KERNEL_SYMBOLS = {
     "rope_half_split.cc": ["rope_half_split_bf16"],
     "silu_mul.cc": ["silu_mul_bf16"],
     "gemv.cc": ["gemv_bf16", "gemv_bf16_f32", "gemv_partial_f32", "gemv_add_bf16", "gemv_rows_bf16",
-                "rmsnorm_bf16", "swiglu_bf16"],
+                "rmsnorm_bf16", "swiglu_bf16", "gemv_q_bf16", "gemv_q_bf16_f32", "gemv_q_partial_f32", "gemv_q_rows_bf16"],
     "attention.cc": ["attn_init_f32", "attn_qk_tile_bf16", "attn_online_softmax_bf16", "attn_pv_accumulate_bf16",
                      "attn_finalize_bf16"],
     "gemm.cc": ["gemm_zero_f32", "gemm_bf16_f32_wnk", "gemm_f32_to_bf16", "gemm_f32_swiglu_to_bf16"],
