@@ -457,7 +457,7 @@ def test_info_prints_the_wheels_install_command_once(capsys, monkeypatch, tmp_pa
 
 
 @pytest.mark.filterwarnings("ignore:patch_llama. LlamaForCausalLM runs here on the emulated NPU2:UserWarning")
-def test_serve_in_a_real_process_answers_on_the_port_it_bound_and_stops_on_ctrl_c(tiny_checkpoint, tmp_path):
+def test_serve_in_a_real_process_answers_on_the_port_it_bound_and_ctrl_c_stops_it(tiny_checkpoint, tmp_path):
     import json
     import socket
     import subprocess
@@ -487,9 +487,9 @@ def test_serve_in_a_real_process_answers_on_the_port_it_bound_and_stops_on_ctrl_
             except urllib.error.URLError:
                 assert time.monotonic() < deadline, "the server did not answer"
                 time.sleep(0.2)
-        server.send_signal(signal.SIGINT)
-        assert server.wait(timeout=60) == 0
+        server.send_signal(signal.SIGINT)  # uvicorn shuts down, then re-raises it: the CLI's Ctrl-C exit
+        assert server.wait(timeout=60) == 130
     finally:
         server.kill()
     err = server.stderr.read()
-    assert f"Uvicorn running on http://127.0.0.1:{port}" in err and "Traceback" not in err
+    assert "Application shutdown complete" in err and "Traceback" not in err
