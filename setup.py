@@ -82,8 +82,9 @@ setup(
     python_requires=">=3.10",
     packages=list(PACKAGE_DIRS),
     package_dir=PACKAGE_DIRS,
-    package_data={"torch_npu2.kernels": ["aie2p/*.cc", "aie2p/*.h"]},
-    install_requires=["torch>=2.5", "transformers>=5.0", "numpy", "tqdm"],
+    package_data={"torch_npu2.kernels": ["aie2p/*.cc", "aie2p/*.h", "aie2p_check/*.h", "aie2p_check/llvm-aie/*",
+                                         "aie_count/aie_api/*.hpp"]},
+    install_requires=["torch>=2.13,<2.14", "transformers>=5.0,<5.25", "numpy", "tqdm"],
     extras_require={
         "plot": ["matplotlib"],
         "gguf": ["gguf", "accelerate"],

@@ -15,7 +15,7 @@ Which GEMM's BFP16 conversion costs the accuracy (``sensitivity``): SmolLM2 with
 with BFP16 and the others exact (the catalog's per-projection choice swapped for the study, so the Programs,
 their keys and the emulator's numerics are the real ones), ``compare_layers`` against fp32 on the same prompt.
 
-Predicted prefill cost: the IR-derived cost model (``cost_model.program_cost``) of each precision's Programs.
+Predicted prefill cost: the timing model's range (``kernels/timing.py``) of each precision's Programs.
 """
 from __future__ import annotations
 
@@ -177,10 +177,9 @@ def _llama_1b(settings, log) -> dict:
 
 def predicted_prefill_ms(seq: int) -> dict:
     """Predicted ms of a Llama-3.2-1B prefill of ``seq`` tokens in one bucket (16 layers' rms_gemms_rope +
-    flash_attn + o_ffn, then the LM head) per precision, from the IR-derived cost model (each precision's GEMM
-    kernel has its own mmul throughput there)."""
+    flash_attn + o_ffn, then the LM head) per precision, from the timing model: [fast end, slow end]."""
     dims = cost_model.llama_1b_dims()
-    return {precision: cost_model.prefill_ms(dims, cost_model.LLAMA_1B_LAYERS, [(0, seq, seq)], precision)
+    return {precision: list(cost_model.prefill_ms(dims, cost_model.LLAMA_1B_LAYERS, [(0, seq, seq)], precision))
             for precision in PRECISIONS}
 
 
@@ -206,7 +205,7 @@ def table(result: dict) -> str:
         lines += [f"| {projection} | {row['worst_layer_min_cosine']:.5f} ({row['worst_layer']}) | "
                   f"{row['logits_min_cosine']:.5f} |" for projection, row in result["sensitivity_smollm2"].items()]
     lines += ["", "Predicted Llama-3.2-1B prefill (16 layers, cost MODEL, not measured): " + ", ".join(
-        f"seq {seq}: " + " / ".join(f"{p} {ms:.0f} ms" for p, ms in by_precision.items())
+        f"seq {seq}: " + " / ".join(f"{p} {cost_model.span(ms, 0)} ms" for p, ms in by_precision.items())
         for seq, by_precision in result["predicted_prefill_ms"].items())]
     return "\n".join(lines) + "\n"
 

@@ -97,56 +97,74 @@ def _work(r: dict) -> list[str]:
                    f"{len(r['cross_check'])} prompt lengths ran exactly the computed rows.", ""])
 
 
-def _ms(value: float | None, digits: int = 2) -> str:
-    """A predicted time, or a dash where a Program has no such variant (or the JSON predates it)."""
-    return "—" if value is None else f"{value:.{digits}f}"
+def _range(values, digits: int = 2) -> str:
+    """A predicted range, or a dash where a Program has no such variant."""
+    return "—" if values is None else cost_model.span(values, digits)
 
 
 def _cost_model(r: dict) -> list[str]:
     programs = []
     for p in r["per_program"]:
-        largest = max(p["compute_ms_by_class"].items(), key=lambda kv: kv[1])
-        programs.append([p["program"], p["seq"] or "decode", f"{p['predicted_ms']:.2f}",
-                         _ms(p.get("predicted_ms_bfp16_gate_up")), _ms(p.get("predicted_ms_bfp16")),
-                         p["upstream_published_ms"],
-                         f"{p['ratio_to_upstream']:.1f}×", p["launch_iterations"], f"{p['ddr_mb']:.0f}",
-                         f"{largest[0]} {largest[1]:.2f}"])
-    prefill = [[p["prompt_tokens"], "+".join(map(str, p["buckets"])), f"{p['predicted_ms']:.0f}",
-                _ms(p.get("predicted_ms_bfp16_gate_up"), 0), f"{p['predicted_ms_bfp16']:.0f}",
-                f"{p['upstream_published_ms']:.0f}", f"{p['ratio_to_upstream']:.2f}×",
-                f"{p['ratio_to_upstream_bfp16']:.2f}×"]
-               for p in r["predictions"]["prefill"]]
-    d = r["predictions"]["decode"]
+        largest = max(p["compute_ms_by_class"].items(), key=lambda kv: kv[1][1])
+        programs.append([p["program"], p["seq"] or "decode", _range(p["predicted_ms"]),
+                         _range(p["predicted_ms_bfp16_gate_up"]), _range(p["predicted_ms_bfp16"]),
+                         p["upstream_published_ms"], p["upstream_against_range"], p["launch_iterations"],
+                         f"{p['ddr_mb']:.0f}", f"{largest[0]} {_range(largest[1])}"])
+    prefill = [[p["prompt_tokens"], "+".join(map(str, p["buckets"])),
+                *(_range(p[f"predicted_ms_{precision}"], 0) for precision in cost_model.PRECISIONS),
+                f"{p['upstream_published_ms']:.0f}"] for p in r["predictions"]["prefill"]]
+    d, head, ends = r["predictions"]["decode"], r["headline"], r["constants"]["ends"]
     conditions = [(p["program"], p["seq"] or "decode", c) for p in r["per_program"] for c in p.get("conditions", [])]
     evaluated = [f"{name} {seq} `{c['text']}` taken in {c['work_share']:.1%} of executions, {c['time_share']:.1%} "
                  f"for the slowest tile" for name, seq, c in conditions if not c["unevaluated"]]
     unevaluated = [f"{name} {seq} `{c['text']}` ({c['unevaluated']})" for name, seq, c in conditions
                    if c["unevaluated"]]
-    replay = [["×".join(map(str, g["shape"])), "/".join(map(str, g["tiles"])), f"{g['measured_ms']:.2f}",
-               f"{g['predicted_ms']:.2f}", f"{g['ratio']:.2f}×", f"{g['predicted_ours_ms']:.2f}"]
-              for g in r.get("upstream_gemm_replay", [])]
-    return (["### Predicted NPU2 times from our emitted IR — a MODEL, not a measurement", "",
-             "Llama-3.2-1B. Per tile: work × the throughput class of the code doing it (kernel calls by symbol, "
-             "linalg left in a herd as scalar); DMA bytes over shim and tile-channel bandwidth, overlapped when "
-             "double-buffered and at the edges of launch steps batched in one runtime-sequence batch; launch "
-             "iterations, launches and a dispatch per call. The BFP16 mmul rate and the DDR bandwidth are what "
-             "upstream's measured standalone GEMMs prove (the last table replays them). Upstream: published per-call "
-             "times on Strix (KERNELS.md).", ""]
-            + _table(["program", "seq", "predicted ms (bf16 GEMMs, the default)",
-                      "predicted ms (bfp16 gate/up GEMM)", "predicted ms (bfp16 GEMMs)",
-                      "upstream published ms (bfp16 GEMMs)", "ratio (bf16)", "launch iterations", "DDR MB",
-                      "largest compute class (ms per tile)"], programs) + [""]
+
+    def replay(rows, label, extra_header, extra):
+        return _table([label, "upstream measured ms", "predicted ms (fast–slow)", "predicted / measured",
+                       "measured against the range", *extra_header],
+                      [[row_label(g), _range(g["measured_ms"], 3), _range(g["predicted_ms"], 3),
+                        _range(g["predicted_over_measured"]) + "×", g["measured_against_range"], *extra(g)]
+                       for g in rows])
+
+    def row_label(g):
+        if "heads" in g:
+            return f"{g['seq']}, {g['heads']}/{g['kv_heads']} heads"
+        return "×".join(map(str, g["shape"]))
+
+    return (["### Predicted NPU2 times from our emitted IR and what the core executes — a MODEL, not a measurement",
+             "", "Llama-3.2-1B. Every prediction is a range from its fast end to its slow end "
+             "(`kernels/timing.py`):", "",
+             *(f"- **{name}**: {end['assumption']}." for name, end in ends.items()), "",
+             f"Headline, default precision, NPU only: prefill of 2048 tokens {_range(head['prefill_2048_s'])} s, "
+             f"decode {_range([s * 1e3 for s in head['decode_token_s']], 1)} ms per token.", "",
+             "Upstream: published per-call times on Strix (KERNELS.md), against the like-for-like range (bfp16 "
+             "multiplies, upstream's; flash_attn's are exact in ours and BFP16 only in this column).", ""]
+            + _table(["program", "seq", "predicted ms (bf16 GEMMs, the default)", "predicted ms (bfp16 gate/up GEMM)",
+                      "predicted ms (bfp16 multiplies)", "upstream published ms (bfp16 multiplies)",
+                      "upstream against the like-for-like range",
+                      "launch iterations", "DDR MB", "largest compute class (ms per tile)"], programs) + [""]
             + _table(["prompt", "our buckets", "predicted prefill ms (bf16)", "predicted prefill ms (bfp16 gate/up)",
-                      "predicted prefill ms (bfp16)",
-                      "upstream published ms (pad to 2048)", "ratio (bf16)", "ratio (bfp16)"], prefill)
+                      "predicted prefill ms (bfp16)", "upstream published ms (pad to 2048)"], prefill)
             + ["", "Branches (`scf.if`), counted as the IR executes them: " + ("; ".join(evaluated) or "none")
                + ". Conditions the model could not evaluate (counted as always taken): "
                + ("; ".join(unevaluated) or "none") + "."]
             + ["", cost_model.decode_line(d), ""]
-            + (["The model on upstream's standalone GEMMs measured on NPU2 (kernel registry, drain method, "
-                "BFP16-emulated, 8×4 herd), built by our gemm builder at upstream's tiling and at ours:", ""]
-               + _table(["M×K×N", "upstream tiles m/k_l2/k_l1/n", "upstream measured ms", "predicted ms, its tiling",
-                         "predicted / measured", "predicted ms, our tiling"], replay) + [""] if replay else []))
+            + ["Upstream's measured kernels (mlir-air kernel registry, NPU2) through the model. Drain GEMMs, BFP16 "
+               "multiplies, our gemm builder at upstream's tiling (the fast end's DDR rate comes from "
+               "2048×8192×2048):",
+               ""]
+            + replay(r["upstream_gemm_replay"], "M×K×N", ["upstream tiles m/k_l2/k_l1/n", "predicted ms, our tiling"],
+                     lambda g: ["/".join(map(str, g["tiles"])), _range(g["predicted_ours_ms"], 3)])
+            + ["", "Flash attention, causal, head_dim 64 (upstream: 32 tiles, BFP16 multiplies), our flash_attn "
+               "Program of the same shape with BFP16 multiplies:", ""]
+            + replay(r["upstream_attention_replay"], "seq, heads", ["our tiles", "predicted ms, our exact bf16"],
+                     lambda g: [g["tiles"], _range(g["predicted_exact_bf16_ms"])])
+            + ["", "GEMVs at Llama-3.2-1B's shapes, our gemv builder at upstream's structure (the slow end's DDR rate "
+               "comes from upstream's other GEMV shapes):", ""]
+            + replay(r["upstream_gemv_replay"], "M×K", ["herd_m/tile_m/m_input"],
+                     lambda g: ["/".join(map(str, g["tiles"]))])
+            + [""])
 
 
 RENDER = {"speed": _speed, "host_overhead": _host, "memory": _memory, "work": _work, "cost_model": _cost_model}

@@ -7,10 +7,14 @@ parametrized by a Program's :class:`CompileOptions`:
 1. placement: ``air-insert-launch-around-herd`` … dependency analysis, broadcast detection, DMA → channel
    conversion, L2 splitting, ping-pong … ``air-place-herds``;
 2. ``air-to-aie{device=npu2 …}`` + ``air-merge-unrolled-devices``: one ``aie.device`` per launch segment,
-   plus the main device whose runtime sequence configures and runs them in order;
+   plus the main device whose runtime sequence configures and runs them in order; every core gets the Program's
+   ``stack_size`` (this air-opt predates air-to-aie's ``stack-size`` option, mlir-air #1547, which sets the
+   same ``aie.core`` attribute);
 3. ``air-opt-shim-dma-bds`` (runtime loop tiling), ``air-to-std``, ``airrt-to-npu{output-elf=true}``;
 4. ``aiecc``: NPU instructions for each segment device (``--no-compile --no-link
-   --aie-generate-npu-insts``), or with Peano the full ELF (``--generate-full-elf --expand-load-pdis``).
+   --aie-generate-npu-insts``), or with Peano the full ELF (``--generate-full-elf --expand-load-pdis``). The
+   buffer addresses aiecc assigns each segment's tiles are read back and checked against the core's L1
+   (kernels/budgets.py).
 
 Before step 1 every DMA window is read back from ``air-opt``'s own print of the module and compared with
 what the builders meant (:func:`window_mismatches`): an AIR that drops or reads windows differently stops
@@ -28,6 +32,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .budgets import L1BudgetError, TileL1, check_fits, lowered_l1
 from .builders.ir import ELEMENT_BYTES, Dma, Window
 from .program import CompileOptions, Program
 from .stitch import StitchedModule, stitch
@@ -200,6 +205,7 @@ class Lowering:
     program: str
     devices: tuple[DeviceReport, ...]
     seconds: float
+    l1: tuple[TileL1, ...]  # every compute tile at the addresses aiecc assigned
 
     def total(self, field: str) -> int:
         return sum(getattr(d, field) for d in self.devices)
@@ -229,6 +235,25 @@ def _fullest(config: str, kind: str) -> int:
         if tile_kind == kind:
             used[tile] = used.get(tile, 0) + math.prod(int(d) for d in shape.split("x") if d) * ELEMENT_BYTES[dtype]
     return max(used.values(), default=0)
+
+
+_CORE_END = re.compile(r"^    \}(?: \{(.*)\})?$")
+
+
+def set_stack_size(module: str, stack_size: int) -> tuple[str, int]:
+    """``module`` with ``stack_size`` on every ``aie.core``, and how many cores it found."""
+    lines, cores, in_core = module.split("\n"), 0, False
+    for number, line in enumerate(lines):
+        if re.match(r"^    %\w+ = aie\.core\(", line):
+            in_core = True
+            continue
+        closed = _CORE_END.match(line) if in_core else None
+        if closed:
+            attributes = [a for a in (closed.group(1) or "").split(", ") if a and not a.startswith("stack_size =")]
+            lines[number] = "    } {" + ", ".join([*attributes, f"stack_size = {stack_size} : i32"]) + "}"
+            cores += 1
+            in_core = False
+    return "\n".join(lines), cores
 
 
 def _resources(name: str, body: str, instruction_words: int) -> DeviceReport:
@@ -328,6 +353,12 @@ def prepare(program: Program, build_dir: Path, tc: Toolchain | None = None) -> P
     for stage, pipeline in PASS_STAGES:
         output = build_dir / f"{stage}.mlir"
         _air_opt(tc, program.name, stage, current, output, pipeline(program.compile_options), build_dir)
+        if stage == "air-to-aie":
+            text, cores = set_stack_size(output.read_text(), program.compile_options.stack_size)
+            if not cores:
+                raise CompileError(program.name, "stack size", "air-to-aie made no aie.core to give the stack to",
+                                   build_dir)
+            output.write_text(text)
         current = output
     return current
 
@@ -347,20 +378,27 @@ def lower_to_npu_insts(program: Program, keep_dir: Path | None = None) -> Loweri
     build_dir = Path(keep_dir) if keep_dir else Path(tempfile.mkdtemp(prefix=f"torch_npu2-{program.name}-"))
     build_dir.mkdir(parents=True, exist_ok=True)
     npu_module = prepare(program, build_dir, tc)
-    reports = []
+    reports, tiles = [], []
     for name, body in _device_bodies(npu_module.read_text()).items():
         sequence = f"{name}_sequence"
         if f"aie.runtime_sequence @{sequence}(" not in body:
             continue  # a *_reset device: loaded by another segment's sequence, no sequence of its own
-        insts = build_dir / f"{name}.insts.bin"
+        insts, aiecc_dir = build_dir / f"{name}.insts.bin", build_dir / f"aiecc_{name}"
         _aiecc(tc, program.name, f"aiecc {name}",
-               ["--no-compile", "--no-link", "--aie-generate-npu-insts", f"--tmpdir={build_dir / ('aiecc_' + name)}",
-                f"--device-name={name}", f"--sequence-name={sequence}", f"--npu-insts-name={insts}",
-                str(npu_module)], build_dir)
+               ["--no-compile", "--no-link", "--aie-generate-npu-insts", "--dump-intermediates",
+                f"--tmpdir={aiecc_dir}", f"--device-name={name}", f"--sequence-name={sequence}",
+                f"--npu-insts-name={insts}", str(npu_module)], build_dir)
         reports.append(_resources(name, body, insts.stat().st_size // 4))
+        launch = int(re.match(r"l(\d+)_", name).group(1))
+        placed = _device_bodies((aiecc_dir / "input_physical.mlir").read_text())[name]
+        tiles += lowered_l1(program.name, launch, program.launches[launch].kind, name, placed)
     if not reports:
         raise CompileError(program.name, "aiecc", "air-to-aie produced no segment device", build_dir)
-    lowering = Lowering(program.name, tuple(reports), time.perf_counter() - started)
+    lowering = Lowering(program.name, tuple(reports), time.perf_counter() - started, tuple(tiles))
+    try:
+        check_fits(lowering.l1)
+    except L1BudgetError as exc:
+        raise CompileError(program.name, "L1 budget", str(exc), build_dir) from exc
     if keep_dir is None:
         shutil.rmtree(build_dir, ignore_errors=True)
     return lowering

@@ -6,7 +6,9 @@ Two drivers, chosen by what is installed (kernels/toolchain.py finds them):
 * without aircc, the AIR binaries: kernels/air_pipeline.py replays aircc's npu2 flow with ``air-opt`` and
   ends with ``aiecc --generate-full-elf`` as aircc does.
 
-Either way every DMA window is first read back through the installed ``air-opt`` (when there is one),
+Either way the Program's tiles are first checked against the core's L1 (kernels/budgets.py: buffers, the
+``stack_size`` aircc is given, headroom), every DMA window is read back through the installed ``air-opt`` (when
+there is one),
 and every compile runs in its own temporary directory (aircc writes into its working directory and must
 never share one); on failure that directory, with the stitched ``air.mlir``, is kept and named in the
 error. The artifact cache (torch_npu2/artifact_cache.py) calls :func:`compile_program` and keys entries
@@ -23,6 +25,7 @@ from pathlib import Path
 
 from . import air_pipeline
 from .air_pipeline import CompileError
+from .budgets import check_program_l1
 from .program import Program
 from .stitch import ObjectBuild, stitch
 from .toolchain import (KERNEL_SOURCE_DIR, Toolchain, ToolchainMissing, air_version_warning, find_toolchain,
@@ -65,12 +68,18 @@ def aiecc_elf_command(tc: Toolchain, elf_name: str, npu_module: Path) -> list[st
 def compile_program(program: Program, workdir: Path, *, aircc_flags=()) -> Path:
     """Builds ``<workdir>/<program.name>.elf`` (its kernel is ``main:<program.name>``) and returns its path.
 
-    ``aircc_flags`` are appended to the aircc command line (e.g. ``--stack-size 2048`` while bringing up a
-    kernel; the aircc driver only). The stitched MLIR is also left next to the ELF for inspection.
+    ``aircc_flags`` are appended to the aircc command line (e.g. ``--verbose`` while bringing up a kernel; the
+    aircc driver only), except ``--stack-size``: the stack is ``CompileOptions.stack_size``, which the L1 check
+    counts. A Program with a tile that does not fit L1 raises ``budgets.L1BudgetError`` before any tool runs. The
+    stitched MLIR is also left next to the ELF for inspection.
     """
+    if any(flag.startswith("--stack-size") for flag in aircc_flags):
+        raise ValueError(f"{program.name}: the stack size is CompileOptions.stack_size (the L1 budget counts it), "
+                         f"not an extra aircc flag")
     missing = missing_toolchain()
     if missing:
         raise ToolchainMissing(f"cannot compile {program.name} for the NPU; missing:\n  " + "\n  ".join(missing))
+    check_program_l1(program)
     tc = find_toolchain()
     warning = air_version_warning(tc)
     if warning:

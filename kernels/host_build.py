@@ -60,7 +60,7 @@ def _compiler_identity(compiler: str) -> str:
     return f"{os.path.realpath(compiler)}\n{version}"
 
 
-def _define_flags(defines: Defines) -> list[str]:
+def define_flags(defines: Defines) -> list[str]:
     flags = []
     for name, value in sorted(defines.items()):
         if not name.isidentifier():
@@ -71,7 +71,7 @@ def _define_flags(defines: Defines) -> list[str]:
     return flags
 
 
-def _sources_digest(source: Path) -> bytes:
+def sources_digest(source: Path) -> bytes:
     """The kernel and every header beside it: a header edit must rebuild."""
     digest = hashlib.sha256(source.read_bytes())
     for header in sorted(KERNEL_DIR.glob("*.h")):
@@ -83,30 +83,38 @@ def _sources_digest(source: Path) -> bytes:
 def build(source_name: str, defines: Defines | None = None, fast: bool = False) -> Path:
     """Compile ``aie2p/<source_name>`` with the given -D defines (``fast``: ``FAST_CXX_FLAGS``); returns the
     cached shared library."""
+    source = KERNEL_DIR / source_name
+    flags = [*(FAST_CXX_FLAGS if fast else CXX_FLAGS), *define_flags(defines or {})]
+    return cached_compile(f"{source.stem}.so", [*flags, str(source)], [sources_digest(source)])
+
+
+def cached_compile(name: str, arguments: list[str], inputs: list[bytes]) -> Path:
+    """``<compiler> <arguments> -o <output>``, cached under :func:`cache_dir` by the compiler's identity, the
+    arguments and ``inputs`` (the bytes the output depends on that the arguments only name); ``name`` is
+    ``<stem>.<suffix>`` of the output."""
     compiler = host_compiler()
     if compiler is None:
         raise HostBuildError("no host C++ compiler: install g++ or set TORCH_NPU2_HOST_CXX")
-    source = KERNEL_DIR / source_name
-    flags = [*(FAST_CXX_FLAGS if fast else CXX_FLAGS), *_define_flags(defines or {})]
     key = hashlib.sha256()
-    for part in (_compiler_identity(compiler).encode(), "\0".join(flags).encode(), _sources_digest(source)):
+    for part in (_compiler_identity(compiler).encode(), "\0".join(arguments).encode(), *inputs):
         key.update(part)
         key.update(b"\0")
-    library = cache_dir() / f"{source.stem}-{key.hexdigest()[:20]}.so"
-    if library.exists():
-        return library
-    library.parent.mkdir(parents=True, exist_ok=True)
-    fd, partial = tempfile.mkstemp(prefix=f".{library.stem}-", suffix=".so.partial", dir=library.parent)
+    stem, suffix = name.split(".", 1)
+    output = cache_dir() / f"{stem}-{key.hexdigest()[:20]}.{suffix}"
+    if output.exists():
+        return output
+    output.parent.mkdir(parents=True, exist_ok=True)
+    fd, partial = tempfile.mkstemp(prefix=f".{output.stem}-", suffix=f".{suffix}.partial", dir=output.parent)
     os.close(fd)
     try:
-        result = subprocess.run([compiler, *flags, str(source), "-o", partial], capture_output=True, text=True)
+        result = subprocess.run([compiler, *arguments, "-o", partial], capture_output=True, text=True)
         if result.returncode != 0:
-            raise HostBuildError(f"{compiler} {' '.join(flags)} {source} failed:\n{result.stderr}")
-        os.replace(partial, library)
+            raise HostBuildError(f"{compiler} {' '.join(arguments)} failed:\n{result.stderr}")
+        os.replace(partial, output)
     finally:
         if os.path.exists(partial):
             os.unlink(partial)
-    return library
+    return output
 
 
 _load_lock = threading.Lock()

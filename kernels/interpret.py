@@ -213,7 +213,7 @@ def parse_memref_type(text: str) -> MemRefType:
     return MemRefType(tuple(int(d) for d in dims[:-1]), dims[-1], space)
 
 
-def _split_top(text: str, sep: str = ",") -> list[str]:
+def split_top(text: str, sep: str = ",") -> list[str]:
     """``text`` split at ``sep`` outside brackets."""
     parts, depth, current = [], 0, []
     for ch in text:
@@ -299,7 +299,7 @@ class AffineMap:
         if not match:
             raise UnsupportedOp(f"affine map {text!r}: expected affine_map<(dims)[symbols] -> (one result)>")
         dims, symbols, expr = (g.strip() for g in match.groups())
-        if dims or "," in _split_top(expr)[0] or len(_split_top(expr)) != 1:
+        if dims or "," in split_top(expr)[0] or len(split_top(expr)) != 1:
             raise UnsupportedOp(f"affine map {text!r}: only symbol-only maps with one result are emitted")
         if re.search(r"\b(floordiv|ceildiv|mod)\b", expr):
             raise UnsupportedOp(f"affine map {text!r}: floordiv/ceildiv/mod are not supported")
@@ -332,7 +332,7 @@ _BINARY_INTEGER = {"addi": int.__add__, "subi": int.__sub__, "muli": int.__mul__
 class IndexArithmetic:
     """The integer ops of the subset over Python ints: integer ``arith.constant``, ``affine.apply``,
     ``arith.index_cast``, ``arith.cmpi`` and the ``arith`` integer binary ops. The interpreter runs them with it;
-    the cost model (benchmarks/cost_model.py) evaluates ``scf.if`` conditions with it over their iteration space.
+    the timing model (kernels/timing.py) evaluates ``scf.if`` conditions with it over their iteration space.
     ``aliases`` are the module's affine map aliases (``#map = affine_map<...>``)."""
 
     OPS = frozenset({"arith.constant", "affine.apply", "arith.index_cast", "arith.cmpi",
@@ -456,7 +456,7 @@ class Interpreter:
             raise InterpretError(f"no func.func @{function} in the module; found {', '.join(self.functions)}") \
                 from None
         signature = re.search(rf"@{re.escape(function)}\((.*)\)\s*\{{$", func.text).group(1)
-        params = [p.split(":", 1) for p in _split_top(signature)]
+        params = [p.split(":", 1) for p in split_top(signature)]
         if len(params) != len(arguments):
             raise ValueError(f"arguments: @{function} takes {len(params)} memrefs, got {len(arguments)}")
         env, buffers = {}, []
@@ -560,9 +560,9 @@ class Interpreter:
         if not match:
             raise UnsupportedOp(f"memref.subview of this form ({op.where()})")
         source = self._value(env, match.group(1))
-        offsets = [self._operand(env, v) for v in _split_top(match.group(2))]
-        sizes = [int(v) for v in _split_top(match.group(3))]
-        steps = [int(v) for v in _split_top(match.group(4))]
+        offsets = [self._operand(env, v) for v in split_top(match.group(2))]
+        sizes = [int(v) for v in split_top(match.group(3))]
+        steps = [int(v) for v in split_top(match.group(4))]
         result = parse_memref_type(match.group(6))
         for offset, size, extent in zip(offsets, sizes, source.shape):
             if not 0 <= offset <= extent - size:
@@ -635,7 +635,7 @@ class Interpreter:
 
     def _element_indices(self, env, view: View, index_text: str, lanes: int = 1) -> torch.Tensor:
         """Flat indices of ``lanes`` consecutive elements along the last dimension from a memref index."""
-        indices = [self._operand(env, v) for v in _split_top(index_text)]
+        indices = [self._operand(env, v) for v in split_top(index_text)]
         if len(indices) != len(view.shape):
             raise InterpretError(f"{len(indices)} indices into a rank-{len(view.shape)} memref")
         ends = indices[:-1] + [indices[-1] + lanes - 1]
@@ -681,7 +681,7 @@ class Interpreter:
                       rf"({_SSA})\[([^\]]*)\] \[([^\]]*)\] \[([^\]]*)\]\) : \((.*)\)")
 
     def _window(self, env, view: View, offsets: str, sizes: str, strides: str) -> torch.Tensor:
-        offsets, sizes, strides = ([self._operand(env, v) for v in _split_top(f)] for f in (offsets, sizes, strides))
+        offsets, sizes, strides = ([self._operand(env, v) for v in split_top(f)] for f in (offsets, sizes, strides))
         if not (len(offsets) == len(sizes) == len(strides)):
             raise InterpretError(f"DMA window with {len(offsets)} offsets, {len(sizes)} sizes, {len(strides)} strides")
         if not sizes:
@@ -724,7 +724,7 @@ class Interpreter:
         access = KERNEL_ARGUMENT_ACCESS.get(original)
         if access is None:
             raise InterpretError(f"@{original}: no entry in KERNEL_ARGUMENT_ACCESS")
-        values = [self._value(env, a.strip()) for a in _split_top(match.group(2))]
+        values = [self._value(env, a.strip()) for a in split_top(match.group(2))]
         memrefs = [v for v in values if isinstance(v, View)]
         if len(memrefs) != len(access):
             raise InterpretError(f"@{original} takes {len(access)} memrefs, the call passes {len(memrefs)}")
@@ -793,10 +793,10 @@ class Interpreter:
             raise UnsupportedOp(f"{op.name} of this form ({op.where()})")
         name, ids, extents, args = match.group(1), match.group(2), match.group(3), match.group(4)
         ids = [i.strip() for i in ids.split(",")] if ids else []
-        extent_pairs = [e.split("=") for e in _split_top(extents)] if extents else []
+        extent_pairs = [e.split("=") for e in split_top(extents)] if extents else []
         sizes = [self._value(env, value.strip()) for _, value in extent_pairs]
         inner = {}
-        for pair in _split_top(args) if args else []:
+        for pair in split_top(args) if args else []:
             block_arg, outer = (p.strip() for p in pair.split("="))
             inner[block_arg] = self._value(env, outer)
         for (extent, _), size in zip(extent_pairs, sizes):

@@ -16,11 +16,13 @@ and the Program's compile options; they need no compiler:
 * ``shim-bd-budget``: the shim BDs one batch of launch steps needs, after aircc tiles the launch nest by
   ``runtime_loop_tiling_sizes`` (``air-opt-shim-dma-bds``: each launch dimension tiled by its largest
   factor ≤ the tiling size, the outer loops unrolled, the inner tile folded into each shim BD).
+* ``l1-budget``: a compute tile whose buffers, stack and headroom exceed its 64 KiB (kernels/budgets.py, the
+  check every build makes); :func:`worst_l1_tile` is each Program's fullest tile, which the CLI prints.
 
 Rules on the lowered module (``lint_lowered``, from the npu-stage module of ``air_pipeline``: what
 placement actually did) check the same risks exactly, plus the DMA channel budgets that only placement
 decides: ``shim-channels``, ``memtile-channels``; and ``dma-wrap``, ``shim-bd-budget``,
-``launch-id-in-core`` on the real BDs, live BD IDs and runtime parameters.
+``launch-id-in-core``, ``l1-budget`` on the real BDs, live BD IDs, runtime parameters and buffer addresses.
 
 NPU2 numbers, from mlir-aie's AIE2 target model and verifiers (``AIETargetModel.h``/``.cpp``,
 ``AIEDialect.cpp`` ``DMABDOp::verify``, ``AIEXDialect.cpp`` ``verifyStridesWraps``):
@@ -40,6 +42,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .budgets import L1BudgetError, TileL1, program_l1, worst_tile
 from .builders import build_launch
 from .builders.ir import ELEMENT_BYTES, L1, L2, L3
 from .program import Program
@@ -51,6 +54,7 @@ RULES = {
     "shim-bd-budget": "more shim BDs live at once than a shim tile has",
     "shim-channels": "more shim DMA channels than a shim tile (2+2) or the array (16+16) has",
     "memtile-channels": "more DMA channels than a memtile (6 MM2S + 6 S2MM) has",
+    "l1-budget": "a compute tile's buffers, stack and headroom over its 64 KiB of data memory",
 }
 
 GEMM_CLASS_KINDS = ("gemm", "gemm_swiglu", "gemv", "gemv_f32")
@@ -375,6 +379,19 @@ def lint_launch_text(program_name: str, index: int, kind: str, text: str, tiling
     return findings
 
 
+def worst_l1_tile(program: Program) -> TileL1:
+    """``program``'s fullest compute tile as its builders plan it (one whose builder finds no plan, if any)."""
+    try:
+        return worst_tile(program_l1(program))
+    except L1BudgetError as exc:
+        return exc.tile
+
+
+def _l1_finding(tile: TileL1) -> Finding:
+    return Finding("l1-budget", tile.program, _where(tile.launch, tile.kind, tile.tile),
+                   f"does not fit: {tile}; lower the launch's tiles or CompileOptions.stack_size")
+
+
 def lint_program(program: Program) -> list[Finding]:
     """The static rules over every launch of ``program``, as its builders emit them."""
     findings = []
@@ -382,7 +399,8 @@ def lint_program(program: Program) -> list[Finding]:
         text = build_launch(program, launch).text
         findings += lint_launch_text(program.name, index, launch.kind, text,
                                      program.compile_options.runtime_loop_tiling_sizes)
-    return findings
+    worst = worst_l1_tile(program)
+    return findings + ([] if worst.fits else [_l1_finding(worst)])
 
 
 # ---- rules on the lowered module ------------------------------------------------------------------------------
@@ -503,18 +521,24 @@ def lint_lowered(program: Program, npu_module: str, lowering=None) -> list[Findi
 
 # Rules the lowered module answers exactly (the real BDs, live BD IDs, runtime parameters), where the static
 # rule can only estimate what AIR will do (e.g. it cannot see AIR split a large L2 buffer over memtiles).
-EXACT_WHEN_LOWERED = ("dma-wrap", "shim-bd-budget", "launch-id-in-core")
+EXACT_WHEN_LOWERED = ("dma-wrap", "shim-bd-budget", "launch-id-in-core", "l1-budget")
 
 
-def lower_and_lint(program: Program) -> list[Finding]:
+def lower_and_lint(program: Program) -> tuple[list[Finding], TileL1]:
     """``program`` lowered with the real AIR tools: the rules on what placement did, plus the static rules that
-    the lowered module cannot answer (``EXACT_WHEN_LOWERED`` are taken from the lowered module alone)."""
-    from .air_pipeline import lower_to_npu_insts
+    the lowered module cannot answer (``EXACT_WHEN_LOWERED`` are taken from the lowered module alone); and the
+    fullest compute tile at the addresses aiecc gave its buffers."""
+    from .air_pipeline import CompileError, lower_to_npu_insts
 
     build_dir = Path(tempfile.mkdtemp(prefix=f"torch_npu2-lint-{program.name}-"))
     try:
-        lowering = lower_to_npu_insts(program, keep_dir=build_dir)
         static = [f for f in lint_program(program) if f.rule not in EXACT_WHEN_LOWERED]
-        return static + lint_lowered(program, (build_dir / "npu.mlir").read_text(), lowering)
+        try:
+            lowering = lower_to_npu_insts(program, keep_dir=build_dir)
+        except CompileError as exc:
+            if not isinstance(exc.__cause__, L1BudgetError):
+                raise
+            return static + [_l1_finding(exc.__cause__.tile)], exc.__cause__.tile
+        return static + lint_lowered(program, (build_dir / "npu.mlir").read_text(), lowering), worst_tile(lowering.l1)
     finally:
         shutil.rmtree(build_dir, ignore_errors=True)

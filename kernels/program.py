@@ -72,6 +72,13 @@ class Launch:
 
 
 PINGPONG_OMISSIONS = ("", "L1", "L2", "all")
+# Each core's stack, carved out of its 64 KiB of data memory. aircc's own default (1024) is upstream's for its
+# kernels; ours is bounded from what the AIE paths of kernels/aie2p keep live (no Peano here to measure a frame):
+# with every vector value of the busiest loop spilled, gemm.cc's BFP16 build holds four 8x8 fp32 accumulators and
+# two A and two W blocks (1536 B), attention.cc's PV and QK updates about 1.2 KiB of 64-lane blocks; a scalar fp32
+# division adds 128 B of callee frames (mlir-air #1547 measured it overflowing 1024 B). Rounded up with the core's
+# own frame and a margin to 3 KiB, the size upstream gives its decode attention core (attn_decode_npu2.py).
+CORE_STACK_BYTES = 3072
 
 
 @dataclass(frozen=True)
@@ -84,7 +91,9 @@ class CompileOptions:
     ``omit_pingpong``: memory levels left single-buffered ("", "L1", "L2" or "all");
     ``omit_while_true_loop``: cores run their program once instead of looping forever;
     ``omit_auto_broadcast``: skip AIR's detection of DMAs that every tile of a herd repeats;
-    ``use_lock_race_condition_fix``: AIR's guard against a lock race, paid for with extra dummy BDs.
+    ``use_lock_race_condition_fix``: AIR's guard against a lock race, paid for with extra dummy BDs;
+    ``stack_size``: bytes of every core's stack (aircc ``--stack-size``, mlir-air #1547 and later), the number
+    the L1 budget check (kernels/budgets.py) counts.
     """
 
     runtime_loop_tiling_sizes: tuple[int, ...] = (4, 4)
@@ -92,6 +101,7 @@ class CompileOptions:
     omit_while_true_loop: bool = False
     omit_auto_broadcast: bool = False
     use_lock_race_condition_fix: bool = False
+    stack_size: int = CORE_STACK_BYTES
 
     def __post_init__(self):
         sizes = self.runtime_loop_tiling_sizes
@@ -101,10 +111,13 @@ class CompileOptions:
         if self.omit_pingpong not in PINGPONG_OMISSIONS:
             raise ValueError(f"CompileOptions.omit_pingpong must be one of {PINGPONG_OMISSIONS}, "
                              f"got {self.omit_pingpong!r}")
+        if isinstance(self.stack_size, bool) or not isinstance(self.stack_size, int) or self.stack_size <= 0:
+            raise ValueError(f"CompileOptions.stack_size must be a positive int of bytes, got {self.stack_size!r}")
 
     def aircc_flags(self) -> list[str]:
         """The same options as aircc command-line flags."""
-        flags = ["--air-runtime-loop-tiling-sizes", *map(str, self.runtime_loop_tiling_sizes)]
+        flags = ["--air-runtime-loop-tiling-sizes", *map(str, self.runtime_loop_tiling_sizes),
+                 "--stack-size", str(self.stack_size)]
         if self.omit_pingpong:
             flags.append(f"--omit-ping-pong-transform={self.omit_pingpong}")
         for name in ("omit_while_true_loop", "omit_auto_broadcast", "use_lock_race_condition_fix"):

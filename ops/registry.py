@@ -9,7 +9,6 @@ argument that requires grad is refused rather than given a backward that would c
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from typing import Callable
@@ -136,19 +135,6 @@ def program_of(op: FusedOp, tensors, scalars, real: bool = True) -> Program:
     return _program(op, tuple(tuple(int(d) for d in t.shape) for t in tensors), tuple(scalars))
 
 
-def _refuse_inductor(op: FusedOp) -> None:
-    """Inductor calls a fake while lowering its graph (``V.graph`` is then a GraphLowering). Its memory planner
-    reuses a dead op output's storage for its own kernels' results, written through raw pointers that leave
-    the tensor's version unchanged, so the runtime would take the device copy as current and skip the sync
-    (found with the strict emulator: wrong decode logits). Refused until outputs can be kept from reuse."""
-    virtualized = sys.modules.get("torch._inductor.virtualized")  # not imported: no inductor compile under way
-    if virtualized is not None and type(virtualized.V.graph).__name__ == "GraphLowering":
-        raise NotImplementedError(
-            f"{op.qualname}: torch.compile's inductor backend is not supported: it writes into the ops' "
-            "output buffers without PyTorch seeing the write, so an NPU buffer sync would be skipped; "
-            "use backend='aot_eager' or 'eager'")
-
-
 def register(op: FusedOp):
     """Defines ``torch.ops.npu2.<name>`` with its NPU implementation and fake; returns the overload."""
     count = len(op.example.host_args)
@@ -163,7 +149,6 @@ def register(op: FusedOp):
         return outputs[0] if single else outputs
 
     def fake_impl(*args):
-        _refuse_inductor(op)
         tensors, scalars = args[:count], op.with_defaults(args[count:])
         program = program_of(op, tensors, scalars, real=False)
         like = tensors[0]

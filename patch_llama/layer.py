@@ -12,6 +12,8 @@ hook replaced or edited it, layers were reordered) it runs rms_gemv_rope itself.
 """
 from __future__ import annotations
 
+import functools
+import warnings
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -22,6 +24,7 @@ from ..kernels import DEFAULT_MATMUL_PRECISION
 from ..kernels.program import pad_rows
 from ..ops import (build_rope_lut, flash_attn, lm_head_gemv, o_ffn, o_gemv_ffn, o_gemv_ffn_rms_gemv_rope,
                    rms_gemms_rope, rms_gemv_rope)
+from .transformers_compat import LayerSignature
 
 
 class ChainedQkv(NamedTuple):
@@ -47,6 +50,7 @@ class SharedState:
     lut_memo: tuple = (None, None, None)  # (cos tensor, its RoPE LUT, decode rows); holding cos keeps its id unique
     mask_memo: tuple = (None, None)  # (mask tensor, per-row first real token or None)
     chained: ChainedQkv | None = None  # handed from one decode layer to the next within a forward
+    warned_attentions: bool = False  # output_attentions=True ran HF's layers, and the user was told once
 
     def bucket(self, rows: int) -> int:
         # a scan rather than bisect: dynamo cannot trace the C bisect, and there are few buckets
@@ -88,7 +92,9 @@ class SharedState:
         if mask is None:
             return [0] * batch
         if torch.compiler.is_compiling():
-            return _left_padding_starts(mask, seq)
+            # Reading the mask's values would break the graph in every layer, and each layer's code after the
+            # break would compile once per layer_idx: compiled code attends on the host with the mask as given.
+            return None
         if self.mask_memo[0] is not mask:
             self.mask_memo = (mask, _left_padding_starts(mask, seq))
         return self.mask_memo[1]
@@ -111,9 +117,6 @@ def _from_sequence_rows(rows) -> torch.Tensor:
     return rows[0].view(1, 1, -1) if len(rows) == 1 else torch.stack(rows).unsqueeze(1)
 
 
-# Which rows a sequence's kernels run depends on the mask's values: under torch.compile this is a patched
-# layer's one graph break (README, "torch.compile"); prefill without a mask and decode trace whole.
-@torch.compiler.disable(reason="torch_npu2 reads the attention mask's values to choose the rows to compute")
 def _left_padding_starts(mask: torch.Tensor, seq: int):
     if mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[-2] != seq or mask.shape[-1] < seq:
         return None
@@ -232,12 +235,29 @@ def _keys_seen(block_mask: torch.Tensor, kv_len: int) -> int:
     return int(allowed.any(dim=0).nonzero()[-1]) + 1
 
 
+class _PositionedCache:
+    """HF's cache for one call of a transformers ≤ 5.3 layer, whose caches take the rows' positions in
+    ``update`` (a StaticCache writes the rows at position 0 without them)."""
+
+    def __init__(self, cache, cache_position):
+        self.cache, self.cache_position = cache, cache_position
+
+    def update(self, k, v, layer_idx):
+        return self.cache.update(k, v, layer_idx, {"cache_position": self.cache_position})
+
+    def get_seq_length(self, layer_idx):
+        return self.cache.get_seq_length(layer_idx)
+
+
 class NpuDecoderLayer:
     """Callable that replaces one ``LlamaDecoderLayer.forward`` (bound per instance)."""
 
-    def __init__(self, layer, shared: SharedState, gate_up: torch.Tensor):
+    def __init__(self, layer, shared: SharedState, gate_up: torch.Tensor, signature: LayerSignature):
         """``gate_up``: the layer's gate and up weights side by side, [gate | up] (F × 2H), whose halves its
-        gate_proj.weight and up_proj.weight are (patch_llama lays them out so)."""
+        gate_proj.weight and up_proj.weight are (patch_llama lays them out so). ``signature``: the installed
+        transformers' decoder-layer signature, whose names the layer takes its arguments by."""
+        self.signature = signature
+        self.hf_forward = functools.partial(type(layer).forward, layer)  # HF's own layer, for output_attentions
         attn, mlp = layer.self_attn, layer.mlp
         self.layer_idx = attn.layer_idx
         self.head_dim = attn.head_dim
@@ -251,16 +271,32 @@ class NpuDecoderLayer:
         self.shared = shared
         self.next_layer: NpuDecoderLayer | None = None  # the decoder layer after this one (patch_llama links them)
 
-    def __call__(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
-                 use_cache=False, position_embeddings=None, output_attentions=False, **kwargs):
-        if output_attentions:
-            raise ValueError("torch_npu2: output_attentions=True is not supported by a patched model: the fused "
-                             "attention never materializes the attention weights; call "
-                             "torch_npu2.unpatch_llama(model) to get them from HF's own layers")
+    def __call__(self, *args, **kwargs):
+        hidden, arguments = self.signature.bind(args, kwargs)
+        if arguments.get("output_attentions"):
+            return self._hf_layer_forward(hidden, arguments)
+        cache = arguments.get(self.signature.cache)
+        if cache is not None and self.signature.cache_position:  # transformers ≤ 5.3: caches place rows by it
+            cache = _PositionedCache(cache, arguments.get("cache_position"))
+        position_embeddings = arguments.get("position_embeddings")
+        if position_embeddings is None:
+            raise ValueError("torch_npu2 decoder layer: position_embeddings (cos, sin) is required; HF's LlamaModel "
+                             "computes it from position_ids")
+        mask = arguments.get("attention_mask")
         if torch.is_grad_enabled():  # generate() runs without grad: no second no_grad block per layer
             with torch.no_grad():
-                return self._forward(hidden_states, attention_mask, past_key_values, position_embeddings)
-        return self._forward(hidden_states, attention_mask, past_key_values, position_embeddings)
+                return self._forward(hidden, mask, cache, position_embeddings)
+        return self._forward(hidden, mask, cache, position_embeddings)
+
+    def _hf_layer_forward(self, hidden, arguments):
+        """HF's own decoder layer on the host, for a call that asks for attention weights: the fused attention
+        never materializes them. It reads the same weights (views of the NPU buffers) and writes HF's cache the
+        same way, so the next call can go back to the NPU."""
+        if not self.shared.warned_attentions:
+            self.shared.warned_attentions = True
+            warnings.warn("torch_npu2: output_attentions=True runs HF's own decoder layers on the CPU for the calls "
+                          "that ask for them (the fused NPU attention never materializes the weights)", stacklevel=3)
+        return self.hf_forward(hidden, **arguments)
 
     def _forward(self, hidden, mask, cache, position_embeddings):
         batch = hidden.shape[0]
@@ -270,6 +306,9 @@ class NpuDecoderLayer:
         lut = self.shared.rope_lut(*position_embeddings).expand(batch, -1, -1)
         return self._prefill(hidden, lut, mask, cache)
 
+    def _update_cache(self, cache, k, v):
+        return (k, v) if cache is None else cache.update(k, v, self.layer_idx)
+
     @property
     def eps_attn(self) -> float:
         return float(self.input_norm.variance_epsilon)
@@ -277,9 +316,6 @@ class NpuDecoderLayer:
     @property
     def eps_mlp(self) -> float:
         return float(self.post_attention_norm.variance_epsilon)
-
-    def _update_cache(self, cache, k, v):
-        return (k, v) if cache is None else cache.update(k, v, self.layer_idx)
 
     def _chained_rows(self, hidden, lut_rows, eps):
         """The rms_gemv_rope results the previous layer computed for this one, if they are of ``hidden``."""

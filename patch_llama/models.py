@@ -119,4 +119,16 @@ def load_model(path=None, dtype=torch.bfloat16, progress: Callable[[str], None] 
     tokenizer = AutoTokenizer.from_pretrained(directory, **tokenizer_kwargs)
     progress("reading the weights" + (" (dequantizing the GGUF tensors to bf16)" if gguf else ""))
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, **model_kwargs)
+    if "gguf_file" in tokenizer_kwargs:
+        _tokens_from_generation_config(tokenizer, model.generation_config)
     return model.eval(), tokenizer
+
+
+def _tokens_from_generation_config(tokenizer, generation_config) -> None:
+    """Give a GGUF's tokenizer the end and padding tokens the file declares. transformers before 5.18 converts
+    SmolLM2's GGUF tokenizer with <|im_start|> as its end token and no padding token, while the model's
+    generation config (read from the same file) has both right; batches need the padding token."""
+    for role in ("eos", "pad"):
+        token_id = getattr(generation_config, f"{role}_token_id")
+        if isinstance(token_id, int) and getattr(tokenizer, f"{role}_token_id") != token_id:
+            setattr(tokenizer, f"{role}_token", tokenizer.convert_ids_to_tokens(token_id))

@@ -11,6 +11,7 @@ from .. import runtime as npu_runtime
 from ..kernels import DEFAULT_MATMUL_PRECISION, MATMUL_PRECISIONS, ModelDims, programs_for_model
 from ..kernels.stitch import npu2_build_problem
 from .layer import NpuDecoderLayer, NpuLmHead, SharedState
+from .transformers_compat import check_transformers
 
 DEFAULT_BUCKETS = tuple(2 ** i for i in range(4, 12))  # 16 … 2048
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
@@ -178,6 +179,7 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
         return model
     buckets = _bucket_lengths(prefill_buckets)
     _validate(model, buckets, matmul_precision)
+    signature = check_transformers(model)
     runtime = npu_runtime.runtime_for(backend)
     _check_npu2_builds(model, buckets, matmul_precision, runtime.target)
     state = PatchState(SharedState(buckets, matmul_precision,
@@ -194,7 +196,7 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
             item.data = runtime.pin(item.data)
         else:  # a decoder layer: its gate and up weights, as one buffer
             gate_up.append(_pin_gate_up(runtime, item.mlp))
-    patched = [NpuDecoderLayer(layer, state.shared, layer_gate_up)
+    patched = [NpuDecoderLayer(layer, state.shared, layer_gate_up, signature)
                for layer, layer_gate_up in zip(model.model.layers, gate_up)]
     for layer, forward, following in zip(model.model.layers, patched, patched[1:] + [None]):
         forward.next_layer = following

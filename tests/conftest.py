@@ -5,7 +5,7 @@ import pytest
 
 from torch_npu2 import create_runtime, use_runtime
 from torch_npu2.emulator import EmulatedXrt
-from torch_npu2.kernels import toolchain
+from torch_npu2.kernels import aie_source_check, toolchain
 
 # Where `make air-tools` (part of `make test`) unpacks the AIR compilers of the shared workspace.
 CHECKOUT_AIR_TOOLS = Path(__file__).resolve().parents[1] / ".air-tools"
@@ -13,6 +13,8 @@ CHECKOUT_AIR_TOOLS = Path(__file__).resolve().parents[1] / ".air-tools"
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "npu: needs the NPU toolchain (aircc, Peano) or an NPU with pyxrt")
+    config.addinivalue_line("markers", "compat: the transformers-compatibility subset CI also runs on the oldest "
+                                       "and the newest supported transformers (make test-compat)")
     if not os.environ.get(toolchain.AIR_TOOLS_VARIABLE) and (CHECKOUT_AIR_TOOLS / "bin" / "air-opt").exists():
         os.environ[toolchain.AIR_TOOLS_VARIABLE] = str(CHECKOUT_AIR_TOOLS)
 
@@ -27,6 +29,20 @@ def air_tools() -> toolchain.Toolchain:
             pytest.fail(message)
         pytest.skip(message)
     return toolchain.find_toolchain()
+
+
+@pytest.fixture(scope="session")
+def aie_source_checker():
+    """The AIE-path source check (clang++-22 and the aie_api/llvm-aie headers); a skip saying what is missing and how
+    to get it, or in CI (CI=true) an error."""
+    missing = aie_source_check.missing_tools()
+    if missing:
+        message = "the AIE-path source check cannot run: " + "; ".join(missing)
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    with aie_source_check.AieSourceChecker() as checker:
+        yield checker
 
 
 @pytest.fixture

@@ -391,25 +391,73 @@ def cmd_compile(args) -> int:
 
 
 def cmd_lint(args) -> int:
-    """Findings of the IR lint per Program (kernels/lint.py); exit 1 when there are any."""
+    """Findings of the IR lint per Program (kernels/lint.py), or with --aie-source the AIE-path source check of every
+    kernel variant; exit 1 when there are any."""
     from .kernels import ModelDims, programs_for_model
-    from .kernels.lint import lint_program, lower_and_lint
+    from .kernels.builders.npu2 import L1_BYTES, L1_HEADROOM
+    from .kernels.lint import lint_program, lower_and_lint, worst_l1_tile
     from .patch_llama import DEFAULT_BUCKETS
 
+    if args.kernel_dir and not args.aie_source:
+        args.parser.error("argument --kernel-dir: only with --aie-source")
+    if args.kernel_dir and not Path(args.kernel_dir).is_dir():
+        args.parser.error(f"argument --kernel-dir: {args.kernel_dir} is not a directory")
     _check_model_path(args.parser, args.model)
     config = _load_config(args.model)
     _check_buckets(args.parser, config, args.buckets)
     buckets = tuple(args.buckets) if args.buckets else DEFAULT_BUCKETS
+    if args.aie_source:
+        return _lint_aie_source(ModelDims.from_config(config), buckets, args.kernel_dir)
     programs = programs_for_model(ModelDims.from_config(config), buckets)
     total = 0
     for program in programs:
-        findings = lower_and_lint(program) if args.lowered else lint_program(program)
+        if args.lowered:
+            findings, fullest = lower_and_lint(program)
+        else:
+            findings, fullest = lint_program(program), worst_l1_tile(program)
         total += len(findings)
-        print(f"{_program_label(program)}: {len(findings) or 'no'} finding{'s' if len(findings) != 1 else ''}")
+        print(f"{_program_label(program)}: {len(findings) or 'no'} finding{'s' if len(findings) != 1 else ''}; "
+              f"L1 {fullest.total:,} / {L1_BYTES:,} B at launch {fullest.launch} ({fullest.kind}), {fullest.tile} "
+              f"({fullest.buffer_bytes:,} B buffers + {fullest.stack:,} B stack + {L1_HEADROOM:,} B headroom"
+              + (f", used up to {fullest.used:,} B" if fullest.used != fullest.stack + fullest.buffer_bytes else "")
+              + ")")
         for finding in findings:
             print(f"  [{finding.rule}] {finding.where}: {finding.message}")
     print(f"{total} findings in {len(programs)} Programs")
     return 1 if total else 0
+
+
+def _lint_aie_source(dims, buckets, kernel_dir) -> int:
+    """Every -D variant Peano would build for the model's Programs, in every matmul precision, type-checked in its
+    AIE path (kernels/aie_source_check.py); exit 1 on a rejection, 2 when the check cannot run here."""
+    import textwrap
+
+    from .kernels import MATMUL_PRECISIONS, programs_for_model
+    from .kernels.aie_source_check import CLANG, AieSourceChecker, kernel_variants, missing_tools
+    from .kernels.toolchain import KERNEL_SOURCE_DIR
+
+    missing = missing_tools()
+    if missing:
+        print("cannot check the kernels' AIE path; missing:\n  " + "\n  ".join(missing), file=sys.stderr)
+        return 2
+    kernel_dir = Path(kernel_dir) if kernel_dir else KERNEL_SOURCE_DIR
+    variants = kernel_variants(program for precision in MATMUL_PRECISIONS
+                               for program in programs_for_model(dims, buckets, precision))
+    started = time.perf_counter()
+    with AieSourceChecker() as checker:
+        results = checker.check_variants(variants, kernel_dir)
+        headers = checker.headers
+    for result in results:
+        print(f"{result.variant}: {'ok' if result.accepted else 'REJECTED'}")
+        if not result.accepted:
+            print(textwrap.indent(result.errors.rstrip(), "  "))
+    built = {variant.source for variant in variants}
+    for source in sorted(path.name for path in kernel_dir.glob("*.cc") if path.name not in built):
+        print(f"{source}: not built for this model's Programs, not checked")
+    rejected = sum(not result.accepted for result in results)
+    print(f"{len(results) - rejected} of {len(results)} variants of {len(built)} kernels type-check in their AIE path "
+          f"({CLANG} -fsyntax-only, headers from {headers}; {time.perf_counter() - started:.1f} s)")
+    return 1 if rejected else 0
 
 
 def cmd_check_kernels(args) -> int:
@@ -572,13 +620,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add_matmul_precision(comp)
     comp.set_defaults(func=cmd_compile, parser=comp)
 
-    lint = sub.add_parser("lint", help="check every Program's IR for patterns aircc lowers slowly or riskily "
-                                       "(exit 1 on findings)")
+    lint = sub.add_parser("lint", help="check every Program's IR for patterns aircc lowers slowly or riskily, or "
+                                       "with --aie-source the C++ kernels' AIE path (exit 1 on findings)")
     lint.add_argument("--model", help="a HF checkpoint directory or a .gguf file (default: SmolLM2-135M)")
     lint.add_argument("--buckets", type=_bucket, nargs="+", help="prefill bucket lengths (default: 16 … 2048)")
-    lint.add_argument("--lowered", action="store_true", help="also lower each Program with the AIR tools and "
+    what = lint.add_mutually_exclusive_group()
+    what.add_argument("--lowered", action="store_true", help="also lower each Program with the AIR tools and "
                                                              "check what placement did (channels, real BDs); "
                                                              "the real BDs settle the static BD estimates")
+    what.add_argument("--aie-source", action="store_true",
+                      help="type-check the __AIENGINE__ path of every kernel variant the model's Programs build (every "
+                           "matmul precision) with clang++-22 -fsyntax-only against the aie_api and llvm-aie headers "
+                           "($TORCH_NPU2_AIE_HEADERS, else ../shared/toolchains/aie-headers beside the checkout)")
+    lint.add_argument("--kernel-dir", metavar="DIR", help="with --aie-source: check the kernel sources in DIR "
+                                                           "(default: the package's own kernels/aie2p)")
     lint.set_defaults(func=cmd_lint, parser=lint)
 
     check = sub.add_parser("check-kernels", help="run every Program's MLIR-AIR through the AIR interpreter (with "

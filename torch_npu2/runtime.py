@@ -5,9 +5,11 @@ never models. A BO-backed tensor is an ordinary CPU tensor whose storage is a BO
 registry maps that storage back to its BO, so a tensor handed to ``run`` is bound as its BO with no copy.
 
 Coherency has one owner, ``Runtime.run``: weights are synced to the device once (``refresh`` after writing
-one in place); an input is synced unless the device already holds its current version (an earlier op's
-output that the host has not modified since, or the same host tensor, unmodified, staged for the same
-argument by the previous run of that Program); outputs are synced back after every run.
+one in place); every input is synced (or copied into its staging buffer and synced) before every run, and
+outputs are synced back after every run. Inputs do not trust tensor version counters: torch.compile's
+inductor reuses a dead op output's storage for its own kernels' results, written through raw pointers that
+leave the version unchanged, so "the device already holds this version" would serve stale bytes. An
+input's sync costs a cache flush of its bytes; the decode inputs are a few KB.
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ class NPURunError(RuntimeError):
 class _Buffer:
     bo: object
     mapping: np.ndarray  # uint8 view of bo.map(), taken once per BO
-    device_version: int | None = None  # tensor version the device holds; None: device copy is stale
+    weight_synced: bool = False  # a weight's bytes are on the device (weights are synced once)
 
     def tensor(self, shape, dtype: torch.dtype):
         """A tensor over the mapping, and its ``lease``: the object whose lifetime is the tensor storage's."""
@@ -52,15 +54,10 @@ class _Buffer:
 
 @dataclass(eq=False)
 class _Staging:
-    """A Program's own buffer for an argument given as a host tensor, and which tensor version it holds."""
+    """A Program's own buffer for an argument given as a host tensor (not BO-backed), and a view over it."""
 
     buffer: _Buffer
     view: torch.Tensor
-    source: weakref.ref | None = None  # the host tensor last copied in (a weakref: the caller owns it)
-    version: int = -1
-
-    def holds(self, tensor: torch.Tensor) -> bool:
-        return self.source is not None and self.source() is tensor and tensor._version == self.version
 
 
 @dataclass(eq=False)
@@ -126,7 +123,6 @@ class Runtime:
     def _return_to_pool(self, address: int, size: int, buffer: _Buffer) -> None:
         self._resident.pop(address, None)
         self._leases.pop(address, None)
-        buffer.device_version = None
         self._pool[size].append(buffer)
 
     def pin(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -146,11 +142,12 @@ class Runtime:
         return tensor.untyped_storage().data_ptr() in self._resident
 
     def refresh(self, tensor: torch.Tensor) -> None:
-        """Mark a BO-backed weight written by the host since its last sync, so the next run syncs it."""
+        """Mark a BO-backed weight written by the host since its last sync, so the next run syncs it (inputs
+        need no such call: they are synced before every run)."""
         buffer = self._resident.get(tensor.untyped_storage().data_ptr())
         if buffer is None:
             raise ValueError("refresh: the tensor is not BO-backed (pin it or pass it to an op first)")
-        buffer.device_version = None
+        buffer.weight_synced = False
 
     # -- programs --------------------------------------------------------------------------------
 
@@ -185,7 +182,8 @@ class Runtime:
 
     def _bind_host_arg(self, loaded: LoadedProgram, index: int, is_weight: bool, nbytes: int,
                        tensor: torch.Tensor) -> None:
-        """Bind the BO for a weight or input argument, syncing it as its role requires."""
+        """Bind the BO for a weight or input argument, syncing it as its role requires: a weight once, an input
+        every run (its bytes may have changed without its version counter moving)."""
         # Bound as its BO only when it starts where a BO mapping starts: its storage is that mapping (no storage
         # can begin before one mapping and reach into another), at offset 0. One data_ptr() call tells both.
         buffer = self._resident.get(tensor.data_ptr())
@@ -196,30 +194,23 @@ class Runtime:
         if loaded.bound[index] is not bo:  # _bind, inlined: this runs for every weight of every decode run
             loaded.run.set_arg(index, bo)
             loaded.bound[index] = bo
-        if is_weight:
-            if buffer.device_version is None:
-                bo.sync(self._sync_to, nbytes, 0)
-                buffer.device_version = 0
-        elif buffer.device_version != tensor._version:
+        if not is_weight:
             bo.sync(self._sync_to, nbytes, 0)
-            buffer.device_version = tensor._version
-        else:
-            self.stats["inputs_already_on_device"] += 1
+            self.stats["bo_inputs_synced"] += 1
+        elif not buffer.weight_synced:
+            bo.sync(self._sync_to, nbytes, 0)
+            buffer.weight_synced = True
 
     def _stage(self, loaded: LoadedProgram, index: int, nbytes: int, tensor: torch.Tensor) -> None:
-        """Bind the Program's own buffer for a host tensor argument, copying the tensor in unless it holds it."""
+        """Bind the Program's own buffer for a host tensor argument and copy the tensor in."""
         staged = loaded.staging.get(index)
         if staged is None:
             arg = loaded.program.args[index]
             buffer = self._new_buffer(nbytes)
             staged = loaded.staging[index] = _Staging(buffer, buffer.tensor(arg.shape, TORCH_DTYPES[arg.dtype])[0])
         self._bind(loaded, index, staged.buffer.bo)
-        if staged.holds(tensor):  # e.g. one RoPE LUT row handed to every layer's run of a decode step
-            self.stats["staged_inputs_reused"] += 1
-            return
         staged.view.copy_(tensor)
         staged.buffer.bo.sync(self._sync_to, nbytes, 0)
-        staged.source, staged.version = weakref.ref(tensor), tensor._version
         self.stats["host_copies"] += 1
         self.stats["host_copy_bytes"] += nbytes
 
@@ -241,7 +232,6 @@ class Runtime:
                               f"{self._completed}); its outputs are not valid")
         for (_, _, _, nbytes, _, _), out, buffer in zip(loaded.output_plan, outputs, buffers):
             buffer.bo.sync(self._sync_from, nbytes, 0)
-            buffer.device_version = out._version
         self.stats["runs"] += 1
         return tuple(outputs)
 

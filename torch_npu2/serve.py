@@ -505,5 +505,9 @@ def run(model, tokenizer, model_name: str, sock: socket.socket, api_key: str | N
     where = f"[{host}]" if ":" in host else host
     print(f"serving {model_name} at http://{where}:{port}/v1 (OpenAI-compatible; "
           f"{'API key required' if api_key else 'no API key'}; Ctrl-C stops)", flush=True)
-    uvicorn.Server(uvicorn.Config(app, log_level="info")).run(sockets=[sock])
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info"))
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled once it has shut down cleanly
+        pass
     return 0

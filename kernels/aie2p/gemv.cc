@@ -133,10 +133,18 @@ extern "C" void rmsnorm_bf16(const bf16_t *x_and_weight, bf16_t *out, float eps)
     squares = aie::mac(squares, v, v);
   }
   const float rstd = aie::invsqrt(aie::reduce_add(squares.to_vector<float>()) / kDepth + eps);
-  const aie::vector<float, kLanes> scale = aie::broadcast<float, kLanes>(rstd);
+  // aie::mul multiplies bf16 by bf16 or fp32 by fp32, not bf16 by fp32. rstd is the sum of three bf16 terms, exactly
+  // (8 significant bits each), so x * rstd is three exact bf16 x bf16 products summed in the fp32 accumulator: the
+  // fp32 product up to the accumulator's rounding, on the native multiplier (no emulated fp32 multiply).
+  const bfloat16 rstd_high = static_cast<bfloat16>(rstd);
+  const float rstd_rest = rstd - static_cast<float>(rstd_high);
+  const bfloat16 rstd_middle = static_cast<bfloat16>(rstd_rest);
+  const bfloat16 rstd_low = static_cast<bfloat16>(rstd_rest - static_cast<float>(rstd_middle));
   for (int k = 0; k < kDepth; k += kLanes) {
-    const aie::vector<bfloat16, kLanes> normed =
-        aie::mul(aie::load_v<kLanes>(x + k), scale).template to_vector<bfloat16>();
+    const aie::vector<bfloat16, kLanes> v = aie::load_v<kLanes>(x + k);
+    aie::accum<accfloat, kLanes> scaled = aie::mul(v, rstd_high);
+    scaled = aie::mac(scaled, v, rstd_middle);
+    const aie::vector<bfloat16, kLanes> normed = aie::mac(scaled, v, rstd_low).template to_vector<bfloat16>();
     aie::store_v(out + k, aie::mul(normed, aie::load_v<kLanes>(weight + k)).template to_vector<bfloat16>());
   }
 #else

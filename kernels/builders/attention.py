@@ -95,7 +95,8 @@ def build(params: dict, operands, tuning: dict) -> LaunchIR:
         (t for t in dividing if sum(_l1_bytes(tile_q, t, head_dim).values()) <= L1_AVAILABLE), dividing[-1])
     require(seq % tile_kv == 0 and tile_kv % KV_GRANULE == 0, KIND, "tile_kv", tile_kv,
             f"must divide seq={seq} and be a multiple of {KV_GRANULE}")
-    check_budget(KIND, "L1", _l1_bytes(tile_q, tile_kv, head_dim), "lower tile_q or tile_kv")
+    l1 = _l1_bytes(tile_q, tile_kv, head_dim)
+    check_budget(KIND, "L1", l1, "lower tile_q or tile_kv")
     # AIR splits the step's query and output buffers across the memtiles of the herd's columns.
     column_share = (seq // herd_q, herd_heads * head_dim)
     check_budget(KIND, "L2", {"a column's queries": nbytes(column_share, "bf16"),
@@ -124,7 +125,7 @@ def build(params: dict, operands, tuning: dict) -> LaunchIR:
                 _emit_core(b, tx, ty, h_kv_col.ssa, hkv, hq, ho, _Tiling(seq, head_dim, tile_q, tile_kv, block_q))
             b.dma(so, step_window, o_l2, WHOLE)
             b.dealloc(q_l2, o_l2)
-    return b.finish()
+    return b.finish(l1)
 
 
 @dataclass(frozen=True)

@@ -71,19 +71,19 @@ def object_for_symbol(symbol: str) -> KernelObject:
         raise KeyError(f"{symbol} is not an external kernel listed in builders/externs.py") from None
 
 
-# ---- what one call computes, for the cost model (benchmarks/cost_model.py) ----------------------------------
+# ---- what one call computes, for the timing model's reports (kernels/timing.py) -----------------------------
 # A call's work is the product of its -D macros, or read off its memref operands when the macros do not say
-# it plainly (a pre-tiled GEMM tile whose macro names the cost model should not have to know).
+# it plainly (a pre-tiled GEMM tile whose macro names the timing model should not have to know).
 MATMUL_OPERANDS = "matmul operands"  # A, B, C: the first three memrefs; MACs = sqrt(|A|·|B|·|C|), any layout
 LAST_OPERAND = "last operand"        # elements of the last memref operand (what the call writes)
 
 
 @dataclass(frozen=True)
 class CallCost:
-    """The throughput class of a kernel symbol's code (a key of ``benchmarks.cost_model.THROUGHPUT``) and its
-    work per call: MACs for the matmul classes, elements for the others."""
+    """What a kernel symbol's work is, for reports (the timing model times a call by what it executes:
+    ``kernels/core_ops.py``): its kind and its work per call, MACs for the matmul kinds, elements for the others."""
 
-    throughput: str
+    kind: str
     work: tuple[str, ...]  # -D macro names whose product is the work, or (MATMUL_OPERANDS,) / (LAST_OPERAND,)
 
 
@@ -99,7 +99,7 @@ CALL_COSTS = {
     "attn_pv_accumulate_bf16": CallCost("mmul_bf16", _ATTENTION_BLOCK),
     "attn_finalize_bf16": CallCost("vector_elementwise", ("ATTN_TQ", "ATTN_HEAD_DIM")),
     # gemm.o (gemm.cc), the prefill GEMM kernel: acc += A·Wᵀ through aie::mmul. Its precision ("bf16" exact or
-    # "bfp16" emulated) is a per-call -D choice, which the cost model reads from the call (mmul_bf16 → bfp16).
+    # "bfp16" emulated) is a per-call -D choice, which the timing model reads from the call (mmul_bf16 → bfp16).
     "gemm_zero_f32": CallCost("vector_elementwise", (LAST_OPERAND,)),
     "gemm_bf16_f32_wnk": CallCost("mmul_bf16", (MATMUL_OPERANDS,)),
     "gemm_f32_to_bf16": CallCost("vector_elementwise", (LAST_OPERAND,)),
@@ -109,8 +109,7 @@ CALL_COSTS = {
     "gemv_rows_bf16": CallCost("vector_mac", ("GEMV_ROWS", "GEMV_K")),
     "gemv_add_bf16": CallCost("vector_elementwise", ("GEMV_ROWS",)),
     "rmsnorm_bf16": CallCost("vector_elementwise", ("GEMV_K",)),
-    # Counted over the vector it is handed (gate, up and the residual panel): an overestimate of about 2×, as
-    # it computes len(gate) values; a few µs per decode token.
+    # Reported over the vector it is handed (gate, up and the residual panel): about twice the values it computes.
     "swiglu_bf16": CallCost("vector_transcendental", (LAST_OPERAND,)),
 }
 
@@ -119,4 +118,4 @@ def call_cost(symbol: str) -> CallCost:
     try:
         return CALL_COSTS[symbol]
     except KeyError:
-        raise KeyError(f"{symbol} has no throughput class in builders/externs.py CALL_COSTS") from None
+        raise KeyError(f"{symbol} has no CallCost in builders/externs.py CALL_COSTS") from None

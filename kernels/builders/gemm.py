@@ -177,8 +177,8 @@ def _build(kind: str, params: dict, operands, tuning: dict) -> LaunchIR:
         lambda d: sum(_l1_bytes(tile_m, tile_n, tile_k_l1, tile_k_l2, d, w_rows).values()) <= L1_AVAILABLE)
     require(tile_n % drain_n == 0 and drain_n % BLOCK == 0, kind, "drain_n", drain_n,
             f"must divide tile_n={tile_n} and be a multiple of {BLOCK}")
-    check_budget(kind, "L1", _l1_bytes(tile_m, tile_n, tile_k_l1, tile_k_l2, drain_n, w_rows),
-                 "lower tile_m, tile_n, tile_k_l1 or drain_n")
+    l1 = _l1_bytes(tile_m, tile_n, tile_k_l1, tile_k_l2, drain_n, w_rows)
+    check_budget(kind, "L1", l1, "lower tile_m, tile_n, tile_k_l1 or drain_n")
     defines = {"GEMM_TILE_M": tile_m, "GEMM_TILE_K": tile_k_l1, "GEMM_TILE_N": w_rows, "GEMM_DRAIN_N": drain_n,
                **PRECISION_DEFINES[precision]}
 
@@ -240,4 +240,4 @@ def _build(kind: str, params: dict, operands, tuning: dict) -> LaunchIR:
             b.dma(sc, Window((0, 0, row0, col0), (herd_m, herd_n, tile_m, tile_n), (tile_m * N, tile_n, N, 1)),
                   c_l2, WHOLE)
             b.dealloc(a_l2, w_l2, c_l2, acc)
-    return b.finish()
+    return b.finish(l1)

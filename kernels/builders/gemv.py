@@ -138,7 +138,7 @@ def _build(kind: str, out_dtype: str, params: dict, operands, tuning: dict) -> L
     plan = plan_gemv(kind, K, N, out_dtype, tuning)
     b = LaunchBuilder(kind, operands, GEMV_ROLES)
     _emit(b, kind, K, N, plan, out_dtype)
-    return b.finish()
+    return b.finish(_l1_bytes(K, plan.tile_n, plan.rows_per_call, out_dtype))
 
 
 def build(params: dict, operands, tuning: dict) -> LaunchIR:

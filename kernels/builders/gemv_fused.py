@@ -106,8 +106,10 @@ def _l1_bytes(kind: str, K: int, herd: int, tile_n: int, rows: int, k_chunk: int
                "y": nbytes((tile_n,), "bf16")}
     if kind == RMS_KIND:
         buffers["normed x"] = nbytes((K,), "bf16")
-    else:
+    elif K > k_chunk:  # summed over the K loop's trips: one copy (a carried sum is never split)
         buffers["f32 partial sums"] = nbytes((rows,), "f32")
+    else:  # refilled in every trip of the row loop, so copied like the W chunk
+        buffers[f"f32 partial sums x{copies}"] = copies * nbytes((rows,), "f32")
     return buffers
 
 
@@ -221,7 +223,7 @@ def _build_add(kind: str, params: dict, operands, tuning: dict) -> LaunchIR:
                     _emit_add_tile(b, kind, p, K, x_len, tx, hv, hw, hy)
                 b.dma(sy, rows_window, y_panel, WHOLE)
             b.dealloc(vector, w_panel, y_panel)
-    return b.finish()
+    return b.finish(_l1_bytes(kind, K, p.herd, p.tile_n, p.rows_per_call, p.k_chunk))
 
 
 def _emit_add_tile(b: LaunchBuilder, kind: str, p: FusedGemvPlan, K: int, x_len: int, tx, hv, hw, hy) -> None:
@@ -281,7 +283,7 @@ def build_rms_gemv(params: dict, operands, tuning: dict) -> LaunchIR:
                     _emit_rms_tile(b, p, K, eps, tx, hv, hw, hy)
                 b.dma(sy, y_window, y_panel, WHOLE)
             b.dealloc(vector, w_panel, y_panel)
-    return b.finish()
+    return b.finish(_l1_bytes(kind, K, p.herd, p.tile_n, p.rows_per_call, p.k_chunk))
 
 
 def _emit_rms_tile(b: LaunchBuilder, p: FusedGemvPlan, K: int, eps: float, tx, hv, hw, hy) -> None:

@@ -109,14 +109,16 @@ class ExternDecl:
 
 @dataclass(frozen=True)
 class LaunchIR:
-    """What a builder returns: the launch op text, its operands, the external kernels it calls and its
-    DMAs in text order."""
+    """What a builder returns: the launch op text, its operands, the external kernels it calls, its DMAs in
+    text order, and the L1 buffers one tile of its herd holds as the builder planned them (name, bytes; AIR's
+    ping-pong copies counted), which kernels/budgets.py checks."""
 
     kind: str
     text: str
     operands: tuple[Value, ...]
     externs: tuple[ExternDecl, ...]
     dmas: tuple[Dma, ...]
+    l1_buffers: tuple[tuple[str, int], ...]
 
 
 def extern_declaration(symbol: str, arg_types, object_name: str) -> str:
@@ -364,7 +366,8 @@ class LaunchBuilder:
         self.emit(f"vector.transfer_write {vector.ssa}, {buffer.ssa}[{index}] {{in_bounds = [true]}} : "
                   f"{vector.type}, {buffer.type}")
 
-    def finish(self) -> LaunchIR:
+    def finish(self, l1_buffers: dict[str, int]) -> LaunchIR:
+        """The launch, with ``l1_buffers``: one herd tile's L1 buffers as planned (the dict its budget check took)."""
         assert self._depth == 0, "unclosed region"
         return LaunchIR(self.kind, "\n".join(self._lines), self.operands, tuple(self._externs.values()),
-                        tuple(self._dmas))
+                        tuple(self._dmas), tuple(l1_buffers.items()))

@@ -6,12 +6,16 @@ buffers over budget, operands whose shapes disagree with the launch parameters.
 """
 from __future__ import annotations
 
+from ..program import CORE_STACK_BYTES
 from .ir import ELEMENT_BYTES, MemRef
 
 COLUMNS, ROWS = 8, 4                  # compute tiles: 8 columns × 4 rows
-L1_BYTES = 64 * 1024                  # data memory per compute tile
-STACK_BYTES = 1024                    # aircc's default --stack-size, carved out of L1
-L1_AVAILABLE = L1_BYTES - STACK_BYTES
+L1_BYTES = 64 * 1024                  # data memory per compute tile (mlir-aie's AIE2 target model, NPU2's base)
+STACK_BYTES = CORE_STACK_BYTES        # the Programs' default stack, at the bottom of L1
+# Left free above the buffers: the linker places the kernels' .data/.rodata/.bss after the highest buffer (64 B in
+# kernels/aie2p today, attention's lane table; aie_api's and the runtime's share cannot be seen without Peano).
+L1_HEADROOM = 1024
+L1_AVAILABLE = L1_BYTES - STACK_BYTES - L1_HEADROOM  # what a tile's buffers may take
 L2_BYTES = 512 * 1024                 # one memtile
 VECTOR_LANES = 16                     # bf16 lanes whose f32 widening still fits one 512-bit register
 MMUL_GRANULE = 8                      # AIE2P bf16 matmul intrinsic works on 8×8×8 blocks
@@ -24,6 +28,14 @@ class LaunchConstraintError(ValueError):
     def __init__(self, kind: str, param: str, value, constraint: str):
         super().__init__(f"{kind} launch: {param}={value!r}: {constraint}")
         self.kind, self.param, self.value, self.constraint = kind, param, value, constraint
+
+
+class BudgetExceeded(LaunchConstraintError):
+    """A launch whose buffers do not fit L1 or a memtile: ``level`` ("L1" or "L2") and the buffers (name, bytes)."""
+
+    def __init__(self, kind: str, level: str, buffers: dict[str, int], constraint: str):
+        super().__init__(kind, f"{level} bytes", sum(buffers.values()), constraint)
+        self.level, self.buffers = level, dict(buffers)
 
 
 def require(condition: bool, kind: str, param: str, value, constraint: str) -> None:
@@ -67,9 +79,10 @@ def check_budget(kind: str, level: str, buffers: dict[str, int], advice: str) ->
     total = sum(buffers.values())
     if total > limit:
         items = ", ".join(f"{name} {size} B" for name, size in buffers.items())
-        where = (f"{L1_AVAILABLE} B per compute tile (64 KiB minus the {STACK_BYTES} B stack)" if level == "L1"
+        where = (f"{L1_AVAILABLE} B per compute tile (64 KiB minus the {STACK_BYTES} B stack and {L1_HEADROOM} B of "
+                 f"headroom)" if level == "L1"
                  else f"{L2_BYTES} B of one memtile")
-        raise LaunchConstraintError(kind, f"{level} bytes", total, f"exceeds {where} ({items}); {advice}")
+        raise BudgetExceeded(kind, level, buffers, f"exceeds {where} ({items}); {advice}")
 
 
 def pingpong_copies(trips: int) -> int:

@@ -51,7 +51,8 @@ def build(params: dict, operands, tuning: dict) -> LaunchIR:
                    if rows_per_tile % t == 0
                    and sum(_l1_bytes(t, width, head_dim, rows_per_tile).values()) <= L1_AVAILABLE]
         tile_rows = fitting[0] if fitting else 1
-    check_budget(KIND, "L1", _l1_bytes(tile_rows, width, head_dim, rows_per_tile), "lower tile_rows")
+    l1 = _l1_bytes(tile_rows, width, head_dim, rows_per_tile)
+    check_budget(KIND, "L1", l1, "lower tile_rows")
 
     b = LaunchBuilder(KIND, operands, ("x", "lut", "out"))
     b.comment(f"rope rows={rows} heads={heads} head_dim={head_dim}: herd {herd}x1, {tile_rows} rows per call")
@@ -69,5 +70,5 @@ def build(params: dict, operands, tuning: dict) -> LaunchIR:
                     b.call("rope_half_split_bf16", [x_buf, lut_buf, out_buf], config)
                     b.dma(out, rows_window(out.type, row, tile_rows, 0, width), out_buf, WHOLE)
                 b.dealloc(x_buf, lut_buf, out_buf)
-    return b.finish()
+    return b.finish(l1)
 

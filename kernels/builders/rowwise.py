@@ -52,15 +52,15 @@ def plan_chunks(kind: str, rows: int, cols: int, tuning: dict, live_buffers: int
             elif rows > 1 and rows % herd == 0:
                 plans.append(ChunkPlan(herd, chunk, per_row, rows // herd, per_row))
         if plans:
-            plan = next((p for p in plans if sum(_l1_bytes(p, live_buffers).values()) <= L1_AVAILABLE), plans[-1])
-            check_budget(kind, "L1", _l1_bytes(plan, live_buffers), "lower chunk")
+            plan = next((p for p in plans if sum(l1_bytes(p, live_buffers).values()) <= L1_AVAILABLE), plans[-1])
+            check_budget(kind, "L1", l1_bytes(plan, live_buffers), "lower chunk")
             return plan
     # Herd 1 always divides, so only an explicit herd can leave no split.
     what = f"the chunk count of a {cols}-wide row for chunk in {chunks}" if rows == 1 else f"rows={rows}"
     raise LaunchConstraintError(kind, "herd", tuning["herd"], f"must divide {what}")
 
 
-def _l1_bytes(plan: ChunkPlan, live_buffers: int) -> dict[str, int]:
+def l1_bytes(plan: ChunkPlan, live_buffers: int) -> dict[str, int]:
     """The chunk buffers, copied by AIR's ping-pong over the innermost loop that fills them."""
     trips = (plan.chunks_per_tile if not plan.rows_per_tile
              else plan.chunks_per_row if plan.chunks_per_row > 1 else plan.rows_per_tile)
@@ -112,4 +112,4 @@ def build_binary(kind: str, roles: tuple[str, str, str], params: dict, operands,
                     compute(b, plan, lhs_buf, rhs_buf, out_buf)
                     b.dma(out, rows_window(out.type, row, 1, col, plan.chunk), out_buf, WHOLE)
                 b.dealloc(lhs_buf, rhs_buf, out_buf)
-    return b.finish()
+    return b.finish(l1_bytes(plan, live_buffers=3))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from .ir import L1, WHOLE, LaunchBuilder, LaunchIR, MemRef, Window, rows_window
 from .npu2 import check_operands
-from .rowwise import chunk_loop, plan_chunks
+from .rowwise import chunk_loop, l1_bytes, plan_chunks
 
 KIND = "stack"
 PARAMS = ("rows", "cols")
@@ -39,4 +39,4 @@ def build(params: dict, operands, tuning: dict) -> LaunchIR:
                         b.dma(out, Window((index, row, col), (1, 1, plan.chunk), (rows * cols, cols, 1)), buffer,
                               WHOLE)
                 b.dealloc(*buffers)
-    return b.finish()
+    return b.finish(l1_bytes(plan, live_buffers=2))

@@ -1,4 +1,4 @@
-"""The loops the cost model overlaps are the loops the real AIR double-buffers.
+"""The loops the timing model overlaps are the loops the real AIR double-buffers.
 
 air-opt (mlir-air 0e3df89d) runs aircc's placement passes on each Program up to ``air-ping-pong-transform``; the
 loops ``air-label-scf-for-to-ping-pong`` labels (read from its print, with the memory space of every buffer it
@@ -15,11 +15,12 @@ import subprocess
 import pytest
 
 from benchmarks import cost_model
-from benchmarks.cost_model import L1, PingPongBuffer
+from torch_npu2.kernels import timing
+from torch_npu2.kernels.timing import L1, PingPongBuffer
 from torch_npu2.kernels.air_pipeline import _module, _optimization_passes
 from torch_npu2.kernels.builders import build_launch
 from torch_npu2.kernels.builders.ir import WHOLE, LaunchBuilder, MemRef, Window
-from torch_npu2.kernels.interpret import KERNEL_ARGUMENT_ACCESS, _split_top
+from torch_npu2.kernels.interpret import KERNEL_ARGUMENT_ACCESS, split_top
 from torch_npu2.kernels.program import CompileOptions
 from torch_npu2.kernels.stitch import stitch
 
@@ -131,7 +132,7 @@ def _written_whole_by_call(use: str, alias: str, zeros: set[str]) -> bool:
     of its positions), or gemv_partial_f32 starting its sum there (k0 = 0)."""
     if not (call := _CALL.search(use)):
         return False
-    symbol, args, types = re.sub(r"_v\d+$", "", call.group(1)), _split_top(call.group(2)), _split_top(call.group(3))
+    symbol, args, types = re.sub(r"_v\d+$", "", call.group(1)), split_top(call.group(2)), split_top(call.group(3))
     memrefs = [a for a, t in zip(args, types) if t.startswith("memref")]
     access = [KERNEL_ARGUMENT_ACCESS[symbol][i] for i, a in enumerate(memrefs) if a == alias]
     starts_sum = symbol == "gemv_partial_f32" and args[3] in zeros
@@ -167,7 +168,7 @@ def carried_buffers(after_label: str) -> list[str]:
 def model_pingpong(program) -> dict[str, set[PingPongBuffer]]:
     found = {}
     for index, launch in enumerate(program.launches):
-        buffers = cost_model.pingpong_buffers(build_launch(program, launch), program.compile_options)
+        buffers = timing.pingpong_buffers(build_launch(program, launch), program.compile_options)
         if buffers:
             found[f"l{index}_{launch.kind}"] = buffers
     return found
@@ -216,7 +217,8 @@ def streamed_launch(reuse_after_loop: bool, drain_each_trip: bool = False):
                     b.emit(multiply)
                 if not drain_each_trip:
                     b.dma(hc, WHOLE, acc, WHOLE)
-    return b.finish()
+    return b.finish({name: value.type.nbytes
+                     for name, value in (("A window", a_buf), ("W window", w_buf), ("acc", acc))})
 
 
 def as_module(ir) -> str:
@@ -227,11 +229,11 @@ def as_module(ir) -> str:
 
 def overlap_anywhere_with_dma_and_compute(ir) -> set[PingPongBuffer]:
     """The rule the model had before: any multi-trip loop with DMAs and compute is double-buffered."""
-    region = cost_model._Parser(ir.externs, None).parse(ir.text)
+    region = timing._Parser(ir.externs, None).parse(ir.text)
     while region.kind != "for":
-        region = next(item for item in region.body if isinstance(item, cost_model.Region))
+        region = next(item for item in region.body if isinstance(item, timing.Region))
     return {PingPongBuffer("herd", region.sizes[0], t.dst_space)
-            for t in region.body if isinstance(t, cost_model.Transfer)}
+            for t in region.body if isinstance(t, timing.Transfer)}
 
 
 @pytest.mark.parametrize("reuse_after_loop", [False, True])
@@ -240,11 +242,11 @@ def test_a_loop_whose_buffers_outlive_it_is_not_double_buffered(air_tools, reuse
     options = CompileOptions()
     after_label, final = run_to_pingpong(air_tools, as_module(ir), options)
     air = air_pingpong(after_label).get("streamed", set())
-    model = cost_model.pingpong_buffers(ir, options)
+    model = timing.pingpong_buffers(ir, options)
     assert model == air
     assert air_transformed_loops(final).get("streamed", 0) == labelled_loop_count(after_label).get("streamed", 0)
-    predicted = cost_model.launch_cost(ir, options).seconds
-    sequential = cost_model.launch_cost(ir, dataclasses.replace(options, omit_pingpong="all")).seconds
+    predicted = timing.launch_cost(ir, options, timing.FAST).seconds
+    sequential = timing.launch_cost(ir, dataclasses.replace(options, omit_pingpong="all"), timing.FAST).seconds
     if reuse_after_loop:
         # AIR cannot move the buffers into the loop, so it labels nothing: the old rule disagreed here.
         assert air == set() and predicted == sequential

@@ -72,16 +72,22 @@ def test_the_machine_line_names_each_sections_commit_when_they_differ():
     assert "commits aaa (speed), bbb (cost_model);" in dispatcher.report._machine(differ)[0]
 
 
-def test_the_cost_model_table_renders_results_from_before_the_bfp16_gate_up_column():
-    """`report` re-renders whatever JSON is in results/: rows without the gate/up variant get a dash."""
+def test_the_cost_model_table_renders_every_prediction_as_a_range():
+    """`report` renders the model's JSON: each Program's range per precision (a dash where it has no such
+    variant), the ends' assumptions, the headline, and the three replays."""
     from benchmarks import cost_model
 
     rows = cost_model.per_program(cost_model.llama_1b_dims())
-    result = {"per_program": rows, "predictions": cost_model.predictions(prompts=(128,))}
-    current = "\n".join(dispatcher.report._cost_model(result))
+    result = {"per_program": rows, "predictions": cost_model.predictions(prompts=(128,)),
+              "headline": cost_model.headline(), "constants": cost_model.constants(),
+              "upstream_gemm_replay": [], "upstream_attention_replay": [], "upstream_gemv_replay": []}
+    text = "\n".join(dispatcher.report._cost_model(result))
     o_ffn = next(r for r in rows if r["program"] == "o_ffn")
-    assert f"| {o_ffn['predicted_ms_bfp16_gate_up']:.2f} |" in current
-    for row in [*result["per_program"], *result["predictions"]["prefill"]]:
-        row.pop("predicted_ms_bfp16_gate_up")
-    older = "\n".join(dispatcher.report._cost_model(result))
-    assert f"| {o_ffn['predicted_ms']:.2f} | — | {o_ffn['predicted_ms_bfp16']:.2f} |" in older
+    gemv = next(r for r in rows if r["program"] == "lm_head_gemv")
+    keys = ("predicted_ms", "predicted_ms_bfp16_gate_up", "predicted_ms_bfp16")
+    spans = [cost_model.span(o_ffn[key], 2) for key in keys]
+    assert "| " + " | ".join(spans) + " |" in text
+    assert f"| {cost_model.span(gemv['predicted_ms'], 2)} | — | — |" in text
+    assert f"prefill of 2048 tokens {cost_model.span(result['headline']['prefill_2048_s'], 2)} s" in text
+    for end in ("fast", "slow"):
+        assert f"- **{end}**: {result['constants']['ends'][end]['assumption']}." in text

@@ -7,6 +7,7 @@ import pytest
 from torch_npu2.kernels import ModelDims, programs_for_model
 from torch_npu2.kernels.air_pipeline import (TIMEOUT_VARIABLE, CompileError, air_to_aie_pipeline, lower_to_npu_insts,
                                              npu_pipeline, placement_pipeline)
+from torch_npu2.kernels.budgets import program_l1
 from torch_npu2.kernels.builders.npu2 import L1_AVAILABLE, L2_BYTES
 from torch_npu2.kernels.program import Arg, CompileOptions, Launch, Program, Role
 
@@ -63,8 +64,12 @@ def test_options_change_the_passes_aircc_changes():
     l1_only = placement_pipeline(CompileOptions(omit_pingpong="L1"))
     assert "air-label-scf-for-to-ping-pong{omit-memory-space=L1},air-ping-pong-transform{omit-memory-space=L1}" \
         in l1_only
-    assert options.aircc_flags() == ["--air-runtime-loop-tiling-sizes", "2", "2", "--omit-ping-pong-transform=all",
-                                     "--omit-while-true-loop", "--omit-auto-broadcast", "--use-lock-race-condition-fix"]
+    assert options.aircc_flags() == ["--air-runtime-loop-tiling-sizes", "2", "2", "--stack-size", "3072",
+                                     "--omit-ping-pong-transform=all", "--omit-while-true-loop", "--omit-auto-broadcast",
+                                     "--use-lock-race-condition-fix"]
+    assert CompileOptions(stack_size=4096).aircc_flags()[3:5] == ["--stack-size", "4096"]
+    with pytest.raises(ValueError, match="stack_size must be a positive int of bytes"):
+        CompileOptions(stack_size=0)
     with pytest.raises(ValueError, match="omit_pingpong must be one of"):
         CompileOptions(omit_pingpong="L3")
     with pytest.raises(ValueError, match="runtime_loop_tiling_sizes must be a tuple of positive ints"):
@@ -81,6 +86,18 @@ def test_program_lowers_to_npu_instructions(air_tools, monkeypatch, name):
         assert 1 <= device.compute_tiles <= 32 and device.memtiles <= 8 and 1 <= device.shim_tiles <= 8
         assert device.bds > 0 and device.dma_channels > 0 and device.instruction_words > 0
         assert 0 < device.l1_bytes <= L1_AVAILABLE and device.l2_bytes <= L2_BYTES
+    # Every core's L1 as aiecc placed it: the Program's stack, nothing over it, and on every tile the bytes its
+    # builder planned (the count the emulator and the build path check without a compiler). Builders count AIR's
+    # ping-pong copies, so where a Program omits them (flash_attn: its stack launch) the plan is an upper bound.
+    planned = {tile.launch: tile.buffer_bytes for tile in program_l1(program)}
+    assert all(tile.stack == program.compile_options.stack_size and tile.fits for tile in lowering.l1)
+    placed = {(tile.launch, tile.buffer_bytes) for tile in lowering.l1}
+    assert {launch for launch, _ in placed} == set(planned)
+    if program.compile_options.omit_pingpong:
+        assert all(size <= planned[launch] for launch, size in placed)
+        assert (1, planned[1]) in placed  # attention plans single buffers
+    else:
+        assert placed == set(planned.items())
     # No core reads a host-written scalar (a launch index turned into a runtime parameter): attention's causal
     # positions come from herd coordinates and the cores' own loops.
     assert [d.name for d in lowering.devices if d.runtime_parameters] == []

@@ -358,7 +358,7 @@ def test_builders_are_deterministic():
 @pytest.mark.parametrize("kind,overrides,tuning,message", [
     ("rmsnorm", dict(rows=16, cols=570), None, r"rmsnorm launch: cols=570: must be a multiple of 16"),
     ("rmsnorm", dict(rows=16, cols=2048), {"herd": 3}, r"rmsnorm launch: herd=3: must divide rows=16"),
-    ("rmsnorm", dict(rows=1, cols=16384), None, r"rmsnorm launch: L1 bytes=\d+: exceeds 64512 B"),
+    ("rmsnorm", dict(rows=1, cols=16384), None, r"rmsnorm launch: L1 bytes=\d+: exceeds 61440 B"),
     ("gemm", dict(M=24, K=64, N=64), None, r"gemm launch: M=24: must be a multiple of 16"),
     ("gemm", dict(w_cols=4096, w_col0=2049), None, r"gemm launch: w_col0=2049: must leave K=2048 columns of w_cols=4096"),
     ("rms_gemv", dict(N=8191, gate_up=1), None, r"rms_gemv launch: N=8191: must be even for a \[w_gate \| w_up\]"),

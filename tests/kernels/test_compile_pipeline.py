@@ -6,6 +6,7 @@ build directories, error reporting, artifact cache wiring), not those compilers.
 real air-opt when the AIR tools are there, with a stand-in only for the final aiecc ELF step (it needs
 Peano). The real compile is the ``npu``-marked test at the end.
 """
+import dataclasses
 import json
 import os
 import shutil
@@ -18,7 +19,8 @@ import pytest
 
 from torch_npu2.artifact_cache import ArtifactCache
 from torch_npu2.kernels import ModelDims, compile as pipeline, toolchain
-from torch_npu2.kernels.catalog import rms_gemv_rope_program
+from torch_npu2.kernels.budgets import L1BudgetError
+from torch_npu2.kernels.catalog import o_ffn_program, rms_gemv_rope_program
 from torch_npu2.kernels.stitch import emit_mlir
 
 SMOL = ModelDims(576, 9, 3, 64, 1536, 49152, 1e-5)
@@ -181,7 +183,7 @@ def test_compile_program_builds_kernels_then_runs_aircc_in_a_private_directory(f
                              "elf", "--xclbin-instance-name", "rms_gemv_rope", "--peano",
                              str(fake_toolchain / "llvm-aie"), "--no-xchesscc", "--no-xbridge", "--tmpdir=air_project",
                              # the Program's own compile options
-                             "--air-runtime-loop-tiling-sizes", "16", "16"]
+                             "--air-runtime-loop-tiling-sizes", "16", "16", "--stack-size", "3072"]
     assert {"air.mlir", "gemv.o", "rope_v2.o"} <= set(aircc["files"])
     assert set(aircc["project"]) == {"gemv.o", "gemv_v2.o", "rope.o", "rope_v2.o"}
     assert aircc["aiecc"] == str(fake_toolchain / "mlir_aie" / "bin" / "aiecc")  # aircc can run aiecc
@@ -216,10 +218,27 @@ def test_the_verified_air_is_recognised_by_the_archive_it_was_unpacked_from(air_
 
 def test_each_compile_gets_its_own_directory_and_extra_flags(fake_toolchain, tmp_path):
     pipeline.compile_program(PROGRAM, tmp_path / "a")
-    pipeline.compile_program(PROGRAM, tmp_path / "b", aircc_flags=("--stack-size", "2048"))
+    pipeline.compile_program(PROGRAM, tmp_path / "b", aircc_flags=("--verbose",))
     first, second = tool_calls(tmp_path, "aircc")
     assert first["cwd"] != second["cwd"]
-    assert second["args"][-2:] == ["--stack-size", "2048"]
+    assert second["args"][-1] == "--verbose"
+    # the stack is the Program's (the L1 check counts it), never an extra flag
+    with pytest.raises(ValueError, match="the stack size is CompileOptions.stack_size"):
+        pipeline.compile_program(PROGRAM, tmp_path / "c", aircc_flags=("--stack-size", "2048"))
+
+
+def test_a_program_over_a_cores_l1_is_refused_before_any_tool_runs(fake_toolchain, tmp_path):
+    """A 1 KiB larger stack than the builders plan for puts the prefill GEMM's tile over 64 KiB (the emulator's
+    refusal of the same Program: tests/kernels/test_budgets.py)."""
+    program = o_ffn_program(576, 576, 1536, 1e-5, 512)
+    overflowing = dataclasses.replace(program, compile_options=dataclasses.replace(
+        program.compile_options, stack_size=program.compile_options.stack_size + 1024))
+    with pytest.raises(L1BudgetError, match=r"^o_ffn does not fit a core's L1: o_ffn, launch 3 \(gemm_swiglu\), each "
+                                            r"tile of herd @gemm_herd \(8x4\): buffers 61,440 B .* \+ stack 4,096 B "
+                                            r"\+ headroom 1,024 B = 66,560 B of 65,536 B"):
+        pipeline.compile_program(overflowing, tmp_path / "out")
+    assert tool_calls(tmp_path, "clang++") == tool_calls(tmp_path, "aircc") == []
+    assert not (tmp_path / "out").exists()
 
 
 def test_aircc_failure_keeps_the_mlir_and_carries_stderr(fake_toolchain, tmp_path, monkeypatch):

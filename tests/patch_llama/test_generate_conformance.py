@@ -92,20 +92,22 @@ def test_batch_with_left_padding_runs_the_npu2_ops(runtime):
     assert PREFILL_OPS | DECODE_OPS <= set(counter.calls), counter.calls
 
 
-def test_output_attentions_is_refused_at_the_first_forward(runtime):
-    model = tiny_llama()
+def test_assisted_generation_with_output_attentions_gives_hf_s_weights(runtime, pair):
+    """output_attentions=True runs HF's own layers for those calls (tests/patch_llama/test_transformers_compat.py);
+    assisted decoding, which verifies several drafted tokens per call, gets HF's weights too."""
+    reference, model = pair(tiny_llama())
+    for m in (reference, model):
+        m.config._attn_implementation = "eager"  # HF records attention weights only in eager attention
     patch_llama(model)
-    with pytest.raises(ValueError, match="output_attentions=True is not supported by a patched model"):
-        model(REPEATING, output_attentions=True)
-    with pytest.raises(ValueError, match="output_attentions"):
-        model.generate(REPEATING, max_new_tokens=2, output_attentions=True, return_dict_in_generate=True)
-    with pytest.raises(ValueError, match="output_attentions"):
-        model.generate(REPEATING, max_new_tokens=2, output_attentions=True, return_dict_in_generate=True,
-                       assistant_model=_assistant())
-    assert model(REPEATING, output_attentions=False).logits.isfinite().all()
-    unpatch_llama(model)
-    model.config._attn_implementation = "eager"  # HF records attention weights only in eager attention
-    assert len(model(REPEATING, output_attentions=True).attentions) == model.config.num_hidden_layers
+    kwargs = dict(max_new_tokens=3, do_sample=False, output_attentions=True, return_dict_in_generate=True)
+    with pytest.warns(UserWarning, match="runs HF's own decoder layers"):
+        ours = model.generate(REPEATING, assistant_model=_assistant(), **kwargs)
+    hf = reference.generate(REPEATING, assistant_model=_assistant(), **kwargs)
+    assert torch.equal(ours.sequences, hf.sequences)
+    flat_ours = [a for step in ours.attentions for a in step]
+    flat_hf = [a for step in hf.attentions for a in step]
+    assert len(flat_ours) == len(flat_hf) > 0
+    assert all(torch.equal(a, b) for a, b in zip(flat_ours, flat_hf))
 
 
 @pytest.mark.parametrize("convert", [

@@ -17,6 +17,21 @@ CHAT_PROMPTS = [
     "List three prime numbers.",
     "How do I reverse a list in Python?",
 ]
+# A chat long enough (over 150 tokens) that prefill runs a larger bucket and decode attends over a long cache.
+LONG_CHAT = [
+    {"role": "system", "content": "You are a careful assistant. Answer in plain prose, without lists, and keep "
+                                  "every answer short, factual and friendly."},
+    {"role": "user", "content": "Here are some notes on a city. Paris is the capital and most populous city of "
+                                "France. It sits on the Seine in the north of the country. Since the seventeenth "
+                                "century it has been one of Europe's major centres of finance, diplomacy, commerce, "
+                                "fashion and science. The city is known for its museums and architectural "
+                                "landmarks: the Louvre, which holds the Mona Lisa, the Musee d'Orsay, the Eiffel "
+                                "Tower built for the 1889 World's Fair, Notre-Dame cathedral and the Arc de "
+                                "Triomphe. Its public transport network includes the Metro, opened in 1900, and "
+                                "several railway stations linking it to the rest of Europe. Paris hosted the "
+                                "Summer Olympics in 1900, 1924 and 2024. Using only these notes, tell me when the "
+                                "Metro opened and name two museums in the city."},
+]
 RAW_PROMPTS = [
     "The quick brown fox",
     "def fibonacci(n):\n    ",
@@ -52,6 +67,15 @@ def test_topk_gate_on_varied_prompts(smollm2):
     print(f"{identical}/{len(prompts)} prompts gave identical 32-token greedy outputs")
 
 
+@pytest.mark.compat
+def test_the_tokenizer_ends_and_pads_as_the_gguf_declares(smollm2):
+    """load_model gives the tokenizer the GGUF's end and padding tokens, which some transformers releases drop."""
+    reference, _, tokenizer, _ = smollm2
+    assert tokenizer.eos_token == tokenizer.pad_token == "<|im_end|>"
+    assert tokenizer.eos_token_id == reference.generation_config.eos_token_id
+
+
+@pytest.mark.compat
 def test_answers_the_capital_question(smollm2):
     _, model, tokenizer, _ = smollm2
     ids = chat_ids(tokenizer, "What is the capital of France?")
@@ -59,6 +83,23 @@ def test_answers_the_capital_question(smollm2):
     assert "Paris" in tokenizer.decode(out[0, ids.shape[1]:])
 
 
+@pytest.mark.compat
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_greedy_on_a_long_chat_passes_the_gate(smollm2, cache):
+    """Greedy decoding against HF on a prompt of over 150 tokens, with HF's default cache and with a
+    StaticCache (which older transformers place tokens in by cache_position)."""
+    reference, model, tokenizer, _ = smollm2
+    ids = tokenizer.apply_chat_template(LONG_CHAT, add_generation_prompt=True, return_tensors="pt")
+    ids = ids if torch.is_tensor(ids) else ids["input_ids"]
+    assert ids.shape[1] >= 150, ids.shape
+    kwargs = {} if cache == "dynamic" else {"cache_implementation": "static"}
+    ref = greedy_with_topk(reference, ids, 24, **kwargs)
+    out = greedy_with_topk(model, ids, 24, **kwargs)
+    check_topk_gate(*ref, *out, label=f"long chat, {cache} cache")
+    assert "1900" in tokenizer.decode(out[0][0]), tokenizer.decode(out[0][0])
+
+
+@pytest.mark.compat
 def test_every_layer_cosine_at_least_0999(smollm2):
     reference, model, tokenizer, _ = smollm2
     ids = chat_ids(tokenizer, "Explain what a neural network is in one sentence.")
@@ -70,6 +111,7 @@ def test_every_layer_cosine_at_least_0999(smollm2):
     assert logits.min_cosine >= 0.99, str(report)
 
 
+@pytest.mark.compat
 def test_batch_left_padding_same_tokens_as_single_prompts(smollm2):
     _, model, tokenizer, _ = smollm2
     tokenizer.padding_side = "left"
@@ -77,8 +119,9 @@ def test_batch_left_padding_same_tokens_as_single_prompts(smollm2):
              for p in CHAT_PROMPTS[:2]]
     batch = tokenizer(texts, return_tensors="pt", padding=True)
     out = model.generate(**batch, max_new_tokens=16, do_sample=False, pad_token_id=tokenizer.pad_token_id)
-    for row, p in enumerate(CHAT_PROMPTS[:2]):
-        single_ids = chat_ids(tokenizer, p)
+    for row, text in enumerate(texts):
+        # tokenized as the batch was (apply_chat_template's own tokenization differs in some releases)
+        single_ids = tokenizer(text, return_tensors="pt").input_ids
         single = model.generate(single_ids, max_new_tokens=16, do_sample=False)[0, single_ids.shape[1]:].tolist()
         batched = out[row, batch.input_ids.shape[1]:].tolist()
         # a row that finished early is filled with pad tokens while the other row goes on
@@ -86,6 +129,7 @@ def test_batch_left_padding_same_tokens_as_single_prompts(smollm2):
         assert all(t == tokenizer.pad_token_id for t in batched[len(single):])
 
 
+@pytest.mark.compat
 def test_streamer_stop_strings_and_repetition_penalty(smollm2):
     _, model, tokenizer, _ = smollm2
     ids = chat_ids(tokenizer, "What is the capital of France?")
@@ -101,6 +145,7 @@ def test_streamer_stop_strings_and_repetition_penalty(smollm2):
     assert text.rstrip().endswith("Paris") and buffer.getvalue().strip() == text.strip()
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("seed", [0, 1])
 def test_sampling_matches_hf_with_same_seed(smollm2, seed):
     reference, model, tokenizer, _ = smollm2

@@ -1,5 +1,7 @@
 """The emulated NPU2 target: ``EmulatedXrt`` (torch_npu2/emulator) runs the Program itself, so its artifact
-is the Program as JSON; nothing on this machine can stop it from running.
+is the Program as JSON; nothing on this machine can stop it from running. It refuses, as the NPU2 build does,
+a Program whose NPU2 build has a compute tile that does not fit its L1 (kernels/budgets.py); one the NPU2
+builders cannot emit at all (a head_dim of 16, say) still runs here.
 
 ``TORCH_NPU2_EMULATOR_COHERENCY=fast|strict`` picks the driver's coherency mode (default ``fast``).
 """
@@ -12,8 +14,9 @@ from ..emulator import EmulatedXrt, write_artifact
 from ..kernels.program import Program
 from . import Target
 
-# Bumped when the artifact format or the emulator's numerics change, so cached artifacts are rebuilt.
-TOOLCHAIN = "torch_npu2-emulator-1"
+# Bumped when the artifact format, the emulator's numerics or what it refuses change, so cached artifacts are
+# rebuilt.
+TOOLCHAIN = "torch_npu2-emulator-2"
 COHERENCY_VARIABLE = "TORCH_NPU2_EMULATOR_COHERENCY"
 
 
@@ -33,8 +36,23 @@ def inspection_mlir(program: Program) -> tuple[str | None, str | None]:
         return None, f"{type(exc).__name__}: {exc}"
 
 
+def refuse_unfit(program: Program) -> None:
+    """``budgets.L1BudgetError`` when ``program`` builds for NPU2 with a tile over its L1 (the NPU2 build refuses it
+    too); nothing when it fits or when the builders cannot emit it at all."""
+    from ..kernels.budgets import L1BudgetError, check_program_l1
+
+    try:
+        check_program_l1(program)
+    except L1BudgetError:
+        raise
+    except ValueError:
+        pass  # not an NPU2 shape (a builder constraint, npu2_build_problem): the emulator runs it, README "Backends"
+
+
 def build_program_json(program: Program, directory: Path) -> Path:
-    """The emulator's artifact: the Program, plus the NPU2 MLIR for inspection (or why there is none)."""
+    """The emulator's artifact: the Program, plus the NPU2 MLIR for inspection (or why there is none); a Program
+    that does not fit a core's L1 is refused (:func:`refuse_unfit`)."""
+    refuse_unfit(program)
     path = Path(directory) / f"{program.name}.json"
     mlir, problem = inspection_mlir(program)
     write_artifact(program, path, mlir=mlir, mlir_problem=problem)

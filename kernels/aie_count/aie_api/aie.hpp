@@ -1,0 +1,334 @@
+// A host stand-in for the AIE API that counts the core instructions a kernel's AIE path issues, instead of
+// computing anything. kernels/core_ops.py compiles a kernel's __AIENGINE__ path against it with the host compiler
+// (and with `float` bound to counted_float, below) and runs one entry point: the tallies are what that call issues.
+//
+// Vectors hold no data and loads and stores touch no memory; scalar floats keep their values, and integer
+// arguments are real, so the kernel's loops and branches run as written.
+//
+// One count per instruction, by the widths of AIE2P's units and registers:
+//   load, store   up to 512 bits each (two 512-bit load units, one 512-bit store unit);
+//   move          a broadcast, zeroing, an element read into a scalar register, an accumulator <-> vector register
+//                 copy, or an insert/extract of under 256 bits; 256 bits or more name a register (W 256, X 512,
+//                 Y 1024 bits) and are free;
+//   vector, mac   vector-unit and multiplier operations of up to 32 lanes (the width aie_api's AIE2P code works at:
+//                 mac_elem_32, ups_to_v32accfloat, to_v32bfloat16); a transpose is one shuffle per 512 bits (two
+//                 for 64 bf16, as aie_api's AIE2P transpose does); a reduction of N lanes is log2(N) shifts and
+//                 log2(N) combines (aie_api's reduce), then a move to a scalar register;
+//   nonlinear     exp2 and tanh, 16 lanes each (aie_api's native width for them), after a move into an accumulator;
+//   scalar_float  a scalar float operation or a float -> bf16 rounding: software-emulated on the core (no scalar FPU).
+// aie::mmul calls are recorded by precision and shape, with the distinct operands they see (kernels/core_ops.py
+// expands them with what aie_api emits for one call). Exact bf16 8x8x8 is recorded as the two 4x8x8 calls aie_api
+// makes of it, on the two halves of A and the same B.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <set>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#if defined(AIE_API_EMULATE_BFLOAT16_MMUL_WITH_BFP16) && AIE_API_EMULATE_BFLOAT16_MMUL_WITH_BFP16
+#define AIE_COUNT_BFP16 1
+#else
+#define AIE_COUNT_BFP16 0
+#endif
+
+struct bfloat16;
+
+namespace aie_count {
+
+enum Kind : unsigned { Load, Store, Mac, Vector, Move, Nonlinear, ScalarFloat, KindCount };
+inline const char *const kKindNames[KindCount] = {"load", "store", "mac", "vector", "move", "nonlinear",
+                                                  "scalar_float"};
+inline unsigned long long tally[KindCount];
+inline unsigned long long next_value = 1;
+
+inline void count(Kind kind, unsigned long long n = 1) { tally[kind] += n; }
+inline unsigned long long fresh() { return next_value++; }
+
+constexpr unsigned long long ceil_div(unsigned long long a, unsigned long long b) { return (a + b - 1) / b; }
+constexpr unsigned kRegisterBits = 512;
+constexpr unsigned kNamedRegisterBits = 256;
+constexpr unsigned kLanesPerOp = 32;
+constexpr unsigned kNonlinearLanes = 16;
+
+template <typename T> constexpr unsigned element_bits = 8 * sizeof(T);
+template <> constexpr unsigned element_bits<bfloat16> = 16;
+template <typename T> constexpr unsigned long long registers(unsigned lanes) {
+  return ceil_div(lanes * element_bits<T>, kRegisterBits);
+}
+constexpr unsigned long long lane_ops(unsigned lanes) { return ceil_div(lanes, kLanesPerOp); }
+template <typename T> void piece(unsigned lanes) {
+  if (lanes * element_bits<T> < kNamedRegisterBits)
+    count(Move);
+}
+
+struct MmulUse {
+  bool bfp16;
+  unsigned m, k, n;
+  unsigned long long calls = 0;
+  std::set<std::pair<unsigned long long, unsigned>> a_operands;
+  std::set<unsigned long long> b_operands;
+};
+inline std::vector<MmulUse> mmul_uses;
+
+inline void record_mmul(bool bfp16, unsigned m, unsigned k, unsigned n, unsigned long long a, unsigned a_part,
+                        unsigned long long b) {
+  for (MmulUse &use : mmul_uses)
+    if (use.bfp16 == bfp16 && use.m == m && use.k == k && use.n == n) {
+      ++use.calls;
+      use.a_operands.insert({a, a_part});
+      use.b_operands.insert(b);
+      return;
+    }
+  mmul_uses.push_back(MmulUse{bfp16, m, k, n});
+  record_mmul(bfp16, m, k, n, a, a_part, b);
+}
+
+// One JSON object on stdout: the tallies and the mmul uses.
+inline void report() {
+  std::printf("{");
+  for (unsigned kind = 0; kind < KindCount; ++kind)
+    std::printf("\"%s\": %llu, ", kKindNames[kind], tally[kind]);
+  std::printf("\"mmul\": [");
+  for (unsigned i = 0; i < mmul_uses.size(); ++i) {
+    const MmulUse &use = mmul_uses[i];
+    std::printf("%s{\"precision\": \"%s\", \"shape\": [%u, %u, %u], \"calls\": %llu, \"a_operands\": %zu, "
+                "\"b_operands\": %zu}", i ? ", " : "", use.bfp16 ? "bfp16" : "bf16", use.m, use.k, use.n, use.calls,
+                use.a_operands.size(), use.b_operands.size());
+  }
+  std::printf("]}\n");
+}
+
+} // namespace aie_count
+
+// A scalar float whose arithmetic is counted (the kernel is compiled with `float` meaning this type). Constant
+// expressions are not counted: they are folded by the compiler.
+struct counted_float {
+  decltype(0.0f) value;
+
+  constexpr counted_float() : value(0) {}
+  constexpr counted_float(decltype(0.0f) v) : value(v) {}
+  constexpr counted_float(double v) : value(static_cast<decltype(0.0f)>(v)) {}
+  constexpr counted_float(int v) : value(static_cast<decltype(0.0f)>(v)) {}
+  constexpr counted_float(const bfloat16 &v);
+
+  static constexpr void op() {
+    if (!std::is_constant_evaluated())
+      aie_count::count(aie_count::ScalarFloat);
+  }
+  friend constexpr counted_float operator+(counted_float a, counted_float b) { op(); return a.value + b.value; }
+  friend constexpr counted_float operator-(counted_float a, counted_float b) { op(); return a.value - b.value; }
+  friend constexpr counted_float operator*(counted_float a, counted_float b) { op(); return a.value * b.value; }
+  friend constexpr counted_float operator/(counted_float a, counted_float b) { op(); return a.value / b.value; }
+  friend constexpr counted_float operator-(counted_float a) { return -a.value; }  // a sign flip: an integer op
+  friend constexpr bool operator<(counted_float a, counted_float b) { op(); return a.value < b.value; }
+  friend constexpr bool operator>(counted_float a, counted_float b) { op(); return a.value > b.value; }
+  friend constexpr bool operator<=(counted_float a, counted_float b) { op(); return a.value <= b.value; }
+  friend constexpr bool operator>=(counted_float a, counted_float b) { op(); return a.value >= b.value; }
+};
+
+struct bfloat16 {
+  decltype(0.0f) value = 0;
+
+  constexpr bfloat16() = default;
+  constexpr bfloat16(decltype(0.0f) v) : value(v) {}
+  bfloat16(counted_float v) : value(v.value) { aie_count::count(aie_count::ScalarFloat); }  // a rounding
+};
+
+constexpr counted_float::counted_float(const bfloat16 &v) : value(v.value) {}  // a shift: free
+
+struct accfloat {};
+struct accauto {};
+
+namespace aie {
+
+using aie_count::count;
+using aie_count::Kind;
+
+template <typename T, unsigned N> struct vector {
+  unsigned long long id = aie_count::fresh();  // which value it holds, for the operand reuse of mmul calls
+
+  template <unsigned M> vector<T, M> extract(unsigned) const {
+    aie_count::piece<T>(M);
+    return {};
+  }
+  template <unsigned M> vector &insert(unsigned, const vector<T, M> &) {
+    aie_count::piece<T>(M);
+    id = aie_count::fresh();
+    return *this;
+  }
+  T get(unsigned) const {
+    count(Kind::Move);
+    return T{};
+  }
+};
+
+template <unsigned N> struct mask {};
+
+template <typename Tag, unsigned N> struct accum {
+  accum() = default;
+  template <typename T> accum(const vector<T, N> &v) { from_vector(v); }
+
+  template <typename T> void from_vector(const vector<T, N> &) {
+    if constexpr (std::is_same_v<T, bfloat16>)
+      count(Kind::Vector, aie_count::lane_ops(N));  // an upshift into the accumulator
+    else
+      count(Kind::Move, aie_count::registers<T>(N));
+  }
+  template <typename T> vector<T, N> to_vector() const {
+    if constexpr (std::is_same_v<T, bfloat16>)
+      count(Kind::Vector, aie_count::lane_ops(N));  // a rounding conversion
+    else
+      count(Kind::Move, aie_count::registers<T>(N));
+    return {};
+  }
+};
+
+template <unsigned N, typename T> vector<std::remove_cv_t<T>, N> load_v(const T *) {
+  count(Kind::Load, aie_count::registers<std::remove_cv_t<T>>(N));
+  return {};
+}
+
+template <typename T, unsigned N> void store_v(T *, const vector<T, N> &) {
+  count(Kind::Store, aie_count::registers<T>(N));
+}
+
+template <typename T, unsigned N, typename U> vector<T, N> broadcast(const U &) {
+  count(Kind::Move, aie_count::registers<T>(N));
+  return {};
+}
+
+template <typename T, unsigned N> auto zeros() {
+  if constexpr (std::is_same_v<T, accfloat>) {
+    count(Kind::Move, aie_count::registers<decltype(0.0f)>(N));
+    return accum<accfloat, N>{};
+  } else {
+    count(Kind::Move, aie_count::registers<T>(N));
+    return vector<T, N>{};
+  }
+}
+
+template <typename T, unsigned N> vector<T, N> transpose(const vector<T, N> &, unsigned, unsigned) {
+  count(Kind::Vector, aie_count::registers<T>(N));
+  return {};
+}
+
+template <typename T, unsigned N> vector<T, N / 2> filter_even(const vector<T, N> &, unsigned) {
+  count(Kind::Vector, aie_count::registers<T>(N / 2));
+  return {};
+}
+
+template <typename T, unsigned N> vector<T, N / 2> filter_odd(const vector<T, N> &, unsigned) {
+  count(Kind::Vector, aie_count::registers<T>(N / 2));
+  return {};
+}
+
+template <typename Tag, unsigned N, typename B> accum<Tag, N> add(const accum<Tag, N> &, const B &) {
+  count(Kind::Vector, aie_count::lane_ops(N));
+  return {};
+}
+
+template <typename Tag, unsigned N, typename B> accum<Tag, N> sub(const accum<Tag, N> &, const B &) {
+  count(Kind::Vector, aie_count::lane_ops(N));
+  return {};
+}
+
+template <typename A, typename B, unsigned N> accum<accfloat, N> mul(const vector<A, N> &, const vector<B, N> &) {
+  count(Kind::Mac, aie_count::lane_ops(N));
+  return {};
+}
+
+template <typename Tag, typename A, typename B, unsigned N>
+accum<Tag, N> mac(const accum<Tag, N> &, const vector<A, N> &, const vector<B, N> &) {
+  count(Kind::Mac, aie_count::lane_ops(N));
+  return {};
+}
+
+// A scalar factor is broadcast to every lane first (one move), then multiplied as a vector.
+template <typename A, unsigned N> accum<accfloat, N> mul(const vector<A, N> &v, const A &) {
+  count(Kind::Move);
+  return mul(v, vector<A, N>{});
+}
+
+template <typename Tag, typename A, unsigned N>
+accum<Tag, N> mac(const accum<Tag, N> &acc, const vector<A, N> &v, const A &) {
+  count(Kind::Move);
+  return mac(acc, v, vector<A, N>{});
+}
+
+template <typename T, unsigned N> vector<T, N> max(const vector<T, N> &, const vector<T, N> &) {
+  count(Kind::Vector, aie_count::lane_ops(N));
+  return {};
+}
+
+template <typename T, unsigned N> T reduce(const vector<T, N> &) {
+  unsigned steps = 0;
+  for (unsigned lanes = N; lanes > 1; lanes /= 2)
+    ++steps;
+  count(Kind::Vector, 2 * steps);
+  count(Kind::Move);
+  return T{};
+}
+template <typename T, unsigned N> T reduce_max(const vector<T, N> &v) { return reduce(v); }
+template <typename T, unsigned N> T reduce_add(const vector<T, N> &v) { return reduce(v); }
+
+template <typename T, unsigned N> mask<N> ge(const vector<T, N> &, const vector<T, N> &) {
+  count(Kind::Vector, aie_count::lane_ops(N));
+  return {};
+}
+
+template <typename T, unsigned N> vector<T, N> select(const vector<T, N> &, const vector<T, N> &, const mask<N> &) {
+  count(Kind::Vector, aie_count::lane_ops(N));
+  return {};
+}
+
+template <typename R, typename T, unsigned N> vector<R, N> nonlinear() {
+  const unsigned long long ops = aie_count::ceil_div(N, aie_count::kNonlinearLanes);
+  count(Kind::Move, ops);
+  count(Kind::Nonlinear, ops);
+  return {};
+}
+template <typename R, typename T, unsigned N> vector<R, N> exp2(const vector<T, N> &) { return nonlinear<R, T, N>(); }
+template <typename R, typename T, unsigned N> vector<R, N> tanh(const vector<T, N> &) { return nonlinear<R, T, N>(); }
+
+inline counted_float invsqrt(counted_float x) {
+  count(Kind::ScalarFloat);
+  return x;
+}
+
+enum class rounding_mode { floor, ceil, symmetric_inf, symmetric_zero, conv_even, conv_odd };
+inline rounding_mode current_rounding = rounding_mode::floor;
+inline rounding_mode swap_rounding(rounding_mode mode) { return std::exchange(current_rounding, mode); }
+inline void set_rounding(rounding_mode mode) { current_rounding = mode; }
+
+template <unsigned M, unsigned K, unsigned N, typename TypeA, typename TypeB, typename Acc> struct mmul {
+  static constexpr unsigned size_A = M * K;
+  static constexpr unsigned size_B = K * N;
+  static constexpr unsigned size_C = M * N;
+
+  mmul() = default;
+  template <typename T> mmul(const vector<T, size_C> &) { count(Kind::Move, aie_count::registers<T>(size_C)); }
+  mmul(const accum<accfloat, size_C> &) {}
+
+  template <typename A, typename B> void mac(const A &a, const B &b) { use(a, b); }
+  template <typename A, typename B> void mul(const A &a, const B &b) { use(a, b); }
+
+  template <typename T> vector<T, size_C> to_vector() const {
+    count(Kind::Move, aie_count::registers<T>(size_C));
+    return {};
+  }
+
+private:
+  template <typename A, typename B> static void use(const A &a, const B &b) {
+    if (!AIE_COUNT_BFP16 && M == 8) {
+      aie_count::record_mmul(false, 4, K, N, a.id, 0, b.id);
+      aie_count::record_mmul(false, 4, K, N, a.id, 1, b.id);
+    } else {
+      aie_count::record_mmul(AIE_COUNT_BFP16, M, K, N, a.id, 0, b.id);
+    }
+  }
+};
+
+} // namespace aie

@@ -1,0 +1,252 @@
+"""What a kernel call executes, counted by running its AIE path against the counting stand-in of the AIE API: the
+counts follow the kernels' loops (checked against counts derived by hand from the sources), cover every call our
+Programs make, and the aie::mmul expansion is what aie_api's AIE2P headers emit."""
+import math
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from benchmarks import cost_model
+from torch_npu2.kernels import core_ops
+from torch_npu2.kernels.builders import build_launch
+from torch_npu2.kernels.builders.externs import LAST_OPERAND, MATMUL_OPERANDS, call_cost
+from torch_npu2.kernels.interpret import parse_memref_type
+
+AIE_API_INCLUDE = Path(os.environ.get("TORCH_NPU2_AIE_API_INCLUDE", Path(__file__).resolve().parents[3] / "shared" /
+                                      "toolchains" / "aie-headers" / "aie_api" / "include"))
+
+
+def counts(symbol, defines, **integers):
+    (ops, _) = core_ops.call_ops(symbol, defines, integers)
+    return ops
+
+
+def test_the_entry_points_are_read_from_the_definitions():
+    params = core_ops.entry_points("attention.cc")["attn_qk_tile_bf16"]
+    assert [(p.name, p.kind) for p in params] == [("q", "bf16 *"), ("kv", "bf16 *"), ("scores", "float *"),
+                                                  ("q_start", "int"), ("k_start", "int")]
+    assert [p.kind for p in core_ops.entry_points("gemv.cc")["rmsnorm_bf16"]] == ["bf16 *", "bf16 *", "float"]
+
+
+@pytest.mark.parametrize("rows,depth", [(16, 2048), (2, 8192)])
+def test_gemv_counts_follow_its_loops(rows, depth):
+    """gemv.cc's row_dot, per row: a zeroed 32-lane accumulator (two registers), K/32 steps of two 512-bit loads
+    and one 32-lane mac, the sum moved to a vector (two registers) and reduced over 32 lanes (5 shifts, 5 adds, a
+    move to a scalar); then gemv_bf16 rounds it to bf16 (a software float op)."""
+    ops = counts("gemv_bf16", {"GEMV_ROWS": rows, "GEMV_K": depth})
+    steps = depth // 32
+    assert ops.counts == {"load": 2 * steps * rows, "store": 0, "mac": steps * rows, "vector": 10 * rows,
+                          "move": 5 * rows, "nonlinear": 0, "scalar_float": rows}
+    assert ops.mmul == ()
+
+
+@pytest.mark.parametrize("bfp16", [False, True])
+def test_gemm_counts_follow_its_loops(bfp16):
+    """gemm_bf16_f32_wnk: per 2×2 group of output tiles, four accumulators loaded (32 or 64 floats each) and
+    stored, and per K step two A operands and two transposed W blocks (a 1024-bit load and two shuffles each) for
+    four mmul calls; an A operand and a W block each serve two calls."""
+    tile_m, tile_k, tile_n = 64, 32, 128
+    defines = {"GEMM_TILE_M": tile_m, "GEMM_TILE_K": tile_k, "GEMM_TILE_N": tile_n}
+    if bfp16:
+        defines[core_ops.BFP16_DEFINE] = 1
+    rows = 8 if bfp16 else 4  # the mmul's M
+    groups, steps = (tile_n // 16) * (tile_m // rows // 2), tile_k // 8
+    acc_registers = rows * 8 * 32 // 512
+    a_loads = rows * 8 * 16 // 512
+    ops = counts("gemm_bf16_f32_wnk", defines)
+    assert ops.counts == {"load": groups * (4 * acc_registers + steps * (2 * a_loads + 2 * 2)),
+                          "store": groups * 4 * acc_registers, "mac": 0, "vector": groups * steps * 2 * 2,
+                          "move": groups * 2 * 4 * acc_registers, "nonlinear": 0, "scalar_float": 0}
+    (use,) = ops.mmul
+    assert (use.precision, use.shape) == (("bfp16", (8, 8, 8)) if bfp16 else ("bf16", (4, 8, 8)))
+    assert (use.calls, use.a_operands, use.b_operands) == (4 * groups * steps, 2 * groups * steps, 2 * groups * steps)
+    assert use.macs == tile_m * tile_k * tile_n
+
+
+def test_attention_scores_count_the_gathers_the_logit_scaling_and_the_mask():
+    """attn_qk_tile_bf16, per 8×8 block of scores and 8 of head_dim: a Q block and a K block gathered row by row
+    (8 loads of 128 bits and 8 inserts each), K transposed (2 shuffles), one exact 8×8×8 mmul (two 4×8×8 on the
+    halves of Q, one K); per block of scores the 3-product fp32 logit scaling (4 × (3 macs, 6 vector ops, 5 moves),
+    the block and the scale moved in and out: 8 more moves) and 8 stores. On the diagonal, per row, the 16-lane
+    chunks from the first that holds a hidden key: a load, a compare, a select, a broadcast and a store each, after
+    loading the lane indices and broadcasting the mask value once."""
+    tq, tk, dim = 32, 64, 64
+    defines = {"ATTN_TQ": tq, "ATTN_TK": tk, "ATTN_HEAD_DIM": dim}
+    blocks = (tq // 8) * (tk // 8)
+    steps = blocks * dim // 8
+    cheapest, dearest = core_ops.call_ops("attn_qk_tile_bf16", defines, {})
+    assert cheapest.counts == {"load": 16 * steps, "store": 8 * blocks, "mac": 12 * blocks,
+                               "vector": 2 * steps + 24 * blocks, "move": 16 * steps + 28 * blocks, "nonlinear": 0,
+                               "scalar_float": 0}
+    (use,) = cheapest.mmul
+    assert (use.precision, use.shape, use.calls, use.a_operands, use.b_operands) == ("bf16", (4, 8, 8), 2 * steps,
+                                                                                      2 * steps, steps)
+    chunks = sum(len(range((min(row + 1, tk) // 16) * 16, tk, 16)) for row in range(tq))
+    extra = {kind: dearest.counts[kind] - cheapest.counts[kind] for kind in core_ops.KINDS}
+    assert extra == {"load": chunks + 1, "store": chunks, "mac": 0, "vector": 2 * chunks, "move": chunks + 1,
+                     "nonlinear": 0, "scalar_float": 0}
+
+
+def test_the_online_softmax_counts_its_serial_row_work():
+    """attn_online_softmax_bf16 per row of TK scores: the bf16 max over 16-lane chunks and its 16-lane reduction,
+    the row's scalar float bookkeeping (4 compares and subtractions), one exp2 for the rescale factor, then per
+    chunk the shifted exp2 and the sum, and the sum's reduction."""
+    tq, tk = 32, 64
+    ops = counts("attn_online_softmax_bf16", {"ATTN_TQ": tq, "ATTN_TK": tk, "ATTN_HEAD_DIM": 64})
+    chunks = tk // 16
+    assert ops.counts["nonlinear"] == tq * (1 + chunks)
+    assert ops.counts["scalar_float"] == 4 * tq
+    assert ops.counts["vector"] == tq * (2 * chunks - 1 + 8 + 2 * chunks + 8) + (tq // 8) * 7
+
+
+SMOLLM2_DIMS = dict(hidden=576, heads=9, kv_heads=3, head_dim=64, intermediate=1536, vocab=49152, eps=1e-5)
+
+
+def models_calls():
+    """Every kernel call of Llama-3.2-1B's and SmolLM2-135M's Programs at 16 and 2048 tokens, in every matmul
+    precision, and in decode: (its extern declaration, the launch's IR text), one per symbol and build."""
+    from torch_npu2.kernels import catalog
+
+    found = {}
+    for dims in (cost_model.llama_1b_dims(), catalog.ModelDims(**SMOLLM2_DIMS)):
+        for precision in catalog.MATMUL_PRECISIONS:
+            for program in catalog.programs_for_model(dims, (16, 2048), precision):
+                for launch in program.launches:
+                    ir = build_launch(program, launch)
+                    for decl in ir.externs:
+                        found.setdefault((decl.symbol, decl.defines), (decl, ir.text))
+    return list(found.values())
+
+
+def integer_operands(decl, text: str) -> dict:
+    """The call's integer parameters in ``text`` (a launch's IR): name → the SSA operand, and the constants."""
+    constants = {name: int(value) for name, value in re.findall(r"(%\w+) = arith\.constant (-?\d+) : i32", text)}
+    operands = re.search(rf"func\.call @{decl.symbol}\(([^)]*)\)", text).group(1).split(", ")
+    params = core_ops.entry_points(core_ops.source_of(decl.symbol))[decl.symbol]
+    return {p.name: o for p, o in zip(params, operands) if p.kind == "int"}, constants
+
+
+def test_every_call_our_programs_make_is_counted_and_its_multiplies_are_its_work():
+    """Each call's mmul uses multiply exactly the MACs the call's work says (CallCost), at both argument bounds,
+    its integer arguments the constants our IR passes."""
+    for decl, text in models_calls():
+        cost = call_cost(decl.symbol)
+        shapes = [parse_memref_type(t).shape for t in decl.arg_types if t.startswith("memref")]
+        operands, constants = integer_operands(decl, text)
+        known = {name: constants[o] for name, o in operands.items() if o in constants}
+        for ops in core_ops.call_ops(decl.symbol, dict(decl.defines), known):
+            assert sum(ops.counts.values()) > 0, decl
+            if cost.kind != "mmul_bf16":
+                assert ops.mmul == (), decl
+                continue
+            if cost.work == (MATMUL_OPERANDS,):
+                work = math.sqrt(math.prod(math.prod(s) for s in shapes[:3]))
+            else:
+                assert cost.work != (LAST_OPERAND,)
+                work = math.prod(dict(decl.defines)[m] for m in cost.work)
+            assert sum(use.macs for use in ops.mmul) == work, decl
+
+
+def test_integer_arguments_left_out_of_the_work_bounds_do_not_change_what_a_call_executes():
+    """An integer argument that is neither a constant of the call in our IR nor bounded by WORK_ARGUMENTS is counted
+    at 0: that must not matter (the row offsets of the decode GEMVs)."""
+    checked = 0
+    for decl, text in models_calls():
+        operands, constants = integer_operands(decl, text)
+        known = {name: constants[o] for name, o in operands.items() if o in constants}
+        bounded = core_ops.WORK_ARGUMENTS.get(decl.symbol, lambda _: ({}, {}))(dict(decl.defines))[1]
+        for name in operands.keys() - known.keys() - bounded.keys():
+            at_zero = core_ops.call_ops(decl.symbol, dict(decl.defines), known)
+            elsewhere = core_ops.call_ops(decl.symbol, dict(decl.defines), {**known, name: 64})
+            assert at_zero == elsewhere, (decl.symbol, name)
+            checked += 1
+    assert checked >= 3  # gemv_add_bf16's two row offsets and gemv_rows_bf16's one
+
+
+def test_the_work_arguments_bound_the_work():
+    for symbol, defines in (("attn_qk_tile_bf16", {"ATTN_TQ": 32, "ATTN_TK": 64, "ATTN_HEAD_DIM": 64}),
+                            ("gemv_partial_f32", {"GEMV_ROWS": 8, "GEMV_K": 2048})):
+        cheapest, dearest = core_ops.call_ops(symbol, defines, {})
+        assert sum(cheapest.counts.values()) < sum(dearest.counts.values()), symbol
+        assert all(cheapest.counts[k] <= dearest.counts[k] for k in core_ops.KINDS), symbol
+
+
+def test_an_mmul_without_instruction_counts_is_refused():
+    unknown = core_ops.CoreOps(dict.fromkeys(core_ops.KINDS, 0), (core_ops.MmulUse("bfp16", (4, 8, 8), 1, 1, 1),))
+    with pytest.raises(KeyError, match=r"bfp16 aie::mmul of shape \(4, 8, 8\)"):
+        core_ops.instructions(unknown, share_operands=True)
+
+
+def test_shared_operands_are_prepared_once_at_the_fast_end_only():
+    emitted = core_ops.MMUL_INSTRUCTIONS[("bf16", (4, 8, 8))]
+    ops = core_ops.CoreOps(dict.fromkeys(core_ops.KINDS, 0), (core_ops.MmulUse("bf16", (4, 8, 8), 4, 2, 1),))
+    shared, written = core_ops.instructions(ops, True), core_ops.instructions(ops, False)
+    assert shared["move"] == 2 * emitted.per_a["move"] + 1 * emitted.per_b["move"]
+    assert written["move"] == 4 * (emitted.per_a["move"] + emitted.per_b["move"])
+    assert shared["mac"] == written["mac"] == 4 * emitted.per_call["mac"]
+
+
+# ---- the mmul expansion against aie_api's headers ----------------------------------------------------------------
+def aie_api_header(relative: str) -> str:
+    path = AIE_API_INCLUDE / "aie_api" / relative
+    if not path.exists():
+        pytest.skip(f"aie_api's headers are not at {AIE_API_INCLUDE} (the shared workspace's toolchains/aie-headers; "
+                    f"or set TORCH_NPU2_AIE_API_INCLUDE to an aie_api include directory)")
+    return path.read_text()
+
+
+def body(text: str, opening: str) -> str:
+    """The brace-balanced body that follows the first ``opening`` in ``text``."""
+    start = text.index("{", text.index(opening))
+    depth = 0
+    for end in range(start, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[end], 0)
+        if depth == 0:
+            return text[start:end + 1]
+    raise ValueError(f"unbalanced body after {opening}")
+
+
+def test_exact_bf16_mmul_is_charged_what_aie_apis_aie2p_emulation_emits():
+    """detail/aie2p/emulated_mmul_intrinsics.hpp: a 4×8×8 bf16 multiply is 8 32-lane multiplies; its A operand
+    takes 9 shuffles and 8 extract-and-broadcasts (two intrinsics each), its B operand 8 128-bit broadcasts; and
+    detail/aie2p/mmul_bf16_bf16.hpp runs exact 8×8×8 as two of them on the halves of A."""
+    emulated = aie_api_header("detail/aie2p/emulated_mmul_intrinsics.hpp")
+    emitted = core_ops.MMUL_INSTRUCTIONS[("bf16", (4, 8, 8))]
+    x_broadcast = body(emulated, "inline v32bfloat16 extract_v4bfloat16_broadcast_to_v32bfloat16")
+    y_broadcast = body(emulated, "inline v32bfloat16 extract_v8bfloat16_broadcast_to_v32bfloat16")
+    assert re.findall(r"(\w+)\(", x_broadcast) == ["broadcast_to_v32bfloat16", "extract_v4bfloat16"]
+    assert re.findall(r"(\w+)\(", y_broadcast) == ["broadcast_elem_128"]
+    for function in ("mac_4x8_8x8_bf16", "mul_4x8_8x8_bf16"):
+        text = body(emulated, f"inline aie::accum<accfloat, 32> {function}(")
+        assert len(re.findall(r"::m(?:ac|ul)_elem_32", text)) == emitted.per_call["mac"]
+        assert text.count("::shuffle(") == emitted.per_a["vector"]
+        assert 2 * text.count("extract_v4bfloat16_broadcast_to_v32bfloat16(") == emitted.per_a["move"]
+        assert text.count("extract_v8bfloat16_broadcast_to_v32bfloat16(") == emitted.per_b["move"]
+    mmul = aie_api_header("detail/aie2p/mmul_bf16_bf16.hpp")
+    exact = mmul[mmul.index("#else", mmul.index("#if AIE_API_EMULATE_BFLOAT16_MMUL_WITH_BFP16")):]
+    mac = body(exact[exact.index("struct mmul_bf16_bf16<8, 8, 8"):], "void mac(")
+    assert mac.count("mac_4x8_8x8_bf16(a.template extract<32>(") == 2
+
+
+def test_bfp16_mmul_is_charged_what_aie_apis_emulation_emits():
+    """detail/aie2p/mmul_bf16_bf16.hpp under AIE_API_EMULATE_BFLOAT16_MMUL_WITH_BFP16: an 8×8×8 multiply is one
+    mac_8x8_8x8T_conf; A becomes a 64-lane accumulator (two 32-lane upshifts, aie2p/accum.hpp) and bfp16; B is
+    transposed (two shuffles on AIE2P, aie2/transpose.hpp), multiplied by ones and converted to bfp16."""
+    mmul = aie_api_header("detail/aie2p/mmul_bf16_bf16.hpp")
+    start = mmul.index("#if AIE_API_EMULATE_BFLOAT16_MMUL_WITH_BFP16")
+    bfp16 = mmul[start:mmul.index("#else", start)]
+    mac = body(bfp16[bfp16.index("struct mmul_bf16_bf16<8, 8, 8"):], "void mac(")
+    emitted = core_ops.MMUL_INSTRUCTIONS[("bfp16", (8, 8, 8))]
+    assert mac.count("::mac_8x8_8x8T_conf(") == emitted.per_call["mac"] == 1
+    assert mac.count("::mul_elem_64(") == emitted.per_b["mac"] == 1
+    assert mac.count("::to_v64bfp16ebs8(") == 2
+    assert "accum<accfloat, 64> acc_a(a);" in mac and mac.count("transpose<TypeB, 64>::run(b, 8, 8)") == 1
+    accum = aie_api_header("detail/aie2p/accum.hpp")
+    ups = body(accum, "static constexpr auto get_ups()")
+    assert "return ::ups_to_v32accfloat(v);" in ups  # 64 lanes: two of them
+    transpose = aie_api_header("detail/aie2/transpose.hpp")
+    aie2p = transpose[transpose.index("#else", transpose.index("struct transpose_bits_impl<16, T, 64>")):]
+    assert body(aie2p, "static vector_type run(").count("::shuffle(") == 2
+    assert emitted.per_a["vector"] == 2 + 1 and emitted.per_b["vector"] == 2 + 1
