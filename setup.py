@@ -20,21 +20,42 @@ PACKAGE_DIRS = {
 # The package_dir mapping above makes an editable install use setuptools' meta path finder, which Python asks only
 # after its path search. From the folder holding a clone named torch_npu2, that search takes the clone (a folder
 # without __init__.py) for a namespace package and every import of torch_npu2 stops there (setuptools' install log
-# warns that such a folder may win; pypa/setuptools#3548). A second .pth, run after setuptools' own (.pth files run in name order), moves the finder
-# to the front of sys.meta_path. tests/test_packaging.py installs a copy editable and runs it from its parent.
-FINDER_FIRST_PTH = ("import sys; sys.meta_path.sort(key=lambda finder: "
-                    "not getattr(finder, '__module__', '').startswith('__editable___torch_npu2_'))")
+# warns that such a folder may win; pypa/setuptools#3548). The editable install therefore also carries this
+# finder, put first in sys.meta_path by a .pth: when the path search would make torch_npu2 a namespace package, it
+# answers with setuptools' editable finder instead; a real torch_npu2 on sys.path (PYTHONPATH, another install)
+# keeps its precedence. tests/test_packaging.py installs a copy editable and runs it from its parent.
+NAMESPACE_GUARD_MODULE = "_torch_npu2_editable_guard"
+NAMESPACE_GUARD = '''"""torch_npu2's editable install (its setup.py): a folder named torch_npu2 in the working directory is not
+taken for an empty namespace package torch_npu2; the editable finder answers for it."""
+import sys
+from importlib.machinery import PathFinder
 
 
-class _FinderFirst:
-    """Setuptools' editable strategy, plus the .pth that moves its finder to the front."""
+class NamespaceGuard:
+    @classmethod
+    def find_spec(cls, fullname, path=None, target=None):
+        if fullname != "torch_npu2":
+            return None
+        found = PathFinder.find_spec(fullname, path)
+        if found is None or found.origin is not None:  # not there, or a real package: the usual order decides
+            return None
+        editable = [f for f in sys.meta_path if getattr(f, "__module__", "").startswith("__editable___torch_npu2_")]
+        return next((spec for f in editable if (spec := f.find_spec(fullname, path, target)) is not None), None)
+'''
+NAMESPACE_GUARD_PTH = (f"import sys, {NAMESPACE_GUARD_MODULE} as guard; "
+                       "guard.NamespaceGuard in sys.meta_path or sys.meta_path.insert(0, guard.NamespaceGuard)")
+
+
+class _WithNamespaceGuard:
+    """Setuptools' editable strategy, plus the namespace guard and the .pth that installs it."""
 
     def __init__(self, strategy):
         self.strategy = strategy
 
     def __call__(self, wheel, files, mapping):
         self.strategy(wheel, files, mapping)
-        wheel.writestr("torch_npu2_editable_finder_first.pth", FINDER_FIRST_PTH)
+        wheel.writestr(f"{NAMESPACE_GUARD_MODULE}.py", NAMESPACE_GUARD)
+        wheel.writestr(f"{NAMESPACE_GUARD_MODULE}.pth", NAMESPACE_GUARD_PTH)
 
     def __enter__(self):
         self.strategy.__enter__()
@@ -48,7 +69,7 @@ CMDCLASS = {}
 if editable_wheel is not None and hasattr(editable_wheel, "_select_strategy"):
     class EditableWheel(editable_wheel):
         def _select_strategy(self, *args, **kwargs):
-            return _FinderFirst(super()._select_strategy(*args, **kwargs))
+            return _WithNamespaceGuard(super()._select_strategy(*args, **kwargs))
 
     CMDCLASS["editable_wheel"] = EditableWheel
 

@@ -1,7 +1,7 @@
 """`python -m benchmarks {SECTION [SECTION ...],all,report,publish} [--quick | --full] [--out DIR]`.
 
-Sections: speed, host, memory, work, model, precision; several run in one call (e.g. `host model`), in the
-order of SECTIONS whatever the order given. `all` runs every section but precision."""
+Sections: speed, host, memory, work, model, precision, long; several run in one call (e.g. `host model`), in the
+order of SECTIONS whatever the order given. `all` runs every section but precision and long."""
 from __future__ import annotations
 
 import argparse
@@ -9,13 +9,15 @@ import sys
 import time
 from pathlib import Path
 
-from . import common, cost_model, host_overhead, memory, precision, report, speed, work
+from . import common, cost_model, host_overhead, long_prompt, memory, precision, report, speed, work
 
 # Sections run in this order: the cost model reads the host-overhead result.
 SECTIONS = {"work": work.run, "host": host_overhead.run, "model": cost_model.run, "memory": memory.run,
-            "speed": speed.run, "precision": precision.run}
-# `all`: every section but precision, which runs only when named (its full mode takes hours on 2 cores)
-ALL = tuple(name for name in SECTIONS if name != "precision")
+            "speed": speed.run, "precision": precision.run, "long": long_prompt.run}
+# `all`: every section but these, which run only when named (precision's full mode takes hours on 2 cores; long
+# runs HF and the patched model at prompts up to 8k tokens, each in its own process: about half an hour)
+ONLY_WHEN_NAMED = ("precision", "long")
+ALL = tuple(name for name in SECTIONS if name not in ONLY_WHEN_NAMED)
 
 
 def main(argv=None) -> int:

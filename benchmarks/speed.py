@@ -26,7 +26,7 @@ MODELS = {
 }
 
 
-def _preload_programs(model, runtime, lengths) -> None:
+def preload_programs(model, runtime, lengths) -> None:
     """Write and load every Program the runs will use, so that one-time costs stay out of the timings."""
     from torch_npu2.kernels.catalog import ModelDims, programs_for_model
     from torch_npu2.patch_llama.patch import STATE_ATTR
@@ -48,7 +48,7 @@ def compare_model(name: str, build, lengths, decode_steps: int, repeats: int, lo
     runs_per_generate = {}
     with common.emulated_runtime(compute=True) as runtime:
         torch_npu2.patch_llama(patched)
-        _preload_programs(patched, runtime, lengths)
+        preload_programs(patched, runtime, lengths)
         vocab = reference.config.vocab_size
         warm = common.random_prompt(8, vocab)
         for model in (reference, patched):

@@ -20,6 +20,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from ..host_memory import release_free_heap
 from ..kernels import DEFAULT_MATMUL_PRECISION, quant
 from ..kernels.program import pad_rows
 from ..ops import (build_rope_lut, flash_attn, lm_head_gemv, lm_head_gemv_packed, o_ffn, o_gemv_ffn,
@@ -164,14 +165,17 @@ class PrefillChunk(NamedTuple):
 
 
 # fp32 scores computed at a time by the host attention: at 8k tokens the whole score matrix of SmolLM2's 9 heads
-# is 2.3 GB (Llama-3.2-1B's 32 heads: 8.3 GB), so long prompts attend in blocks of queries of about this size.
-HOST_ATTENTION_BLOCK_BYTES = 16 << 20
+# is 2.3 GB (Llama-3.2-1B's 32 heads: 8.3 GB), so long prompts attend in blocks of queries of about this size. Each
+# block runs a fixed handful of torch ops, whose threads wait on each other when the machine is busy: fewer, larger
+# blocks keep that wait small (16 MiB blocks took 2.4 times as long as 64 MiB ones at 8k tokens on a loaded machine).
+HOST_ATTENTION_BLOCK_BYTES = 64 << 20
 _MASKED = torch.finfo(torch.float32).min  # a finite minimum, as HF's eager attention uses
 
 
 def _host_attention(q, k, v, mask, scale):
     """Attention on the host over HF's cache (decode, prefill over several chunks or with a mask the kernels do
-    not take, and prefill that continues a cached context).
+    not take, and prefill that continues a cached context). Returns (batch, heads, q_len, head_dim), a view of a
+    (batch, q_len, heads, head_dim) tensor: the layout the O projection reads.
 
     Same numerics as the NPU attention kernel: fp32 scores and softmax, probabilities rounded to bf16, then
     multiplied by V with fp32 accumulation and rounded to bf16 once. Each KV head's query group is one batched
@@ -182,22 +186,26 @@ def _host_attention(q, k, v, mask, scale):
     Queries go in blocks whose fp32 scores take at most HOST_ATTENTION_BLOCK_BYTES, so memory stays bounded
     however long the prompt; a block reads only the keys one of its rows may see (causally: the keys up to its
     last query), so a long causal prompt computes half the score matrix. Each row's softmax still spans all
-    its keys at once: blocking changes which rows are computed together, not the arithmetic. The blocks share
-    three work buffers, allocated once per call (fresh allocations of that size cost more in page faults than
-    the softmax itself).
+    its keys at once: blocking changes which rows are computed together, not the arithmetic. A KV head's
+    queries are laid out row by row, its group's heads side by side, so a block of rows is one slice of them;
+    the blocks share two work buffers, allocated once per call.
     """
     batch, heads, q_len, head_dim = q.shape
     kv_heads, kv_len = k.shape[1], k.shape[2]
     group = heads // kv_heads
     if mask is None and q_len > 1 and q_len != kv_len:
         raise RuntimeError("torch_npu2: a causal mask is needed when queries continue a cached context")
-    keys, values = k.float().flatten(0, 1), v.float().flatten(0, 1)  # (batch · kv_heads, kv_len, head_dim)
-    queries = q.view(batch, kv_heads, group, q_len, head_dim)
-    out = q.new_empty(batch, kv_heads, group, q_len, head_dim)
+    fp32 = dict(dtype=torch.float32, memory_format=torch.contiguous_format)
+    pairs = batch * kv_heads  # one batched matmul entry per (sequence, KV head)
+    queries = q.view(batch, kv_heads, group, q_len, head_dim).transpose(2, 3).to(**fp32).view(
+        pairs, q_len * group, head_dim)
+    keys, values = (t.to(**fp32).view(pairs, kv_len, head_dim) for t in (k, v))
+    out = q.new_empty(batch, q_len, kv_heads, group, head_dim)  # (batch, q_len, heads, head_dim), bf16
     rows = max(1, min(q_len, HOST_ATTENTION_BLOCK_BYTES // (batch * heads * kv_len * 4)))
-    scores_buf = torch.empty(batch * heads * rows * kv_len)
-    probs_buf = torch.empty_like(scores_buf)
+    scores_buf = torch.empty(pairs * group * rows * kv_len)
     rounded_buf = torch.empty_like(scores_buf, dtype=torch.bfloat16)
+    # causal without a mask: query i of a block sees the block's keys up to its own position
+    future = torch.ones(rows, rows, dtype=torch.bool).triu(1) if mask is None and q_len > 1 else None
     for start in range(0, q_len, rows):
         stop = min(q_len, start + rows)
         block_mask = None if mask is None else mask[:, :, start:stop]
@@ -205,25 +213,24 @@ def _host_attention(q, k, v, mask, scale):
             seen = kv_len - q_len + stop
         else:  # reading the mask's values would make dynamo guard on them: compiled code reads every key
             seen = kv_len if torch.compiler.is_compiling() else _keys_seen(block_mask, kv_len)
-        shape = (batch * kv_heads, group * (stop - start), seen)
+        shape = (pairs, group * (stop - start), seen)
         size = shape[0] * shape[1] * seen
         scores = scores_buf[:size].view(shape)
-        block_q = queries[:, :, :, start:stop].reshape(batch * kv_heads, group * (stop - start), head_dim)
-        torch.matmul(block_q.float(), keys[:, :seen].transpose(1, 2), out=scores).mul_(scale)
-        by_row = scores.view(batch, kv_heads, group, stop - start, seen)
-        if mask is None:
-            if q_len > 1:  # causal: row i is query start + i and sees keys up to it; only the diagonal block masks
-                by_row[..., start:].masked_fill_(torch.ones(stop - start, seen - start, dtype=torch.bool).triu(1),
-                                                 _MASKED)
-        elif mask.dtype == torch.bool:
-            by_row.masked_fill_(~block_mask[:, :, None, :, :seen], _MASKED)
-        else:
-            by_row.add_(block_mask[:, :, None, :, :seen].float())
-        probs = torch.softmax(scores, dim=-1, out=probs_buf[:size].view(shape))
-        scores.copy_(rounded_buf[:size].view(shape).copy_(probs))  # probabilities rounded to bf16, back in fp32
-        out[:, :, :, start:stop] = torch.matmul(scores, values[:, :seen]).view(
-            batch, kv_heads, group, stop - start, head_dim)
-    return out.view(batch, heads, q_len, head_dim)
+        block_q = queries[:, start * group:stop * group]
+        torch.baddbmm(scores, block_q, keys[:, :seen].transpose(1, 2), beta=0, alpha=scale, out=scores)  # q·k · scale
+        by_row = scores.view(batch, kv_heads, stop - start, group, seen)
+        if future is not None:  # only the block's own keys (the diagonal) hold future positions
+            by_row[..., start:].masked_fill_(future[: stop - start, None, : stop - start], _MASKED)
+        elif mask is not None and mask.dtype == torch.bool:
+            by_row.masked_fill_(~block_mask[:, :, :, None, :seen], _MASKED)
+        elif mask is not None:
+            by_row.add_(block_mask[:, :, :, None, :seen].float())
+        torch.softmax(scores, dim=-1, out=scores)
+        scores.copy_(rounded_buf[:size].view(shape).copy_(scores))  # probabilities rounded to bf16, back in fp32
+        # P·V in fp32, rounded to bf16 once (torch.bmm into a slice of a larger tensor takes twice as long)
+        out[:, start:stop] = torch.bmm(scores, values[:, :seen]).view(
+            batch, kv_heads, stop - start, group, head_dim).transpose(1, 2)
+    return out.view(batch, q_len, heads, head_dim).transpose(1, 2)
 
 
 def _keys_seen(block_mask: torch.Tensor, kv_len: int) -> int:
@@ -448,6 +455,8 @@ class NpuDecoderLayer:
                 if result is None:
                     result = hidden.clone()  # left-pad rows pass their input through (HF leaves them unspecified)
                 result[b, lo:hi] = out[: hi - lo]
+        if any(len(chunks) > 1 for chunks in chunks_per_row) and not torch.compiler.is_compiling():
+            release_free_heap()  # a long prompt's short-lived tensors would stay in the heap (host_memory.py)
         return result
 
 

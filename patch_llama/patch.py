@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from .. import runtime as npu_runtime
+from ..host_memory import release_free_heap
 from ..kernels import DEFAULT_MATMUL_PRECISION, MATMUL_PRECISIONS, ModelDims, programs_for_model, quant
 from ..kernels.catalog import DECODE_WEIGHTS
 from ..kernels.stitch import npu2_build_problem
@@ -279,6 +280,7 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
     _replace_forward(state, model.lm_head, NpuLmHead(model.lm_head, head))
     _refuse_conversions(state, model)
     setattr(model, STATE_ATTR, state)
+    release_free_heap()  # the weights' original storages, freed as their copies went into NPU buffers
     return model
 
 

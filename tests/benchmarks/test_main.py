@@ -7,7 +7,7 @@ from benchmarks import __main__ as dispatcher
 from benchmarks import common
 
 
-RESULT_NAMES = {"host": "host_overhead", "model": "cost_model"}
+RESULT_NAMES = {"host": "host_overhead", "model": "cost_model", "long": "long_prompt"}
 
 
 @pytest.fixture
@@ -33,9 +33,9 @@ def test_several_sections_run_in_section_order(recorded, tmp_path, capsys):
     assert f"summary: {tmp_path / 'summary.md'}" in capsys.readouterr().out
 
 
-def test_all_runs_every_section_but_precision_once(recorded, tmp_path):
+def test_all_runs_every_section_but_precision_and_long_once(recorded, tmp_path):
     assert dispatcher.main(["all", "--out", str(tmp_path)]) == 0
-    assert [name for name, _ in recorded] == [name for name in dispatcher.SECTIONS if name != "precision"]
+    assert [name for name, _ in recorded] == [name for name in dispatcher.SECTIONS if name not in ("precision", "long")]
     assert {mode for _, mode in recorded} == {"full"}
 
 

@@ -85,6 +85,7 @@ def test_continuing_a_cached_context_without_a_mask_is_refused():
 
 PEAK_PROBE = """
 import json, torch
+BUDGET = {budget}
 from torch_npu2.patch_llama import layer
 
 def peak_growth(block_bytes):
@@ -98,18 +99,20 @@ def peak_growth(block_bytes):
     layer._host_attention(q, k, v, None, 0.25)
     return rss("VmHWM") - before
 
-print(json.dumps([peak_growth(layer.HOST_ATTENTION_BLOCK_BYTES), peak_growth(1 << 40)]))
+print(json.dumps([peak_growth(BUDGET), peak_growth(1 << 40)]))
 """
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads peak RSS from /proc/self (Linux)")
 def test_a_long_prompt_attends_in_bounded_memory():
     """4096 queries over 4096 keys, 4 heads: the whole fp32 score matrix is 256 MiB. In a fresh process (freed
-    memory an earlier test left to the allocator would hide growth), the blocked attention's peak RSS grows by
-    less than a third of that; the same call as one block grows by more than the matrix, so the probe sees it."""
-    done = subprocess.run([sys.executable, "-c", PEAK_PROBE], capture_output=True, text=True, timeout=600)
+    memory an earlier test left to the allocator would hide growth), with blocks of a sixteenth of that the
+    attention's peak RSS grows by less than a third of the matrix: its memory follows the block budget, not the
+    prompt. The same call as one block grows by more than the matrix, so the probe sees it."""
+    matrix = 4 * 4096 * 4096 * 4
+    done = subprocess.run([sys.executable, "-c", PEAK_PROBE.format(budget=matrix // 16)], capture_output=True,
+                          text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     blocked, whole = json.loads(done.stdout.strip().splitlines()[-1])
-    matrix = 4 * 4096 * 4096 * 4
     assert whole > matrix, (blocked, whole)
     assert blocked < matrix / 3, (blocked, whole)

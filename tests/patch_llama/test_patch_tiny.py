@@ -134,6 +134,21 @@ def test_prompt_longer_than_largest_bucket_is_chunked(runtime, pair):
     assert runtime.xrt.counters["runs:rms_gemms_rope"] == 2 * 3  # 40 rows → 3 chunks of 16, per layer
 
 
+def test_a_chunked_prefill_gives_the_heap_back_after_each_layer(runtime, monkeypatch):
+    """A prompt of several chunks releases the heap's free pages once per layer (its short-lived tensors would stay
+    in the process otherwise, torch_npu2/host_memory.py); a prompt of one chunk, and decode, do not."""
+    from torch_npu2.patch_llama import layer
+
+    calls = []
+    monkeypatch.setattr(layer, "release_free_heap", lambda: calls.append(1) or True)
+    model = patch_llama(tiny_llama(), prefill_buckets=(16,))
+    layers = model.config.num_hidden_layers
+    model.generate(prompt(40), max_new_tokens=3, do_sample=False)
+    assert len(calls) == layers
+    model.generate(prompt(12), max_new_tokens=3, do_sample=False)
+    assert len(calls) == layers
+
+
 def test_a_prompt_longer_than_the_context_is_refused_before_any_op_runs(runtime):
     """The Python API's check: one PromptTooLongError at the first layer, before any op and before the cache is
     touched, for a fresh prompt and for one that continues a cached conversation past the context."""
