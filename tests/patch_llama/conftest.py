@@ -20,6 +20,7 @@ def smollm2(smollm2_loaded, tmp_path_factory):
     import torch_npu2
 
     model, tokenizer = smollm2_loaded
+    model = copy.deepcopy(model)  # the session's model stays unpatched for the other modules (test_smollm2_packed)
     reference = copy.deepcopy(model)
     runtime = create_runtime(driver=EmulatedXrt(coherency="fast"), cache_root=tmp_path_factory.mktemp("artifacts"))
     with use_runtime(runtime):
