@@ -381,6 +381,14 @@ def lm_head_gemv_packed_program(hidden: int, vocab: int, weights: str) -> Progra
     return lm_head_gemv_program(hidden, vocab, _packed_only(weights))
 
 
+def prefill_programs(dims: ModelDims, seq: int, matmul_precision: str = DEFAULT_MATMUL_PRECISION) -> list[Program]:
+    """A prefill bucket's trio: rms_gemms_rope, flash_attn and o_ffn at ``seq`` rows."""
+    d = dims
+    return [rms_gemms_rope_program(d.hidden, d.heads, d.kv_heads, d.head_dim, d.eps, seq, matmul_precision),
+            flash_attn_program(d.heads, d.kv_heads, d.head_dim, seq),
+            o_ffn_program(d.hidden, d.q_dim, d.intermediate, d.eps, seq, matmul_precision)]
+
+
 def programs_for_model(dims: ModelDims, prefill_buckets,
                        matmul_precision: str = DEFAULT_MATMUL_PRECISION, weights: str = "bf16",
                        lm_head_weights: str | None = None) -> list[Program]:
@@ -392,11 +400,7 @@ def programs_for_model(dims: ModelDims, prefill_buckets,
     d = dims
     attn = (d.hidden, d.heads, d.kv_heads, d.head_dim, d.eps)
     ffn = (d.hidden, d.q_dim, d.intermediate, d.eps)
-    out: list[Program] = []
-    for seq in prefill_buckets:
-        out += [rms_gemms_rope_program(*attn, seq, matmul_precision),
-                flash_attn_program(d.heads, d.kv_heads, d.head_dim, seq),
-                o_ffn_program(*ffn, seq, matmul_precision)]
+    out = [program for seq in prefill_buckets for program in prefill_programs(d, seq, matmul_precision)]
     out += [rms_gemv_rope_program(*attn, weights), o_gemv_ffn_program(*ffn, weights),
             o_gemv_ffn_rms_gemv_rope_program(*ffn, d.heads, d.kv_heads, d.head_dim, d.eps, weights),
             lm_head_gemv_program(d.hidden, d.vocab, lm_head_weights or weights)]

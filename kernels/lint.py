@@ -57,7 +57,7 @@ RULES = {
     "l1-budget": "a compute tile's buffers, stack and headroom over its 64 KiB of data memory",
 }
 
-GEMM_CLASS_KINDS = ("gemm", "gemm_swiglu", "gemv", "gemv_f32")
+GEMM_CLASS_KINDS = ("gemm", "gemm_swiglu", "gemv", "gemv_f32", "gemv_add", "rms_gemv", "swiglu_gemv_add")
 SHIM_BDS, TILE_BDS, MEMTILE_BDS = 16, 16, 48
 SHIM_CHANNELS_PER_DIRECTION, SHIM_COLUMNS = 2, 8
 MEMTILE_CHANNELS_PER_DIRECTION = 6

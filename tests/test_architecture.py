@@ -1,8 +1,10 @@
-"""ARCHITECTURE.md stays true: every repository path it names in backticks exists, and it names every launch
-kind the builders know and every fused op (by its catalogue factory)."""
+"""ARCHITECTURE.md stays true: every repository path it names in backticks exists, it names every launch
+kind the builders know and every fused op (by its catalogue factory), and its claims about defaults hold."""
+import inspect
 import re
 from pathlib import Path
 
+from torch_npu2.emulator import EmulatedXrt
 from torch_npu2.kernels.builders import BUILDERS
 from torch_npu2.ops import ALL_OPS
 
@@ -42,6 +44,21 @@ def test_architecture_md_names_every_launch_kind_and_fused_op():
     text = MAP.read_text()
     assert unnamed(text, BUILDERS) == []
     assert unnamed(text, (f"{op}_program" for op in ALL_OPS)) == []
+
+
+def stated_coherency_default(text: str) -> str | None:
+    found = re.search(r"coherency is `(\w+)` by default", text)
+    return found and found.group(1)
+
+
+def test_architecture_md_states_the_emulators_coherency_default(monkeypatch):
+    from torch_npu2.targets import emulator
+
+    monkeypatch.delenv(emulator.COHERENCY_VARIABLE, raising=False)
+    stated = stated_coherency_default(MAP.read_text())
+    assert stated == inspect.signature(EmulatedXrt).parameters["coherency"].default
+    assert emulator.open_driver().coherency == stated
+    assert stated_coherency_default("with strict coherency (a forgotten sync reads stale data)") is None
 
 
 def test_the_checks_catch_a_wrong_map():

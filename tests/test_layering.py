@@ -16,6 +16,10 @@ RUNTIME_SOURCE = PACKAGE_DIRS["torch_npu2"] / "runtime.py"
 MLIR_MODULES = ("torch_npu2.kernels.stitch", "torch_npu2.kernels.builders", "torch_npu2.kernels.interpret",
                 "torch_npu2.kernels.lint", "torch_npu2.kernels.air_pipeline", "torch_npu2.kernels.compile")
 DRIVER_MODULES = ("pyxrt", "torch_npu2.emulator", "torch_npu2.targets", "torch_npu2.artifact_cache")
+# The modules above every layer: they load models and patch them. The rest of torch_npu2/ is the runtime layer.
+APPLICATION_MODULES = ("torch_npu2", "torch_npu2.__main__", "torch_npu2.cli", "torch_npu2.serve", "torch_npu2.chat",
+                       "torch_npu2.textgen")
+MAPPED_PACKAGES = ("torch_npu2.kernels", "torch_npu2.ops", "torch_npu2.patch_llama")
 
 
 def runtime_internals() -> set[str]:
@@ -86,6 +90,9 @@ def violations(module: str, source: str, is_package: bool = False) -> list[str]:
     if module == "torch_npu2.runtime":
         found += [f"{module} imports {name} (a model, or MLIR)" for name in sorted(imports)
                   if _within(name, ("torch_npu2.patch_llama", "transformers", *MLIR_MODULES))]
+    if _within(module, ("torch_npu2",)) and module not in APPLICATION_MODULES and not _within(module, MAPPED_PACKAGES):
+        found += [f"{module} imports {name} (a layer above the runtime)" for name in sorted(imports)
+                  if _within(name, ("torch_npu2.ops", "torch_npu2.patch_llama", "transformers"))]
     return found
 
 
@@ -120,6 +127,9 @@ def test_the_package_keeps_its_layering():
     ("torch_npu2.ops.fused", "from ..patch_llama import layer", "imports torch_npu2.patch_llama (a layer above)"),
     ("torch_npu2.kernels.host_build", "from ..runtime import get_runtime", "torch_npu2.runtime (outside kernels)"),
     ("torch_npu2.kernels.builders.gemm", "def f():\n    from ...ops import reference", "torch_npu2.ops"),
+    ("torch_npu2.targets.emulator", "from ..patch_llama import layer", "(a layer above the runtime)"),
+    ("torch_npu2.emulator.launches", "from ..ops import reference", "imports torch_npu2.ops (a layer above"),
+    ("torch_npu2.host_memory", "import transformers", "imports transformers (a layer above"),
 ])
 def test_a_broken_rule_is_reported(module, source, expected):
     found = violations(module, source)
@@ -132,3 +142,4 @@ def test_relative_imports_resolve_against_the_module():
     assert "torch_npu2.targets.npu2" in imported_modules("torch_npu2.targets", "from . import npu2",
                                                          is_package=True)
     assert violations("torch_npu2.ops.fused", "from ..kernels import catalog") == []
+    assert violations("torch_npu2.cli", "from .patch_llama.models import load_model") == []  # the application

@@ -502,11 +502,11 @@ def _check_buckets(parser, config, buckets, matmul_precision: str = "bf16") -> N
     """Each requested bucket's prefill Programs against the NPU2 builders, before any Program is emitted,
     lowered or compiled (a bucket that is not a multiple of the GEMM tile fails there, late)."""
     from .kernels import ModelDims
-    from .kernels.catalog import programs_for_model
+    from .kernels.catalog import prefill_programs
     from .kernels.stitch import npu2_build_problem
 
     for bucket in buckets or ():
-        prefill = programs_for_model(ModelDims.from_config(config), (bucket,), matmul_precision)[:-3]
+        prefill = prefill_programs(ModelDims.from_config(config), bucket, matmul_precision)
         problems = [f"{program.name}: {problem}" for program in prefill if (problem := npu2_build_problem(program))]
         if problems:
             parser.error(f"argument --buckets: the model's prefill Programs at {bucket} cannot be built for NPU2 "

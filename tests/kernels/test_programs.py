@@ -46,6 +46,14 @@ def test_programs_for_model_covers_buckets():
                                                                    "o_gemv_ffn_rms_gemv_rope", "lm_head_gemv"]
 
 
+def test_prefill_programs_are_one_buckets_trio():
+    from torch_npu2.kernels.catalog import prefill_programs
+
+    trio = prefill_programs(SMOL, 32, "bfp16")
+    assert [p.name for p in trio] == ["rms_gemms_rope", "flash_attn", "o_ffn"]
+    assert [p.key for p in trio] == [p.key for p in programs_for_model(SMOL, [32], "bfp16")[:3]]
+
+
 @pytest.mark.parametrize("launches,message", [
     ((Launch("add", (), ("a", "s"), ("o",)),), "reads 's' before any launch writes it"),
     ((Launch("add", (), ("a",), ("a",)),), "writes input 'a'"),

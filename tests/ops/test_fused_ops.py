@@ -1,4 +1,6 @@
 """Every npu2 op on the strict emulated NPU2 against its plain-PyTorch reference, plus opcheck and argument checks."""
+import zlib
+
 import pytest
 import torch
 
@@ -28,7 +30,7 @@ def assert_close(out, ref):
 
 def op_cases(config):
     hidden, heads, kv, hd, ffn, vocab, seq = CONFIGS[config]
-    g = torch.Generator().manual_seed(hash(config) % 1000)
+    g = torch.Generator().manual_seed(zlib.crc32(config.encode()))  # hash() of a str changes every process
     return {
         "rms_gemms_rope": (qkv_args(hidden, heads, kv, hd, seq, gen=g), (EPS,), reference.rms_gemms_rope_reference),
         "rms_gemv_rope": (qkv_args(hidden, heads, kv, hd, seq, decode=True, gen=g), (EPS,),
