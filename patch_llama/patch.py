@@ -247,7 +247,7 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
     _validate(model, buckets, matmul_precision, weights)
     signature = check_transformers(model)
     runtime = npu_runtime.runtime_for(backend)
-    _check_npu2_builds(model, buckets, matmul_precision, runtime.target, weights, head_weights)
+    _check_npu2_builds(model, buckets, matmul_precision, runtime.backend, weights, head_weights)
     state = PatchState(SharedState(buckets, matmul_precision,
                                    context=getattr(model.config, "max_position_embeddings", None)))
     packed = weights != "bf16"

@@ -24,10 +24,10 @@ def _backend_line(runtime) -> str:
     """What runs the Programs, and for the emulator under auto, why npu2 does not."""
     from .targets import TARGETS
 
-    target = TARGETS[runtime.target]
-    if runtime.target == "npu2":
+    target = TARGETS[runtime.backend]
+    if runtime.backend == "npu2":
         return target.description
-    why = "; ".join(TARGETS["npu2"].problems()) or f"asked for {runtime.target}"
+    why = "; ".join(TARGETS["npu2"].problems()) or f"asked for {runtime.backend}"
     return f"{target.description} ({why})"
 
 

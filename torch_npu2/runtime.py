@@ -78,8 +78,9 @@ class LoadedProgram:
 
 
 class Runtime:
-    def __init__(self, driver, target: str, cache: ArtifactCache):
-        self.xrt, self.target, self.cache = driver, target, cache
+    def __init__(self, driver, backend: str, cache: ArtifactCache):
+        """``backend``: the name of the target whose artifacts it runs (``--backend``, ``TORCH_NPU2_BACKEND``)."""
+        self.xrt, self.backend, self.cache = driver, backend, cache
         self.device = driver.device(0)
         self._sync_to = driver.xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE
         self._sync_from = driver.xclBOSyncDirection.XCL_BO_SYNC_BO_FROM_DEVICE
@@ -279,9 +280,9 @@ def runtime_for(backend: str = AUTO) -> Runtime:
     check_backend(backend)
     if _current is None:
         _current = create_runtime(None if backend == AUTO else backend)
-    if backend != AUTO and _current.target != backend:
+    if backend != AUTO and _current.backend != backend:
         raise ValueError(f"backend={backend!r} was requested but this process already runs on the "
-                         f"{_current.target} runtime")
+                         f"{_current.backend} runtime")
     return _current
 
 

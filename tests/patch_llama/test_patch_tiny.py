@@ -422,7 +422,7 @@ def test_emulator_warns_once_per_model_about_programs_the_npu_cannot_build(runti
 
 def test_npu_backend_refuses_programs_it_cannot_build_before_any_weight_moves(tmp_path):
     npu = create_runtime(driver=EmulatedXrt(), backend="npu2", cache_root=tmp_path)
-    assert npu.target == "npu2"
+    assert npu.backend == "npu2"
     model = tiny_llama()
     snapshot = {n: p.detach().clone() for n, p in model.named_parameters()}
     with use_runtime(npu), pytest.raises(ValueError, match=r"(?s)7 of the model's Programs cannot be compiled for "
