@@ -42,18 +42,7 @@
 #include "bfp16.h"
 #endif
 
-#ifndef GEMM_TILE_M
-#define GEMM_TILE_M 32
-#endif
-#ifndef GEMM_TILE_K
-#define GEMM_TILE_K 32
-#endif
-#ifndef GEMM_TILE_N
-#define GEMM_TILE_N 128
-#endif
-#ifndef GEMM_DRAIN_N
-#define GEMM_DRAIN_N GEMM_TILE_N
-#endif
+#include "gemm_tiles.h"
 
 namespace {
 

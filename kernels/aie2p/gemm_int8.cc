@@ -33,20 +33,9 @@
 // which rounds the sum once (to nearest even, as the host's conversion). Not compiled on this machine (no Peano);
 // type-checked by `torch-npu2 lint --aie-source`.
 #include "npu2_kernel.h"
+#include "gemm_tiles.h"
 #include "silu_mul.h"
 
-#ifndef GEMM_TILE_M
-#define GEMM_TILE_M 32
-#endif
-#ifndef GEMM_TILE_K
-#define GEMM_TILE_K 32
-#endif
-#ifndef GEMM_TILE_N
-#define GEMM_TILE_N 128
-#endif
-#ifndef GEMM_DRAIN_N
-#define GEMM_DRAIN_N GEMM_TILE_N
-#endif
 #ifndef GEMM_ACT_BITS
 #define GEMM_ACT_BITS 8
 #endif
