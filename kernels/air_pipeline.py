@@ -34,6 +34,7 @@ from pathlib import Path
 
 from .budgets import L1BudgetError, TileL1, check_fits, lowered_l1
 from .builders.ir import ELEMENT_BYTES, Dma, Window
+from .mlir_text import MlirTextError, dma_copies, index_constants
 from .program import CompileOptions, Program
 from .stitch import StitchedModule, stitch
 from .toolchain import Toolchain, ToolchainMissing, find_toolchain, missing_lowering_tools
@@ -123,14 +124,7 @@ class CompileError(RuntimeError):
 
 
 # ---- DMA windows read back from air-opt's print ------------------------------------------------------
-_CONSTANT = re.compile(r"^\s*(%[\w$.-]+) = arith\.constant (-?\d+) : index\b", re.M)
-_DMA = re.compile(r"air\.dma_memcpy_nd (?:async \[[^\]]*\] )?\((%[\w$.-]+)\[([^\]]*)\] \[([^\]]*)\] \[([^\]]*)\], "
-                  r"(%[\w$.-]+)\[([^\]]*)\] \[([^\]]*)\] \[([^\]]*)\]\)")
 DYNAMIC = "dynamic"  # an offset that is not a constant (a loop or launch index)
-
-
-def _values(field: str) -> list[str]:
-    return [v.strip() for v in field.split(",")] if field.strip() else []
 
 
 def read_back_windows(printed: str) -> list[tuple[tuple, tuple]]:
@@ -139,23 +133,21 @@ def read_back_windows(printed: str) -> list[tuple[tuple, tuple]]:
 
     Sizes and strides must be constants: our builders only emit static ones.
     """
-    constants: dict[str, int] = {}
-    for name, value in _CONSTANT.findall(printed):
-        if constants.setdefault(name, int(value)) != int(value):
-            raise ValueError(f"{name} names two different index constants; cannot read windows back")
+    try:
+        constants = index_constants(printed, distinct=True)
+    except MlirTextError as error:
+        raise ValueError(f"{error}; cannot read windows back") from None
     windows = []
-    for match in _DMA.finditer(printed):
+    for dma in dma_copies(printed):
         sides = []
-        for offsets, sizes, strides in (match.group(2, 3, 4), match.group(6, 7, 8)):
-            resolved_offsets = tuple(constants.get(v, DYNAMIC) for v in _values(offsets))
+        for side in (dma.dst, dma.src):
             static = []
-            for field in (sizes, strides):
-                names = _values(field)
+            for names in (side.sizes, side.strides):
                 unknown = [n for n in names if n not in constants]
                 if unknown:
-                    raise ValueError(f"DMA size/stride {unknown[0]} is not a constant in: {match.group(0)}")
+                    raise ValueError(f"DMA size/stride {unknown[0]} is not a constant in: {dma.text}")
                 static.append(tuple(constants[n] for n in names))
-            sides.append((resolved_offsets, *static))
+            sides.append((tuple(constants.get(v, DYNAMIC) for v in side.offsets), *static))
         windows.append(tuple(sides))
     return windows
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from .builders import build_launch
 from .builders.ir import ELEMENT_BYTES
+from .mlir_text import index_constants
 from .builders.npu2 import L1_AVAILABLE, L1_BYTES, L1_HEADROOM, STACK_BYTES, BudgetExceeded
 from .program import Program
 
@@ -92,14 +93,13 @@ def check_fits(tiles) -> tuple[TileL1, ...]:
 
 
 _HERD = re.compile(r"air\.herd @(\w+) tile \([^)]*\) in \(([^)]*)\)")
-_INDEX_CONSTANT = re.compile(r"(%[\w$.]+) = arith\.constant (\d+) : index\b")
 
 
 def _herd_tile(text: str) -> str:
     """'each tile of herd @<name> (<columns>x<rows>)' for a launch's text (its herds share one name)."""
     herd = _HERD.search(text)
-    constants = dict(_INDEX_CONSTANT.findall(text))
-    sizes = "x".join(constants[size.split("=")[1].strip()] for size in herd.group(2).split(","))
+    constants = index_constants(text)
+    sizes = "x".join(str(constants[size.split("=")[1].strip()]) for size in herd.group(2).split(","))
     return f"each tile of herd @{herd.group(1)} ({sizes})"
 
 

@@ -40,6 +40,7 @@ import torch
 
 from . import host_build
 from .air_pipeline import check_windows
+from .mlir_text import SSA, DmaSide, MlirTextError, Op, parse_dma, parse_memref_type, parse_module, split_top
 from .program import TORCH_DTYPES, Program, Role
 from .stitch import ObjectBuild, StitchedModule, stitch
 from .toolchain import Toolchain, find_toolchain
@@ -193,109 +194,14 @@ def _element(indices: torch.Tensor | slice, position: int) -> int:
 
 
 # ---- parsing -----------------------------------------------------------------------------------------------
-_SSA = r"%[\w$.-]+"
-_MEMREF = re.compile(r"memref<([^>]*(?:<[^>]*>[^>]*)*)>")
 _AFFINE_MAP = re.compile(r"affine_map<\(([^)]*)\)\[([^\]]*)\] -> \((.*)\)>")
 
 
-@dataclass(frozen=True)
-class MemRefType:
-    shape: tuple[int, ...]
-    dtype: str
-    space: int
-
-
-def parse_memref_type(text: str) -> MemRefType:
-    match = _MEMREF.search(text)
-    if not match:
-        raise UnsupportedOp(f"not a memref type: {text}")
-    parts = [p.strip() for p in re.split(r",(?![^<\[]*[>\]])", match.group(1))]
-    dims = parts[0].split("x")
-    space = 0
-    for part in parts[1:]:
-        if part.endswith(": i32"):
-            space = int(part.split(":")[0])
-    return MemRefType(tuple(int(d) for d in dims[:-1]), dims[-1], space)
-
-
-def split_top(text: str, sep: str = ",") -> list[str]:
-    """``text`` split at ``sep`` outside brackets."""
-    parts, depth, current = [], 0, []
-    for ch in text:
-        if ch in "([{<":
-            depth += 1
-        elif ch in ")]}>":
-            depth -= 1
-        if ch == sep and depth == 0:
-            parts.append("".join(current).strip())
-            current = []
-        else:
-            current.append(ch)
-    if "".join(current).strip():
-        parts.append("".join(current).strip())
-    return parts
-
-
-@dataclass
-class Op:
-    """One op line of the printed module and the regions it opens."""
-
-    line_number: int
-    text: str
-    results: tuple[str, ...]
-    name: str
-    body: str  # the text after the op name
-    regions: list[list["Op"]] = field(default_factory=list)
-
-    def where(self) -> str:
-        return f"line {self.line_number}: {self.text.strip()[:200]}"
-
-
-_OP_LINE = re.compile(rf"^((?:{_SSA}(?:, )?)+) = ([\w.]+)(.*)$|^([\w.]+)(.*)$")
-
-
-def parse_op(line: str, line_number: int = 0) -> Op:
-    """One stripped op line (its regions, if it opens any, are left empty)."""
-    match = _OP_LINE.match(line)
-    if not match:
-        raise UnsupportedOp(f"line {line_number}: cannot read {line!r}")
-    if match.group(1):
-        results = tuple(r.strip() for r in match.group(1).split(","))
-        return Op(line_number, line, results, match.group(2), match.group(3))
-    return Op(line_number, line, (), match.group(4), match.group(5))
-
-
-def parse_module(text: str) -> tuple[dict[str, str], list[Op]]:
-    """(affine map aliases, top-level ops) of an air-opt print."""
-    aliases, roots = {}, []
-    stack: list[list[Op]] = [roots]
-    open_ops: list[Op] = []
-    for number, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if not line or line.startswith("//"):
-            continue
-        alias = re.match(r"^(#\w+) = (affine_map<.*>)$", line)
-        if alias:
-            aliases[alias.group(1)] = alias.group(2)
-            continue
-        if line == "}":
-            stack.pop()
-            open_ops.pop()
-            continue
-        if line == "} else {":
-            stack.pop()
-            open_ops[-1].regions.append([])
-            stack.append(open_ops[-1].regions[-1])
-            continue
-        op = parse_op(line, number)
-        stack[-1].append(op)
-        if line.endswith("{"):
-            op.regions.append([])
-            stack.append(op.regions[-1])
-            open_ops.append(op)
-    if len(stack) != 1:
-        raise UnsupportedOp("unbalanced regions in the module text")
-    return aliases, roots
+def _memref_type(text: str):
+    try:
+        return parse_memref_type(text)
+    except MlirTextError as error:
+        raise UnsupportedOp(str(error)) from None
 
 
 class AffineMap:
@@ -364,18 +270,18 @@ class IndexArithmetic:
             symbols = [_lookup(env, s.strip()) for s in match.group(2).split(",") if s.strip()]
             return self._map(match.group(1))(symbols)
         if op.name == "arith.index_cast":
-            match = re.fullmatch(rf"\s*({_SSA}) : (\w+) to (\w+)", op.body)
+            match = re.fullmatch(rf"\s*({SSA}) : (\w+) to (\w+)", op.body)
             value = _lookup(env, match.group(1))
             if match.group(3) == "i32" and not -2 ** 31 <= value < 2 ** 31:
                 raise InterpretError(f"index {value} does not fit i32")
             return value
         if op.name == "arith.cmpi":
-            match = re.fullmatch(rf"\s*(\w+), ({_SSA}), ({_SSA}) : (index|i32|i64)", op.body)
+            match = re.fullmatch(rf"\s*(\w+), ({SSA}), ({SSA}) : (index|i32|i64)", op.body)
             if not match or match.group(1) not in _PREDICATES:
                 raise UnsupportedOp(f"arith.cmpi of this form ({op.where()})")
             return _PREDICATES[match.group(1)](_lookup(env, match.group(2)), _lookup(env, match.group(3)))
         binary = _BINARY_INTEGER.get(op.name.removeprefix("arith."))
-        match = re.fullmatch(rf"\s*({_SSA}), ({_SSA}) : ({'|'.join(INTEGER_TYPES)})", op.body)
+        match = re.fullmatch(rf"\s*({SSA}), ({SSA}) : ({'|'.join(INTEGER_TYPES)})", op.body)
         if binary is None or not match:
             raise UnsupportedOp(f"{op.name} is not an integer op of the subset ({op.where()})")
         try:
@@ -416,7 +322,10 @@ class Interpreter:
     """Runs one function of a printed module. ``objects`` are the stitched module's kernel builds."""
 
     def __init__(self, text: str, objects: tuple[ObjectBuild, ...]):
-        self.aliases, ops = parse_module(text)
+        try:
+            self.aliases, ops = parse_module(text)
+        except MlirTextError as error:
+            raise UnsupportedOp(str(error)) from None
         if len(ops) != 1 or ops[0].name != "module":
             raise UnsupportedOp("expected one top-level module")
         self.functions: dict[str, Op] = {}
@@ -466,7 +375,7 @@ class Interpreter:
             raise ValueError(f"arguments: @{function} takes {len(params)} memrefs, got {len(arguments)}")
         env, buffers = {}, []
         for (name, type_text), tensor in zip(params, arguments):
-            t = parse_memref_type(type_text)
+            t = _memref_type(type_text)
             buffer = Buffer(name.strip(), t.shape, t.dtype, t.space, in_herd=False)
             if tensor is not None:
                 if tuple(tensor.shape) != t.shape or tensor.dtype != TORCH_DTYPES[t.dtype]:
@@ -519,7 +428,7 @@ class Interpreter:
         env[op.results[0]] = value
 
     def _binary(self, op, env, tile, herd_run):
-        match = re.fullmatch(rf"\s*({_SSA}), ({_SSA}) : (\S+)", op.body)
+        match = re.fullmatch(rf"\s*({SSA}), ({SSA}) : (\S+)", op.body)
         if not match:
             raise UnsupportedOp(f"{op.name} of this form ({op.where()})")
         lhs, rhs = self._value(env, match.group(1)), self._value(env, match.group(2))
@@ -528,47 +437,47 @@ class Interpreter:
         env[op.results[0]] = _BINARY_FLOAT[op.name.split(".", 1)[1]](lhs, rhs)
 
     def _float_cast(self, op, env, tile, herd_run):
-        match = re.fullmatch(rf"\s*({_SSA}) : (\S+) to (\S+)", op.body)
+        match = re.fullmatch(rf"\s*({SSA}) : (\S+) to (\S+)", op.body)
         value = self._value(env, match.group(1))
         if value.dtype != _element_dtype(match.group(2)):
             raise InterpretError(f"{op.name}: operand is {value.dtype}, the op says {match.group(2)}")
         env[op.results[0]] = value.to(_element_dtype(match.group(3)))
 
     def _rsqrt(self, op, env, tile, herd_run):
-        match = re.fullmatch(rf"\s*({_SSA}) : (\S+)", op.body)
+        match = re.fullmatch(rf"\s*({SSA}) : (\S+)", op.body)
         env[op.results[0]] = torch.rsqrt(self._value(env, match.group(1)))
 
     def _broadcast(self, op, env, tile, herd_run):
-        match = re.fullmatch(rf"\s*({_SSA}) : (\w+) to vector<(\d+)x(\w+)>", op.body)
+        match = re.fullmatch(rf"\s*({SSA}) : (\w+) to vector<(\d+)x(\w+)>", op.body)
         if not match:
             raise UnsupportedOp(f"vector.broadcast of this form ({op.where()})")
         scalar = self._value(env, match.group(1))
         env[op.results[0]] = scalar.reshape(1).expand(int(match.group(3))).clone()
 
     def _reduction(self, op, env, tile, herd_run):
-        match = re.fullmatch(rf"\s*<add>, ({_SSA}) : vector<\d+x(\w+)> into (\w+)", op.body)
+        match = re.fullmatch(rf"\s*<add>, ({SSA}) : vector<\d+x(\w+)> into (\w+)", op.body)
         if not match or match.group(2) != match.group(3):
             raise UnsupportedOp(f"vector.reduction of this form ({op.where()})")
         env[op.results[0]] = self._value(env, match.group(1)).sum(dtype=TORCH_DTYPES[match.group(3)])
 
     # ---- memory -------------------------------------------------------------------------------------------
     def _alloc(self, op, env, tile, herd_run):
-        t = parse_memref_type(op.body)
+        t = _memref_type(op.body)
         env[op.results[0]] = View.whole(Buffer(op.results[0], t.shape, t.dtype, t.space, in_herd=tile is not None))
 
     def _dealloc(self, op, env, tile, herd_run):
-        name = re.match(rf"\s*({_SSA})", op.body).group(1)
+        name = re.match(rf"\s*({SSA})", op.body).group(1)
         self._value(env, name).buffer.freed = True
 
     def _subview(self, op, env, tile, herd_run):
-        match = re.fullmatch(rf"\s*({_SSA})\[([^\]]*)\] \[([^\]]*)\] \[([^\]]*)\] : (.*) to (.*)", op.body)
+        match = re.fullmatch(rf"\s*({SSA})\[([^\]]*)\] \[([^\]]*)\] \[([^\]]*)\] : (.*) to (.*)", op.body)
         if not match:
             raise UnsupportedOp(f"memref.subview of this form ({op.where()})")
         source = self._value(env, match.group(1))
         offsets = [self._operand(env, v) for v in split_top(match.group(2))]
         sizes = [int(v) for v in split_top(match.group(3))]
         steps = [int(v) for v in split_top(match.group(4))]
-        result = parse_memref_type(match.group(6))
+        result = _memref_type(match.group(6))
         for offset, size, extent in zip(offsets, sizes, source.shape):
             if not 0 <= offset <= extent - size:
                 raise OutOfBounds(f"subview [{offset}, {offset + size}) of a dimension of {extent} in "
@@ -651,7 +560,7 @@ class Interpreter:
         return _shifted(_pattern((lanes,), (view.strides[-1],)), start)
 
     def _transfer_read(self, op, env, tile, herd_run):
-        match = re.fullmatch(rf"\s*({_SSA})\[([^\]]*)\], ({_SSA}) \{{in_bounds = \[true\]\}} : (.*), "
+        match = re.fullmatch(rf"\s*({SSA})\[([^\]]*)\], ({SSA}) \{{in_bounds = \[true\]\}} : (.*), "
                              rf"vector<(\d+)x(\w+)>", op.body)
         if not match:
             raise UnsupportedOp(f"vector.transfer_read of this form ({op.where()})")
@@ -660,7 +569,7 @@ class Interpreter:
         env[op.results[0]] = self._read(view, indices, "vector.transfer_read", tile, herd_run)
 
     def _transfer_write(self, op, env, tile, herd_run):
-        match = re.fullmatch(rf"\s*({_SSA}), ({_SSA})\[([^\]]*)\] \{{in_bounds = \[true\]\}} : vector<(\d+)x(\w+)>, "
+        match = re.fullmatch(rf"\s*({SSA}), ({SSA})\[([^\]]*)\] \{{in_bounds = \[true\]\}} : vector<(\d+)x(\w+)>, "
                              rf"(.*)", op.body)
         if not match:
             raise UnsupportedOp(f"vector.transfer_write of this form ({op.where()})")
@@ -671,22 +580,19 @@ class Interpreter:
         self._write(view, indices, vector, "vector.transfer_write", tile, herd_run)
 
     def _load(self, op, env, tile, herd_run):
-        match = re.fullmatch(rf"\s*({_SSA})\[([^\]]*)\] : (.*)", op.body)
+        match = re.fullmatch(rf"\s*({SSA})\[([^\]]*)\] : (.*)", op.body)
         view = self._value(env, match.group(1))
         index = self._element_indices(env, view, match.group(2))
         env[op.results[0]] = self._read(view, index, "memref.load", tile, herd_run)[0]
 
     def _store(self, op, env, tile, herd_run):
-        match = re.fullmatch(rf"\s*({_SSA}), ({_SSA})\[([^\]]*)\] : (.*)", op.body)
+        match = re.fullmatch(rf"\s*({SSA}), ({SSA})\[([^\]]*)\] : (.*)", op.body)
         value, view = self._value(env, match.group(1)), self._value(env, match.group(2))
         index = self._element_indices(env, view, match.group(3))
         self._write(view, index, value.reshape(1), "memref.store", tile, herd_run)
 
-    _DMA = re.compile(rf"\s*(?:async (?:\[[^\]]*\] )?)?\(({_SSA})\[([^\]]*)\] \[([^\]]*)\] \[([^\]]*)\], "
-                      rf"({_SSA})\[([^\]]*)\] \[([^\]]*)\] \[([^\]]*)\]\) : \((.*)\)")
-
-    def _window(self, env, view: View, offsets: str, sizes: str, strides: str) -> torch.Tensor:
-        offsets, sizes, strides = ([self._operand(env, v) for v in split_top(f)] for f in (offsets, sizes, strides))
+    def _window(self, env, view: View, side: DmaSide) -> torch.Tensor:
+        offsets, sizes, strides = ([self._operand(env, v) for v in f] for f in (side.offsets, side.sizes, side.strides))
         if not (len(offsets) == len(sizes) == len(strides)):
             raise InterpretError(f"DMA window with {len(offsets)} offsets, {len(sizes)} sizes, {len(strides)} strides")
         if not sizes:
@@ -696,12 +602,12 @@ class Interpreter:
         return _shifted(_pattern(sizes, strides), sum(o * s for o, s in zip(offsets, strides)))
 
     def _dma(self, op, env, tile, herd_run):
-        match = self._DMA.fullmatch(op.body)
-        if not match:
+        dma = parse_dma(op.text)
+        if dma is None or not dma.types:
             raise UnsupportedOp(f"air.dma_memcpy_nd of this form ({op.where()})")
-        dst, src = self._value(env, match.group(1)), self._value(env, match.group(5))
-        dst_indices = self._window(env, dst, *match.group(2, 3, 4))
-        src_indices = self._window(env, src, *match.group(6, 7, 8))
+        dst, src = self._value(env, dma.dst.value), self._value(env, dma.src.value)
+        dst_indices = self._window(env, dst, dma.dst)
+        src_indices = self._window(env, src, dma.src)
         if _count(dst_indices) != _count(src_indices):
             raise InterpretError(f"DMA moves {_count(src_indices)} elements into {_count(dst_indices)}")
         if dst.buffer.dtype != src.buffer.dtype:
@@ -772,7 +678,7 @@ class Interpreter:
 
     # ---- control flow and hierarchy ----------------------------------------------------------------------
     def _for(self, op, env, tile, herd_run):
-        match = re.fullmatch(rf"\s*({_SSA}) = ({_SSA}|\d+) to ({_SSA}|\d+) step ({_SSA}|\d+) \{{", op.body)
+        match = re.fullmatch(rf"\s*({SSA}) = ({SSA}|\d+) to ({SSA}|\d+) step ({SSA}|\d+) \{{", op.body)
         if not match:
             raise UnsupportedOp(f"scf.for of this form (iter_args or results are not emitted) ({op.where()})")
         lower, upper, step = (self._operand(env, g) for g in match.group(2, 3, 4))
@@ -781,7 +687,7 @@ class Interpreter:
             self._region(op.regions[0], env, tile, herd_run)
 
     def _if(self, op, env, tile, herd_run):
-        match = re.fullmatch(rf"\s*({_SSA}) \{{", op.body)
+        match = re.fullmatch(rf"\s*({SSA}) \{{", op.body)
         if not match:
             raise UnsupportedOp(f"scf.if of this form ({op.where()})")
         taken = 0 if self._value(env, match.group(1)) else 1

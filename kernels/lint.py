@@ -45,6 +45,7 @@ from pathlib import Path
 from .budgets import L1BudgetError, TileL1, program_l1, worst_tile
 from .builders import build_launch
 from .builders.ir import ELEMENT_BYTES, L1, L2, L3
+from .mlir_text import SSA_VALUE, index_constants, parse_dma, parse_memref_type, split_top
 from .program import Program
 
 RULES = {
@@ -78,12 +79,7 @@ _HEADER = re.compile(r"^(?P<indent> *)air\.(?P<op>launch|segment|herd) @(?P<name
                      r"(?: \((?P<ids>[^)]*)\) in \((?P<sizes>[^)]*)\))?"
                      r"(?: args\((?P<args>[^)]*)\) : (?P<types>.*?))?(?: attributes \{(?P<attributes>[^}]*)\})? \{$")
 _LINK_WITH = re.compile(r'link_with = "([^"]*)"')
-_CONSTANT = re.compile(r"(%[\w$.]+) = arith\.constant (-?\d+) : index\b")
-_VALUE = re.compile(r"%[\w$.]+")
 _DEFINITION = re.compile(r"^\s*(%[\w$.]+) = (affine\.apply|arith\.\w+)\b(.*)$")
-_SIDE = r"(%[\w$.]+)\[([^\]]*)\] \[([^\]]*)\] \[([^\]]*)\]"
-_DMA = re.compile(r"air\.dma_memcpy_nd \(" + _SIDE + ", " + _SIDE + r"\) : \((memref<[^>]*>), (memref<[^>]*>)\)")
-_MEMREF = re.compile(r"memref<(?P<shape>(?:\d+x)*)(?P<dtype>[a-z]+\d+)(?:, strided<[^>]*>)?(?:, (?P<space>\d) : i32)?>")
 
 
 @dataclass(frozen=True)
@@ -111,20 +107,6 @@ class Region:
     link_with: str | None        # a herd's kernel object
 
 
-def _split_types(types: str) -> list[str]:
-    """A comma-separated type list, commas inside ``<…>`` (memref shapes, layouts) kept."""
-    parts, depth, start = [], 0, 0
-    for i, ch in enumerate(types):
-        if ch == "<":
-            depth += 1
-        elif ch == ">":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            parts.append(types[start:i].strip())
-            start = i + 1
-    return parts + [types[start:].strip()] if types.strip() else []
-
-
 def regions(text: str) -> list[Region]:
     """Every air.launch/segment/herd in text order, with the lines of its region."""
     lines = text.splitlines()
@@ -137,18 +119,14 @@ def regions(text: str) -> list[Region]:
         end = next(i for i in range(number + 1, len(lines)) if lines[i] == closing)
         sized = re.findall(r"(%[\w$.]+)=(%[\w$.]+)", match.group("sizes") or "")
         pairs = re.findall(r"(%[\w$.]+)=(%[\w$.]+)", match.group("args") or "")
-        types = _split_types(match.group("types") or "")
+        types = split_top(match.group("types") or "")
         link_with = _LINK_WITH.search(match.group("attributes") or "")
-        found.append(Region(match.group("op"), match.group("name"), tuple(_VALUE.findall(match.group("ids") or "")),
+        found.append(Region(match.group("op"), match.group("name"), tuple(SSA_VALUE.findall(match.group("ids") or "")),
                             tuple(size for _, size in sized),
                             tuple((inner, outer, t) for (inner, outer), t in zip(pairs, types)),
                             tuple(lines[number + 1:end]), len(match.group("indent")) // 2,
                             tuple(inner for inner, _ in sized), link_with.group(1) if link_with else None))
     return found
-
-
-def _constants(text: str) -> dict[str, int]:
-    return {name: int(value) for name, value in _CONSTANT.findall(text)}
 
 
 @dataclass(frozen=True)
@@ -161,29 +139,18 @@ class _Side:
     offsets: tuple[str, ...]  # SSA names
 
 
-def _memref(type_text: str) -> tuple[int, str, tuple[int, ...]]:
-    match = _MEMREF.fullmatch(type_text)
-    if not match:
-        raise ValueError(f"lint: cannot read the memref type {type_text!r}")
-    shape = tuple(int(d) for d in match.group("shape").split("x") if d)
-    return int(match.group("space") or L3), match.group("dtype"), shape
-
-
 def _dmas(text: str) -> list[tuple[int, str, _Side, _Side]]:
     """(line number, line, dst, src) of every air.dma_memcpy_nd; sizes and strides resolved through the index
     constants."""
-    constants = _constants(text)
+    constants = index_constants(text)
     found = []
     for number, line in enumerate(text.splitlines()):
-        match = _DMA.search(line)
-        if not match:
+        dma = parse_dma(line) if "air.dma_memcpy_nd" in line else None
+        if dma is None or not dma.types:
             continue
-        sides = []
-        for first, type_text in ((1, match.group(9)), (5, match.group(10))):
-            space, dtype, shape = _memref(type_text)
-            offsets, sizes, strides = (_VALUE.findall(match.group(first + k)) for k in (1, 2, 3))
-            sides.append(_Side(space, dtype, shape, tuple(constants[s] for s in sizes),
-                               tuple(constants[s] for s in strides), tuple(offsets)))
+        sides = [_Side(memref.space, memref.dtype, memref.shape, tuple(constants[s] for s in side.sizes),
+                       tuple(constants[s] for s in side.strides), side.offsets)
+                 for side, memref in zip((dma.dst, dma.src), dma.types)]
         found.append((number, line.strip(), *sides))
     return found
 
@@ -230,7 +197,7 @@ def _derived(lines, seeds: set[str]) -> tuple[set[str], list[str]]:
     derived, uses = set(seeds), []
     for line in lines:
         stripped = line.strip()
-        used = set(_VALUE.findall(stripped)) & derived
+        used = set(SSA_VALUE.findall(stripped)) & derived
         if not used:
             continue
         definition = _DEFINITION.match(line)
@@ -252,7 +219,7 @@ def check_launch_ids(text: str) -> list[tuple[str, str]]:
             region = next(r for r in found if r.op == header.group("op") and r.name == header.group("name"))
             tainted |= {inner for inner, outer, _ in region.bindings if outer in tainted}
         definition = _DEFINITION.match(line)
-        if definition and set(_VALUE.findall(definition.group(3))) & tainted:
+        if definition and set(SSA_VALUE.findall(definition.group(3))) & tainted:
             tainted.add(definition.group(1))
     problems = []
     for herd in (r for r in found if r.op == "herd"):
@@ -342,7 +309,7 @@ def check_shim_bds(text: str, tiling) -> list[str]:
     launches = [r for r in regions(text) if r.op == "launch"]
     if not launches:
         return []
-    constants = _constants(text)
+    constants = index_constants(text)
     steps = [constants[s] for s in launches[0].sizes]
     tiles = launch_tiles(steps, tiling)
     folded = [t for t in tiles if t > 1]
@@ -422,9 +389,9 @@ def _devices(npu_module: str) -> dict[str, str]:
 
 
 def _bd_side(type_text: str, dims_text: str, space: int) -> _Side:
-    _, dtype, shape = _memref(type_text)
+    memref = parse_memref_type(type_text)
     dims = [(int(s), int(t)) for s, t in _BD_DIM.findall(dims_text)]
-    return _Side(space, dtype, shape, tuple(s for s, _ in dims), tuple(t for _, t in dims), ())
+    return _Side(space, memref.dtype, memref.shape, tuple(s for s, _ in dims), tuple(t for _, t in dims), ())
 
 
 def _memtile_channels(config: str) -> dict[str, dict[str, set[int]]]:
@@ -500,7 +467,7 @@ def lint_lowered(program: Program, npu_module: str, lowering=None) -> list[Findi
         # Tile and memtile BDs carry their buffer's memory space; the runtime sequence's BDs are the shim's.
         for text, in_sequence in ((config, False), (sequence, True)):
             for type_text, _, _, dims in _BD.findall(text):
-                space = L3 if in_sequence else _memref(type_text)[0]
+                space = L3 if in_sequence else parse_memref_type(type_text).space
                 for problem in window_problems(_bd_side(type_text, dims, space), lowered=True):
                     add("dma-wrap", f"aie.dma_bd on {type_text}: {problem}")
         for column, peak in sorted(_live_shim_bds(sequence, column_of).items()):

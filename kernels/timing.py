@@ -56,7 +56,9 @@ import statistics
 from dataclasses import asdict, dataclass, field
 
 from . import core_ops
+from .builders.ir import ELEMENT_BYTES, L1, L2, L3
 from .lint import launch_tiles
+from .mlir_text import SSA_VALUE, constant, memref_types, parse_dma, parse_op, split_top
 
 # ---- hardware ------------------------------------------------------------------------------------------------
 # FACTS.md's 59 TFLOP/s peak for 32 tiles at one 8×8×8 BFP16 mmul (512 MACs) per cycle: 59e12 / (2·512·32) Hz.
@@ -174,10 +176,8 @@ THROUGHPUT = {
                                                      "memref.load/store)"),
 }
 
-L3, L2, L1 = 0, 1, 2
 # CompileOptions.omit_pingpong → the memory spaces left single-buffered
 OMITTED_SPACES = {"": frozenset(), "L1": frozenset({L1}), "L2": frozenset({L2}), "all": frozenset({L1, L2})}
-ELEMENT_BYTES = {"bf16": 2, "f32": 4, "i32": 4}
 # Points of a condition's iteration space the model enumerates at most (flash_attn at 2048 needs 2048).
 MAX_CONDITION_POINTS = 1 << 20
 
@@ -233,11 +233,6 @@ class Transfer:
     buffers: frozenset = frozenset()  # the allocated L1/L2 buffers at either end
 
 
-_MEMREF = re.compile(r"memref<((?:\d+x)*)(bf16|f32|i32)(?:, strided<[^>]*>)?(?:, (\d) : i32)?>")
-_CONSTANT = re.compile(r"^(%[\w]+) = arith\.constant (-?\d+) : (?:index|i32)$")
-_SSA = re.compile(r"%[\w]+")
-_DMA = re.compile(r"^air\.dma_memcpy_nd \((%\w+)\[([^\]]*)\] \[([^\]]*)\] \[[^\]]*\], "
-                  r"(%\w+)\[([^\]]*)\] \[([^\]]*)\] \[[^\]]*\]\) : \((.*)\)$")
 _CALL = re.compile(r"^func\.call @(\w+)\(([^)]*)\) : \(([^)]*)\)")
 _EXTENTS = re.compile(r" in \(([^)]*)\)")
 _TILE_IDS = re.compile(r"tile \(([^)]*)\)")
@@ -250,12 +245,6 @@ _FREE = ("arith.constant", "affine.apply", "arith.index_cast", "arith.cmpi", "me
          "memref.subview", "linalg.yield", "//", "^bb0")
 # The hierarchy levels a condition can depend on; herd tile ids are the parallel one.
 LAUNCH, HERD, LOOP = "launch", "herd", "loop"
-
-
-def memref_types(text: str) -> list[tuple[tuple[int, ...], str, int]]:
-    """(shape, dtype, memory space) of every memref type in ``text``, in order."""
-    return [(tuple(int(d) for d in dims.split("x") if d), dtype, int(space or L3))
-            for dims, dtype, space in _MEMREF.findall(text)]
 
 
 def _numel(shape) -> int:
@@ -328,7 +317,7 @@ class _Parser:
         herd = stack[herds[-1]] if herds else None
         if " = memref.alloc()" in line:
             name = line.split(" = ", 1)[0]
-            self.buffer_spaces[name], self.buffer_herds[name] = memref_types(line)[0][2], herd
+            self.buffer_spaces[name], self.buffer_herds[name] = memref_types(line)[0].space, herd
             scope = max(i for i, r in enumerate(stack) if r.kind in ("segment", "herd"))
             self.buffer_outside[name] = sum(r.kind == "for" for r in stack[:scope])
             return
@@ -337,7 +326,7 @@ class _Parser:
         loops = tuple(r for r in stack if r.kind == "for")
         around_herd = tuple(r for r in stack[:herds[-1]] if r.kind == "for") if herds else loops
         rhs = line.split(" = ", 1)[1] if line.startswith("%") and " = " in line else line
-        for buffer in {self._buffer(v) for v in _SSA.findall(rhs)} - {None}:
+        for buffer in {self._buffer(v) for v in SSA_VALUE.findall(rhs)} - {None}:
             self.buffer_uses.setdefault(buffer, []).append((loops, herd, around_herd))
 
     def _fuse_buffers_into_loops(self) -> None:
@@ -371,12 +360,12 @@ class _Parser:
             raise ValueError(f"timing model: {name} is not an integer constant in this launch") from None
 
     def _track_values(self, line: str) -> None:
-        if m := _CONSTANT.match(line):
-            self.constants[m.group(1)] = int(m.group(2))
+        if defined := constant(line):
+            self.constants[defined[0]] = defined[1]
         if " = " in line and line.startswith("%"):
             result, rhs = line.split(" = ", 1)
             self.definitions[result] = line
-            self.tile_ids[result] = frozenset().union(*(self.tile_ids.get(v, ()) for v in _SSA.findall(rhs)))
+            self.tile_ids[result] = frozenset().union(*(self.tile_ids.get(v, ()) for v in SSA_VALUE.findall(rhs)))
 
     def _bind(self, line: str, level: str | None, extents: tuple[int, ...] = ()) -> None:
         """Records a hierarchy op's block arguments: its ids (as variables of ``level``), extents and args."""
@@ -443,7 +432,7 @@ class _Parser:
     def _shares(self, condition: str, enclosing: list[tuple[str, bool]]):
         """((work, time) shares of the then-branch, (work, time) of the else branch), given the enclosing
         branches' conditions: counted over every point of the ids and ivs these conditions depend on."""
-        from .interpret import IndexArithmetic, InterpretError, parse_op
+        from .interpret import IndexArithmetic, InterpretError
 
         ops, free = {}, {}
         for name in [condition, *(c for c, _ in enclosing)]:
@@ -501,7 +490,7 @@ class _Parser:
             op = line.split(" = ", 1)[1].split(" ", 1)[0]
             if op not in evaluable:
                 raise _Unevaluable(f"{name} comes from {op}, which the model does not evaluate")
-            for operand in _SSA.findall(line.split(" = ", 1)[1]):
+            for operand in SSA_VALUE.findall(line.split(" = ", 1)[1]):
                 self._dependencies(operand, ops, free, evaluable)
             ops[name] = line
             return
@@ -521,11 +510,11 @@ class _Parser:
             return self._call(line)
         if name == "linalg.matmul":
             a, b, c = memref_types(line)[:3]
-            return _by_throughput("scalar_mac", math.sqrt(_numel(a[0]) * _numel(b[0]) * _numel(c[0])))
+            return _by_throughput("scalar_mac", math.sqrt(_numel(a.shape) * _numel(b.shape) * _numel(c.shape)))
         if name == "linalg.generic":
-            return _by_throughput("scalar_float", _numel(memref_types(line)[-1][0]))
+            return _by_throughput("scalar_float", _numel(memref_types(line)[-1].shape))
         if name == "linalg.fill":
-            return _by_throughput("scalar_move", _numel(memref_types(line)[-1][0]))
+            return _by_throughput("scalar_move", _numel(memref_types(line)[-1].shape))
         if name in ("memref.load", "memref.store"):
             return _by_throughput("scalar_move", 1)
         if "vector<" in line:
@@ -535,31 +524,29 @@ class _Parser:
         raise ValueError(f"timing model: no cost for {name!r} ({line[:80]}); add it to kernels/timing.py")
 
     def _transfer(self, line: str) -> Transfer:
-        m = _DMA.match(line)
-        assert m, f"unexpected DMA form: {line[:80]}"
-        (dst_shape, dtype, dst_space), (src_shape, _, src_space) = memref_types(m.group(7))
-        sizes = [s.strip() for s in m.group(6).split(",") if s.strip()]
-        count = math.prod(self._const(s) for s in sizes) if sizes else _numel(src_shape)
+        dma = parse_dma(line)
+        assert dma is not None and dma.types, f"unexpected DMA form: {line[:80]}"
+        dst_type, src_type = dma.types
+        sizes = dma.src.sizes
+        count = math.prod(self._const(s) for s in sizes) if sizes else _numel(src_type.shape)
         self.dmas += 1
-        buffers = frozenset({self._buffer(m.group(1)), self._buffer(m.group(4))} - {None})
-        if src_space == L1:  # every tile sends its own data
+        buffers = frozenset({self._buffer(dma.dst.value), self._buffer(dma.src.value)} - {None})
+        if src_type.space == L1:  # every tile sends its own data
             distinct = self.herd_tiles
         else:  # one read per distinct source window: per value of the tile ids its offsets are computed from
-            offsets = [o.strip() for o in m.group(5).split(",") if o.strip()]
-            ids = frozenset().union(*(self.tile_ids.get(o, ()) for o in offsets))
+            ids = frozenset().union(*(self.tile_ids.get(o, ()) for o in dma.src.offsets))
             distinct = math.prod(self.tile_extent[i] for i in ids)
-        return Transfer(count * ELEMENT_BYTES[dtype], src_space, dst_space, distinct, buffers)
+        return Transfer(count * ELEMENT_BYTES[dst_type.dtype], src_type.space, dst_type.space, distinct, buffers)
 
     def _call(self, line: str) -> Compute:
         """A kernel call: its work for reports (``CallCost``), its cycles from what it executes (``core_ops``)."""
         from .builders.externs import LAST_OPERAND, MATMUL_OPERANDS, call_cost
-        from .interpret import split_top
 
         m = _CALL.match(line)
         symbol = m.group(1)
         cost = call_cost(symbol)
         types = split_top(m.group(3))
-        shapes = [shape for shape, _, _ in memref_types(m.group(3))]
+        shapes = [memref.shape for memref in memref_types(m.group(3))]
         if cost.work == (MATMUL_OPERANDS,):
             work = math.sqrt(_numel(shapes[0]) * _numel(shapes[1]) * _numel(shapes[2]))
         elif cost.work == (LAST_OPERAND,):

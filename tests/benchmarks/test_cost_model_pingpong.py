@@ -20,7 +20,8 @@ from torch_npu2.kernels.timing import L1, PingPongBuffer
 from torch_npu2.kernels.air_pipeline import _module, _optimization_passes
 from torch_npu2.kernels.builders import build_launch
 from torch_npu2.kernels.builders.ir import WHOLE, LaunchBuilder, MemRef, Window
-from torch_npu2.kernels.interpret import KERNEL_ARGUMENT_ACCESS, split_top
+from torch_npu2.kernels.interpret import KERNEL_ARGUMENT_ACCESS
+from torch_npu2.kernels.mlir_text import split_top
 from torch_npu2.kernels.program import CompileOptions
 from torch_npu2.kernels.stitch import stitch
 

@@ -1,11 +1,8 @@
 """Reading the builders' custom-form AIR text in tests: hierarchy ops with their bodies, DMAs, definitions."""
-import re
 from dataclasses import dataclass
 
 from torch_npu2.kernels.lint import regions
-
-_CONSTANT = re.compile(r"(%[\w$.]+) = arith\.constant (-?\d+) : index")
-_DMA = re.compile(r"air\.dma_memcpy_nd \((%[\w$.]+)\[[^\]]*\] \[[^\]]*\] \[[^\]]*\], (%[\w$.]+)\[")
+from torch_npu2.kernels.mlir_text import dma_copies, index_constants
 
 
 @dataclass(frozen=True)
@@ -27,10 +24,6 @@ def hierarchy(text: str) -> list[Hierarchy]:
             for r in regions(text)]
 
 
-def index_constants(text: str) -> dict[str, int]:
-    return {name: int(value) for name, value in _CONSTANT.findall(text)}
-
-
 def herd_headers(text: str) -> list[tuple[str, tuple[int, ...], str | None]]:
     """(name, sizes, link_with) of every air.herd, sizes resolved through the index constants."""
     constants = index_constants(text)
@@ -39,4 +32,4 @@ def herd_headers(text: str) -> list[tuple[str, tuple[int, ...], str | None]]:
 
 def dma_endpoints(text: str) -> list[tuple[str, str]]:
     """(dst, src) SSA names of every air.dma_memcpy_nd, in text order."""
-    return _DMA.findall(text)
+    return [(dma.dst.value, dma.src.value) for dma in dma_copies(text)]

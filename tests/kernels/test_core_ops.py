@@ -12,7 +12,7 @@ from benchmarks import cost_model
 from torch_npu2.kernels import core_ops
 from torch_npu2.kernels.builders import build_launch
 from torch_npu2.kernels.builders.externs import LAST_OPERAND, MATMUL_OPERANDS, call_cost
-from torch_npu2.kernels.interpret import parse_memref_type
+from torch_npu2.kernels.mlir_text import parse_memref_type
 
 AIE_API_INCLUDE = Path(os.environ.get("TORCH_NPU2_AIE_API_INCLUDE", Path(__file__).resolve().parents[3] / "shared" /
                                       "toolchains" / "aie-headers" / "aie_api" / "include"))

@@ -11,8 +11,9 @@ from torch_npu2.kernels.builders.ir import MemRef
 from torch_npu2.kernels.program import Arg, Launch, Role
 from torch_npu2.kernels.catalog import o_gemv_ffn_program, rms_gemms_rope_program, rms_gemv_rope_program
 from torch_npu2.kernels.stitch import ObjectBuild, emit_mlir, stitch
+from torch_npu2.kernels.mlir_text import index_constants
 
-from .air_text import dma_endpoints, hierarchy, index_constants
+from .air_text import dma_endpoints, hierarchy
 
 SMOL = ModelDims(576, 9, 3, 64, 1536, 49152, 1e-5)
 LLAMA = ModelDims(2048, 32, 8, 64, 8192, 128256, 1e-5)
