@@ -61,6 +61,10 @@ KERNEL_ARGUMENT_ACCESS = {
     "attn_online_softmax_bf16": "rwmmw",
     "attn_pv_accumulate_bf16": "rrrm",
     "attn_finalize_bf16": "rrw",
+    # scores and probs: a tile past the length returns without writing them
+    "dattn_init_f32": "www",
+    "dattn_tile_bf16": "rrrppmmm",
+    "dattn_finalize_bf16": "rrw",
     "gemm_zero_f32": "w",
     "gemm_bf16_f32_wnk": "rrm",
     "gemm_f32_to_bf16": "rw",

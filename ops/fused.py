@@ -82,6 +82,23 @@ def _flash_attn(shapes, head_dim):
     return catalog.flash_attn_program(_heads(q[-1], head_dim, "q"), _heads(k[-1], head_dim, "k"), head_dim, q[0])
 
 
+def _decode_attn(shapes, head_dim):
+    """q (heads*head_dim,), k_cache and v_cache a cache's first ``capacity`` rows (capacity, kv_heads*head_dim),
+    length (1,) int32: the capacity bucket is k_cache's rows (catalog.decode_attn_capacity)."""
+    q, k, v, _ = shapes
+    for name, shape in (("q", q), ("k_cache", k)):
+        if shape[-1] % head_dim:
+            raise BadArgument(name, f"a width that is a multiple of head_dim {head_dim}", f"shape {shape}")
+    heads, kv_heads = q[-1] // head_dim, k[-1] // head_dim
+    if heads % kv_heads:
+        raise BadArgument("k_cache", f"{kv_heads} KV heads dividing q's {heads} heads", f"shape {k}")
+    tile = catalog.decode_attn_tile(head_dim)
+    if k[0] % tile:
+        raise BadArgument("k_cache", f"rows a multiple of {tile} (a capacity bucket, catalog.decode_attn_capacity)",
+                          f"shape {k}")
+    return catalog.decode_attn_program(heads, kv_heads, head_dim, k[0])
+
+
 def _lm_head_gemv(shapes):
     x, w_lm = shapes
     return catalog.lm_head_gemv_program(_agreed(w_lm[1], x[0]), w_lm[0])
@@ -144,6 +161,7 @@ FUSED_OPS = {op.name: op for op in (
     FusedOp("o_gemv_ffn", (("eps", "float"),), _o_gemv_ffn, catalog.o_gemv_ffn_program(**_EX_FFN)),
     FusedOp("o_gemv_ffn_rms_gemv_rope", (("eps", "float"), ("next_eps", "float")), _o_gemv_ffn_rms_gemv_rope,
             catalog.o_gemv_ffn_rms_gemv_rope_program(**_EX_FFN, heads=2, kv_heads=1, head_dim=4, next_eps=1e-5)),
+    FusedOp("decode_attn", (("head_dim", "int"),), _decode_attn, catalog.decode_attn_program(2, 1, 32, 64)),
     FusedOp("lm_head_gemv", (), _lm_head_gemv, catalog.lm_head_gemv_program(8, 16)),
     FusedOp("rms_gemv_rope_packed", (("eps", "float"), _WEIGHTS), _rms_gemv_rope_packed,
             catalog.rms_gemv_rope_program(**_EX_PACKED_DIMS, weights=_EX_PACKED)),
@@ -160,7 +178,7 @@ FUSED_OPS = {op.name: op for op in (
 ALL_OPS = {name: register(op) for name, op in FUSED_OPS.items()}
 rms_gemms_rope, flash_attn, o_ffn = ALL_OPS["rms_gemms_rope"], ALL_OPS["flash_attn"], ALL_OPS["o_ffn"]
 rms_gemv_rope, o_gemv_ffn, lm_head_gemv = ALL_OPS["rms_gemv_rope"], ALL_OPS["o_gemv_ffn"], ALL_OPS["lm_head_gemv"]
-o_gemv_ffn_rms_gemv_rope = ALL_OPS["o_gemv_ffn_rms_gemv_rope"]
+o_gemv_ffn_rms_gemv_rope, decode_attn = ALL_OPS["o_gemv_ffn_rms_gemv_rope"], ALL_OPS["decode_attn"]
 rms_gemv_rope_packed, o_gemv_ffn_packed = ALL_OPS["rms_gemv_rope_packed"], ALL_OPS["o_gemv_ffn_packed"]
 o_gemv_ffn_rms_gemv_rope_packed, lm_head_gemv_packed = (ALL_OPS["o_gemv_ffn_rms_gemv_rope_packed"],
                                                         ALL_OPS["lm_head_gemv_packed"])

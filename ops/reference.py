@@ -81,6 +81,20 @@ def flash_attn_reference(q, k, v, head_dim):
     return gqa_causal_attention(q, k, v, head_dim)
 
 
+def decode_attn_reference(q, k_cache, v_cache, length, head_dim):
+    """Reference of npu2.decode_attn: one query row's GQA attention over the first ``length`` rows of the cache,
+    fp32 scores and softmax, probabilities rounded to bf16, P.V in fp32 rounded to bf16 once (the host attention's
+    numerics, patch_llama/layer.py)."""
+    n = int(length.reshape(-1)[0])
+    qh = q.reshape(-1, head_dim).float()
+    kh, vh = (t[:n].reshape(n, -1, head_dim).transpose(0, 1).float() for t in (k_cache, v_cache))
+    group = qh.shape[0] // kh.shape[0]
+    kh, vh = kh.repeat_interleave(group, 0), vh.repeat_interleave(group, 0)
+    scores = torch.matmul(kh, qh[:, :, None])[..., 0] * (1.0 / math.sqrt(head_dim))
+    probs = torch.softmax(scores, dim=-1).to(torch.bfloat16).float()
+    return torch.matmul(probs[:, None, :], vh)[:, 0].to(torch.bfloat16).reshape(-1)
+
+
 def lm_head_gemv_reference(x, w_lm):
     """fp32 logits of one row (the op keeps its fp32 accumulator rather than rounding logits to bf16)."""
     return F.linear(x.float(), w_lm.float())
