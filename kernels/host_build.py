@@ -437,7 +437,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: 
     group = heads // kv_heads
     library = load("decode_attention.cc", {"DATTN_GROUP": group, "DATTN_TK": tile_k, "DATTN_HEAD_DIM": head_dim})
     init = _function(library, "dattn_init_f32", _PTR, _PTR, _PTR)
-    tile = _function(library, "dattn_tile_bf16", *[_PTR] * 8, ctypes.c_int32, ctypes.c_int32)
+    tile = _function(library, "dattn_tile_bf16", *[_PTR] * 6, ctypes.c_int32, ctypes.c_int32)
     finalize = _function(library, "dattn_finalize_bf16", _PTR, _PTR, _PTR)
     rows = q.reshape(kv_heads, group * head_dim)
     out = torch.empty_like(rows)
@@ -449,8 +449,9 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: 
         keys, values = (t[:, h * head_dim:(h + 1) * head_dim].contiguous() for t in (k, v))
         init(row_max.data_ptr(), row_sum.data_ptr(), acc.data_ptr())
         for first in range(0, capacity, tile_k):
-            tile(query.data_ptr(), keys[first].data_ptr(), values[first].data_ptr(), scores.data_ptr(),
-                 probs.data_ptr(), row_max.data_ptr(), row_sum.data_ptr(), acc.data_ptr(), length, first)
+            kvq = torch.cat((keys[first:first + tile_k].flatten(), values[first:first + tile_k].flatten(), query))
+            tile(kvq.data_ptr(), scores.data_ptr(), probs.data_ptr(), row_max.data_ptr(), row_sum.data_ptr(),
+                 acc.data_ptr(), length, first)
         finalize(acc.data_ptr(), row_sum.data_ptr(), out[h].data_ptr())
     return out.reshape(q.shape)
 

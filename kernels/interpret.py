@@ -63,7 +63,7 @@ KERNEL_ARGUMENT_ACCESS = {
     "attn_finalize_bf16": "rrw",
     # scores and probs: a tile past the length returns without writing them
     "dattn_init_f32": "www",
-    "dattn_tile_bf16": "rrrppmmm",
+    "dattn_tile_bf16": "rppmmm",
     "dattn_finalize_bf16": "rrw",
     "gemm_zero_f32": "w",
     "gemm_bf16_f32_wnk": "rrm",
@@ -678,12 +678,16 @@ class Interpreter:
         match = re.fullmatch(rf"\s*({_SSA})\[([^\]]*)\] : (.*)", op.body)
         view = self._value(env, match.group(1))
         index = self._element_indices(env, view, match.group(2))
-        env[op.results[0]] = self._read(view, index, "memref.load", tile, herd_run)[0]
+        value = self._read(view, index, "memref.load", tile, herd_run)[0]
+        # an integer element is a scalar like the integer arithmetic's (a core's own counters, a length it was sent)
+        env[op.results[0]] = int(value) if not value.is_floating_point() else value
 
     def _store(self, op, env, tile, herd_run):
         match = re.fullmatch(rf"\s*({_SSA}), ({_SSA})\[([^\]]*)\] : (.*)", op.body)
         value, view = self._value(env, match.group(1)), self._value(env, match.group(2))
         index = self._element_indices(env, view, match.group(3))
+        if isinstance(value, int):
+            value = torch.tensor(value, dtype=view.buffer.data.dtype)
         self._write(view, index, value.reshape(1), "memref.store", tile, herd_run)
 
     _DMA = re.compile(rf"\s*(?:async (?:\[[^\]]*\] )?)?\(({_SSA})\[([^\]]*)\] \[([^\]]*)\] \[([^\]]*)\], "

@@ -5,7 +5,7 @@
 //
 //   dattn_init_f32(row_max, row_sum, acc)
 //   for each tile of the cache's capacity
-//     dattn_tile_bf16(q, k, v, scores, probs, row_max, row_sum, acc, length, k_start)
+//     dattn_tile_bf16(kvq, scores, probs, row_max, row_sum, acc, length, k_start)
 //   dattn_finalize_bf16(acc, row_sum, out)
 //
 // ``length`` is the number of valid positions, read by the core from an input buffer (data, not a parameter of
@@ -19,8 +19,10 @@
 //   DATTN_SCALE     softmax scale                                                  default 1/sqrt(DATTN_HEAD_DIM)
 //
 // Layouts, all row-major (AIE path: every buffer 64-byte aligned):
-//   q        bf16 [GROUP][HEAD_DIM]   the group's query rows (the rows of consecutive heads of a decode q)
-//   k, v     bf16 [TK][HEAD_DIM]      positions k_start .. k_start + TK - 1 of the KV head (one cache row each)
+//   kvq      bf16 [TK][HEAD_DIM]      keys of positions k_start .. k_start + TK - 1 of the KV head (cache rows),
+//                 [TK][HEAD_DIM]      then the values of the same positions,
+//                 [GROUP][HEAD_DIM]   then the group's query rows (consecutive heads of a decode q): one buffer,
+//                                     so one DMA channel brings a core everything a tile needs (a core has two)
 //   scores   f32  [GROUP][TK]         q . k (unscaled), or the mask value -2^100 past the length
 //   probs    bf16 [GROUP][TK]         exp2((score - running max) * DATTN_SCALE * log2(e)), rounded to bf16
 //   row_max  f32  [GROUP]             running max of the scores, a bf16 value (-2^100: no key yet)
@@ -166,8 +168,11 @@ void dattn_init_f32(float *row_max, float *row_sum, float *acc) {
 #endif
 }
 
-void dattn_tile_bf16(const bf16_t *q, const bf16_t *k, const bf16_t *v, float *scores, bf16_t *probs,
-                     float *row_max, float *row_sum, float *acc, int32_t length, int32_t k_start) {
+void dattn_tile_bf16(const bf16_t *kvq, float *scores, bf16_t *probs, float *row_max, float *row_sum, float *acc,
+                     int32_t length, int32_t k_start) {
+  const bf16_t *k = kvq;
+  const bf16_t *v = k + kTileK * kHeadDim;
+  const bf16_t *q = v + kTileK * kHeadDim;
   const int valid = valid_positions(length, k_start);
   if (valid == 0)
     return;

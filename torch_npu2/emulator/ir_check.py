@@ -30,8 +30,15 @@ def random_inputs(program: Program, seed: int = 0) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
     packed = {name: launch.p for launch in program.launches if "weights" in launch.p for name in launch.reads
               if program.arg(name).dtype == "i32"}
+    # a decode attention's valid length: a position within its launch's capacity
+    lengths = {name: launch.p["capacity"] for launch in program.launches if "capacity" in launch.p
+               for name in launch.reads if program.arg(name).dtype == "i32"}
     inputs = {}
     for arg in program.host_args:
+        if arg.name in lengths:
+            inputs[arg.name] = torch.randint(1, lengths[arg.name] + 1, arg.shape, generator=generator,
+                                             dtype=torch.int32)
+            continue
         if arg.name in packed:
             inputs[arg.name] = _random_packed(packed[arg.name], arg, generator)
             continue
