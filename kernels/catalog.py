@@ -339,6 +339,23 @@ def flash_attn_program(heads: int, kv_heads: int, head_dim: int, seq: int) -> Pr
 # per octave (1280, 1536, 1792, 2048, 2560, ...): at most 255 positions or a quarter of the length streamed for
 # nothing, and 16 ELFs up to 8192 positions, 24 up to 32768.
 DECODE_ATTN_MIN_GRANULE = 256
+# The valid length reaches the kernel as data: bf16 base-256 digits, low first (each an integer below 256, exact in
+# bf16; 3 digits cover 2^24 positions, a 4th keeps the buffer whole 4-byte words). bf16 because it travels in the
+# same buffer as the query rows: a core has two input DMA channels (builders/decode_attention.py).
+DECODE_ATTN_LENGTH_DIGITS = 4
+
+
+def decode_attn_length_digits(length: int) -> list[int]:
+    """``length`` as decode attention's input holds it: DECODE_ATTN_LENGTH_DIGITS base-256 digits, low first."""
+    if not isinstance(length, int) or not 0 <= length < 1 << 24:
+        raise ValueError(f"a decode attention length must be an int in 0..{(1 << 24) - 1}, got {length!r}")
+    return [length & 255, length >> 8 & 255, length >> 16, 0]
+
+
+def decode_attn_length_value(digits) -> int:
+    """The length decode attention's input digits hold (what the kernel decodes)."""
+    return int(digits[0]) + 256 * int(digits[1]) + 65536 * int(digits[2])
+
 # A cache's rows (its maximum length) must be a multiple of this, so a capacity clamped to them is whole tiles.
 DECODE_ATTN_ROWS_MULTIPLE = 64
 
@@ -363,8 +380,9 @@ def decode_attn_capacity(length: int, max_len: int) -> int:
 
 
 def decode_attn_program(heads: int, kv_heads: int, head_dim: int, capacity: int) -> Program:
-    """One decode token's attention over a KV cache's first ``capacity`` rows, of which the first ``length`` (an
-    int32 input: data, so every length up to the capacity runs the same ELF) are valid. Scale 1/sqrt(head_dim).
+    """One decode token's attention over a KV cache's first ``capacity`` rows, of which the first ``length`` are
+    valid: an input of DECODE_ATTN_LENGTH_DIGITS bf16 base-256 digits (``ops.decode_attn_length``), data, so every
+    length up to the capacity runs the same ELF. Scale 1/sqrt(head_dim).
 
     q and out are one row (heads*head_dim,); k_cache and v_cache (capacity, kv_heads*head_dim), position-major,
     as the NPU cache holds one sequence. builders/decode_attention.py says how the length reaches the cores.
@@ -382,7 +400,7 @@ def decode_attn_program(heads: int, kv_heads: int, head_dim: int, capacity: int)
             Arg("q", (q,), "bf16", I),
             Arg("k_cache", (capacity, kv), "bf16", I),
             Arg("v_cache", (capacity, kv), "bf16", I),
-            Arg("length", (1,), "i32", I),
+            Arg("length", (DECODE_ATTN_LENGTH_DIGITS,), "bf16", I),
             Arg("out", (q,), "bf16", O),
         ),
         launches=(

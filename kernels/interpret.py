@@ -62,8 +62,8 @@ KERNEL_ARGUMENT_ACCESS = {
     "attn_pv_accumulate_bf16": "rrrm",
     "attn_finalize_bf16": "rrw",
     # scores and probs: a tile past the length returns without writing them
-    "dattn_init_f32": "www",
-    "dattn_tile_bf16": "rppmmm",
+    "dattn_init_f32": "rwwwww",
+    "dattn_tile_bf16": "rrppmmm",
     "dattn_finalize_bf16": "rrw",
     "gemm_zero_f32": "w",
     "gemm_bf16_f32_wnk": "rrm",

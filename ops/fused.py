@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+import torch
+
 from ..kernels import catalog
 from .registry import BadArgument, FusedOp, register
 
@@ -97,6 +99,12 @@ def _decode_attn(shapes, head_dim):
         raise BadArgument("k_cache", f"rows a multiple of {tile} (a capacity bucket, catalog.decode_attn_capacity)",
                           f"shape {k}")
     return catalog.decode_attn_program(heads, kv_heads, head_dim, k[0])
+
+
+def decode_attn_length(length: int) -> torch.Tensor:
+    """npu2.decode_attn's ``length`` argument for ``length`` valid positions (bf16 base-256 digits: data the
+    kernel reads, catalog.DECODE_ATTN_LENGTH_DIGITS says why bf16)."""
+    return torch.tensor(catalog.decode_attn_length_digits(length), dtype=torch.bfloat16)
 
 
 def _lm_head_gemv(shapes):

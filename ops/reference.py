@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels import quant
+from ..kernels.catalog import decode_attn_length_value
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -85,7 +86,7 @@ def decode_attn_reference(q, k_cache, v_cache, length, head_dim):
     """Reference of npu2.decode_attn: one query row's GQA attention over the first ``length`` rows of the cache,
     fp32 scores and softmax, probabilities rounded to bf16, P.V in fp32 rounded to bf16 once (the host attention's
     numerics, patch_llama/layer.py)."""
-    n = int(length.reshape(-1)[0])
+    n = decode_attn_length_value(length.float().tolist())
     qh = q.reshape(-1, head_dim).float()
     kh, vh = (t[:n].reshape(n, -1, head_dim).transpose(0, 1).float() for t in (k_cache, v_cache))
     group = qh.shape[0] // kh.shape[0]

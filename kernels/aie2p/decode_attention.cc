@@ -3,14 +3,16 @@
 // One core owns one KV head and the DATTN_GROUP query heads that share it. A builder walks the cache's key/value
 // tiles (DATTN_TK positions each, starting at k_start) in order:
 //
-//   dattn_init_f32(row_max, row_sum, acc)
+//   dattn_init_f32(queries, groups, group, q, row_max, row_sum, acc, cursor)
 //   for each tile of the cache's capacity
-//     dattn_tile_bf16(kvq, scores, probs, row_max, row_sum, acc, length, k_start)
+//     dattn_tile_bf16(q, kv, scores, probs, row_max, row_sum, acc, cursor[0], cursor[1]);  cursor[1] += TK
 //   dattn_finalize_bf16(acc, row_sum, out)
 //
-// ``length`` is the number of valid positions, read by the core from an input buffer (data, not a parameter of
-// the ELF): positions k_start + j >= length are never read (their keys and values may be anything, even NaN),
-// and a tile that starts at or past it returns at once. So one ELF serves every length up to its capacity.
+// The length (the number of valid positions) is data, not a parameter of the ELF: it arrives after the query
+// rows of ``groups`` groups as bf16 base-256 digits (low first: every digit is an integer below 256, exact in
+// bf16), dattn_init_f32 decodes it into cursor[0], and positions k_start + j >= length are never read (their
+// keys and values may be anything, even NaN); a tile that starts at or past it returns at once. So one ELF serves
+// every length up to its capacity.
 //
 // Tile sizes, compile-time (override with -D):
 //   DATTN_GROUP     query heads per KV head (a core's query rows)                  default 4
@@ -19,10 +21,11 @@
 //   DATTN_SCALE     softmax scale                                                  default 1/sqrt(DATTN_HEAD_DIM)
 //
 // Layouts, all row-major (AIE path: every buffer 64-byte aligned):
-//   kvq      bf16 [TK][HEAD_DIM]      keys of positions k_start .. k_start + TK - 1 of the KV head (cache rows),
-//                 [TK][HEAD_DIM]      then the values of the same positions,
-//                 [GROUP][HEAD_DIM]   then the group's query rows (consecutive heads of a decode q): one buffer,
-//                                     so one DMA channel brings a core everything a tile needs (a core has two)
+//   queries  bf16 [groups][GROUP][HEAD_DIM], then 4 length digits: the query rows of ``groups`` KV heads' groups
+//   q        bf16 [GROUP][HEAD_DIM]   the core's group's query rows (consecutive heads of a decode q)
+//   cursor   i32  [2]                 the length, then the next tile's first position
+//   kv       bf16 [TK][HEAD_DIM]      keys of positions k_start .. k_start + TK - 1 of the KV head (cache rows),
+//                 [TK][HEAD_DIM]      then the values of the same positions (one buffer: one DMA channel)
 //   scores   f32  [GROUP][TK]         q . k (unscaled), or the mask value -2^100 past the length
 //   probs    bf16 [GROUP][TK]         exp2((score - running max) * DATTN_SCALE * log2(e)), rounded to bf16
 //   row_max  f32  [GROUP]             running max of the scores, a bf16 value (-2^100: no key yet)
@@ -92,6 +95,12 @@ static_assert(kHeadDim > 0 && kHeadDim % 16 == 0, "DATTN_HEAD_DIM must be a posi
 // The lanes of the dot products, the P.V update and the final scaling: 32, or 16 for a head_dim of odd 16s.
 constexpr int kLanes = kHeadDim % 32 == 0 ? 32 : 16;
 
+#if defined(__AIENGINE__)
+inline float to_float(bfloat16 value) { return float(value); }
+#else
+inline float to_float(bf16_t value) { return bf16_to_float(value); }
+#endif
+
 // The tile's valid positions: 0 past the length, at most the tile.
 inline int valid_positions(int32_t length, int32_t k_start) {
   const long long left = (long long)length - k_start;
@@ -154,7 +163,18 @@ inline aie::accum<accfloat, 16> scale_logits(const aie::accum<accfloat, 16> &x) 
 
 extern "C" {
 
-void dattn_init_f32(float *row_max, float *row_sum, float *acc) {
+void dattn_init_f32(const bf16_t *queries, int32_t groups, int32_t group, bf16_t *q, float *row_max, float *row_sum,
+                    float *acc, int32_t *cursor) {
+  // once per run: a scalar copy (a group's rows need not start 64-byte aligned in ``queries``)
+  const bf16_t *rows = queries + group * kGroup * kHeadDim;
+  for (int i = 0; i < kGroup * kHeadDim; ++i)
+    q[i] = rows[i];
+  const bf16_t *digits = queries + groups * kGroup * kHeadDim;
+  int32_t length = 0;
+  for (int i = 2; i >= 0; --i)
+    length = length * 256 + int32_t(to_float(digits[i]));
+  cursor[0] = length;
+  cursor[1] = 0;
   for (int g = 0; g < kGroup; ++g) {
     row_max[g] = kMasked;
     row_sum[g] = 0.0f;
@@ -168,11 +188,10 @@ void dattn_init_f32(float *row_max, float *row_sum, float *acc) {
 #endif
 }
 
-void dattn_tile_bf16(const bf16_t *kvq, float *scores, bf16_t *probs, float *row_max, float *row_sum, float *acc,
-                     int32_t length, int32_t k_start) {
-  const bf16_t *k = kvq;
+void dattn_tile_bf16(const bf16_t *q, const bf16_t *kv, float *scores, bf16_t *probs, float *row_max, float *row_sum,
+                     float *acc, int32_t length, int32_t k_start) {
+  const bf16_t *k = kv;
   const bf16_t *v = k + kTileK * kHeadDim;
-  const bf16_t *q = v + kTileK * kHeadDim;
   const int valid = valid_positions(length, k_start);
   if (valid == 0)
     return;

@@ -28,10 +28,11 @@ first (``-D<symbol>=<symbol>_v<n>``). A memref reaches C as a bare pointer to it
   float *acc)``, ``attn_finalize_bf16(const float *acc, const float *row_sum, bf16 *out)``; ``kv`` is one
   block of keys followed by the values of the same positions
 * decode_attention.o (decode_attention.cc), configured by DATTN_GROUP, DATTN_TK, DATTN_HEAD_DIM:
-  ``dattn_init_f32(float *row_max, float *row_sum, float *acc)``,
-  ``dattn_tile_bf16(const bf16 *kvq, float *scores, bf16 *probs, float *row_max, float *row_sum, float *acc,
-  int32_t length, int32_t k_start)`` (one tile of one KV head's keys, then its values, then its query group's
-  rows; positions at or past ``length`` are never read), ``dattn_finalize_bf16(const float *acc,
+  ``dattn_init_f32(const bf16 *queries, int32_t groups, int32_t group, bf16 *q, float *row_max, float *row_sum,
+  float *acc, int32_t *cursor)`` (takes its group's query rows and decodes the length digits that follow
+  ``groups`` groups' rows), ``dattn_tile_bf16(const bf16 *q, const bf16 *kv, float *scores, bf16 *probs,
+  float *row_max, float *row_sum, float *acc, int32_t length, int32_t k_start)`` (one tile of one KV head's keys,
+  then its values; positions at or past ``length`` are never read), ``dattn_finalize_bf16(const float *acc,
   const float *row_sum, bf16 *out)``
 * gemm.o (gemm.cc), configured by GEMM_TILE_M, GEMM_TILE_K, GEMM_TILE_N, and optionally GEMM_DRAIN_N (columns
   per drain call) and AIE_API_EMULATE_BFLOAT16_MMUL_WITH_BFP16 (BFP16 multiplies instead of exact bf16):

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels import host_build, quant
+from ..kernels.catalog import decode_attn_length_value
 from .bfp16 import quantize_bf16_to_bfp16
 from .int8 import ACTIVATION_BITS, integer_gemm, quantize_weight
 
@@ -140,10 +141,11 @@ LOG2E = 1.4426950408889634
 def decode_attention(p, q, k, v, length):
     """decode_attention.cc's arithmetic, tile by tile, all KV heads at once: fp32 scores, a running max rounded to
     bf16, probabilities exp2((s - max) * scale * log2 e) rounded to bf16 and rescaled sums and P.V in fp32, the
-    output acc * (1 / sum) rounded once. Positions at or past ``length`` (clamped to the capacity) are not read."""
+    output acc * (1 / sum) rounded once. Positions at or past the length (``length``'s digits, clamped to the
+    capacity) are not read."""
     capacity, heads, kv_heads, hd, tile = (p[n] for n in ("capacity", "heads", "kv_heads", "head_dim", "tile_kv"))
     group = heads // kv_heads
-    valid = max(0, min(int(length.reshape(-1)[0]), capacity))
+    valid = max(0, min(decode_attn_length_value(length.float().tolist()), capacity))
     logit_scale = float(torch.tensor(hd ** -0.5 * LOG2E, dtype=torch.float32))  # the kernel's fp32 constant
     queries = q.reshape(kv_heads, group, hd).float()
     keys, values = (t.reshape(capacity, kv_heads, hd)[:valid].transpose(0, 1).float() for t in (k, v))
