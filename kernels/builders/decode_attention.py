@@ -38,7 +38,7 @@ fit L1, the ping-ponged key/value buffer a memtile.
 from __future__ import annotations
 
 from .ir import L1, L2, WHOLE, LaunchBuilder, LaunchIR, MemRef, Value, Window
-from .npu2 import check_budget, check_operands, divisors_descending, nbytes, require
+from .npu2 import check_budget, check_operands, divisors_descending, nbytes, pingpong_copies, require
 
 KIND = "decode_attention"
 PARAMS = ("capacity", "heads", "kv_heads", "head_dim", "tile_kv")
@@ -50,12 +50,15 @@ HEAD_DIM_GRANULE = 16  # its dot products and P.V on 32 or 16 lanes
 LENGTH_DIGITS = 4  # catalog.DECODE_ATTN_LENGTH_DIGITS (builders import nothing from the catalog)
 
 
-def l1_bytes(group: int, tile_kv: int, head_dim: int, herd: int) -> dict[str, int]:
-    """One core's L1 buffers: the state it keeps across the herds, and the largest herd's own."""
+def l1_bytes(group: int, tile_kv: int, head_dim: int, herd: int, tiles: int) -> dict[str, int]:
+    """One core's L1 buffers: the state it keeps across the herds, and its herds' own; the tile herd's, inside the
+    segment's loop of ``tiles`` trips, are ping-ponged by AIR (lowered, Llama-3.2-1B's tile holds them twice)."""
     rows = group * head_dim
-    return {"key and value rows": nbytes((2 * tile_kv * head_dim,), "bf16"),
-            "f32 scores": nbytes((group, tile_kv), "f32"),
-            "bf16 probabilities": nbytes((group, tile_kv), "bf16"),
+    copies = pingpong_copies(tiles)
+    return {f"key and value rows x{copies}": copies * nbytes((2 * tile_kv * head_dim,), "bf16"),
+            f"f32 scores x{copies}": copies * nbytes((group, tile_kv), "f32"),
+            f"bf16 probabilities x{copies}": copies * nbytes((group, tile_kv), "bf16"),
+            "output rows": nbytes((rows,), "bf16"),
             "query rows": nbytes((rows,), "bf16"),
             "row max and sum": 2 * nbytes((group,), "f32"),
             "f32 accumulator": nbytes((rows,), "f32"),
@@ -79,7 +82,7 @@ def build(params: dict, operands, tuning: dict) -> LaunchIR:
     herd = tuning.get("herd", divisors_descending(kv_heads, HERD_MAX)[0])
     require(herd <= HERD_MAX and kv_heads % herd == 0, KIND, "herd", herd,
             f"must divide kv_heads={kv_heads} and be at most {HERD_MAX}")
-    l1 = l1_bytes(group, tile_kv, head_dim, herd)
+    l1 = l1_bytes(group, tile_kv, head_dim, herd, capacity // tile_kv)
     check_budget(KIND, "L1", l1, "lower tile_kv")
     rows = group * head_dim  # a group's query (and output) columns
     part = tile_kv * head_dim  # a tile's keys (or values) of one KV head
