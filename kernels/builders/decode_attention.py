@@ -62,7 +62,8 @@ def l1_bytes(group: int, tile_kv: int, head_dim: int, herd: int, tiles: int) -> 
             "query rows": nbytes((rows,), "bf16"),
             "row max and sum": 2 * nbytes((group,), "f32"),
             "f32 accumulator": nbytes((rows,), "f32"),
-            "cursor": nbytes((2,), "i32"),
+            # indexed [core][word] by scalar loads and stores, which AIR does not shrink to a core's slab
+            "cursor (every core's)": nbytes((herd, 2), "i32"),
             # the init herd's copy of every group's rows (freed before the tiles; counted as if it stayed)
             "the herd's query rows and length": nbytes((herd * rows + LENGTH_DIGITS,), "bf16")}
 

@@ -4,7 +4,7 @@ import torch
 
 import torch_npu2  # noqa: F401  (registers torch.ops.npu2)
 from torch_npu2.kernels import quant
-from torch_npu2.ops import ALL_OPS, reference
+from torch_npu2.ops import ALL_OPS, decode_attn_length, reference
 from torch_npu2.ops.fused import FUSED_OPS
 from torch_npu2.ops.registry import program_of
 
@@ -42,8 +42,18 @@ def op_cases(config):
             reference.o_gemv_ffn_rms_gemv_rope_reference),
         "lm_head_gemv": ([torch.randn(hidden).bfloat16(), (torch.randn(vocab, hidden) * hidden ** -0.5).bfloat16()],
                          (), reference.lm_head_gemv_reference),
+        "decode_attn": (decode_attn_args(heads, kv, hd, gen=g), (hd,), reference.decode_attn_reference),
         **packed_cases(config, g),
     }
+
+
+def decode_attn_args(heads, kv_heads, head_dim, gen):
+    """One query row against a cache of 192 rows (a capacity of whole tiles) holding 150 valid positions; the rows
+    past them are NaN, which the kernel never reads."""
+    q = torch.randn(heads * head_dim, generator=gen).bfloat16()
+    k, v = (torch.randn(192, kv_heads * head_dim, generator=gen).bfloat16() for _ in range(2))
+    k[150:], v[150:] = float("nan"), float("nan")
+    return [q, k, v, decode_attn_length(150)]
 
 
 def _packed(w: torch.Tensor) -> torch.Tensor:
