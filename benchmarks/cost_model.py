@@ -124,6 +124,29 @@ def decode_ms(dims, layers: int, weights: str = "bf16") -> Range:
     return tuple((chained * (layers - 1) + first + last + head) * 1e3 for chained, first, last, head in zip(*parts))
 
 
+# The longest cache decode attention's buckets are computed against (a multiple of its 64-row granule).
+DECODE_ATTN_MAX_LEN = 131072
+
+
+@lru_cache(maxsize=None)
+def decode_attention_ms(dims, layers: int, context: int) -> Range:
+    """NPU time of one token's decode attention over ``context`` cached positions (the new token's included): one
+    decode_attn run, its own dispatch, per layer at the capacity bucket of ``context``. The run streams the whole
+    bucket, and the model charges every tile's call at its full work (kernels/core_ops.py: WORK_ARGUMENTS), so a
+    context inside a bucket is charged as the bucket's end."""
+    from torch_npu2.kernels import catalog
+
+    capacity = catalog.decode_attn_capacity(context, DECODE_ATTN_MAX_LEN)
+    prog = catalog.decode_attn_program(dims.heads, dims.kv_heads, dims.head_dim, capacity)
+    return tuple(cost.seconds * layers * 1e3 for cost in program_range(prog))
+
+
+def decode_with_attention_ms(dims, layers: int, context: int, weights: str = "bf16") -> Range:
+    """``decode_ms`` plus decode attention on the NPU (``decode_attention_ms``): a token whose every step runs on the
+    NPU, the layers still dispatched as today plus one decode_attn dispatch per layer."""
+    return tuple(a + b for a, b in zip(decode_ms(dims, layers, weights), decode_attention_ms(dims, layers, context)))
+
+
 def decode_weight_bytes(dims, layers: int, weights: str = "bf16") -> int:
     """Weight bytes one decode token streams from DDR (every weight argument of the decode Programs, once each)."""
     counts = (layers - 1, 1, 1, 1)

@@ -32,8 +32,9 @@ No value derived from a launch or loop index reaches core compute: the tile's fi
 each core keeps, its group the herd coordinate.
 
 Constraints: heads a multiple of kv_heads; head_dim a multiple of 16; tile_kv a multiple of 16 dividing
-capacity; herd dividing kv_heads and at most 4 (one memtile buffer feeds the herd's cores); a tile's buffers
-fit L1, the ping-ponged key/value buffer a memtile.
+capacity; herd dividing kv_heads and at most 8 (AIR splits the memtile buffers by the herd's columns: at 8
+cores, lowered, no memtile uses more than its 6 channels); a tile's buffers fit L1, the ping-ponged key/value
+buffer a memtile.
 """
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ KIND = "decode_attention"
 PARAMS = ("capacity", "heads", "kv_heads", "head_dim", "tile_kv")
 TUNING = ("herd",)
 OBJECT = "decode_attention.o"
-HERD_MAX = 4  # cores fed from one memtile buffer (see the module docstring)
+HERD_MAX = 8  # one row of the array (Llama-3.2-1B: its 8 KV heads in one launch step)
 TILE_GRANULE = 16  # decode_attention.cc's exponentials run on 16 lanes
 HEAD_DIM_GRANULE = 16  # its dot products and P.V on 32 or 16 lanes
 LENGTH_DIGITS = 4  # catalog.DECODE_ATTN_LENGTH_DIGITS (builders import nothing from the catalog)
