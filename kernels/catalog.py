@@ -411,6 +411,33 @@ def decode_attn_program(heads: int, kv_heads: int, head_dim: int, capacity: int)
     )
 
 
+def decode_attn_o_gemv_ffn_rms_gemv_rope_program(hidden: int, q_dim: int, intermediate: int, eps: float, heads: int,
+                                                 kv_heads: int, head_dim: int, capacity: int, next_eps: float,
+                                                 weights: str = "bf16") -> Program:
+    """A decode layer from its attention on: decode attention over the layer's cache, o_gemv_ffn on its output,
+    and the next layer's rms_gemv_rope, in one dispatch (nothing on the host sits between them).
+
+    Host arguments are decode_attn's (q, k_cache, v_cache, length), then o_gemv_ffn_rms_gemv_rope's without
+    ``attn`` (decode attention's output, a device-only scratch); outputs are ``out`` and the next layer's
+    ``next_v``, ``next_q_roped``, ``next_k_roped``.
+    """
+    if heads * head_dim != q_dim:
+        raise ValueError(f"q_dim ({q_dim}) must be heads*head_dim ({heads}*{head_dim})")
+    attention = decode_attn_program(heads, kv_heads, head_dim, capacity)
+    rest = o_gemv_ffn_rms_gemv_rope_program(hidden, q_dim, intermediate, eps, heads, kv_heads, head_dim, next_eps,
+                                            weights)
+    attn = rest.arg("attn")
+    return Program(
+        name=_decode_name("decode_attn_o_gemv_ffn_rms_gemv_rope", weights),
+        params=attention.params + rest.params,
+        args=(*attention.args[:-1], Arg("attn", attn.shape, attn.dtype, S),
+              *(a for a in rest.args if a.name != "attn")),
+        launches=(Launch(attention.launches[0].kind, attention.launches[0].params, attention.launches[0].reads,
+                         ("attn",)), *rest.launches),
+        compile_options=DECODE_OPTIONS,
+    )
+
+
 def lm_head_gemv_program(hidden: int, vocab: int, weights: str = "bf16") -> Program:
     """Logits of one (already final-normed) row: a GEMV over the (vocab, hidden) LM-head weight.
 

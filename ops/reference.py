@@ -96,6 +96,15 @@ def decode_attn_reference(q, k_cache, v_cache, length, head_dim):
     return torch.matmul(probs[:, None, :], vh)[:, 0].to(torch.bfloat16).reshape(-1)
 
 
+def decode_attn_o_gemv_ffn_rms_gemv_rope_reference(q, k_cache, v_cache, length, wo, x, norm_w, w_gate_up, w_down,
+                                                   next_norm_w, next_wq, next_wk, next_wv, next_rope_lut, head_dim,
+                                                   eps, next_eps):
+    """Reference of npu2.decode_attn_o_gemv_ffn_rms_gemv_rope: decode attention, then o_gemv_ffn_rms_gemv_rope."""
+    attn = decode_attn_reference(q, k_cache, v_cache, length, head_dim)
+    return o_gemv_ffn_rms_gemv_rope_reference(attn, wo, x, norm_w, w_gate_up, w_down, next_norm_w, next_wq, next_wk,
+                                              next_wv, next_rope_lut, eps, next_eps)
+
+
 def lm_head_gemv_reference(x, w_lm):
     """fp32 logits of one row (the op keeps its fp32 accumulator rather than rounding logits to bf16)."""
     return F.linear(x.float(), w_lm.float())

@@ -34,6 +34,10 @@ PROGRAMS.update({f"{model}-{p.name}-{weights}": p
 PROGRAMS.update({f"{model}-decode_attn-{capacity}": catalog.decode_attn_program(dims.heads, dims.kv_heads,
                                                                                  dims.head_dim, capacity)
                  for model, dims in (("smol", SMOL), ("llama", LLAMA)) for capacity in (256, 2048, 8192)})
+# A decode layer from its attention on, in one ELF (decode attention, o_gemv_ffn, the next rms_gemv_rope).
+PROGRAMS["llama-decode_attn_o_gemv_ffn_rms_gemv_rope-2048"] = catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_program(
+    LLAMA.hidden, LLAMA.q_dim, LLAMA.intermediate, LLAMA.eps, LLAMA.heads, LLAMA.kv_heads, LLAMA.head_dim, 2048,
+    LLAMA.eps)
 
 # What aircc (mlir-air python/air/compiler/aircc/main.py at 0e3df89d) runs for `--device npu2` with its
 # defaults: written out here from that file, so a change to our replay has to be a deliberate one.
