@@ -147,6 +147,22 @@ def decode_with_attention_ms(dims, layers: int, context: int, weights: str = "bf
     return tuple(a + b for a, b in zip(decode_ms(dims, layers, weights), decode_attention_ms(dims, layers, context)))
 
 
+def decode_chained_ms(dims, layers: int, context: int) -> Range:
+    """A token whose layers each run as one dispatch from their attention on: rms_gemv_rope for the first layer,
+    decode_attn_o_gemv_ffn_rms_gemv_rope for every layer but the last, decode_attn and o_gemv_ffn for the last,
+    then the LM head (bf16 weights)."""
+    from torch_npu2.kernels import catalog
+
+    d = dims
+    capacity = catalog.decode_attn_capacity(context, DECODE_ATTN_MAX_LEN)
+    chained = program_range(catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_program(
+        d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads, d.head_dim, capacity, d.eps))
+    attention = program_range(catalog.decode_attn_program(d.heads, d.kv_heads, d.head_dim, capacity))
+    first, last, head = (_seconds(name, dims, None) for name in ("rms_gemv_rope", "o_gemv_ffn", "lm_head_gemv"))
+    return tuple((c.seconds * (layers - 1) + a.seconds + f + l + h) * 1e3
+                 for c, a, f, l, h in zip(chained, attention, first, last, head))
+
+
 def decode_weight_bytes(dims, layers: int, weights: str = "bf16") -> int:
     """Weight bytes one decode token streams from DDR (every weight argument of the decode Programs, once each)."""
     counts = (layers - 1, 1, 1, 1)
