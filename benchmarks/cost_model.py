@@ -99,6 +99,10 @@ def program(name: str, dims, seq: int | None = None, precision: str = "bf16", we
         "o_gemv_ffn_rms_gemv_rope": lambda: catalog.o_gemv_ffn_rms_gemv_rope_program(
             d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads, d.head_dim, d.eps, weights),
         "lm_head_gemv": lambda: catalog.lm_head_gemv_program(d.hidden, d.vocab, weights),
+        # decode attention at a capacity of ``seq`` positions
+        "decode_attn": lambda: catalog.decode_attn_program(d.heads, d.kv_heads, d.head_dim, seq),
+        "decode_attn_o_gemv_ffn_rms_gemv_rope": lambda: catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_program(
+            d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads, d.head_dim, seq, d.eps),
     }
     return build[name]()
 
