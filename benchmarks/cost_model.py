@@ -99,6 +99,10 @@ def program(name: str, dims, seq: int | None = None, precision: str = "bf16", we
         "o_gemv_ffn_rms_gemv_rope": lambda: catalog.o_gemv_ffn_rms_gemv_rope_program(
             d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads, d.head_dim, d.eps, weights),
         "lm_head_gemv": lambda: catalog.lm_head_gemv_program(d.hidden, d.vocab, weights),
+        # decode attention at a capacity of ``seq`` positions
+        "decode_attn": lambda: catalog.decode_attn_program(d.heads, d.kv_heads, d.head_dim, seq),
+        "decode_attn_o_gemv_ffn_rms_gemv_rope": lambda: catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_program(
+            d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads, d.head_dim, seq, d.eps),
     }
     return build[name]()
 
@@ -122,6 +126,45 @@ def decode_ms(dims, layers: int, weights: str = "bf16") -> Range:
     the last; then the LM head (all with the projection weights as ``weights``)."""
     parts = [_seconds(name, dims, None, "bf16", weights) for name in DECODE_PROGRAMS]
     return tuple((chained * (layers - 1) + first + last + head) * 1e3 for chained, first, last, head in zip(*parts))
+
+
+# The longest cache decode attention's buckets are computed against (a multiple of its 64-row granule).
+DECODE_ATTN_MAX_LEN = 131072
+
+
+@lru_cache(maxsize=None)
+def decode_attention_ms(dims, layers: int, context: int) -> Range:
+    """NPU time of one token's decode attention over ``context`` cached positions (the new token's included): one
+    decode_attn run, its own dispatch, per layer at the capacity bucket of ``context``. The run streams the whole
+    bucket, and the model charges every tile's call at its full work (kernels/core_ops.py: WORK_ARGUMENTS), so a
+    context inside a bucket is charged as the bucket's end."""
+    from torch_npu2.kernels import catalog
+
+    capacity = catalog.decode_attn_capacity(context, DECODE_ATTN_MAX_LEN)
+    prog = catalog.decode_attn_program(dims.heads, dims.kv_heads, dims.head_dim, capacity)
+    return tuple(cost.seconds * layers * 1e3 for cost in program_range(prog))
+
+
+def decode_with_attention_ms(dims, layers: int, context: int, weights: str = "bf16") -> Range:
+    """``decode_ms`` plus decode attention on the NPU (``decode_attention_ms``): a token whose every step runs on the
+    NPU, the layers still dispatched as today plus one decode_attn dispatch per layer."""
+    return tuple(a + b for a, b in zip(decode_ms(dims, layers, weights), decode_attention_ms(dims, layers, context)))
+
+
+def decode_chained_ms(dims, layers: int, context: int) -> Range:
+    """A token whose layers each run as one dispatch from their attention on: rms_gemv_rope for the first layer,
+    decode_attn_o_gemv_ffn_rms_gemv_rope for every layer but the last, decode_attn and o_gemv_ffn for the last,
+    then the LM head (bf16 weights)."""
+    from torch_npu2.kernels import catalog
+
+    d = dims
+    capacity = catalog.decode_attn_capacity(context, DECODE_ATTN_MAX_LEN)
+    chained = program_range(catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_program(
+        d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads, d.head_dim, capacity, d.eps))
+    attention = program_range(catalog.decode_attn_program(d.heads, d.kv_heads, d.head_dim, capacity))
+    first, last, head = (_seconds(name, dims, None) for name in ("rms_gemv_rope", "o_gemv_ffn", "lm_head_gemv"))
+    return tuple((c.seconds * (layers - 1) + a.seconds + f + l + h) * 1e3
+                 for c, a, f, l, h in zip(chained, attention, first, last, head))
 
 
 def decode_weight_bytes(dims, layers: int, weights: str = "bf16") -> int:

@@ -29,6 +29,8 @@ PREFILL_OPTIONS = CompileOptions(runtime_loop_tiling_sizes=(2, 2))
 # o_ffn there runs the gate and up GEMMs and silu_mul as three launches.
 FUSED_SWIGLU_MIN_ROWS = 32
 ATTENTION_OPTIONS = CompileOptions(runtime_loop_tiling_sizes=(1, 1), omit_pingpong="all")
+# Decode attention keeps ping-pong: its cores stream the cache's key and value tiles while they compute.
+DECODE_ATTENTION_OPTIONS = CompileOptions(runtime_loop_tiling_sizes=(1, 1))
 DECODE_OPTIONS = CompileOptions(runtime_loop_tiling_sizes=(16, 16))
 
 # How the prefill GEMMs multiply: "bfp16" builds the GEMM kernel with AIE_API_EMULATE_BFLOAT16_MMUL_WITH_BFP16
@@ -329,6 +331,110 @@ def flash_attn_program(heads: int, kv_heads: int, head_dim: int, seq: int) -> Pr
                     head_dim=head_dim, causal=True),
         ),
         compile_options=ATTENTION_OPTIONS,
+    )
+
+
+# Decode attention's capacity buckets (positions): a run streams its bucket's whole capacity, so the bucket bounds
+# the wasted DDR bytes, and every bucket is one ELF. Up to 1024 positions, multiples of 256; above, four buckets
+# per octave (1280, 1536, 1792, 2048, 2560, ...): at most 255 positions or a quarter of the length streamed for
+# nothing, and 16 ELFs up to 8192 positions, 24 up to 32768.
+DECODE_ATTN_MIN_GRANULE = 256
+# The valid length reaches the kernel as data: bf16 base-256 digits, low first (each an integer below 256, exact in
+# bf16; 3 digits cover 2^24 positions, a 4th keeps the buffer whole 4-byte words). bf16 because it travels in the
+# same buffer as the query rows: a core has two input DMA channels (builders/decode_attention.py).
+DECODE_ATTN_LENGTH_DIGITS = 4
+
+
+def decode_attn_length_digits(length: int) -> list[int]:
+    """``length`` as decode attention's input holds it: DECODE_ATTN_LENGTH_DIGITS base-256 digits, low first."""
+    if not isinstance(length, int) or not 0 <= length < 1 << 24:
+        raise ValueError(f"a decode attention length must be an int in 0..{(1 << 24) - 1}, got {length!r}")
+    return [length & 255, length >> 8 & 255, length >> 16, 0]
+
+
+def decode_attn_length_value(digits) -> int:
+    """The length decode attention's input digits hold (what the kernel decodes)."""
+    return int(digits[0]) + 256 * int(digits[1]) + 65536 * int(digits[2])
+
+# A cache's rows (its maximum length) must be a multiple of this, so a capacity clamped to them is whole tiles.
+DECODE_ATTN_ROWS_MULTIPLE = 64
+
+
+def decode_attn_tile(head_dim: int) -> int:
+    """Positions per key/value tile of decode attention: 64 (16 KiB of K and V per tile at head_dim 64), halved
+    for wider heads so that three ping-pong copies still fit L1."""
+    return 64 if head_dim <= 64 else 32
+
+
+def decode_attn_capacity(length: int, max_len: int) -> int:
+    """The capacity bucket of a decode attention over ``length`` valid positions of a cache of ``max_len`` rows:
+    the rows the op's k_cache and v_cache views must hold (the first ``capacity`` rows of the cache)."""
+    if not isinstance(max_len, int) or max_len <= 0 or max_len % DECODE_ATTN_ROWS_MULTIPLE:
+        raise ValueError(f"a decode attention cache holds a positive multiple of {DECODE_ATTN_ROWS_MULTIPLE} rows, "
+                         f"got max_len={max_len!r}")
+    if not isinstance(length, int) or not 0 < length <= max_len:
+        raise ValueError(f"decode attention length must be in 1..{max_len} (the cache's rows), got {length!r}")
+    octave = 1 << (length - 1).bit_length() - 1 if length > 1 else 1  # the largest power of two below length
+    granule = max(DECODE_ATTN_MIN_GRANULE, octave // 4)
+    return min(-(-length // granule) * granule, max_len)
+
+
+def decode_attn_program(heads: int, kv_heads: int, head_dim: int, capacity: int) -> Program:
+    """One decode token's attention over a KV cache's first ``capacity`` rows, of which the first ``length`` are
+    valid: an input of DECODE_ATTN_LENGTH_DIGITS bf16 base-256 digits (``ops.decode_attn_length``), data, so every
+    length up to the capacity runs the same ELF. Scale 1/sqrt(head_dim).
+
+    q and out are one row (heads*head_dim,); k_cache and v_cache (capacity, kv_heads*head_dim), position-major,
+    as the NPU cache holds one sequence. builders/decode_attention.py says how the length reaches the cores.
+    """
+    _check_attention_dims(heads, kv_heads, head_dim)
+    tile = decode_attn_tile(head_dim)
+    if not isinstance(capacity, int) or capacity <= 0 or capacity % tile:
+        raise ValueError(f"decode attention capacity must be a positive multiple of {tile} positions, "
+                         f"got {capacity!r}")
+    q, kv = heads * head_dim, kv_heads * head_dim
+    return Program(
+        name="decode_attn",
+        params=(("heads", heads), ("kv_heads", kv_heads), ("head_dim", head_dim), ("capacity", capacity)),
+        args=(
+            Arg("q", (q,), "bf16", I),
+            Arg("k_cache", (capacity, kv), "bf16", I),
+            Arg("v_cache", (capacity, kv), "bf16", I),
+            Arg("length", (DECODE_ATTN_LENGTH_DIGITS,), "bf16", I),
+            Arg("out", (q,), "bf16", O),
+        ),
+        launches=(
+            _launch("decode_attention", ["q", "k_cache", "v_cache", "length"], ["out"], capacity=capacity,
+                    heads=heads, kv_heads=kv_heads, head_dim=head_dim, tile_kv=tile),
+        ),
+        compile_options=DECODE_ATTENTION_OPTIONS,
+    )
+
+
+def decode_attn_o_gemv_ffn_rms_gemv_rope_program(hidden: int, q_dim: int, intermediate: int, eps: float, heads: int,
+                                                 kv_heads: int, head_dim: int, capacity: int, next_eps: float,
+                                                 weights: str = "bf16") -> Program:
+    """A decode layer from its attention on: decode attention over the layer's cache, o_gemv_ffn on its output,
+    and the next layer's rms_gemv_rope, in one dispatch (nothing on the host sits between them).
+
+    Host arguments are decode_attn's (q, k_cache, v_cache, length), then o_gemv_ffn_rms_gemv_rope's without
+    ``attn`` (decode attention's output, a device-only scratch); outputs are ``out`` and the next layer's
+    ``next_v``, ``next_q_roped``, ``next_k_roped``.
+    """
+    if heads * head_dim != q_dim:
+        raise ValueError(f"q_dim ({q_dim}) must be heads*head_dim ({heads}*{head_dim})")
+    attention = decode_attn_program(heads, kv_heads, head_dim, capacity)
+    rest = o_gemv_ffn_rms_gemv_rope_program(hidden, q_dim, intermediate, eps, heads, kv_heads, head_dim, next_eps,
+                                            weights)
+    attn = rest.arg("attn")
+    return Program(
+        name=_decode_name("decode_attn_o_gemv_ffn_rms_gemv_rope", weights),
+        params=attention.params + rest.params,
+        args=(*attention.args[:-1], Arg("attn", attn.shape, attn.dtype, S),
+              *(a for a in rest.args if a.name != "attn")),
+        launches=(Launch(attention.launches[0].kind, attention.launches[0].params, attention.launches[0].reads,
+                         ("attn",)), *rest.launches),
+        compile_options=DECODE_OPTIONS,
     )
 
 

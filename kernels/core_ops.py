@@ -152,6 +152,9 @@ def entry_points(source: str) -> dict[str, tuple[Param, ...]]:
 WORK_ARGUMENTS = {
     # a key block wholly before the query rows (nothing to mask), or on the diagonal (every row masked)
     "attn_qk_tile_bf16": lambda d: ({"q_start": d["ATTN_TK"], "k_start": 0}, {"q_start": 0, "k_start": 0}),
+    # the builders' buckets are whole tiles: a call past the length does nothing, a full tile is the dearest. Both
+    # ends charge a full tile, so a prediction is that of a full bucket (decode_attention's length = capacity).
+    "dattn_tile_bf16": lambda d: ({"length": d["DATTN_TK"], "k_start": 0}, {"length": d["DATTN_TK"], "k_start": 0}),
     # the first K chunk starts each row's sum, a later one adds to it
     "gemv_partial_f32": lambda d: ({"k0": 0}, {"k0": d["GEMV_K"]}),
     "gemv_q_partial_f32": lambda d: ({"k0": 0}, {"k0": d["GEMV_K"]}),

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from . import catalog
 from .program import pad_rows
 
 KERNEL_DIR = Path(__file__).resolve().parent / "aie2p"
@@ -422,6 +423,41 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_dim:
                                  q_start, k_first)
             out[q_first:q_first + tile_q, head] = tiles.finalize(state)
     return out.reshape(q_padded.shape[0], -1)[:q_rows]
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: int, head_dim: int, *,
+                     tile_k: int = 64) -> torch.Tensor:
+    """decode_attention.cc's three calls walked as the decode_attention launch walks them: per KV head, its query
+    group against every ``tile_k`` rows of k and v (capacity, kv_heads*head_dim), the first ``length`` valid.
+    q is one row (heads*head_dim,); returns the attention row, bf16."""
+    q, k, v = _require_bf16("q", q), _require_bf16("k", k), _require_bf16("v", v)
+    heads, kv_heads, capacity = q.shape[-1] // head_dim, k.shape[1] // head_dim, k.shape[0]
+    if heads % kv_heads or v.shape != k.shape or capacity % tile_k:
+        raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: not a GQA layout of whole "
+                         f"{tile_k}-row tiles")
+    group = heads // kv_heads
+    library = load("decode_attention.cc", {"DATTN_GROUP": group, "DATTN_TK": tile_k, "DATTN_HEAD_DIM": head_dim})
+    init = _function(library, "dattn_init_f32", _PTR, ctypes.c_int32, ctypes.c_int32, *[_PTR] * 5)
+    tile = _function(library, "dattn_tile_bf16", *[_PTR] * 7, ctypes.c_int32, ctypes.c_int32)
+    finalize = _function(library, "dattn_finalize_bf16", _PTR, _PTR, _PTR)
+    digits = torch.tensor(catalog.decode_attn_length_digits(length), dtype=torch.bfloat16)
+    queries = torch.cat((q.flatten(), digits))
+    out = torch.empty(kv_heads, group * head_dim, dtype=torch.bfloat16)
+    query, cursor = torch.empty(group * head_dim, dtype=torch.bfloat16), torch.empty(2, dtype=torch.int32)
+    row_max, row_sum = torch.empty(group), torch.empty(group)
+    acc, scores = torch.empty(group, head_dim), torch.empty(group, tile_k)
+    probs = torch.empty(group, tile_k, dtype=torch.bfloat16)
+    for h in range(kv_heads):
+        keys, values = (t[:, h * head_dim:(h + 1) * head_dim].contiguous() for t in (k, v))
+        init(queries.data_ptr(), kv_heads, h, query.data_ptr(), row_max.data_ptr(), row_sum.data_ptr(),
+             acc.data_ptr(), cursor.data_ptr())
+        for first in range(0, capacity, tile_k):
+            kv = torch.cat((keys[first:first + tile_k].flatten(), values[first:first + tile_k].flatten()))
+            tile(query.data_ptr(), kv.data_ptr(), scores.data_ptr(), probs.data_ptr(), row_max.data_ptr(),
+                 row_sum.data_ptr(), acc.data_ptr(), int(cursor[0]), int(cursor[1]))
+            cursor[1] += tile_k
+        finalize(acc.data_ptr(), row_sum.data_ptr(), out[h].data_ptr())
+    return out.reshape(q.shape)
 
 
 GEMM_BLOCK = 8  # the side of the 8x8 blocks gemm.cc's L1 tiles are pre-tiled into

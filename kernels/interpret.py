@@ -62,6 +62,10 @@ KERNEL_ARGUMENT_ACCESS = {
     "attn_online_softmax_bf16": "rwmmw",
     "attn_pv_accumulate_bf16": "rrrm",
     "attn_finalize_bf16": "rrw",
+    # scores and probs: a tile past the length returns without writing them
+    "dattn_init_f32": "rwwwww",
+    "dattn_tile_bf16": "rrppmmm",
+    "dattn_finalize_bf16": "rrw",
     "gemm_zero_f32": "w",
     "gemm_bf16_f32_wnk": "rrm",
     "gemm_f32_to_bf16": "rw",
@@ -583,12 +587,16 @@ class Interpreter:
         match = re.fullmatch(rf"\s*({SSA})\[([^\]]*)\] : (.*)", op.body)
         view = self._value(env, match.group(1))
         index = self._element_indices(env, view, match.group(2))
-        env[op.results[0]] = self._read(view, index, "memref.load", tile, herd_run)[0]
+        value = self._read(view, index, "memref.load", tile, herd_run)[0]
+        # an integer element is a scalar like the integer arithmetic's (a core's own counters, a length it was sent)
+        env[op.results[0]] = int(value) if not value.is_floating_point() else value
 
     def _store(self, op, env, tile, herd_run):
         match = re.fullmatch(rf"\s*({SSA}), ({SSA})\[([^\]]*)\] : (.*)", op.body)
         value, view = self._value(env, match.group(1)), self._value(env, match.group(2))
         index = self._element_indices(env, view, match.group(3))
+        if isinstance(value, int):
+            value = torch.tensor(value, dtype=view.buffer.data.dtype)
         self._write(view, index, value.reshape(1), "memref.store", tile, herd_run)
 
     def _window(self, env, view: View, side: DmaSide) -> torch.Tensor:

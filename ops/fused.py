@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+import torch
+
 from ..kernels import catalog
 from .registry import BadArgument, FusedOp, register
 
@@ -82,6 +84,42 @@ def _flash_attn(shapes, head_dim):
     return catalog.flash_attn_program(_heads(q[-1], head_dim, "q"), _heads(k[-1], head_dim, "k"), head_dim, q[0])
 
 
+def _decode_attn(shapes, head_dim):
+    """q (heads*head_dim,), k_cache and v_cache a cache's first ``capacity`` rows (capacity, kv_heads*head_dim),
+    length (1,) int32: the capacity bucket is k_cache's rows (catalog.decode_attn_capacity)."""
+    q, k, v, _ = shapes
+    for name, shape in (("q", q), ("k_cache", k)):
+        if shape[-1] % head_dim:
+            raise BadArgument(name, f"a width that is a multiple of head_dim {head_dim}", f"shape {shape}")
+    heads, kv_heads = q[-1] // head_dim, k[-1] // head_dim
+    if heads % kv_heads:
+        raise BadArgument("k_cache", f"{kv_heads} KV heads dividing q's {heads} heads", f"shape {k}")
+    tile = catalog.decode_attn_tile(head_dim)
+    if k[0] % tile:
+        raise BadArgument("k_cache", f"rows a multiple of {tile} (a capacity bucket, catalog.decode_attn_capacity)",
+                          f"shape {k}")
+    return catalog.decode_attn_program(heads, kv_heads, head_dim, k[0])
+
+
+def _decode_attn_o_gemv_ffn_rms_gemv_rope(shapes, head_dim, eps, next_eps):
+    """decode_attn's four tensors, then o_gemv_ffn_rms_gemv_rope's without attn (decode attention's output)."""
+    attention = _decode_attn(shapes[:4], head_dim)
+    heads, kv_heads, capacity = (dict(attention.params)[n] for n in ("heads", "kv_heads", "capacity"))
+    hidden, q_dim, intermediate = _ffn_dims((shapes[0],) + tuple(shapes[4:9]))
+    try:
+        _qkv_dims(((hidden,),) + tuple(shapes[9:]))
+    except BadArgument as exc:
+        raise BadArgument("next_" + exc.arg, exc.expected, exc.given) from None
+    return catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_program(hidden, q_dim, intermediate, eps, heads, kv_heads,
+                                                                head_dim, capacity, next_eps)
+
+
+def decode_attn_length(length: int) -> torch.Tensor:
+    """npu2.decode_attn's ``length`` argument for ``length`` valid positions (bf16 base-256 digits: data the
+    kernel reads, catalog.DECODE_ATTN_LENGTH_DIGITS says why bf16)."""
+    return torch.tensor(catalog.decode_attn_length_digits(length), dtype=torch.bfloat16)
+
+
 def _lm_head_gemv(shapes):
     x, w_lm = shapes
     return catalog.lm_head_gemv_program(_agreed(w_lm[1], x[0]), w_lm[0])
@@ -144,6 +182,10 @@ FUSED_OPS = {op.name: op for op in (
     FusedOp("o_gemv_ffn", (("eps", "float"),), _o_gemv_ffn, catalog.o_gemv_ffn_program(**_EX_FFN)),
     FusedOp("o_gemv_ffn_rms_gemv_rope", (("eps", "float"), ("next_eps", "float")), _o_gemv_ffn_rms_gemv_rope,
             catalog.o_gemv_ffn_rms_gemv_rope_program(**_EX_FFN, heads=2, kv_heads=1, head_dim=4, next_eps=1e-5)),
+    FusedOp("decode_attn", (("head_dim", "int"),), _decode_attn, catalog.decode_attn_program(2, 1, 32, 64)),
+    FusedOp("decode_attn_o_gemv_ffn_rms_gemv_rope", (("head_dim", "int"), ("eps", "float"), ("next_eps", "float")),
+            _decode_attn_o_gemv_ffn_rms_gemv_rope,
+            catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_program(64, 64, 128, 1e-5, 2, 1, 32, 64, 1e-5)),
     FusedOp("lm_head_gemv", (), _lm_head_gemv, catalog.lm_head_gemv_program(8, 16)),
     FusedOp("rms_gemv_rope_packed", (("eps", "float"), _WEIGHTS), _rms_gemv_rope_packed,
             catalog.rms_gemv_rope_program(**_EX_PACKED_DIMS, weights=_EX_PACKED)),
@@ -160,7 +202,8 @@ FUSED_OPS = {op.name: op for op in (
 ALL_OPS = {name: register(op) for name, op in FUSED_OPS.items()}
 rms_gemms_rope, flash_attn, o_ffn = ALL_OPS["rms_gemms_rope"], ALL_OPS["flash_attn"], ALL_OPS["o_ffn"]
 rms_gemv_rope, o_gemv_ffn, lm_head_gemv = ALL_OPS["rms_gemv_rope"], ALL_OPS["o_gemv_ffn"], ALL_OPS["lm_head_gemv"]
-o_gemv_ffn_rms_gemv_rope = ALL_OPS["o_gemv_ffn_rms_gemv_rope"]
+o_gemv_ffn_rms_gemv_rope, decode_attn = ALL_OPS["o_gemv_ffn_rms_gemv_rope"], ALL_OPS["decode_attn"]
+decode_attn_o_gemv_ffn_rms_gemv_rope = ALL_OPS["decode_attn_o_gemv_ffn_rms_gemv_rope"]
 rms_gemv_rope_packed, o_gemv_ffn_packed = ALL_OPS["rms_gemv_rope_packed"], ALL_OPS["o_gemv_ffn_packed"]
 o_gemv_ffn_rms_gemv_rope_packed, lm_head_gemv_packed = (ALL_OPS["o_gemv_ffn_rms_gemv_rope_packed"],
                                                         ALL_OPS["lm_head_gemv_packed"])

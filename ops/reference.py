@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels import quant
+from ..kernels.catalog import decode_attn_length_value
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -79,6 +80,29 @@ def o_gemv_ffn_rms_gemv_rope_reference(attn, wo, x, norm_w, w_gate_up, w_down, n
 
 def flash_attn_reference(q, k, v, head_dim):
     return gqa_causal_attention(q, k, v, head_dim)
+
+
+def decode_attn_reference(q, k_cache, v_cache, length, head_dim):
+    """Reference of npu2.decode_attn: one query row's GQA attention over the first ``length`` rows of the cache,
+    fp32 scores and softmax, probabilities rounded to bf16, P.V in fp32 rounded to bf16 once (the host attention's
+    numerics, patch_llama/layer.py)."""
+    n = decode_attn_length_value(length.float().tolist())
+    qh = q.reshape(-1, head_dim).float()
+    kh, vh = (t[:n].reshape(n, -1, head_dim).transpose(0, 1).float() for t in (k_cache, v_cache))
+    group = qh.shape[0] // kh.shape[0]
+    kh, vh = kh.repeat_interleave(group, 0), vh.repeat_interleave(group, 0)
+    scores = torch.matmul(kh, qh[:, :, None])[..., 0] * (1.0 / math.sqrt(head_dim))
+    probs = torch.softmax(scores, dim=-1).to(torch.bfloat16).float()
+    return torch.matmul(probs[:, None, :], vh)[:, 0].to(torch.bfloat16).reshape(-1)
+
+
+def decode_attn_o_gemv_ffn_rms_gemv_rope_reference(q, k_cache, v_cache, length, wo, x, norm_w, w_gate_up, w_down,
+                                                   next_norm_w, next_wq, next_wk, next_wv, next_rope_lut, head_dim,
+                                                   eps, next_eps):
+    """Reference of npu2.decode_attn_o_gemv_ffn_rms_gemv_rope: decode attention, then o_gemv_ffn_rms_gemv_rope."""
+    attn = decode_attn_reference(q, k_cache, v_cache, length, head_dim)
+    return o_gemv_ffn_rms_gemv_rope_reference(attn, wo, x, norm_w, w_gate_up, w_down, next_norm_w, next_wq, next_wk,
+                                              next_wv, next_rope_lut, eps, next_eps)
 
 
 def lm_head_gemv_reference(x, w_lm):

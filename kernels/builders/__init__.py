@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..program import Launch, Program
-from . import add, attention, gemm, gemv, gemv_fused, rmsnorm, rope, silu_mul, stack
+from . import add, attention, decode_attention, gemm, gemv, gemv_fused, rmsnorm, rope, silu_mul, stack
 from .externs import EXTERNAL_KERNELS, KERNEL_OBJECTS, KernelObject
 from .ir import LaunchIR, MemRef
 from .npu2 import LaunchConstraintError, check_params, check_tuning
@@ -50,6 +50,7 @@ BUILDERS = {builder.kind: builder for builder in (
     _module_builder("add", add),
     _module_builder("attention", attention),
     _module_builder("stack", stack),
+    _module_builder("decode_attention", decode_attention),
 )}
 
 

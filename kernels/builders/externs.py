@@ -27,6 +27,13 @@ first (``-D<symbol>=<symbol>_v<n>``). A memref reaches C as a bare pointer to it
   float *row_scale)``, ``attn_pv_accumulate_bf16(const bf16 *probs, const bf16 *kv, const float *row_scale,
   float *acc)``, ``attn_finalize_bf16(const float *acc, const float *row_sum, bf16 *out)``; ``kv`` is one
   block of keys followed by the values of the same positions
+* decode_attention.o (decode_attention.cc), configured by DATTN_GROUP, DATTN_TK, DATTN_HEAD_DIM:
+  ``dattn_init_f32(const bf16 *queries, int32_t groups, int32_t group, bf16 *q, float *row_max, float *row_sum,
+  float *acc, int32_t *cursor)`` (takes its group's query rows and decodes the length digits that follow
+  ``groups`` groups' rows), ``dattn_tile_bf16(const bf16 *q, const bf16 *kv, float *scores, bf16 *probs,
+  float *row_max, float *row_sum, float *acc, int32_t length, int32_t k_start)`` (one tile of one KV head's keys,
+  then its values; positions at or past ``length`` are never read), ``dattn_finalize_bf16(const float *acc,
+  const float *row_sum, bf16 *out)``
 * gemm.o (gemm.cc), configured by GEMM_TILE_M, GEMM_TILE_K, GEMM_TILE_N, and optionally GEMM_DRAIN_N (columns
   per drain call) and AIE_API_EMULATE_BFLOAT16_MMUL_WITH_BFP16 (BFP16 multiplies instead of exact bf16):
   ``gemm_zero_f32(float *acc)``, ``gemm_bf16_f32_wnk(const bf16 *a, const bf16 *w, float *acc)`` (acc += A·Wᵀ,
@@ -59,6 +66,9 @@ EXTERNAL_KERNELS = (
                  ("attn_init_f32", "attn_qk_tile_bf16", "attn_online_softmax_bf16", "attn_pv_accumulate_bf16",
                   "attn_finalize_bf16"),
                  ("ATTN_TQ", "ATTN_TK", "ATTN_HEAD_DIM")),
+    KernelObject("decode_attention.o", "decode_attention.cc",
+                 ("dattn_init_f32", "dattn_tile_bf16", "dattn_finalize_bf16"),
+                 ("DATTN_GROUP", "DATTN_TK", "DATTN_HEAD_DIM")),
     KernelObject("gemm.o", "gemm.cc", ("gemm_zero_f32", "gemm_bf16_f32_wnk", "gemm_f32_to_bf16",
                                        "gemm_f32_swiglu_to_bf16"),
                  ("GEMM_TILE_M", "GEMM_TILE_K", "GEMM_TILE_N"),
@@ -103,6 +113,10 @@ CALL_COSTS = {
     "attn_online_softmax_bf16": CallCost("vector_transcendental", ("ATTN_TQ", "ATTN_TK")),  # aie::exp2
     "attn_pv_accumulate_bf16": CallCost("mmul_bf16", _ATTENTION_BLOCK),
     "attn_finalize_bf16": CallCost("vector_elementwise", ("ATTN_TQ", "ATTN_HEAD_DIM")),
+    # decode_attention.o: per tile, GROUP x TK x HEAD_DIM MACs for the scores and as many for P.V
+    "dattn_init_f32": CallCost("vector_elementwise", ("DATTN_GROUP", "DATTN_HEAD_DIM")),
+    "dattn_tile_bf16": CallCost("vector_mac", ("DATTN_GROUP", "DATTN_TK", "DATTN_HEAD_DIM")),
+    "dattn_finalize_bf16": CallCost("vector_elementwise", ("DATTN_GROUP", "DATTN_HEAD_DIM")),
     # gemm.o (gemm.cc), the prefill GEMM kernel: acc += A·Wᵀ through aie::mmul. Its precision ("bf16" exact or
     # "bfp16" emulated) is a per-call -D choice, which the timing model reads from the call (mmul_bf16 → bfp16).
     "gemm_zero_f32": CallCost("vector_elementwise", (LAST_OPERAND,)),

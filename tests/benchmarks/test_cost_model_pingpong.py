@@ -27,7 +27,13 @@ from torch_npu2.kernels.stitch import stitch
 
 LABEL_PASS, TRANSFORM_PASS = "air-label-scf-for-to-ping-pong", "air-ping-pong-transform"
 PROGRAMS = [("o_ffn", 16), ("o_ffn", 2048), ("rms_gemms_rope", 2048), ("flash_attn", 2048),
-            ("rms_gemv_rope", None), ("o_gemv_ffn", None), ("lm_head_gemv", None)]
+            ("rms_gemv_rope", None), ("o_gemv_ffn", None), ("lm_head_gemv", None),
+            *(pytest.param(name, 2048, marks=pytest.mark.xfail(strict=True, reason=(
+                "a known gap of the model: AIR hoists the L1 buffers of decode attention's tile herd (which has no "
+                "loop of its own) into the segment's loop around it and ping-pongs them over its trips; the model "
+                "fuses an L1 buffer only into loops inside its herd, so it runs those memtile -> tile copies in "
+                "sequence with the compute (a pessimistic prediction)")))
+              for name in ("decode_attn", "decode_attn_o_gemv_ffn_rms_gemv_rope"))]
 _CONSTANT = re.compile(r"(%\w+) = arith\.constant (-?\d+) : index")
 _FOR = re.compile(r"scf\.for %\w+ = %\w+ to (%\w+) step (%\w+)(?: iter_args\(([^)]*)\))?")
 _HOISTED = re.compile(r"memref\.alloc\(\) \{hoist_alloc = true\} : memref<[^>]*, (\d) : i32>")
@@ -175,7 +181,7 @@ def model_pingpong(program) -> dict[str, set[PingPongBuffer]]:
     return found
 
 
-@pytest.mark.parametrize("name,seq", PROGRAMS, ids=[f"{n}-{s}" for n, s in PROGRAMS])
+@pytest.mark.parametrize("name,seq", PROGRAMS)
 def test_the_model_double_buffers_exactly_what_air_does(air_tools, name, seq):
     program = cost_model.program(name, cost_model.llama_1b_dims(), seq)
     after_label, final = run_to_pingpong(air_tools, stitch(program).text, program.compile_options)

@@ -9,6 +9,7 @@ import pytest
 
 from torch_npu2.kernels import MATMUL_PRECISIONS, ModelDims, aie_source_check, programs_for_model
 from torch_npu2.kernels.builders import EXTERNAL_KERNELS
+from torch_npu2.kernels.catalog import decode_attn_program
 
 SOURCES = Path(__file__).resolve().parent / "aie_source"
 SMOLLM2 = ModelDims(576, 9, 3, 64, 1536, 49152, 1e-5)
@@ -23,7 +24,9 @@ def builder_variants() -> tuple[aie_source_check.KernelVariant, ...]:
         [program for dims in (SMOLLM2, LLAMA32_1B) for precision in MATMUL_PRECISIONS
          for program in programs_for_model(dims, PREFILL_BUCKETS, precision)]
         + [program for dims in (SMOLLM2, LLAMA32_1B) for weights in ("q4_0", "q4_1", "q8_0")
-           for program in programs_for_model(dims, (), weights=weights)]))
+           for program in programs_for_model(dims, (), weights=weights)]
+        # decode attention: its group size and head_dim are the model's, its tile the same at every capacity
+        + [decode_attn_program(dims.heads, dims.kv_heads, dims.head_dim, 2048) for dims in (SMOLLM2, LLAMA32_1B)]))
 
 
 def test_the_variants_are_what_the_builders_build():

@@ -15,7 +15,7 @@ import pytest
 
 from torch_npu2.kernels import ModelDims, programs_for_model
 from torch_npu2.kernels.air_pipeline import DYNAMIC, read_back_windows, window_mismatches
-from torch_npu2.kernels.catalog import rms_gemv_rope_program
+from torch_npu2.kernels.catalog import decode_attn_program, rms_gemv_rope_program
 from torch_npu2.kernels.stitch import stitch
 
 SMOL = ModelDims(576, 9, 3, 64, 1536, 49152, 1e-5)
@@ -23,6 +23,9 @@ LLAMA = ModelDims(2048, 32, 8, 64, 8192, 128256, 1e-5)
 BUCKETS = [16, 32, 64, 128, 256, 512, 1024, 2048]
 PROGRAMS = {f"{model}-{p.name}-{dict(p.params).get('rows', dict(p.params).get('seq'))}": p
             for model, dims in (("smol", SMOL), ("llama", LLAMA)) for p in programs_for_model(dims, BUCKETS)}
+DECODE_ATTENTION = {f"{model}-decode_attn-{capacity}": decode_attn_program(dims.heads, dims.kv_heads, dims.head_dim,
+                                                                           capacity)
+                    for model, dims in (("smol", SMOL), ("llama", LLAMA)) for capacity in (256, 2048)}
 
 
 def air_opt(tools, text: str, *flags: str) -> subprocess.CompletedProcess:
@@ -33,9 +36,9 @@ def test_every_model_program_is_covered():
     assert len(PROGRAMS) == 2 * (3 * len(BUCKETS) + 4)
 
 
-@pytest.mark.parametrize("name", list(PROGRAMS))
+@pytest.mark.parametrize("name", [*PROGRAMS, *DECODE_ATTENTION])
 def test_module_parses_and_every_window_survives(air_tools, name):
-    stitched = stitch(PROGRAMS[name])
+    stitched = stitch({**PROGRAMS, **DECODE_ATTENTION}[name])
     result = air_opt(air_tools, stitched.text)
     assert result.returncode == 0, result.stderr[-3000:]
     assert window_mismatches(stitched.dmas, result.stdout) == []

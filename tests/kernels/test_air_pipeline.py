@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from torch_npu2.kernels import ModelDims, programs_for_model
+from torch_npu2.kernels import ModelDims, catalog, programs_for_model
 from torch_npu2.kernels.air_pipeline import (TIMEOUT_VARIABLE, CompileError, air_to_aie_pipeline, lower_to_npu_insts,
                                              npu_pipeline, placement_pipeline)
 from torch_npu2.kernels.budgets import program_l1
@@ -29,6 +29,15 @@ PROGRAMS.update({f"{model}-o_ffn-bfp16_gate_up-{dict(p.params)['rows']}": p
 PROGRAMS.update({f"{model}-{p.name}-{weights}": p
                  for model, dims, weights, head in (("smol", SMOL, "q4_1", "q8_0"), ("llama", LLAMA, "q4_1", "q4_1"))
                  for p in programs_for_model(dims, (), weights=weights, lm_head_weights=head)})
+
+# Decode attention at the capacity buckets of 256, 2048 and 8192 positions.
+PROGRAMS.update({f"{model}-decode_attn-{capacity}": catalog.decode_attn_program(dims.heads, dims.kv_heads,
+                                                                                 dims.head_dim, capacity)
+                 for model, dims in (("smol", SMOL), ("llama", LLAMA)) for capacity in (256, 2048, 8192)})
+# A decode layer from its attention on, in one ELF (decode attention, o_gemv_ffn, the next rms_gemv_rope).
+PROGRAMS["llama-decode_attn_o_gemv_ffn_rms_gemv_rope-2048"] = catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_program(
+    LLAMA.hidden, LLAMA.q_dim, LLAMA.intermediate, LLAMA.eps, LLAMA.heads, LLAMA.kv_heads, LLAMA.head_dim, 2048,
+    LLAMA.eps)
 
 # What aircc (mlir-air python/air/compiler/aircc/main.py at 0e3df89d) runs for `--device npu2` with its
 # defaults: written out here from that file, so a change to our replay has to be a deliberate one.

@@ -50,6 +50,9 @@ def operand_types(kind, p):
         return bf16(*[row(p["rows"], p["cols"])] * 3)
     if kind == "stack":
         return bf16((p["rows"], p["cols"]), (p["rows"], p["cols"]), (2, p["rows"], p["cols"]))
+    if kind == "decode_attention":
+        q, kv = (p["heads"] * p["head_dim"],), (p["capacity"], p["kv_heads"] * p["head_dim"])
+        return bf16(q, kv, kv, (4,), q)
     q, kv = (p["seq"], p["heads"] * p["head_dim"]), (2, p["seq"], p["kv_heads"] * p["head_dim"])
     return bf16(q, kv, q)
 
@@ -69,6 +72,7 @@ EXAMPLES = {
     "add": dict(rows=2048, cols=2048),
     "attention": dict(seq=2048, heads=32, kv_heads=8, head_dim=64, causal=True),
     "stack": dict(rows=2048, cols=512),
+    "decode_attention": dict(capacity=2048, heads=32, kv_heads=8, head_dim=64, tile_kv=64),
 }
 
 
@@ -107,7 +111,8 @@ def test_herds_fit_the_array_and_link_the_objects_they_call(kind):
 
 
 def test_external_kernel_contract_names_and_objects():
-    assert set(KERNEL_OBJECTS) == {"rope.o", "silu_mul.o", "gemv.o", "attention.o", "gemm.o"}
+    assert set(KERNEL_OBJECTS) == {"rope.o", "silu_mul.o", "gemv.o", "attention.o", "gemm.o", "decode_attention.o"}
+    assert {d.symbol for d in build("decode_attention").externs} == set(KERNEL_OBJECTS["decode_attention.o"].symbols)
     assert {"rope_half_split_bf16", "silu_mul_bf16", "gemv_bf16"} <= set(KERNEL_OBJECTS_BY_SYMBOL)
     assert [d.symbol for d in build("rope").externs] == ["rope_half_split_bf16"]
     assert [d.symbol for d in build("silu_mul").externs] == ["silu_mul_bf16"]

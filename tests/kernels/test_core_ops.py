@@ -114,7 +114,8 @@ def models_calls():
     found = {}
     for dims in (cost_model.llama_1b_dims(), catalog.ModelDims(**SMOLLM2_DIMS)):
         for precision in catalog.MATMUL_PRECISIONS:
-            for program in catalog.programs_for_model(dims, (16, 2048), precision):
+            decode_attention = catalog.decode_attn_program(dims.heads, dims.kv_heads, dims.head_dim, 2048)
+            for program in [*catalog.programs_for_model(dims, (16, 2048), precision), decode_attention]:
                 for launch in program.launches:
                     ir = build_launch(program, launch)
                     for decl in ir.externs:

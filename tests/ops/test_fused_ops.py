@@ -6,7 +6,7 @@ import torch
 
 import torch_npu2  # noqa: F401  (registers torch.ops.npu2)
 from torch_npu2.kernels import quant
-from torch_npu2.ops import ALL_OPS, reference
+from torch_npu2.ops import ALL_OPS, decode_attn_length, reference
 from torch_npu2.ops.fused import FUSED_OPS
 from torch_npu2.ops.registry import program_of
 
@@ -44,8 +44,22 @@ def op_cases(config):
             reference.o_gemv_ffn_rms_gemv_rope_reference),
         "lm_head_gemv": ([torch.randn(hidden).bfloat16(), (torch.randn(vocab, hidden) * hidden ** -0.5).bfloat16()],
                          (), reference.lm_head_gemv_reference),
+        "decode_attn": (decode_attn_args(heads, kv, hd, gen=g), (hd,), reference.decode_attn_reference),
+        "decode_attn_o_gemv_ffn_rms_gemv_rope": (
+            decode_attn_args(heads, kv, hd, gen=g) + ffn_args(hidden, heads, hd, ffn, seq, decode=True, gen=g)[1:]
+            + qkv_args(hidden, heads, kv, hd, seq, decode=True, gen=g)[1:], (hd, EPS, 2 * EPS),
+            reference.decode_attn_o_gemv_ffn_rms_gemv_rope_reference),
         **packed_cases(config, g),
     }
+
+
+def decode_attn_args(heads, kv_heads, head_dim, gen):
+    """One query row against a cache of 192 rows (a capacity of whole tiles) holding 150 valid positions; the rows
+    past them are NaN, which the kernel never reads."""
+    q = torch.randn(heads * head_dim, generator=gen).bfloat16()
+    k, v = (torch.randn(192, kv_heads * head_dim, generator=gen).bfloat16() for _ in range(2))
+    k[150:], v[150:] = float("nan"), float("nan")
+    return [q, k, v, decode_attn_length(150)]
 
 
 def _packed(w: torch.Tensor) -> torch.Tensor:
@@ -104,6 +118,18 @@ def test_chained_op_is_its_two_ops_bit_for_bit(runtime):
         for c, e in zip(chained, expected):
             assert torch.equal(c, e)
         assert not torch.equal(chained[2], ALL_OPS["rms_gemv_rope"](out, *qkv, eps)[1])
+
+
+def test_the_layer_from_attention_on_is_its_two_ops_bit_for_bit(runtime):
+    """decode_attn_o_gemv_ffn_rms_gemv_rope is decode_attn, then o_gemv_ffn_rms_gemv_rope on its output."""
+    tensors, scalars, _ = op_cases("llama32_1b")["decode_attn_o_gemv_ffn_rms_gemv_rope"]
+    head_dim, eps, next_eps = scalars
+    chained = ALL_OPS["decode_attn_o_gemv_ffn_rms_gemv_rope"](*tensors, *scalars)
+    attn = ALL_OPS["decode_attn"](*tensors[:4], head_dim)
+    expected = ALL_OPS["o_gemv_ffn_rms_gemv_rope"](attn, *tensors[4:], eps, next_eps)
+    assert len(chained) == len(expected) == 4
+    for c, e in zip(chained, expected):
+        assert torch.equal(c, e)
 
 
 def test_outputs_never_alias_inputs(runtime):

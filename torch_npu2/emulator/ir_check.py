@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ..kernels import quant
+from ..kernels.catalog import decode_attn_length_digits
 from ..kernels.interpret import run_program_ir
 from ..kernels.program import TORCH_DTYPES, Program, Role
 from ..kernels.stitch import stitch
@@ -30,8 +31,15 @@ def random_inputs(program: Program, seed: int = 0) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
     packed = {name: launch.p for launch in program.launches if "weights" in launch.p for name in launch.reads
               if program.arg(name).dtype == "i32"}
+    # a decode attention's valid length (its 4th input, as digits): a position within the launch's capacity
+    lengths = {launch.reads[3]: launch.p["capacity"] for launch in program.launches
+               if launch.kind == "decode_attention"}
     inputs = {}
     for arg in program.host_args:
+        if arg.name in lengths:
+            length = int(torch.randint(1, lengths[arg.name] + 1, (), generator=generator))
+            inputs[arg.name] = torch.tensor(decode_attn_length_digits(length), dtype=torch.bfloat16)
+            continue
         if arg.name in packed:
             inputs[arg.name] = _random_packed(packed[arg.name], arg, generator)
             continue

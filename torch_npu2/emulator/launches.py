@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels import host_build, quant
+from ..kernels.catalog import decode_attn_length_value
 from .bfp16 import quantize_bf16_to_bfp16
 from .int8 import ACTIVATION_BITS, integer_gemm, quantize_weight
 
@@ -132,6 +133,38 @@ def attention(p, q, kv):
     return out.transpose(0, 1)
 
 
+# decode_attention.cc's constants: its mask value (-2^100), and exp2's scale in fp32
+DECODE_MASKED = -2.0 ** 100
+LOG2E = 1.4426950408889634
+
+
+def decode_attention(p, q, k, v, length):
+    """decode_attention.cc's arithmetic, tile by tile, all KV heads at once: fp32 scores, a running max rounded to
+    bf16, probabilities exp2((s - max) * scale * log2 e) rounded to bf16 and rescaled sums and P.V in fp32, the
+    output acc * (1 / sum) rounded once. Positions at or past the length (``length``'s digits, clamped to the
+    capacity) are not read."""
+    capacity, heads, kv_heads, hd, tile = (p[n] for n in ("capacity", "heads", "kv_heads", "head_dim", "tile_kv"))
+    group = heads // kv_heads
+    valid = max(0, min(decode_attn_length_value(length.float().tolist()), capacity))
+    logit_scale = float(torch.tensor(hd ** -0.5 * LOG2E, dtype=torch.float32))  # the kernel's fp32 constant
+    queries = q.reshape(kv_heads, group, hd).float()
+    keys, values = (t.reshape(capacity, kv_heads, hd)[:valid].transpose(0, 1).float() for t in (k, v))
+    row_max = torch.full((kv_heads, group), DECODE_MASKED)
+    row_sum = torch.zeros(kv_heads, group)
+    acc = torch.zeros(kv_heads, group, hd)
+    for first in range(0, valid, tile):
+        scores = torch.matmul(queries, keys[:, first:first + tile].transpose(1, 2))
+        new_max = torch.maximum(row_max, scores.amax(-1).to(torch.bfloat16).float())
+        scale = torch.where(row_max > DECODE_MASKED / 2,
+                            torch.exp2((row_max - new_max) * logit_scale).to(torch.bfloat16).float(), 0.0)
+        probs = torch.exp2((scores - new_max[..., None]) * logit_scale).to(torch.bfloat16).float()
+        row_sum = row_sum * scale + probs.sum(-1)
+        acc = acc * scale[..., None] + torch.matmul(probs, values[:, first:first + tile])
+        row_max = new_max
+    inverse = torch.where(row_sum > 0, 1.0 / row_sum, 0.0)
+    return (acc * inverse[..., None]).to(torch.bfloat16).reshape(heads * hd)
+
+
 def gemv_f32(p, x, w):
     """fp32 logits (the LM head keeps its accumulator). torch has no CPU bf16 GEMV with an fp32 output, and
     widening the whole weight every token costs ~10× the GEMV, so our C++ kernel's host build runs it, in one
@@ -153,6 +186,7 @@ LAUNCH_KINDS = {
     "add": add,
     "attention": attention,
     "stack": stack,
+    "decode_attention": decode_attention,
     "gemv_f32": gemv_f32,
     "gemv_add": gemv_add,
     "rms_gemv": rms_gemv,

@@ -134,6 +134,7 @@ struct counted_float {
   friend constexpr bool operator>(counted_float a, counted_float b) { op(); return a.value > b.value; }
   friend constexpr bool operator<=(counted_float a, counted_float b) { op(); return a.value <= b.value; }
   friend constexpr bool operator>=(counted_float a, counted_float b) { op(); return a.value >= b.value; }
+  constexpr explicit operator int() const { op(); return static_cast<int>(value); }  // a float-to-integer conversion
 };
 
 struct bfloat16 {
