@@ -31,10 +31,15 @@ def _exact_case(name: str, N: int, K: int) -> tuple[torch.Tensor, torch.Tensor]:
     fmt = quant.weight_format(name)
     blocks = K // quant.BLOCK
     quants = torch.randint(0, 256, (N, blocks, fmt.quant_bytes), dtype=torch.uint8, generator=gen)
-    scales = (2.0 ** torch.randint(-3, 2, (N, blocks, 1), generator=gen)).half().view(torch.uint8)
+    # powers of two of either sign; every other row's are fp16 subnormals (below 2^-14): each branch of the kernels'
+    # exact fp16 -> bf16 scale split (a row's exponents span few enough bits for its sums to stay exact)
+    base = torch.where(torch.arange(N) % 2 == 1, -19, 0).reshape(N, 1, 1)
+    sign = 1 - 2 * torch.randint(0, 2, (N, blocks, 1), generator=gen)
+    scales = (sign * 2.0 ** (base + torch.randint(-3, 2, (N, blocks, 1), generator=gen))).half().view(torch.uint8)
     pieces = [scales]
     if fmt.has_min:
-        pieces.append((-(2.0 ** torch.randint(-2, 2, (N, blocks, 1), generator=gen))).half().view(torch.uint8))
+        mins = -(2.0 ** (base + torch.randint(-2, 2, (N, blocks, 1), generator=gen)))
+        pieces.append(mins.half().view(torch.uint8))
     raw = torch.cat(pieces + [quants], dim=-1)
     x = torch.randint(-4, 5, (K,), generator=gen).to(torch.bfloat16)
     return quant.from_gguf_blocks(fmt, raw, K), x
