@@ -41,7 +41,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from ..quant import GEMV_QUANT, weight_format
+from ..quant import GEMV_QUANT, transposed, weight_format
 from .ir import L1, L2, WHOLE, LaunchBuilder, LaunchIR, MemRef, Value, Window
 from .npu2 import (COLUMNS, HERD_CANDIDATES, L1_AVAILABLE, L2_BYTES, check_budget, check_operands,
                    divisors_descending, largest_dividing, nbytes, pingpong_copies, require)
@@ -93,6 +93,13 @@ class WeightRows:
         if self.packed:
             config["GEMV_QUANT"] = GEMV_QUANT[self.name]
         return config
+
+    def prepare_x(self, b: LaunchBuilder, x: Value, length: int, config: dict[str, int]) -> None:
+        """Puts the ``length`` elements of x in L1 in the order the packed calls built with ``config`` read them
+        (gemv.cc's gemv_q_prepare_x: transposed per group of 32 blocks), once per tile entry; bf16 rows and
+        element-order groups read x as it is."""
+        if self.packed and transposed(config["GEMV_K"]):
+            b.call("gemv_q_prepare_x", [x, Value(b.const(length, "i32"), "i32")], config)
 
 
 BF16_ROWS = WeightRows("bf16")
@@ -257,6 +264,7 @@ def _emit_tile(b: LaunchBuilder, K: int, plan: GemvPlan, out_dtype: str, weights
     y_buf = b.alloc(MemRef((plan.tile_n,), out_dtype, L1), "y_l1")
     b.broadcast_dma(x_buf, WHOLE, hx, Window((0,), (K,), (1,)))
     config = weights.config(plan.rows_per_call, K)
+    weights.prepare_x(b, x_buf, K, config)
     with b.loop(0, plan.tile_n, plan.rows_per_call, "r") as r:
         b.dma(w_buf, WHOLE, hw, Window((tx, r, 0), (1, plan.rows_per_call, R), (plan.tile_n * R, R, 1)))
         b.call(weights.symbol(SYMBOL_FOR_OUTPUT[out_dtype]), [w_buf, x_buf, y_call], config)

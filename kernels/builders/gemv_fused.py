@@ -256,6 +256,7 @@ def _emit_add_tile(b: LaunchBuilder, kind: str, p: FusedGemvPlan, K: int, x_len:
     partial_f32 = weights.symbol("gemv_partial_f32")
     if kind == SWIGLU_ADD_KIND:  # x = silu(gate) * up from the interleaved pair, written over its first K
         b.call("swiglu_bf16", [vector, Value(b.const(K, "i32"), "i32")], config)
+    weights.prepare_x(b, vector, K, config)
     first_row = b.affine(f"s0 * {p.tile_n}", [tx], "tile_row0")
     if p.k_chunk == K:  # a row group per call: partial sums of the whole rows, then the add
         with b.loop(0, p.tile_n, p.rows_per_call, "r") as r:
@@ -326,6 +327,7 @@ def _emit_rms_tile(b: LaunchBuilder, p: FusedGemvPlan, K: int, eps: float, weigh
     b.broadcast_dma(vector, WHOLE, hv, Window((0,), (2 * K,), (1,)))
     config = weights.config(p.rows_per_call, K)
     b.call("rmsnorm_bf16", [vector, normed, Value(b.const(eps, "f32"), "f32")], config)
+    weights.prepare_x(b, normed, K, config)
     with b.loop(0, p.tile_n, p.rows_per_call, "r") as r:
         w_row = b.affine(f"s0 * {p.tile_n} + s1", [tx, r], "w_row")
         b.dma(w_buf, WHOLE, hw, Window((w_row, 0), (p.rows_per_call, R), (R, 1)))
