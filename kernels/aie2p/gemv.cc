@@ -571,6 +571,4 @@ extern "C" void gemv_q_prepare_x(bf16_t *x, int32_t length) {
   if constexpr (kTransposed)  // element-order rows read x as it is
     transpose_groups(x, length);
 }
-
-extern "C" void gemv_q_prepare_vector(bf16_t *vector, int32_t length) { gemv_q_prepare_x(vector, length); }
 #endif

@@ -94,13 +94,12 @@ class WeightRows:
             config["GEMV_QUANT"] = GEMV_QUANT[self.name]
         return config
 
-    def prepare_x(self, b: LaunchBuilder, x: Value, length: int, config: dict[str, int], head_of_vector=False) -> None:
+    def prepare_x(self, b: LaunchBuilder, x: Value, length: int, config: dict[str, int]) -> None:
         """Puts the ``length`` elements of x in L1 (the whole buffer, or the head of a longer vector) in the order
         the packed calls built with ``config`` read them (gemv.cc's gemv_q_prepare_x: transposed per group of 32
         blocks), once per tile entry; bf16 rows and element-order groups read x as it is."""
         if self.packed and transposed(config["GEMV_K"]):
-            symbol = "gemv_q_prepare_vector" if head_of_vector else "gemv_q_prepare_x"
-            b.call(symbol, [x, Value(b.const(length, "i32"), "i32")], config)
+            b.call("gemv_q_prepare_x", [x, Value(b.const(length, "i32"), "i32")], config)
 
 
 BF16_ROWS = WeightRows("bf16")

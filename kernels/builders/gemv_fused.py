@@ -256,7 +256,7 @@ def _emit_add_tile(b: LaunchBuilder, kind: str, p: FusedGemvPlan, K: int, x_len:
     partial_f32 = weights.symbol("gemv_partial_f32")
     if kind == SWIGLU_ADD_KIND:  # x = silu(gate) * up from the interleaved pair, written over its first K
         b.call("swiglu_bf16", [vector, Value(b.const(K, "i32"), "i32")], config)
-    weights.prepare_x(b, vector, K, config, head_of_vector=True)
+    weights.prepare_x(b, vector, K, config)
     first_row = b.affine(f"s0 * {p.tile_n}", [tx], "tile_row0")
     if p.k_chunk == K:  # a row group per call: partial sums of the whole rows, then the add
         with b.loop(0, p.tile_n, p.rows_per_call, "r") as r:
