@@ -58,6 +58,8 @@ DMA_GRANULE_BYTES = 4  # DMAs move whole 4-byte words
 GEMV_K_GRANULE = 32
 MAX_TILE_N = 1024
 MIN_PANELS = 16  # panels per tile before a larger panel is preferred: the first panel's DMA is not overlapped
+PINGPONG_TRIPS = 4  # the fewest trips of a loop AIR's ping-pong transform double-buffers (kernels/timing.py)
+PACKED_MIN_ROWS = 4
 
 
 PACKED_DTYPE = "i32"  # a packed weight's rows, in 32-bit words
@@ -161,6 +163,15 @@ def panel_candidates(kind: str, rows_per_tile: int, dtype: str, tuning: dict) ->
     return streaming + sorted(t for t in tiles if t not in streaming)
 
 
+def double_buffered(rows_per_tile: int, tile_n: int, rows_per_call: int) -> bool:
+    """A plan packed calls prefer (they do enough work per row for the schedule to matter): its calls AIR
+    double-buffers (at least PINGPONG_TRIPS per panel: the ping-pong transform unrolls two trips away), its panels
+    in ping-pong pairs, and calls of at least PACKED_MIN_ROWS rows (a call's own work, x's per-block sums, is
+    shared by its rows)."""
+    return (tile_n // rows_per_call >= PINGPONG_TRIPS and (rows_per_tile // tile_n) % 2 == 0
+            and rows_per_call >= PACKED_MIN_ROWS)
+
+
 def split_rows(kind: str, N: int, tuning: dict, herd_candidates=HERD_CANDIDATES) -> tuple[int, int, int]:
     """(herd, steps, rows_per_tile): the widest herd dividing N, one launch step unless tuned."""
     herd = tuning.get("herd", largest_dividing(N, herd_candidates))
@@ -181,6 +192,9 @@ def plan_gemv(kind: str, K: int, N: int, out_dtype: str, tuning: dict, weights: 
     calls = [tuning["rows_per_call"]] if "rows_per_call" in tuning else list(ROWS_PER_CALL_CANDIDATES)
     candidates = [(tile_n, rows) for tile_n in tiles for rows in calls if tile_n % rows == 0]
     require(bool(candidates), kind, "rows_per_call", calls[0], f"must divide tile_n (candidates {tiles})")
+    if weights.packed:
+        preferred = [c for c in candidates if double_buffered(rows_per_tile, *c)]
+        candidates = preferred + [c for c in candidates if c not in preferred]
 
     def fits(tile_n: int, rows: int) -> bool:
         return (sum(_l1_bytes(K, tile_n, rows, out_dtype, weights).values()) <= L1_AVAILABLE

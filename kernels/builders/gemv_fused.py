@@ -52,7 +52,7 @@ from dataclasses import dataclass
 
 from ..quant import BLOCK, GROUP_BLOCKS
 from .gemv import (BF16_ROWS, GEMV_K_GRANULE, OBJECT, ROWS_PER_CALL_CANDIDATES, GemvPlan, WeightRows, describe,
-                   panel_candidates, panel_loop, panel_windows, split_rows, weight_rows, whole_words)
+                   double_buffered, panel_candidates, panel_loop, panel_windows, split_rows, weight_rows, whole_words)
 from .ir import L1, L2, WHOLE, LaunchBuilder, LaunchIR, MemRef, Value, Window
 from .npu2 import (COLUMNS, HERD_CANDIDATES, ROWS, L1_AVAILABLE, L2_BYTES, check_budget, check_operands,
                    divisors_descending, nbytes, pingpong_copies, require)
@@ -160,6 +160,9 @@ def _candidates(kind: str, K: int, rows_per_tile: int, split: bool, tuning: dict
     calls = [tuning["rows_per_call"]] if "rows_per_call" in tuning else list(ROWS_PER_CALL_CANDIDATES)
     candidates = [(tile_n, rows, K) for tile_n in tiles for rows in calls if tile_n % rows == 0]
     require(bool(candidates), kind, "rows_per_call", calls[0], f"must divide tile_n (candidates {tiles})")
+    if weights.packed:  # as gemv.py's plan_gemv: double-buffered calls first
+        preferred = [c for c in candidates if double_buffered(rows_per_tile, c[0], c[1])]
+        candidates = preferred + [c for c in candidates if c not in preferred]
     return candidates
 
 
