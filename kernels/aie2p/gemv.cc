@@ -35,17 +35,25 @@
 // Packed block-quantized weights (kernels/quant.py's row layout; the format by GEMV_QUANT, default 41):
 //   GEMV_QUANT  40 Q4_0 (int4 quants q - 8, fp16 scale d), 41 Q4_1 (uint4 q, fp16 d and min m), 80 Q8_0 (int8 q, d)
 //   Each row of w is GEMV_K elements in groups (32 blocks when GEMV_K is a multiple of 1024, else the whole row),
-//   each group its blocks' quants, then their fp16 scales, then (Q4_1) their fp16 mins; rows padded to 16 bytes.
+//   each group its blocks' quants (transposed in groups of 32 blocks: a lane per block), then their fp16 scales,
+//   then (Q4_1) their fp16 mins; rows padded to 16 bytes.
 //   A block's weights are GGUF's, exactly: d * (q - 8), d * q + m, d * q, in fp32.
+//   void gemv_q_prepare_x(bf16 *x, int32_t length)
+//     x as the calls below read it, in place: each 1024-element group of x's length elements transposed (element
+//     32 l + i to 32 i + l) when GEMV_K is a multiple of 1024, else unchanged. Called once per tile entry.
 //   void gemv_q_bf16(const uint8_t *w, const bf16 *x, bf16 *y)      gemv_bf16 over packed rows
 //   void gemv_q_bf16_f32(const uint8_t *w, const bf16 *x, float *y)  gemv_bf16_f32 over packed rows
 //   void gemv_q_partial_f32(const uint8_t *w, const bf16 *x, float *acc, int32_t k0)
 //     gemv_partial_f32 over a K chunk of packed rows (GEMV_K elements: whole groups of a longer row)
 //   void gemv_q_rows_bf16(const uint8_t *w, const bf16 *x, bf16 *y, int32_t row0)   gemv_rows_bf16 over packed rows
-//   Each row's sum is of the exact weights times x, in fp32: the host path adds w * x element by element; the AIE
-//   path takes each block's products q * x exactly in the accumulator, splits them into two bf16 values, and
-//   multiplies those by the scale written exactly as three bf16 values (fp16's 11 significant bits do not fit
-//   one), and x by the min the same way: every product exact, only the fp32 sums round.
+//   Each row's sum is of the exact weights times x, in fp32, every product exact. Transposed groups: each lane
+//   sums its block's (16 + q) x (Q8_0: q x), takes 16 sum(x) away (24 for Q4_0's q - 8), and the group's scales
+//   apply per lane: the lane's sum as three bf16 values times d as three bf16 values, plus sum(x) times m the
+//   same way, so a block contributes d * sum(q x) + m * sum(x), each block's sum rounded once in fp32 before it
+//   is scaled; the lanes are summed at the end. Element-order groups: each block's q * x, exact in the
+//   accumulator, split into two bf16 values and multiplied by the scale's three (fp16's 11 significant bits do
+//   not fit one bf16), x by the min the same way. The host path computes the same sums in the same order (the
+//   final lane reduction folds halves; the core's order is aie_api's reduce_add).
 #include "npu2_kernel.h"
 #include "silu_mul.h"
 
