@@ -158,6 +158,8 @@ WORK_ARGUMENTS = {
     # the first K chunk starts each row's sum, a later one adds to it
     "gemv_partial_f32": lambda d: ({"k0": 0}, {"k0": d["GEMV_K"]}),
     "gemv_q_partial_f32": lambda d: ({"k0": 0}, {"k0": d["GEMV_K"]}),
+    # x of one call's K (a launch passes its whole x, a constant the timing model reads from the call)
+    "gemv_q_prepare_x": lambda d: ({"length": d["GEMV_K"]}, {"length": d["GEMV_K"]}),
 }
 
 

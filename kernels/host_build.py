@@ -202,6 +202,15 @@ def gemv(w: torch.Tensor, x: torch.Tensor, *, tile_rows: int = 32, out_dtype=tor
     return y[:rows]
 
 
+def _prepared_x(x: torch.Tensor, k: int, quant_code: int, fast: bool) -> torch.Tensor:
+    """x as the packed GEMVs of K ``k`` (a call's K) read it: ``gemv_q_prepare_x`` over a copy (transposed per group
+    of 32 blocks; as it is for rows of whole-row groups)."""
+    x = x.clone()
+    library = load("gemv.cc", {"GEMV_ROWS": 1, "GEMV_K": k, "GEMV_QUANT": quant_code}, fast)
+    _function(library, "gemv_q_prepare_x", _PTR, ctypes.c_int32)(x.data_ptr(), x.shape[0])
+    return x
+
+
 def gemv_packed(w: torch.Tensor, x: torch.Tensor, weights: str, *, tile_rows: int = 32, out_dtype=torch.float32,
                 k_chunk: int | None = None, fast: bool = False) -> torch.Tensor:
     """``gemv_q_bf16_f32`` (or ``gemv_q_bf16`` for bf16) over a packed weight (kernels/quant.py, format
@@ -218,6 +227,7 @@ def gemv_packed(w: torch.Tensor, x: torch.Tensor, weights: str, *, tile_rows: in
     rows = w.shape[0]
     padded_rows = _round_up(rows, tile_rows)
     w_tiles = pad_rows(w, padded_rows)
+    x = _prepared_x(x, k_chunk or depth, GEMV_QUANT[weights], fast)
     if k_chunk is None or k_chunk == depth:
         symbol = {torch.bfloat16: "gemv_q_bf16", torch.float32: "gemv_q_bf16_f32"}[out_dtype]
         library = load("gemv.cc", {"GEMV_ROWS": tile_rows, "GEMV_K": depth, "GEMV_QUANT": GEMV_QUANT[weights]}, fast)

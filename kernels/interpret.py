@@ -79,6 +79,7 @@ KERNEL_ARGUMENT_ACCESS = {
     "gemv_q_bf16_f32": "rrw",
     "gemv_q_partial_f32": "rrp",
     "gemv_q_rows_bf16": "rrp",
+    "gemv_q_prepare_x": "p",
 }
 _SAME_WIDTH_INTEGER = {torch.bfloat16: torch.int16, torch.float32: torch.int32,  # to compare values bit for bit
                        torch.int32: torch.int32}

@@ -7,10 +7,14 @@ scale (and for Q4_1 its fp16 min) followed by its quants. We keep every bit of t
 
 * a group is 32 blocks (1024 elements) when K is a multiple of 1024, else the whole row: a K chunk of whole
   groups is one contiguous run of a row's bytes, so the decode FFN's K-split GEMVs move chunks as they move rows;
-* quant plane: the group's blocks of quants in element order. Q4_1: byte j of a block holds element 2j in its
-  low nibble and element 2j + 1 in its high nibble (the order of an AIE ``uint4`` vector; GGUF's own order, j and
-  j + 16, is a reordering away); Q4_0: the same nibbles as two's-complement ``int4``, q − 8 (GGUF's q XOR 8);
-  Q8_0: GGUF's int8 quants as they are;
+* quant plane of a group of 32 blocks (K a multiple of 1024): transposed, so that one vector load takes the
+  same element of all 32 blocks (kernels/aie2p/gemv.cc gives each block a lane). Q4_0 and Q4_1: 16 runs of 32
+  bytes, run t's byte l holding block l's elements 2t (low nibble) and 2t + 1 (high nibble), GGUF's unsigned q
+  (Q4_0's still offset by 8); Q8_0: 32 runs of 32 int8, run i's byte l block l's element i;
+* quant plane of a whole-row group (K not a multiple of 1024): the blocks' quants in element order. Q4_1: byte j
+  of a block holds element 2j in its low nibble and 2j + 1 in its high nibble (the order of an AIE ``uint4``
+  vector; GGUF's own order, j and j + 16, is a reordering away); Q4_0: the same nibbles as two's-complement
+  ``int4``, q − 8 (GGUF's q XOR 8); Q8_0: GGUF's int8 quants as they are;
 * scale plane and min plane: the group's fp16 scales d (and mins m), the file's bits;
 * rows padded with zeros to a multiple of ``ROW_ALIGN`` bytes, so every row, and every DMA of whole rows and every
   vector load of quants, starts 16-byte aligned (Llama-3.2-1B's rows need none: K = 2048 → 1280 bytes).
@@ -35,6 +39,11 @@ ROW_ALIGN = 16
 
 def group_blocks(K: int) -> int:
     return GROUP_BLOCKS if K % (GROUP_BLOCKS * BLOCK) == 0 else K // BLOCK
+
+
+def transposed(K: int) -> bool:
+    """Whether rows of K elements hold their quants transposed per group (groups of 32 blocks)."""
+    return group_blocks(K) == GROUP_BLOCKS
 
 
 @dataclass(frozen=True)
@@ -90,12 +99,14 @@ def from_gguf_blocks(fmt: WeightFormat, blocks: torch.Tensor, K: int, out: torch
     N = blocks.shape[0]
     head = 4 if fmt.has_min else 2
     quants = blocks[..., head:]
+    G = group_blocks(K)
     if fmt.quant_bytes == 16:  # GGUF: byte j = elements j (low nibble), j + 16 (high); ours: 2j, 2j + 1
         elements = torch.cat((quants & 0x0F, quants >> 4), dim=-1)
-        if fmt.name == "q4_0":
+        if fmt.name == "q4_0" and not transposed(K):
             elements = elements ^ 8  # q − 8 as two's-complement int4
         quants = elements[..., 0::2] | (elements[..., 1::2] << 4)
-    G = group_blocks(K)
+    if transposed(K):  # (blocks, bytes) → (bytes, blocks) within each group
+        quants = quants.reshape(N, -1, G, fmt.quant_bytes).transpose(-1, -2).reshape(N, K // BLOCK, -1)
     pieces = [quants, blocks[..., 0:2]] + ([blocks[..., 2:4]] if fmt.has_min else [])
     grouped = torch.cat([p.reshape(N, K // BLOCK // G, -1) for p in pieces], dim=-1).reshape(N, -1)
     out = _empty(fmt, N, K, out)
@@ -116,10 +127,13 @@ def unpack_fields(fmt: WeightFormat, data: torch.Tensor, K: int):
     N, G = data.shape[0], group_blocks(K)
     groups = data[:, :(K // BLOCK) * fmt.block_bytes()].reshape(N, K // BLOCK // G, -1)
     q_end, d_end = G * fmt.quant_bytes, G * (fmt.quant_bytes + 2)
-    raw = groups[..., :q_end].reshape(N, K // BLOCK, fmt.quant_bytes)
+    raw = groups[..., :q_end]
+    if transposed(K):
+        raw = raw.reshape(N, -1, fmt.quant_bytes, G).transpose(-1, -2)
+    raw = raw.reshape(N, K // BLOCK, fmt.quant_bytes)
     if fmt.quant_bytes == 16:
         q = torch.stack((raw & 0x0F, raw >> 4), dim=-1).reshape(N, K)
-        if fmt.name == "q4_0":
+        if fmt.name == "q4_0" and not transposed(K):
             q = q ^ 8
     else:
         q = raw.view(torch.int8).reshape(N, K)

@@ -15,6 +15,8 @@ named after them. Each launch's builder output is spliced in with:
 """
 from __future__ import annotations
 
+import itertools
+
 import re
 from dataclasses import dataclass
 
@@ -48,39 +50,52 @@ class StitchedModule:
 
 
 class _KernelVariants:
-    """One build per (kernel object, -D configuration), numbered in order of first use."""
+    """One build per (kernel object, -D configuration), numbered in order of first use; a second build of the same
+    configuration when launches call one of its symbols with different memref types (a declaration has one)."""
 
     def __init__(self):
-        self._builds: dict[tuple[str, tuple], dict[str, tuple[str, ...]]] = {}  # → symbol: arg types
+        # (object, defines, copy) → symbol: arg types
+        self._builds: dict[tuple[str, tuple, int], dict[str, tuple[str, ...]]] = {}
 
-    def _number(self, obj: str, defines: tuple) -> int:
-        return [key for key in self._builds if key[0] == obj].index((obj, defines))
+    def _number(self, key: tuple[str, tuple, int]) -> int:
+        return [k for k in self._builds if k[0] == key[0]].index(key)
+
+    def _build_for(self, obj: str, decls) -> tuple[str, tuple, int]:
+        if len({decl.defines for decl in decls}) > 1:
+            raise ValueError(f"a launch links two configurations of {obj}")
+        defines = decls[0].defines
+        for copy in itertools.count():
+            declared = self._builds.setdefault((obj, defines, copy), {})
+            if all(declared.get(decl.symbol, decl.arg_types) == decl.arg_types for decl in decls):
+                for decl in decls:
+                    declared[decl.symbol] = decl.arg_types
+                return obj, defines, copy
 
     def assign(self, externs) -> tuple[dict[str, str], dict[str, str]]:
         """Returns (symbol renames, object renames) for one launch's external calls."""
         symbols, objects = {}, {}
+        by_object: dict[str, list] = {}
         for decl in externs:
-            declared = self._builds.setdefault((decl.object, decl.defines), {})
-            if declared.setdefault(decl.symbol, decl.arg_types) != decl.arg_types:
-                raise ValueError(f"{decl.symbol}: one configuration, two signatures")
-            suffix = _suffix(self._number(decl.object, decl.defines))
-            symbols[decl.symbol] = decl.symbol + suffix
-            if objects.setdefault(decl.object, _variant_object(decl.object, suffix)) != \
-                    _variant_object(decl.object, suffix):
-                raise ValueError(f"a launch links two configurations of {decl.object}")
+            by_object.setdefault(decl.object, []).append(decl)
+        for obj, decls in by_object.items():
+            suffix = _suffix(self._number(self._build_for(obj, decls)))
+            objects[obj] = _variant_object(obj, suffix)
+            for decl in decls:
+                symbols[decl.symbol] = decl.symbol + suffix
         return symbols, objects
 
     def declarations(self) -> list[str]:
-        return [extern_declaration(symbol + suffix, types, _variant_object(obj, suffix))
-                for (obj, defines), declared in self._builds.items()
-                for suffix in [_suffix(self._number(obj, defines))]
+        return [extern_declaration(symbol + suffix, types, _variant_object(key[0], suffix))
+                for key, declared in self._builds.items()
+                for suffix in [_suffix(self._number(key))]
                 for symbol, types in declared.items()]
 
     def object_builds(self) -> tuple[ObjectBuild, ...]:
         builds = []
-        for obj, defines in self._builds:
+        for key in self._builds:
+            obj, defines, _ = key
             kernel = KERNEL_OBJECTS[obj]
-            suffix = _suffix(self._number(obj, defines))
+            suffix = _suffix(self._number(key))
             renames = tuple((s, s + suffix) for s in kernel.symbols) if suffix else ()
             builds.append(ObjectBuild(_variant_object(obj, suffix), kernel.source, defines, renames))
         return tuple(builds)

@@ -35,17 +35,25 @@
 // Packed block-quantized weights (kernels/quant.py's row layout; the format by GEMV_QUANT, default 41):
 //   GEMV_QUANT  40 Q4_0 (int4 quants q - 8, fp16 scale d), 41 Q4_1 (uint4 q, fp16 d and min m), 80 Q8_0 (int8 q, d)
 //   Each row of w is GEMV_K elements in groups (32 blocks when GEMV_K is a multiple of 1024, else the whole row),
-//   each group its blocks' quants, then their fp16 scales, then (Q4_1) their fp16 mins; rows padded to 16 bytes.
+//   each group its blocks' quants (transposed in groups of 32 blocks: a lane per block), then their fp16 scales,
+//   then (Q4_1) their fp16 mins; rows padded to 16 bytes.
 //   A block's weights are GGUF's, exactly: d * (q - 8), d * q + m, d * q, in fp32.
+//   void gemv_q_prepare_x(bf16 *x, int32_t length)
+//     x as the calls below read it, in place: each 1024-element group of x's length elements transposed (element
+//     32 l + i to 32 i + l) when GEMV_K is a multiple of 1024, else unchanged. Called once per tile entry.
 //   void gemv_q_bf16(const uint8_t *w, const bf16 *x, bf16 *y)      gemv_bf16 over packed rows
 //   void gemv_q_bf16_f32(const uint8_t *w, const bf16 *x, float *y)  gemv_bf16_f32 over packed rows
 //   void gemv_q_partial_f32(const uint8_t *w, const bf16 *x, float *acc, int32_t k0)
 //     gemv_partial_f32 over a K chunk of packed rows (GEMV_K elements: whole groups of a longer row)
 //   void gemv_q_rows_bf16(const uint8_t *w, const bf16 *x, bf16 *y, int32_t row0)   gemv_rows_bf16 over packed rows
-//   Each row's sum is of the exact weights times x, in fp32: the host path adds w * x element by element; the AIE
-//   path takes each block's products q * x exactly in the accumulator, splits them into two bf16 values, and
-//   multiplies those by the scale written exactly as three bf16 values (fp16's 11 significant bits do not fit
-//   one), and x by the min the same way: every product exact, only the fp32 sums round.
+//   Each row's sum is of the exact weights times x, in fp32, every product exact. Transposed groups: each lane
+//   sums its block's (16 + q) x (Q8_0: q x), takes 16 sum(x) away (24 for Q4_0's q - 8), and the group's scales
+//   apply per lane: the lane's sum as three bf16 values times d as three bf16 values, plus sum(x) times m the
+//   same way, so a block contributes d * sum(q x) + m * sum(x), each block's sum rounded once in fp32 before it
+//   is scaled; the lanes are summed at the end. Element-order groups: each block's q * x, exact in the
+//   accumulator, split into two bf16 values and multiplied by the scale's three (fp16's 11 significant bits do
+//   not fit one bf16), x by the min the same way. The host path computes the same sums in the same order (the
+//   final lane reduction folds halves; the core's order is aie_api's reduce_add).
 #include "npu2_kernel.h"
 #include "silu_mul.h"
 
@@ -116,12 +124,44 @@ constexpr int kBlocks = kDepth / kBlock;
 constexpr int kGroupBlocks = kDepth % (32 * kBlock) == 0 ? 32 : kBlocks;
 constexpr int kBlockBytes = kQuantBytes + 2 + (kHasMin ? 2 : 0);
 constexpr int kRowBytes = (kBlocks * kBlockBytes + 15) / 16 * 16;
+// Groups of 32 blocks hold their quants transposed (a lane per block) and read x transposed the same way
+// (gemv_q_prepare_x); a whole-row group of another size holds them in element order.
+constexpr bool kTransposed = kGroupBlocks == 32;
+constexpr int kGroups = kBlocks / kGroupBlocks;
+constexpr int kGroupElements = kGroupBlocks * kBlock;
+constexpr int kGroupBytes = kGroupBlocks * kBlockBytes;
+// Transposed Q4 lanes take 16 + q (a bf16 built from the nibble's bits, below); kQuantBias * sum(x) taken away
+// leaves sum(q x), or sum((q - 8) x) for Q4_0, whose weight is d (q - 8).
+constexpr int kLaneOffset = 16;
+constexpr int kQuantBias = kLaneOffset + (GEMV_QUANT == 40 ? 8 : 0);
 
 inline uint16_t load_u16(const uint8_t *p) { return uint16_t(p[0] | (p[1] << 8)); }
 
+// An fp16 value h as three bf16 values a + b + c, exactly (bit patterns returned): h = n * 2^e with n < 2048 its
+// 11-bit significand; n = 16 hi + lo, and hi * 2^(e+4) = 2^(e+11) (1 + hi/128) - 2^(e+11), lo * 2^e =
+// 2^(e+4) (1 + lo/16) - 2^(e+4), so a and b carry hi and lo with a leading one each and c = -(2^(e+11) + 2^(e+4))
+// (8 significant bits) takes both leading ones away. Integer operations only (the core has no scalar float
+// unit). GGUF's scales are finite, so h's exponent field is below 31.
+struct ScaleBits {
+  int16_t a, b, c;
+};
+
+inline ScaleBits exact_scale_bits(uint16_t h) {
+  const int sign = h & 0x8000;
+  const int field = (h >> 10) & 31;
+  const int n = (field ? 1024 : 0) | (h & 1023);
+  const int e = (field ? field : 1) - 25;
+  return {int16_t(sign | ((e + 138) << 7) | (n >> 4)), int16_t(sign | ((e + 131) << 7) | ((n & 15) << 3)),
+          int16_t((sign ^ 0x8000) | ((e + 138) << 7) | 1)};
+}
+
 #if defined(__AIENGINE__)
+using Bf16Lanes = aie::vector<bfloat16, kBlock>;
+using Acc = aie::accum<accfloat, kBlock>;
+
+// ---- element-order groups (K not a multiple of 1024): a block per vector, its scale broadcast ----
 // The quants of one block as 32 exact bf16 values.
-inline aie::vector<bfloat16, kBlock> block_quants(const uint8_t *quants) {
+inline Bf16Lanes block_quants(const uint8_t *quants) {
   if constexpr (GEMV_QUANT == 41)
     return aie::to_float<bfloat16>(aie::load_v<kBlock>(reinterpret_cast<const uint4 *>(quants)));
   else if constexpr (GEMV_QUANT == 40)
@@ -130,46 +170,139 @@ inline aie::vector<bfloat16, kBlock> block_quants(const uint8_t *quants) {
     return aie::to_float<bfloat16>(aie::load_v<kBlock>(reinterpret_cast<const int8_t *>(quants)), 0);
 }
 
-// An fp16 value h as three bf16 values a + b + c, exactly, each broadcast to every lane: h = n * 2^e with n < 2048
-// its 11-bit significand; n = 16 hi + lo, and hi * 2^(e+4) = 2^(e+11) (1 + hi/128) - 2^(e+11), lo * 2^e =
-// 2^(e+4) (1 + lo/16) - 2^(e+4), so a and b carry hi and lo with a leading one each and c = -(2^(e+11) + 2^(e+4))
-// (8 significant bits) takes both leading ones away. Integer operations only (the core has no scalar float
-// unit). GGUF's scales are finite, so h's exponent field is below 31.
 struct ExactScale {
-  aie::vector<bfloat16, kBlock> a, b, c;
+  Bf16Lanes a, b, c;
 };
 
 inline ExactScale exact_scale(uint16_t h) {
-  const int sign = h & 0x8000;
-  const int field = (h >> 10) & 31;
-  const int n = (field ? 1024 : 0) | (h & 1023);
-  const int e = (field ? field : 1) - 25;
-  const int16_t a = int16_t(sign | ((e + 138) << 7) | (n >> 4));
-  const int16_t b = int16_t(sign | ((e + 131) << 7) | ((n & 15) << 3));
-  const int16_t c = int16_t((sign ^ 0x8000) | ((e + 138) << 7) | 1);
-  return {aie::broadcast<int16, kBlock>(a).template cast_to<bfloat16>(),
-          aie::broadcast<int16, kBlock>(b).template cast_to<bfloat16>(),
-          aie::broadcast<int16, kBlock>(c).template cast_to<bfloat16>()};
+  const ScaleBits s = exact_scale_bits(h);
+  return {aie::broadcast<int16, kBlock>(s.a).template cast_to<bfloat16>(),
+          aie::broadcast<int16, kBlock>(s.b).template cast_to<bfloat16>(),
+          aie::broadcast<int16, kBlock>(s.c).template cast_to<bfloat16>()};
 }
 
-inline aie::accum<accfloat, kBlock> mac_scaled(aie::accum<accfloat, kBlock> acc, const aie::vector<bfloat16, kBlock> &v,
-                                               const ExactScale &s) {
+inline Acc mac_scaled(Acc acc, const Bf16Lanes &v, const ExactScale &s) {
   acc = aie::mac(acc, v, s.a);
   acc = aie::mac(acc, v, s.b);
   return aie::mac(acc, v, s.c);
 }
 
-inline float packed_row_dot(const uint8_t *row, const bf16_t *x) {
-  aie::accum<accfloat, kBlock> acc = aie::zeros<accfloat, kBlock>();
-  for (int g = 0; g < kBlocks; g += kGroupBlocks) {
-    const uint8_t *group = row + g * kBlockBytes;
-    const uint8_t *scales = group + kGroupBlocks * kQuantBytes;
-    for (int b = 0; b < kGroupBlocks; ++b) {
-      const aie::vector<bfloat16, kBlock> xv = aie::load_v<kBlock>(x + (g + b) * kBlock);
+// ---- transposed groups: a lane per block ----
+using Int16Lanes = aie::vector<int16, kBlock>;
+
+// An fp32 accumulator's lanes as three bf16 vectors whose sum is exact: 24 significant bits, 8 per part (each
+// remainder is exact in the accumulator).
+struct Parts {
+  Bf16Lanes hi, mid, lo;
+};
+
+inline Parts split(const Acc &v) {
+  const Bf16Lanes hi = v.template to_vector<bfloat16>();
+  const Acc rest = aie::sub(v, hi);
+  const Bf16Lanes mid = rest.template to_vector<bfloat16>();
+  return {hi, mid, aie::sub(rest, mid).template to_vector<bfloat16>()};
+}
+
+// The bit patterns the transposed path builds, broadcast once per call.
+struct Constants {
+  Int16Lanes one, low4, low6, nibble_at_3, field5, sign, top_bias, low_bias, cancel_bias, lane_offset, minus_bias;
+};
+
+inline Constants constants() {
+  auto lanes = [](int value) { return aie::broadcast<int16, kBlock>(int16(value)); };
+  return {lanes(1), lanes(15), lanes(63), lanes(0x78), lanes(31), lanes(-32768), lanes(113 << 7), lanes(106 << 7),
+          lanes((113 << 7) | 1),
+          lanes(0x4180),                                           // bf16 16 (= kLaneOffset), mantissa empty
+          lanes(kQuantBias == 24 ? 0xC1C0 - 0x10000 : 0xC180 - 0x10000)};  // bf16 -kQuantBias
+}
+
+// exact_scale_bits on 32 fp16 values at once: a lane per block.
+inline ExactScale exact_scales(const Int16Lanes &h, const Constants &k) {
+  const Int16Lanes field = aie::bit_and(aie::downshift(h, 10), k.field5);
+  const Int16Lanes exponent = aie::upshift(aie::max(field, k.one), 7);  // (e + 25) << 7, subnormals at e + 25 = 1
+  const Int16Lanes hidden = aie::upshift(aie::min(field, k.one), 6);   // n's leading one, as bit 6 of n >> 4
+  const Int16Lanes sign = aie::bit_and(h, k.sign);
+  const Int16Lanes high = aie::add(aie::add(exponent, k.top_bias), aie::add(hidden, aie::bit_and(aie::downshift(h, 4), k.low6)));
+  const Int16Lanes low = aie::add(aie::add(exponent, k.low_bias), aie::upshift(aie::bit_and(h, k.low4), 3));
+  const Int16Lanes cancel = aie::bit_or(aie::add(exponent, k.cancel_bias), aie::bit_xor(sign, k.sign));
+  return {aie::bit_or(high, sign).template cast_to<bfloat16>(), aie::bit_or(low, sign).template cast_to<bfloat16>(),
+          cancel.template cast_to<bfloat16>()};
+}
+
+// acc + v * s over the nine exact products of v's and s's parts.
+inline Acc mac_parts(Acc acc, const Parts &v, const ExactScale &s) {
+  acc = mac_scaled(acc, v.hi, s);
+  acc = mac_scaled(acc, v.mid, s);
+  return mac_scaled(acc, v.lo, s);
+}
+
+// Each lane's block: sum over its 32 elements of (bias + q) x (Q4) or q x (Q8_0), in fp32.
+inline Acc group_quant_dots(const uint8_t *quants, const bf16_t *xt, const Constants &k) {
+  Acc dot = aie::zeros<accfloat, kBlock>();
+  if constexpr (kQuantBytes == 16) {
+    for (int t = 0; t < kBlock / 2; ++t) {
+      // 32 bytes, byte l = block l's elements 2t (low nibble) and 2t + 1 (high): unpacked to bytes, word l holds
+      // them at bits 0-3 and 8-11. Each goes to mantissa bits 3-6 under the exponent of 16: the bf16 16 + q.
+      const Int16Lanes pairs =
+          aie::unpack(aie::load_v<2 * kBlock>(reinterpret_cast<const uint4 *>(quants + kBlock * t)))
+              .template cast_to<int16>();
+      const Bf16Lanes even =
+          aie::bit_or(aie::bit_and(aie::upshift(pairs, 3), k.nibble_at_3), k.lane_offset).template cast_to<bfloat16>();
+      const Bf16Lanes odd = aie::bit_or(aie::downshift(pairs, 5), k.lane_offset).template cast_to<bfloat16>();
+      dot = aie::mac(dot, even, aie::load_v<kBlock>(xt + 2 * kBlock * t));
+      dot = aie::mac(dot, odd, aie::load_v<kBlock>(xt + 2 * kBlock * t + kBlock));
+    }
+  } else {
+    for (int i = 0; i < kBlock; ++i)
+      dot = aie::mac(dot, aie::to_float<bfloat16>(aie::load_v<kBlock>(reinterpret_cast<const int8_t *>(quants + kBlock * i)), 0),
+                     aie::load_v<kBlock>(xt + kBlock * i));
+  }
+  return dot;
+}
+
+// What every row of a call shares: the constants, and each group's per-block sums of x, in parts.
+struct CallState {
+  Constants k;
+  Parts x_sums[kGroups];
+};
+
+inline void prepare_call(const bf16_t *xt, CallState &state) {
+  state.k = constants();
+  if constexpr (kQuantBytes == 16) {
+    for (int g = 0; g < kGroups; ++g) {
+      Acc sum = aie::zeros<accfloat, kBlock>();
+      for (int i = 0; i < kBlock; ++i)
+        sum = aie::add(sum, aie::load_v<kBlock>(xt + g * kGroupElements + kBlock * i));
+      state.x_sums[g] = split(sum);
+    }
+  }
+}
+
+inline float packed_row_dot(const uint8_t *row, const bf16_t *x, const CallState &state) {
+  Acc acc = aie::zeros<accfloat, kBlock>();
+  if constexpr (kTransposed) {
+    const Bf16Lanes minus_bias = state.k.minus_bias.template cast_to<bfloat16>();
+    for (int g = 0; g < kGroups; ++g) {
+      const uint8_t *group = row + g * kGroupBytes;
+      const uint8_t *scales = group + kGroupBlocks * kQuantBytes;
+      Acc dot = group_quant_dots(group, x + g * kGroupElements, state.k);
+      if constexpr (kQuantBytes == 16) {  // take bias * sum(x) away: sum(q x), or sum((q - 8) x) for Q4_0
+        const Parts &sums = state.x_sums[g];
+        dot = aie::mac(aie::mac(aie::mac(dot, sums.hi, minus_bias), sums.mid, minus_bias), sums.lo, minus_bias);
+      }
+      acc = mac_parts(acc, split(dot), exact_scales(aie::load_v<kBlock>(reinterpret_cast<const int16 *>(scales)), state.k));
+      if constexpr (kHasMin)
+        acc = mac_parts(acc, state.x_sums[g],
+                        exact_scales(aie::load_v<kBlock>(reinterpret_cast<const int16 *>(scales + 2 * kGroupBlocks)), state.k));
+    }
+  } else {
+    for (int b = 0; b < kBlocks; ++b) {
+      const uint8_t *scales = row + kGroupBlocks * kQuantBytes;
+      const Bf16Lanes xv = aie::load_v<kBlock>(x + b * kBlock);
       // q * x: at most 15 significant bits, exact in the accumulator, exact as two bf16 values
-      const aie::accum<accfloat, kBlock> qx = aie::mul(block_quants(group + b * kQuantBytes), xv);
-      const aie::vector<bfloat16, kBlock> high = qx.template to_vector<bfloat16>();
-      const aie::vector<bfloat16, kBlock> low = aie::sub(qx, high).template to_vector<bfloat16>();
+      const Acc qx = aie::mul(block_quants(row + b * kQuantBytes), xv);
+      const Bf16Lanes high = qx.template to_vector<bfloat16>();
+      const Bf16Lanes low = aie::sub(qx, high).template to_vector<bfloat16>();
       const ExactScale d = exact_scale(load_u16(scales + 2 * b));
       acc = mac_scaled(mac_scaled(acc, high, d), low, d);
       if constexpr (kHasMin)
@@ -177,6 +310,23 @@ inline float packed_row_dot(const uint8_t *row, const bf16_t *x) {
     }
   }
   return aie::reduce_add(acc.template to_vector<float>());
+}
+
+// Transposes each 32 x 32 group of x in place: five perfect shuffles of its rows (interleave_zip of rows r and
+// r + 16 into rows 2r and 2r + 1) transpose it; each shuffle writes back into the two slots it read, so after s of
+// them row j sits in slot rotr5(j, s), and after five in slot j.
+inline void transpose_groups(bf16_t *x, int length) {
+  for (int g = 0; g < length; g += kGroupElements) {
+    bf16_t *p = x + g;
+    for (int s = 0; s < 5; ++s) {
+      for (int r = 0; r < 16; ++r) {
+        const int a = ((r >> s) | (r << (5 - s))) & 31, b = (((r + 16) >> s) | ((r + 16) << (5 - s))) & 31;
+        const auto zipped = aie::interleave_zip(aie::load_v<kBlock>(p + kBlock * a), aie::load_v<kBlock>(p + kBlock * b), 1);
+        aie::store_v(p + kBlock * a, zipped.first);
+        aie::store_v(p + kBlock * b, zipped.second);
+      }
+    }
+  }
 }
 #else
 inline float fp16_to_float(uint16_t h) {
@@ -186,13 +336,87 @@ inline float fp16_to_float(uint16_t h) {
   return (h & 0x8000) ? -magnitude : magnitude;
 }
 
-inline float packed_row_dot(const uint8_t *row, const bf16_t *x) {
-  float acc = 0.0f;
-  for (int g = 0; g < kBlocks; g += kGroupBlocks) {
-    const uint8_t *group = row + g * kBlockBytes;
-    const uint8_t *scales = group + kGroupBlocks * kQuantBytes;
-    for (int b = 0; b < kGroupBlocks; ++b) {
-      const uint8_t *quants = group + b * kQuantBytes;
+inline float bits_to_float(int16_t bits) { return bf16_to_float(bf16_t(uint16_t(bits))); }
+
+// The host path computes what the AIE path does, lane by lane, in the same order, with the same fp32 roundings
+// (every product it forms is exact, as on the core: bf16 times bf16).
+struct Parts {
+  float hi, mid, lo;
+};
+
+inline Parts split(float v) {
+  const float hi = round_to_bf16(v);
+  const float rest = v - hi;
+  const float mid = round_to_bf16(rest);
+  return {hi, mid, round_to_bf16(rest - mid)};
+}
+
+inline float mac_parts(float acc, const Parts &v, uint16_t h) {
+  const ScaleBits s = exact_scale_bits(h);
+  const float parts[3] = {v.hi, v.mid, v.lo}, scale[3] = {bits_to_float(s.a), bits_to_float(s.b), bits_to_float(s.c)};
+  for (float part : parts)
+    for (float piece : scale)
+      acc += part * piece;
+  return acc;
+}
+
+struct CallState {
+  Parts x_sums[kGroups][kGroupBlocks];
+};
+
+inline void prepare_call(const bf16_t *xt, CallState &state) {
+  if constexpr (kTransposed && kQuantBytes == 16) {
+    for (int g = 0; g < kGroups; ++g) {
+      float sum[kGroupBlocks] = {};
+      for (int i = 0; i < kBlock; ++i)
+        for (int l = 0; l < kGroupBlocks; ++l)
+          sum[l] += bf16_to_float(xt[g * kGroupElements + kBlock * i + l]);
+      for (int l = 0; l < kGroupBlocks; ++l)
+        state.x_sums[g][l] = split(sum[l]);
+    }
+  }
+}
+
+// The transposed quant of block l's element i in its group's plane (as the core reads it: 16 + q for Q4).
+inline float lane_quant(const uint8_t *quants, int i, int l) {
+  if constexpr (kQuantBytes == 32)
+    return float(int8_t(quants[kBlock * i + l]));
+  else
+    return float(kLaneOffset + ((quants[kBlock * (i / 2) + l] >> (4 * (i % 2))) & 15));
+}
+
+inline float packed_row_dot(const uint8_t *row, const bf16_t *x, const CallState &state) {
+  if constexpr (kTransposed) {
+    float acc[kBlock] = {};
+    for (int g = 0; g < kGroups; ++g) {
+      const uint8_t *group = row + g * kGroupBytes;
+      const uint8_t *scales = group + kGroupBlocks * kQuantBytes;
+      const bf16_t *xt = x + g * kGroupElements;
+      float dot[kBlock] = {};
+      for (int i = 0; i < kBlock; ++i)
+        for (int l = 0; l < kBlock; ++l)
+          dot[l] += lane_quant(group, i, l) * bf16_to_float(xt[kBlock * i + l]);
+      for (int l = 0; l < kBlock; ++l) {
+        if constexpr (kQuantBytes == 16) {
+          const Parts &sums = state.x_sums[g][l];
+          const float parts[3] = {sums.hi, sums.mid, sums.lo};
+          for (float part : parts)
+            dot[l] += part * float(-kQuantBias);
+        }
+        acc[l] = mac_parts(acc[l], split(dot[l]), load_u16(scales + 2 * l));
+        if constexpr (kHasMin)
+          acc[l] = mac_parts(acc[l], state.x_sums[g][l], load_u16(scales + 2 * (kGroupBlocks + l)));
+      }
+    }
+    for (int half = kBlock / 2; half > 0; half /= 2)  // reduce_add's order: halves folded onto the lower lanes
+      for (int l = 0; l < half; ++l)
+        acc[l] += acc[l + half];
+    return acc[0];
+  } else {
+    float acc = 0.0f;
+    const uint8_t *scales = row + kGroupBlocks * kQuantBytes;
+    for (int b = 0; b < kBlocks; ++b) {
+      const uint8_t *quants = row + b * kQuantBytes;
       const float d = fp16_to_float(load_u16(scales + 2 * b));
       const float m = kHasMin ? fp16_to_float(load_u16(scales + 2 * (kGroupBlocks + b))) : 0.0f;
       for (int i = 0; i < kBlock; ++i) {
@@ -208,17 +432,30 @@ inline float packed_row_dot(const uint8_t *row, const bf16_t *x) {
           w = d * float(q) + m;
         else
           w = d * float(q);
-        acc += w * bf16_to_float(x[(g + b) * kBlock + i]);
+        acc += w * bf16_to_float(x[b * kBlock + i]);
       }
     }
+    return acc;
   }
-  return acc;
+}
+
+inline void transpose_groups(bf16_t *x, int length) {
+  for (int g = 0; g < length; g += kGroupElements) {
+    bf16_t group[kGroupElements];
+    for (int k = 0; k < kGroupElements; ++k)
+      group[k] = x[g + k];
+    for (int l = 0; l < kBlock; ++l)
+      for (int i = 0; i < kBlock; ++i)
+        x[g + kBlock * i + l] = group[kBlock * l + i];
+  }
 }
 #endif
 
 template <typename Store> void packed_row_dots(const uint8_t *w, const bf16_t *x, Store store) {
+  CallState state;
+  prepare_call(x, state);
   for (int m = 0; m < kRows; ++m)
-    store(m, packed_row_dot(w + m * kRowBytes, x));
+    store(m, packed_row_dot(w + m * kRowBytes, x, state));
 }
 #endif
 
@@ -337,5 +574,9 @@ extern "C" void gemv_q_rows_bf16(const uint8_t *w, const bf16_t *x, bf16_t *y, i
   RoundToNearestEven rounding;
 #endif
   packed_row_dots(w, x, [y, row0](int m, float sum) { y[row0 + m] = to_bf16(sum); });
+}
+extern "C" void gemv_q_prepare_x(bf16_t *x, int32_t length) {
+  if constexpr (kTransposed)  // element-order rows read x as it is
+    transpose_groups(x, length);
 }
 #endif

@@ -19,7 +19,9 @@ first (``-D<symbol>=<symbol>_v<n>``). A memref reaches C as a bare pointer to it
   ``rmsnorm_bf16(const bf16 *x_and_weight, bf16 *out, float eps)`` and ``swiglu_bf16(bf16 *gate_up, int32_t n)``;
   over packed block-quantized rows (kernels/quant.py; the format by the optional GEMV_QUANT: 40 Q4_0, 41 Q4_1,
   80 Q8_0) ``gemv_q_bf16``, ``gemv_q_bf16_f32``, ``gemv_q_partial_f32`` and ``gemv_q_rows_bf16``, the same
-  signatures with ``const uint8_t *w``
+  signatures with ``const uint8_t *w``, reading x as ``gemv_q_prepare_x(bf16 *x, int32_t length)`` leaves it
+  (transposed in place per 1024-element group when GEMV_K is a multiple of 1024; x alone, or at the head of a
+  longer vector)
 * attention.o (attention.cc), configured by ATTN_TQ, ATTN_TK, ATTN_HEAD_DIM:
   ``attn_init_f32(float *row_max, float *row_sum, float *acc)``,
   ``attn_qk_tile_bf16(const bf16 *q, const bf16 *kv, float *scores, int32_t q_start, int32_t k_start)``,
@@ -60,7 +62,8 @@ EXTERNAL_KERNELS = (
     KernelObject("silu_mul.o", "silu_mul.cc", ("silu_mul_bf16",), ("SILU_MUL_LEN",)),
     KernelObject("gemv.o", "gemv.cc", ("gemv_bf16", "gemv_bf16_f32", "gemv_partial_f32", "gemv_add_bf16",
                                        "gemv_rows_bf16", "rmsnorm_bf16", "swiglu_bf16", "gemv_q_bf16",
-                                       "gemv_q_bf16_f32", "gemv_q_partial_f32", "gemv_q_rows_bf16"),
+                                       "gemv_q_bf16_f32", "gemv_q_partial_f32", "gemv_q_rows_bf16",
+                                       "gemv_q_prepare_x"),
                  ("GEMV_ROWS", "GEMV_K"), ("GEMV_QUANT",)),
     KernelObject("attention.o", "attention.cc",
                  ("attn_init_f32", "attn_qk_tile_bf16", "attn_online_softmax_bf16", "attn_pv_accumulate_bf16",
@@ -135,6 +138,8 @@ CALL_COSTS = {
     "gemv_q_bf16_f32": CallCost("vector_mac", ("GEMV_ROWS", "GEMV_K")),
     "gemv_q_partial_f32": CallCost("vector_mac", ("GEMV_ROWS", "GEMV_K")),
     "gemv_q_rows_bf16": CallCost("vector_mac", ("GEMV_ROWS", "GEMV_K")),
+    # x transposed for them, once per tile entry; reported over the vector it is handed (x, maybe more after it)
+    "gemv_q_prepare_x": CallCost("vector_elementwise", (LAST_OPERAND,)),
 }
 
 

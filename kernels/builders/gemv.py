@@ -41,7 +41,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from ..quant import GEMV_QUANT, weight_format
+from ..quant import GEMV_QUANT, transposed, weight_format
 from .ir import L1, L2, WHOLE, LaunchBuilder, LaunchIR, MemRef, Value, Window
 from .npu2 import (COLUMNS, HERD_CANDIDATES, L1_AVAILABLE, L2_BYTES, check_budget, check_operands,
                    divisors_descending, largest_dividing, nbytes, pingpong_copies, require)
@@ -58,6 +58,8 @@ DMA_GRANULE_BYTES = 4  # DMAs move whole 4-byte words
 GEMV_K_GRANULE = 32
 MAX_TILE_N = 1024
 MIN_PANELS = 16  # panels per tile before a larger panel is preferred: the first panel's DMA is not overlapped
+PINGPONG_TRIPS = 4  # the fewest trips of a loop AIR's ping-pong transform double-buffers (kernels/timing.py)
+PACKED_MIN_ROWS = 4
 
 
 PACKED_DTYPE = "i32"  # a packed weight's rows, in 32-bit words
@@ -93,6 +95,13 @@ class WeightRows:
         if self.packed:
             config["GEMV_QUANT"] = GEMV_QUANT[self.name]
         return config
+
+    def prepare_x(self, b: LaunchBuilder, x: Value, length: int, config: dict[str, int]) -> None:
+        """Puts the ``length`` elements of x in L1 (the whole buffer, or the head of a longer vector) in the order
+        the packed calls built with ``config`` read them (gemv.cc's gemv_q_prepare_x: transposed per group of 32
+        blocks), once per tile entry; bf16 rows and element-order groups read x as it is."""
+        if self.packed and transposed(config["GEMV_K"]):
+            b.call("gemv_q_prepare_x", [x, Value(b.const(length, "i32"), "i32")], config)
 
 
 BF16_ROWS = WeightRows("bf16")
@@ -154,6 +163,15 @@ def panel_candidates(kind: str, rows_per_tile: int, dtype: str, tuning: dict) ->
     return streaming + sorted(t for t in tiles if t not in streaming)
 
 
+def double_buffered(rows_per_tile: int, tile_n: int, rows_per_call: int) -> bool:
+    """A plan packed calls prefer (they do enough work per row for the schedule to matter): its calls AIR
+    double-buffers (at least PINGPONG_TRIPS per panel: the ping-pong transform unrolls two trips away), its panels
+    in ping-pong pairs, and calls of at least PACKED_MIN_ROWS rows (a call's own work, x's per-block sums, is
+    shared by its rows)."""
+    return (tile_n // rows_per_call >= PINGPONG_TRIPS and (rows_per_tile // tile_n) % 2 == 0
+            and rows_per_call >= PACKED_MIN_ROWS)
+
+
 def split_rows(kind: str, N: int, tuning: dict, herd_candidates=HERD_CANDIDATES) -> tuple[int, int, int]:
     """(herd, steps, rows_per_tile): the widest herd dividing N, one launch step unless tuned."""
     herd = tuning.get("herd", largest_dividing(N, herd_candidates))
@@ -174,6 +192,9 @@ def plan_gemv(kind: str, K: int, N: int, out_dtype: str, tuning: dict, weights: 
     calls = [tuning["rows_per_call"]] if "rows_per_call" in tuning else list(ROWS_PER_CALL_CANDIDATES)
     candidates = [(tile_n, rows) for tile_n in tiles for rows in calls if tile_n % rows == 0]
     require(bool(candidates), kind, "rows_per_call", calls[0], f"must divide tile_n (candidates {tiles})")
+    if weights.packed:
+        preferred = [c for c in candidates if double_buffered(rows_per_tile, *c)]
+        candidates = preferred + [c for c in candidates if c not in preferred]
 
     def fits(tile_n: int, rows: int) -> bool:
         return (sum(_l1_bytes(K, tile_n, rows, out_dtype, weights).values()) <= L1_AVAILABLE
@@ -257,6 +278,7 @@ def _emit_tile(b: LaunchBuilder, K: int, plan: GemvPlan, out_dtype: str, weights
     y_buf = b.alloc(MemRef((plan.tile_n,), out_dtype, L1), "y_l1")
     b.broadcast_dma(x_buf, WHOLE, hx, Window((0,), (K,), (1,)))
     config = weights.config(plan.rows_per_call, K)
+    weights.prepare_x(b, x_buf, K, config)
     with b.loop(0, plan.tile_n, plan.rows_per_call, "r") as r:
         b.dma(w_buf, WHOLE, hw, Window((tx, r, 0), (1, plan.rows_per_call, R), (plan.tile_n * R, R, 1)))
         b.call(weights.symbol(SYMBOL_FOR_OUTPUT[out_dtype]), [w_buf, x_buf, y_call], config)

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 
 from ..quant import BLOCK, GROUP_BLOCKS
 from .gemv import (BF16_ROWS, GEMV_K_GRANULE, OBJECT, ROWS_PER_CALL_CANDIDATES, GemvPlan, WeightRows, describe,
-                   panel_candidates, panel_loop, panel_windows, split_rows, weight_rows, whole_words)
+                   double_buffered, panel_candidates, panel_loop, panel_windows, split_rows, weight_rows, whole_words)
 from .ir import L1, L2, WHOLE, LaunchBuilder, LaunchIR, MemRef, Value, Window
 from .npu2 import (COLUMNS, HERD_CANDIDATES, ROWS, L1_AVAILABLE, L2_BYTES, check_budget, check_operands,
                    divisors_descending, nbytes, pingpong_copies, require)
@@ -160,6 +160,9 @@ def _candidates(kind: str, K: int, rows_per_tile: int, split: bool, tuning: dict
     calls = [tuning["rows_per_call"]] if "rows_per_call" in tuning else list(ROWS_PER_CALL_CANDIDATES)
     candidates = [(tile_n, rows, K) for tile_n in tiles for rows in calls if tile_n % rows == 0]
     require(bool(candidates), kind, "rows_per_call", calls[0], f"must divide tile_n (candidates {tiles})")
+    if weights.packed:  # as gemv.py's plan_gemv: double-buffered calls first
+        preferred = [c for c in candidates if double_buffered(rows_per_tile, c[0], c[1])]
+        candidates = preferred + [c for c in candidates if c not in preferred]
     return candidates
 
 
@@ -256,6 +259,7 @@ def _emit_add_tile(b: LaunchBuilder, kind: str, p: FusedGemvPlan, K: int, x_len:
     partial_f32 = weights.symbol("gemv_partial_f32")
     if kind == SWIGLU_ADD_KIND:  # x = silu(gate) * up from the interleaved pair, written over its first K
         b.call("swiglu_bf16", [vector, Value(b.const(K, "i32"), "i32")], config)
+    weights.prepare_x(b, vector, K, config)
     first_row = b.affine(f"s0 * {p.tile_n}", [tx], "tile_row0")
     if p.k_chunk == K:  # a row group per call: partial sums of the whole rows, then the add
         with b.loop(0, p.tile_n, p.rows_per_call, "r") as r:
@@ -326,6 +330,7 @@ def _emit_rms_tile(b: LaunchBuilder, p: FusedGemvPlan, K: int, eps: float, weigh
     b.broadcast_dma(vector, WHOLE, hv, Window((0,), (2 * K,), (1,)))
     config = weights.config(p.rows_per_call, K)
     b.call("rmsnorm_bf16", [vector, normed, Value(b.const(eps, "f32"), "f32")], config)
+    weights.prepare_x(b, normed, K, config)
     with b.loop(0, p.tile_n, p.rows_per_call, "r") as r:
         w_row = b.affine(f"s0 * {p.tile_n} + s1", [tx, r], "w_row")
         b.dma(w_buf, WHOLE, hw, Window((w_row, 0), (p.rows_per_call, R), (R, 1)))

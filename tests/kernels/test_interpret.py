@@ -18,7 +18,8 @@ from torch_npu2.kernels.builders import EXTERNAL_KERNELS
 from torch_npu2.kernels.interpret import (KERNEL_ARGUMENT_ACCESS, Interpreter, KernelOverrun, OutOfBounds,
                                           TileAliasing, TileRace, UninitializedRead, UnsupportedOp,
                                           UnwrittenOutput, canonical_text)
-from torch_npu2.kernels.catalog import flash_attn_program, o_ffn_program, o_gemv_ffn_program, rms_gemms_rope_program
+from torch_npu2.kernels.catalog import (flash_attn_program, lm_head_gemv_program, o_ffn_program, o_gemv_ffn_program,
+                                        o_gemv_ffn_rms_gemv_rope_program, rms_gemms_rope_program)
 from torch_npu2.kernels.stitch import ObjectBuild, stitch
 from torch_npu2.kernels.toolchain import KERNEL_SOURCE_DIR
 
@@ -53,6 +54,11 @@ CASES = [(p, None) for p in programs_for_model(SMALL, (16, 32))] + [
     *[(p, None) for weights in ("q4_0", "q4_1", "q8_0")
       for p in programs_for_model(SMALL, (), weights=weights)],
     (o_gemv_ffn_program(256, 256, 2048, EPS, "q4_1"), {2: dict(k_chunk=1024)}),
+    # rows of whole 1024-element groups (quants transposed, x transposed in L1 by gemv_q_prepare_x/_vector) in
+    # every launch kind: the chained layer step and the LM head
+    *[(o_gemv_ffn_rms_gemv_rope_program(1024, 1024, 1024, EPS, 16, 8, 64, EPS, weights), None)
+      for weights in ("q4_0", "q4_1", "q8_0")],
+    (lm_head_gemv_program(1024, 512, "q4_1"), None),
 ]
 
 

@@ -31,10 +31,15 @@ def _exact_case(name: str, N: int, K: int) -> tuple[torch.Tensor, torch.Tensor]:
     fmt = quant.weight_format(name)
     blocks = K // quant.BLOCK
     quants = torch.randint(0, 256, (N, blocks, fmt.quant_bytes), dtype=torch.uint8, generator=gen)
-    scales = (2.0 ** torch.randint(-3, 2, (N, blocks, 1), generator=gen)).half().view(torch.uint8)
+    # powers of two of either sign; every other row's are fp16 subnormals (below 2^-14): each branch of the kernels'
+    # exact fp16 -> bf16 scale split (a row's exponents span few enough bits for its sums to stay exact)
+    base = torch.where(torch.arange(N) % 2 == 1, -19, 0).reshape(N, 1, 1)
+    sign = 1 - 2 * torch.randint(0, 2, (N, blocks, 1), generator=gen)
+    scales = (sign * 2.0 ** (base + torch.randint(-3, 2, (N, blocks, 1), generator=gen))).half().view(torch.uint8)
     pieces = [scales]
     if fmt.has_min:
-        pieces.append((-(2.0 ** torch.randint(-2, 2, (N, blocks, 1), generator=gen))).half().view(torch.uint8))
+        mins = -(2.0 ** (base + torch.randint(-2, 2, (N, blocks, 1), generator=gen)))
+        pieces.append(mins.half().view(torch.uint8))
     raw = torch.cat(pieces + [quants], dim=-1)
     x = torch.randint(-4, 5, (K,), generator=gen).to(torch.bfloat16)
     return quant.from_gguf_blocks(fmt, raw, K), x
@@ -73,3 +78,69 @@ def test_a_wrong_nibble_order_is_seen():
     gguf_order = q.view(8, -1, 2, 16).transpose(-1, -2).reshape(8, 576)  # elements 0,16,1,17,... as 0,1,2,3,...
     expected = F.linear(x.float(), (d.repeat_interleave(32, 1) * gguf_order.float() + m.repeat_interleave(32, 1)))
     assert not torch.equal(host_build.gemv_packed(packed, x, "q4_1", tile_rows=8), expected)
+
+
+def _bf16(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.bfloat16).float()  # round to nearest even
+
+
+def _split(v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    hi = _bf16(v)
+    mid = _bf16(v - hi)
+    return hi, mid, _bf16(v - hi - mid)
+
+
+def _scale_parts(h: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """gemv.cc's exact_scale_bits: fp16 bits h as three bf16 values whose sum is h's value."""
+    h = h.int() & 0xFFFF
+    sign, field = h & 0x8000, (h >> 10) & 31
+    n = torch.where(field > 0, 1024, 0) | (h & 1023)
+    e = field.clamp(min=1) - 25
+    bits = (sign | ((e + 138) << 7) | (n >> 4), sign | ((e + 131) << 7) | ((n & 15) << 3),
+            (sign ^ 0x8000) | ((e + 138) << 7) | 1)
+    return tuple((b.int() << 16).view(torch.float32) for b in bits)
+
+
+def _lane_model(name: str, packed: torch.Tensor, x: torch.Tensor, K: int) -> torch.Tensor:
+    """README's description of the transposed path, in torch fp32: a lane per block, (16 + q) x summed in element
+    order, 16 (Q4_0: 24) sum(x) taken away, the lane's sum in three bf16 parts times d's three, sum(x)'s times m's,
+    the lanes folded in halves."""
+    fmt = quant.weight_format(name)
+    q, d, m = quant.unpack_fields(fmt, packed, K)
+    N, groups = q.shape[0], K // 1024
+    q = q.float().view(N, groups, 32, 32)
+    xs = x.float().view(groups, 32, 32)
+    offset, bias = (16, 24 if name == "q4_0" else 16) if fmt.quant_bytes == 16 else (0, 0)
+    x_sums = torch.zeros(groups, 32)
+    for i in range(32):
+        x_sums = x_sums + xs[:, :, i]
+    x_parts = _split(x_sums)
+    acc = torch.zeros(N, 32)
+    for g in range(groups):
+        dot = torch.zeros(N, 32)
+        for i in range(32):
+            dot = dot + (offset + q[:, g, :, i]) * xs[g, :, i]
+        for part in x_parts if bias else ():
+            dot = dot + part[g] * -bias
+        blocks = slice(32 * g, 32 * g + 32)
+        for part in _split(dot):
+            for piece in _scale_parts(d[:, blocks].half().view(torch.int16)):
+                acc = acc + part * piece
+        for part in x_parts if m is not None else ():
+            for piece in _scale_parts(m[:, blocks].half().view(torch.int16)):
+                acc = acc + part[g] * piece
+    half = 16
+    while half:
+        acc = acc[:, :half] + acc[:, half:2 * half]
+        half //= 2
+    return acc[:, 0]
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_transposed_rows_compute_what_the_readme_says(name):
+    """The host path (the emulator's) is the described order of operations, bit for bit, on random weights."""
+    gen = torch.Generator().manual_seed(11)
+    K = 2048
+    packed = _packed(name, torch.randn(16, K, generator=gen))
+    x = torch.randn(K, generator=gen).to(torch.bfloat16)
+    assert torch.equal(host_build.gemv_packed(packed, x, name, tile_rows=8), _lane_model(name, packed, x, K))

@@ -298,6 +298,48 @@ template <typename T, unsigned N> vector<T, N> sub(const vector<T, N> &, const v
   return {};
 }
 
+// Integer bit operations and shifts: one vector-unit op per 32 lanes.
+template <typename T, unsigned N> vector<T, N> bit_and(const vector<T, N> &, const vector<T, N> &) {
+  count(Kind::Vector, aie_count::lane_ops(N));
+  return {};
+}
+template <typename T, unsigned N> vector<T, N> bit_or(const vector<T, N> &, const vector<T, N> &) {
+  count(Kind::Vector, aie_count::lane_ops(N));
+  return {};
+}
+template <typename T, unsigned N> vector<T, N> bit_xor(const vector<T, N> &, const vector<T, N> &) {
+  count(Kind::Vector, aie_count::lane_ops(N));
+  return {};
+}
+template <typename T, unsigned N> vector<T, N> upshift(const vector<T, N> &, unsigned) {
+  count(Kind::Vector, aie_count::lane_ops(N));
+  return {};
+}
+template <typename T, unsigned N> vector<T, N> downshift(const vector<T, N> &, unsigned) {
+  count(Kind::Vector, aie_count::lane_ops(N));
+  return {};
+}
+
+// Integers to the next wider integer type (4 -> 8, 8 -> 16 bits): one unpack per 512-bit register of the result
+// (aie_api's AIE2P vector::unpack_sign calls the unpack intrinsic once per native 512-bit output).
+template <typename T> struct wider;
+template <> struct wider<uint4> { using type = uint8_t; };
+template <> struct wider<int4> { using type = int8_t; };
+template <> struct wider<uint8_t> { using type = uint16_t; };
+template <> struct wider<int8_t> { using type = int16_t; };
+template <typename T, unsigned N> vector<typename wider<T>::type, N> unpack(const vector<T, N> &) {
+  count(Kind::Vector, aie_count::registers<typename wider<T>::type>(N));
+  return {};
+}
+
+// Two vectors' elements interleaved in chunks, returned as two vectors: a shuffle per 512-bit output register
+// (aie_api's AIE2P interleave_zip: one shuffle intrinsic per output vector).
+template <typename T, unsigned N>
+std::pair<vector<T, N>, vector<T, N>> interleave_zip(const vector<T, N> &, const vector<T, N> &, unsigned) {
+  count(Kind::Vector, 2 * aie_count::registers<T>(N));
+  return {};
+}
+
 // Integers to bf16 or float, as aie_api's AIE2P Fix2Float does it (detail/aie2p/elementary.hpp). Up to 16 bits:
 // a magic-number constant broadcast (a move), the values upshifted into an integer accumulator, the constant added
 // in it and subtracted again in floating point, and the float accumulator converted back (four vector ops per 32
