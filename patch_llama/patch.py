@@ -12,6 +12,7 @@ from ..host_memory import release_free_heap
 from ..kernels import DEFAULT_MATMUL_PRECISION, MATMUL_PRECISIONS, ModelDims, programs_for_model, quant
 from ..kernels.catalog import DECODE_WEIGHTS
 from ..kernels.stitch import npu2_build_problem
+from .kv_cache import NpuKVCache
 from .layer import NpuDecoderLayer, NpuLmHead, PackedProjections, SharedState
 from .transformers_compat import check_transformers
 
@@ -278,6 +279,8 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
     if packed:
         head = (head_weights, _pack_linear(state, runtime, model.lm_head, "lm_head", head_weights, source))
     _replace_forward(state, model.lm_head, NpuLmHead(model.lm_head, head))
+    _set_instance_attr(state, model, "_prepare_cache_for_generation",
+                       _npu_cache_by_default(model._prepare_cache_for_generation, model.config))
     _refuse_conversions(state, model)
     setattr(model, STATE_ATTR, state)
     release_free_heap()  # the weights' original storages, freed as their copies went into NPU buffers
@@ -296,6 +299,29 @@ def _gguf_formats(model, source: _GgufBlocks, weights: str) -> tuple[str, str]:
         raise _fail(f"weights={weights!r} asks for another format than the GGUF file's {fmt!r}")
     head = source.format_of("output.weight") or source.format_of("token_embd.weight") or fmt
     return fmt, head
+
+
+CACHE_KEYWORDS = ("past_key_values", "cache")  # generate()'s name for the model's cache (5.24 renamed it)
+
+
+def _npu_cache_by_default(prepare, config):
+    """generate()'s cache preparation, with an NpuKVCache where HF would create its default DynamicCache: a call
+    that passes its own cache, names a cache_implementation (static, offloaded, quantized, dynamic…) or sets
+    use_cache=False keeps HF's behaviour. The hook is GenerationMixin._prepare_cache_for_generation, which every
+    supported release calls once per generate() with the same arguments, after the user's cache is known and
+    before the first forward."""
+    from transformers import DynamicCache
+
+    def prepare_cache(generation_config, model_kwargs, generation_mode, batch_size, max_cache_length):
+        given = any(model_kwargs.get(name) is not None for name in CACHE_KEYWORDS)
+        result = prepare(generation_config, model_kwargs, generation_mode, batch_size, max_cache_length)
+        if given or generation_config.cache_implementation is not None:
+            return result
+        for name in CACHE_KEYWORDS:
+            if type(model_kwargs.get(name)) is DynamicCache:
+                model_kwargs[name] = NpuKVCache(config, max_length=max_cache_length)
+        return result
+    return prepare_cache
 
 
 def _projections(layer):
