@@ -280,7 +280,7 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
         head = (head_weights, _pack_linear(state, runtime, model.lm_head, "lm_head", head_weights, source))
     _replace_forward(state, model.lm_head, NpuLmHead(model.lm_head, head))
     _set_instance_attr(state, model, "_prepare_cache_for_generation",
-                       _npu_cache_by_default(model._prepare_cache_for_generation, model.config))
+                       _npu_cache_by_default(model._prepare_cache_for_generation, model.config, signature.cache))
     _refuse_conversions(state, model)
     setattr(model, STATE_ATTR, state)
     release_free_heap()  # the weights' original storages, freed as their copies went into NPU buffers
@@ -301,25 +301,23 @@ def _gguf_formats(model, source: _GgufBlocks, weights: str) -> tuple[str, str]:
     return fmt, head
 
 
-CACHE_KEYWORDS = ("past_key_values", "cache")  # generate()'s name for the model's cache (5.24 renamed it)
-
-
-def _npu_cache_by_default(prepare, config):
-    """generate()'s cache preparation, with an NpuKVCache where HF would create its default DynamicCache: a call
-    that passes its own cache, names a cache_implementation (static, offloaded, quantized, dynamic…) or sets
+def _npu_cache_by_default(prepare, config, cache_keyword: str):
+    """generate()'s cache preparation, with an NpuKVCache where HF would use its default DynamicCache: a call that
+    passes its own cache, names a cache_implementation (static, offloaded, quantized, dynamic…) or sets
     use_cache=False keeps HF's behaviour. The hook is GenerationMixin._prepare_cache_for_generation, which every
-    supported release calls once per generate() with the same arguments, after the user's cache is known and
-    before the first forward."""
+    supported release calls once per generate() with the same arguments, after the user's cache is known and before
+    the first forward: 5.23 and later create the default DynamicCache there (replaced), earlier releases leave it to
+    the model's first forward (the NpuKVCache is put in first). ``cache_keyword``: generate()'s name for the cache
+    (the decoder layer's: past_key_values, cache from 5.24)."""
     from transformers import DynamicCache
 
     def prepare_cache(generation_config, model_kwargs, generation_mode, batch_size, max_cache_length):
-        given = any(model_kwargs.get(name) is not None for name in CACHE_KEYWORDS)
+        given = model_kwargs.get(cache_keyword) is not None
         result = prepare(generation_config, model_kwargs, generation_mode, batch_size, max_cache_length)
-        if given or generation_config.cache_implementation is not None:
+        if given or generation_config.cache_implementation is not None or generation_config.use_cache is False:
             return result
-        for name in CACHE_KEYWORDS:
-            if type(model_kwargs.get(name)) is DynamicCache:
-                model_kwargs[name] = NpuKVCache(config, max_length=max_cache_length)
+        if model_kwargs.get(cache_keyword) is None or type(model_kwargs[cache_keyword]) is DynamicCache:
+            model_kwargs[cache_keyword] = NpuKVCache(config, max_length=max_cache_length)
         return result
     return prepare_cache
 
