@@ -282,11 +282,21 @@ def _decode_attention(q: torch.Tensor, k_slab: torch.Tensor, v_slab: torch.Tenso
     ``v_slab``: the sequence's (capacity, kv_heads * head_dim) bf16 slabs, position-major and contiguous, whose
     row ``length - 1`` already holds the new token's K/V. Attends to rows ``start``..``length - 1`` (``start``:
     the sequence's left padding), GQA with ``heads // kv_heads`` queries per KV head, scores scaled by ``scale``.
-    Returns (heads * head_dim,) bf16, the input o_gemv_ffn reads. On the host for now, with ``_host_attention``'s
-    numerics (fp32 scores and softmax, bf16 probabilities, fp32 accumulation)."""
-    rows = length - start
-    keys, values = (slab[start:length].view(1, rows, -1, head_dim).transpose(1, 2) for slab in (k_slab, v_slab))
-    return _host_attention(q.view(1, -1, 1, head_dim), keys, values, None, scale).reshape(-1)
+    Returns (heads * head_dim,) bf16, the input o_gemv_ffn reads. On the host for now: ``_host_attention``'s
+    operations for one query (fp32 scores and softmax, probabilities rounded to bf16, P·V accumulated in fp32 and
+    rounded to bf16 once), without its blocking and masks, so the same bits for fewer host operations."""
+    rows, kv_dim = length - start, k_slab.shape[1]
+    kv_heads = kv_dim // head_dim
+    fp32 = dict(dtype=torch.float32, memory_format=torch.contiguous_format)
+    # (kv_heads, rows, head_dim) and (kv_heads, group, head_dim) in fp32: each KV head's query group is one matmul
+    keys, values = (slab[start:length].view(rows, kv_heads, head_dim).transpose(0, 1).to(**fp32)
+                    for slab in (k_slab, v_slab))
+    queries = q.view(kv_heads, -1, head_dim).to(**fp32)
+    scores = torch.empty(kv_heads, queries.shape[1], rows)
+    torch.baddbmm(scores, queries, keys.transpose(1, 2), beta=0, alpha=scale, out=scores)
+    torch.softmax(scores, dim=-1, out=scores)
+    probabilities = scores.to(torch.bfloat16).to(torch.float32)
+    return torch.bmm(probabilities, values).to(torch.bfloat16).view(-1)
 
 
 class _PositionedCache:

@@ -225,16 +225,20 @@ def test_a_mask_other_than_left_padding_attends_on_the_host_with_the_mask(runtim
     assert torch.equal(logits["npu"], logits["host"])
 
 
-def test_decode_attention_seam_matches_host_attention_over_the_rows(runtime):
-    """The seam's contract: rows start..length-1 of the slabs, GQA, _host_attention's numerics."""
-    torch.manual_seed(1)
-    heads, kv_heads, head_dim, capacity = 6, 2, 16, 12
+@pytest.mark.parametrize("heads, kv_heads, head_dim, start, length", [
+    (6, 2, 16, 3, 9), (6, 2, 16, 0, 1), (32, 8, 64, 0, 700), (9, 3, 64, 5, 300)])
+def test_decode_attention_seam_matches_host_attention_over_the_rows(heads, kv_heads, head_dim, start, length):
+    """The seam's contract: rows start..length-1 of the slabs, GQA, the same bits as _host_attention."""
+    torch.manual_seed(length)
+    capacity = length + 4
     q = torch.randn(heads * head_dim).bfloat16()
     k, v = (torch.randn(capacity, kv_heads * head_dim).bfloat16() for _ in range(2))
-    out = layer_module._decode_attention(q, k, v, 3, 9, head_dim, 0.25)
-    keys, values = (t[3:9].view(1, 6, kv_heads, head_dim).transpose(1, 2) for t in (k, v))
-    want = layer_module._host_attention(q.view(1, heads, 1, head_dim), keys, values, None, 0.25).reshape(-1)
+    scale = head_dim ** -0.5
+    out = layer_module._decode_attention(q, k, v, start, length, head_dim, scale)
+    rows = length - start
+    keys, values = (t[start:length].view(1, rows, kv_heads, head_dim).transpose(1, 2) for t in (k, v))
+    want = layer_module._host_attention(q.view(1, heads, 1, head_dim), keys, values, None, scale).reshape(-1)
     assert out.shape == (heads * head_dim,) and out.dtype == torch.bfloat16
     assert torch.equal(out, want)
-    k[9:] = float("nan")  # rows past length are never read
-    assert torch.equal(layer_module._decode_attention(q, k, v, 3, 9, head_dim, 0.25), want)
+    k[length:], k[:start] = float("nan"), float("nan")  # rows outside start..length-1 are never read
+    assert torch.equal(layer_module._decode_attention(q, k, v, start, length, head_dim, scale), want)
