@@ -355,7 +355,8 @@ def _cache_keyword(model_class: type) -> str:
     """generate()'s keyword for a Cache: ``cache`` from transformers 5.24 on, ``past_key_values`` before."""
     import inspect
 
-    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
+    forward = getattr(model_class, "forward", None)
+    return "cache" if forward is not None and "cache" in inspect.signature(forward).parameters else "past_key_values"
 
 
 def context_of(model) -> int | None:
