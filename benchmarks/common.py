@@ -112,7 +112,8 @@ def unreachable_eos(model) -> int:
     return model.config.vocab_size
 
 
-def timed_generate(model, ids: torch.Tensor, decode_steps: int, on_first_step=None) -> tuple[float, list[float]]:
+def timed_generate(model, ids: torch.Tensor, decode_steps: int, on_first_step=None,
+                   **generate_kwargs) -> tuple[float, list[float]]:
     """Greedy generate() of ``decode_steps + 1`` tokens; returns (prefill seconds, per decode step seconds)."""
     from transformers import LogitsProcessorList
 
@@ -122,7 +123,7 @@ def timed_generate(model, ids: torch.Tensor, decode_steps: int, on_first_step=No
     with torch.no_grad():
         model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False,
                        pad_token_id=0, eos_token_id=unreachable_eos(model),
-                       logits_processor=LogitsProcessorList([clock]))
+                       logits_processor=LogitsProcessorList([clock]), **generate_kwargs)
     stamps = [start] + clock.stamps
     return stamps[1] - stamps[0], [b - a for a, b in zip(stamps[1:], stamps[2:])]
 

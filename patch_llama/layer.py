@@ -2,8 +2,11 @@
 
 Prefill (more than one new token) runs rms_gemms_rope → flash_attn → o_ffn on each sequence's real
 tokens, padded at the end to a compiled bucket length; decode (one new token) runs rms_gemv_rope →
-attention over HF's KV cache on the host → o_gemv_ffn. HF's Cache object stays the single source of
-truth for K/V, so every generate() feature that relies on it keeps working.
+attention over the KV cache → o_gemv_ffn. The Cache object generate() hands the layers stays the single
+source of truth for K/V, so every generate() feature that relies on it keeps working. With an NpuKVCache
+(patch_llama/kv_cache.py, the patched model's default) decode writes the new K/V rows into its slabs and
+attends through ``_decode_attention``, the one seam the device's decode attention replaces; with HF's own
+caches it attends over HF's tensors on the host (``_host_attention``).
 
 In decode, a layer followed by another runs o_gemv_ffn_rms_gemv_rope instead of o_gemv_ffn: the next
 layer's rms_gemv_rope in the same dispatch, on this layer's output. The next layer takes those results
@@ -26,6 +29,7 @@ from ..kernels.program import pad_rows
 from ..ops import (build_rope_lut, flash_attn, lm_head_gemv, lm_head_gemv_packed, o_ffn, o_gemv_ffn,
                    o_gemv_ffn_packed, o_gemv_ffn_rms_gemv_rope, o_gemv_ffn_rms_gemv_rope_packed, rms_gemms_rope,
                    rms_gemv_rope, rms_gemv_rope_packed)
+from .kv_cache import NpuKVCache
 from .transformers_compat import LayerSignature
 
 
@@ -51,6 +55,7 @@ class SharedState:
     context: int | None = None  # the model's context (config.max_position_embeddings): longer prompts are refused
     lut_memo: tuple = (None, None, None)  # (cos tensor, its RoPE LUT, decode rows); holding cos keeps its id unique
     mask_memo: tuple = (None, None)  # (mask tensor, per-row first real token or None)
+    decode_mask_memo: tuple = (None, None)  # (decode mask tensor, per-row first key it may see, or None)
     chained: ChainedQkv | None = None  # handed from one decode layer to the next within a forward
     warned_attentions: bool = False  # output_attentions=True ran HF's layers, and the user was told once
 
@@ -100,6 +105,32 @@ class SharedState:
         if self.mask_memo[0] is not mask:
             self.mask_memo = (mask, _left_padding_starts(mask, seq))
         return self.mask_memo[1]
+
+
+    def decode_starts(self, mask, batch: int, kv_len: int):
+        """Per sequence, the first of the ``kv_len`` cached positions its new token attends to, when ``mask`` is
+        causal plus left padding (one forward's layers share the answer); None for any other mask."""
+        if mask is None:
+            return (0,) * batch
+        if self.decode_mask_memo[0] is not mask:
+            self.decode_mask_memo = (mask, _decode_starts(mask, batch, kv_len))
+        return self.decode_mask_memo[1]
+
+
+def _decode_starts(mask: torch.Tensor, batch: int, kv_len: int):
+    if mask.dim() != 4 or tuple(mask.shape) != (batch, 1, 1, kv_len):
+        return None
+    rows = mask[:, 0, 0]
+    if rows.dtype == torch.bool:
+        allowed, masked = rows, ~rows
+    else:  # additive: 0 where a key is seen, the dtype's minimum where it is not (HF's eager masks)
+        allowed, masked = rows == 0, rows == torch.finfo(rows.dtype).min
+    first = allowed.to(torch.uint8).argmax(dim=1)
+    positions = torch.arange(kv_len)
+    expected = positions >= first[:, None]  # left padding, then every key
+    if not (bool(allowed.any(dim=1).all()) and torch.equal(allowed, expected) and bool((allowed | masked).all())):
+        return None
+    return tuple(first.tolist())
 
 
 def _lut_rows(lut: torch.Tensor, batch: int) -> tuple[torch.Tensor, ...]:
@@ -243,6 +274,32 @@ def _keys_seen(block_mask: torch.Tensor, kv_len: int) -> int:
     return int(allowed.any(dim=0).nonzero()[-1]) + 1
 
 
+def _decode_attention(q: torch.Tensor, k_slab: torch.Tensor, v_slab: torch.Tensor, start: int, length: int,
+                      head_dim: int, scale: float) -> torch.Tensor:
+    """One sequence's decode attention over its NpuKVCache slabs: the seam the NPU's decode attention replaces.
+
+    ``q``: the new token's roped queries, (heads * head_dim,) bf16 (rms_gemv_rope's output). ``k_slab``,
+    ``v_slab``: the sequence's (capacity, kv_heads * head_dim) bf16 slabs, position-major and contiguous, whose
+    row ``length - 1`` already holds the new token's K/V. Attends to rows ``start``..``length - 1`` (``start``:
+    the sequence's left padding), GQA with ``heads // kv_heads`` queries per KV head, scores scaled by ``scale``.
+    Returns (heads * head_dim,) bf16, the input o_gemv_ffn reads. On the host for now: ``_host_attention``'s
+    operations for one query (fp32 scores and softmax, probabilities rounded to bf16, P·V accumulated in fp32 and
+    rounded to bf16 once), without its blocking and masks, so the same bits for fewer host operations."""
+    rows, kv_dim = length - start, k_slab.shape[1]
+    kv_heads = kv_dim // head_dim
+    # fp32 copies in the slabs' own position-major layout (a straight conversion: regathering them head-major
+    # took 10 times as long at 2k tokens), then (kv_heads, rows, head_dim) views whose rows are kv_dim apart, which
+    # the batched matmuls read in place; each KV head's query group, (kv_heads, group, head_dim), is one matmul
+    keys, values = (slab[start:length].to(torch.float32).view(rows, kv_heads, head_dim).transpose(0, 1)
+                    for slab in (k_slab, v_slab))
+    queries = q.view(kv_heads, -1, head_dim).to(torch.float32)
+    scores = torch.empty(kv_heads, queries.shape[1], rows)
+    torch.baddbmm(scores, queries, keys.transpose(1, 2), beta=0, alpha=scale, out=scores)
+    torch.softmax(scores, dim=-1, out=scores)
+    probabilities = scores.to(torch.bfloat16).to(torch.float32)
+    return torch.bmm(probabilities, values).to(torch.bfloat16).view(-1)
+
+
 class _PositionedCache:
     """HF's cache for one call of a transformers ≤ 5.3 layer, whose caches take the rows' positions in
     ``update`` (a StaticCache writes the rows at position 0 without them)."""
@@ -317,7 +374,8 @@ class NpuDecoderLayer:
         if arguments.get("output_attentions"):
             return self._hf_layer_forward(hidden, arguments)
         cache = arguments.get(self.signature.cache)
-        if cache is not None and self.signature.cache_position:  # transformers ≤ 5.3: caches place rows by it
+        if cache is not None and self.signature.cache_position and type(cache) is not NpuKVCache:
+            # transformers ≤ 5.3: HF's caches place rows by cache_position (an NpuKVCache appends, as DynamicCache)
             cache = _PositionedCache(cache, arguments.get("cache_position"))
         position_embeddings = arguments.get("position_embeddings")
         if position_embeddings is None:
@@ -377,12 +435,15 @@ class NpuDecoderLayer:
         qkv_op = rms_gemv_rope if self.packed is None else rms_gemv_rope_packed
         if rows is None:
             rows = [qkv_op(x, norm_w, wq, wk, wv, lut, eps, *packed) for x, lut in zip(inputs, lut_rows)]
-        # (batch, heads, 1, head_dim) views of the op outputs; stacking only when there are several rows
-        v, q, k = (rows[0][i].view(1, n, 1, head_dim) if batch == 1 else
-                   torch.stack([r[i] for r in rows]).view(batch, n, 1, head_dim)
-                   for i, n in ((0, kv_heads), (1, heads), (2, kv_heads)))
-        keys, values = self._update_cache(cache, k, v)
-        attn = _sequence_rows(_host_attention(q, keys, values, mask, self.scale))
+        if type(cache) is NpuKVCache and not compiling:
+            attn = self._attend_over_slabs(cache.layers[self.layer_idx], rows, mask)
+        else:
+            # (batch, heads, 1, head_dim) views of the op outputs; stacking only when there are several rows
+            v, q, k = (rows[0][i].view(1, n, 1, head_dim) if batch == 1 else
+                       torch.stack([r[i] for r in rows]).view(batch, n, 1, head_dim)
+                       for i, n in ((0, kv_heads), (1, heads), (2, kv_heads)))
+            keys, values = self._update_cache(cache, k, v)
+            attn = _sequence_rows(_host_attention(q, keys, values, mask, self.scale))
         wo, norm2_w, w_gate_up, w_down = self.ffn_weights
         eps, following = self.eps_mlp, self.next_layer
         ffn_op = o_gemv_ffn if self.packed is None else o_gemv_ffn_packed
@@ -397,6 +458,24 @@ class NpuDecoderLayer:
         self.shared.chained = ChainedQkv(following, result, result._version, lut_rows, next_eps,
                                          [c[1:] for c in chained])
         return result
+
+    def _attend_over_slabs(self, slabs, rows, mask) -> list[torch.Tensor]:
+        """Decode attention with an NpuKVCache: each sequence's new K/V rows written into its slabs at the next
+        position (one small host copy each), then ``_decode_attention`` per sequence. A mask other than causal
+        plus left padding attends on the host over the slabs' HF views, with the mask as given."""
+        batch, position = len(rows), slabs.length
+        slabs.reserve(batch, position + 1)
+        k_slab, v_slab = slabs.k, slabs.v
+        for b, (v, _, k) in enumerate(rows):
+            k_slab[b, position] = k
+            v_slab[b, position] = v
+        slabs.length = length = position + 1
+        starts = self.shared.decode_starts(mask, batch, length)
+        if starts is None:
+            q = torch.stack([r[1] for r in rows]).view(batch, self.heads, 1, self.head_dim)
+            return list(_sequence_rows(_host_attention(q, slabs.keys, slabs.values, mask, self.scale)))
+        return [_decode_attention(r[1], k_slab[b], v_slab[b], starts[b], length, self.head_dim, self.scale)
+                for b, r in enumerate(rows)]
 
     def _prefill_weights(self, which: str):
         """The bf16 weights prefill's GEMMs take: the layer's own, or its packed projections dequantized on the host

@@ -12,6 +12,7 @@ from ..host_memory import release_free_heap
 from ..kernels import DEFAULT_MATMUL_PRECISION, MATMUL_PRECISIONS, ModelDims, programs_for_model, quant
 from ..kernels.catalog import DECODE_WEIGHTS
 from ..kernels.stitch import npu2_build_problem
+from .kv_cache import NpuKVCache
 from .layer import NpuDecoderLayer, NpuLmHead, PackedProjections, SharedState
 from .transformers_compat import check_transformers
 
@@ -278,6 +279,8 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
     if packed:
         head = (head_weights, _pack_linear(state, runtime, model.lm_head, "lm_head", head_weights, source))
     _replace_forward(state, model.lm_head, NpuLmHead(model.lm_head, head))
+    _set_instance_attr(state, model, "_prepare_cache_for_generation",
+                       _npu_cache_by_default(model._prepare_cache_for_generation, model.config, signature.cache))
     _refuse_conversions(state, model)
     setattr(model, STATE_ATTR, state)
     release_free_heap()  # the weights' original storages, freed as their copies went into NPU buffers
@@ -296,6 +299,27 @@ def _gguf_formats(model, source: _GgufBlocks, weights: str) -> tuple[str, str]:
         raise _fail(f"weights={weights!r} asks for another format than the GGUF file's {fmt!r}")
     head = source.format_of("output.weight") or source.format_of("token_embd.weight") or fmt
     return fmt, head
+
+
+def _npu_cache_by_default(prepare, config, cache_keyword: str):
+    """generate()'s cache preparation, with an NpuKVCache where HF would use its default DynamicCache: a call that
+    passes its own cache, names a cache_implementation (static, offloaded, quantized, dynamic…) or sets
+    use_cache=False keeps HF's behaviour. The hook is GenerationMixin._prepare_cache_for_generation, which every
+    supported release calls once per generate() with the same arguments, after the user's cache is known and before
+    the first forward: 5.23 and later create the default DynamicCache there (replaced), earlier releases leave it to
+    the model's first forward (the NpuKVCache is put in first). ``cache_keyword``: generate()'s name for the cache
+    (the decoder layer's: past_key_values, cache from 5.24)."""
+    from transformers import DynamicCache
+
+    def prepare_cache(generation_config, model_kwargs, generation_mode, batch_size, max_cache_length):
+        given = model_kwargs.get(cache_keyword) is not None
+        result = prepare(generation_config, model_kwargs, generation_mode, batch_size, max_cache_length)
+        if given or generation_config.cache_implementation is not None or generation_config.use_cache is False:
+            return result
+        if model_kwargs.get(cache_keyword) is None or type(model_kwargs[cache_keyword]) is DynamicCache:
+            model_kwargs[cache_keyword] = NpuKVCache(config, max_length=max_cache_length)
+        return result
+    return prepare_cache
 
 
 def _projections(layer):

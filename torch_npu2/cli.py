@@ -107,9 +107,9 @@ def _print_now(text: str) -> None:
     print(text, end="", flush=True)
 
 
-def _generate_stoppably(model, tokenizer, messages, sampling, on_text=lambda text: None):
+def _generate_stoppably(model, tokenizer, messages, sampling, on_text=lambda text: None, conversation=None):
     """generate() where Ctrl-C ends the answer after the current token (see ``chat.ctrl_c_sets``) rather than
-    raising wherever the interpreter happens to be."""
+    raising wherever the interpreter happens to be. ``conversation``: the chat's ConversationCache."""
     import threading
 
     from .chat import ctrl_c_sets
@@ -118,15 +118,15 @@ def _generate_stoppably(model, tokenizer, messages, sampling, on_text=lambda tex
     cancel = threading.Event()
     with ctrl_c_sets(cancel):
         return generate(model, tokenizer, chat_input_ids(tokenizer, messages), sampling, on_text=on_text,
-                        cancel=cancel)
+                        cancel=cancel, conversation=conversation)
 
 
-def _answer(model, tokenizer, messages, sampling, stream: bool):
+def _answer(model, tokenizer, messages, sampling, stream: bool, conversation=None):
     """Generate, stream (or print at the end) the answer, and the prefill/decode stats line on stderr. An answer
     stopped by Ctrl-C raises KeyboardInterrupt after its stats line, between tokens: the chat drops the turn, a
     single prompt exits 130."""
     on_text = _print_now if stream else (lambda text: None)
-    result = _generate_stoppably(model, tokenizer, messages, sampling, on_text=on_text)
+    result = _generate_stoppably(model, tokenizer, messages, sampling, on_text=on_text, conversation=conversation)
     print("" if stream else result.text, flush=True)
     if result.finish_reason == "length":
         print(_cut_off_line(model, result, sampling), file=sys.stderr)
@@ -201,10 +201,14 @@ def cmd_generate(args) -> int:
         return 0
     from .chat import ChatLoop, RefusedTurn, enable_line_editing
     from .patch_llama import PromptTooLongError
+    from .textgen import ConversationCache
+
+    conversation = ConversationCache()  # each turn prefills only what the cache of the earlier turns lacks
 
     def reply(messages):
         try:
-            return _answer(model, tokenizer, messages, sampling, stream=not args.no_stream).text
+            return _answer(model, tokenizer, messages, sampling, stream=not args.no_stream,
+                           conversation=conversation).text
         except PromptTooLongError as exc:
             raise RefusedTurn(exc) from None
 

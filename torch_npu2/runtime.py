@@ -13,6 +13,7 @@ input's sync costs a cache flush of its bytes; the decode inputs are a few KB.
 """
 from __future__ import annotations
 
+import math
 import weakref
 from collections import Counter, defaultdict
 from contextlib import contextmanager
@@ -131,13 +132,19 @@ class Runtime:
         if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu":
             raise ValueError(f"pin: expected a CPU tensor, got {type(tensor).__name__} on "
                              f"{getattr(tensor, 'device', None)}")
-        buffer = self._new_buffer(max(tensor.numel() * tensor.element_size(), 1))
-        pinned, lease = buffer.tensor(tuple(tensor.shape), tensor.dtype)
+        pinned = self.empty(tuple(tensor.shape), tensor.dtype)
         pinned.copy_(tensor)
-        address = pinned.untyped_storage().data_ptr()
+        return pinned
+
+    def empty(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        """An uninitialized BO-backed tensor of its own BO, resident until its storage dies (``pin``'s buffer; a KV
+        cache's slabs, which the host writes and ops read)."""
+        buffer = self._new_buffer(max(math.prod(shape) * dtype.itemsize, 1))
+        tensor, lease = buffer.tensor(shape, dtype)
+        address = tensor.untyped_storage().data_ptr()
         self._resident[address] = buffer
         weakref.finalize(lease, self._resident.pop, address, None)
-        return pinned
+        return tensor
 
     def is_bo_backed(self, tensor: torch.Tensor) -> bool:
         return tensor.untyped_storage().data_ptr() in self._resident

@@ -31,8 +31,8 @@ from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException
 
 from .patch_llama import PromptTooLongError
-from .textgen import (Generation, Sampling, SamplingError, TokenLogprob, chat_input_ids, check_request, generate,
-                      text_input_ids)
+from .textgen import (ConversationCache, Generation, Sampling, SamplingError, TokenLogprob, chat_input_ids,
+                      check_request, generate, text_input_ids)
 
 API_KEY_VARIABLE = "TORCH_NPU2_API_KEY"
 DEFAULT_MAX_TOKENS = 256
@@ -151,8 +151,8 @@ class Job:
     def _post(self, event) -> None:
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)
 
-    def run(self, model, tokenizer) -> Generation | None:
-        """On the generation thread."""
+    def run(self, model, tokenizer, conversation: ConversationCache | None = None) -> Generation | None:
+        """On the generation thread. ``conversation``: the cache the previous request left (the Worker's)."""
         behind: list[TokenLogprob] = []  # generate hands a piece's logprobs over just before its text
 
         def on_text(text: str) -> None:
@@ -161,7 +161,7 @@ class Job:
 
         try:
             result = generate(model, tokenizer, self.input_ids, self.sampling, on_text=on_text, cancel=self.cancel,
-                              on_logprobs=behind.extend)
+                              on_logprobs=behind.extend, conversation=conversation)
         except Exception as exc:  # reported to the request; the server goes on
             log.exception("generation failed")
             self._post(("error", exc))
@@ -171,12 +171,15 @@ class Job:
 
 
 class Worker:
-    """One generation at a time on one thread, in arrival order; at most ``max_queue`` jobs wait behind it."""
+    """One generation at a time on one thread, in arrival order; at most ``max_queue`` jobs wait behind it. It keeps
+    the KV cache of the last generation: a request whose prompt starts with that one's prompt and answer (the next
+    turn of the same chat) prefills only its new tokens."""
 
     def __init__(self, model, tokenizer, max_queue: int):
         if not isinstance(max_queue, int) or max_queue < 0:
             raise ValueError(f"max_queue must be an int >= 0, got {max_queue!r}")
         self.model, self.tokenizer, self.max_queue = model, tokenizer, max_queue
+        self.conversation = ConversationCache()
         self.outstanding = 0  # accepted and not finished: the running job and those waiting
         self.finished: deque[JobRecord] = deque(maxlen=256)
         self._jobs: asyncio.Queue | None = None
@@ -214,7 +217,8 @@ class Worker:
                     self.finished.append(JobRecord("cancelled", 0, started, started))
                     continue
                 self._current = job
-                result = await loop.run_in_executor(self._executor, job.run, self.model, self.tokenizer)
+                result = await loop.run_in_executor(self._executor, job.run, self.model, self.tokenizer,
+                                                    self.conversation)
                 if result is not None:
                     self.finished.append(JobRecord(result.finish_reason, result.completion_tokens, started,
                                                    time.perf_counter()))
@@ -284,7 +288,8 @@ def _completion_logprobs(entries: list[TokenLogprob] | None) -> dict | None:
 
 def _usage(result: Generation) -> dict:
     return {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
-            "total_tokens": result.prompt_tokens + result.completion_tokens}
+            "total_tokens": result.prompt_tokens + result.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": result.cached_tokens}}  # not prefilled again (Worker)
 
 
 def _sse(payload) -> str:

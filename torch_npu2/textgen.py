@@ -235,10 +235,13 @@ class Generation:
     time_to_first_token: float | None
     seconds: float
     logprobs: list[TokenLogprob] | None = None  # the tokens of ``text``, when Sampling.logprobs asked for them
+    cached_tokens: int = 0  # prompt tokens a ConversationCache already held: not prefilled again
 
     @property
     def prefill_tokens_per_second(self) -> float | None:
-        return self.prompt_tokens / self.time_to_first_token if self.time_to_first_token else None
+        """Tokens prefilled (the prompt's, less the cached ones) over the time to the first token."""
+        prefilled = self.prompt_tokens - self.cached_tokens
+        return prefilled / self.time_to_first_token if self.time_to_first_token else None
 
     @property
     def decode_tokens_per_second(self) -> float | None:
@@ -251,7 +254,8 @@ class Generation:
         if self.time_to_first_token is None:
             return f"[{self.prompt_tokens} prompt tokens, no token generated in {self.seconds:.2f} s]"
         decode = self.decode_tokens_per_second
-        return (f"[prefill: {self.prompt_tokens} tokens, first token after {self.time_to_first_token:.2f} s "
+        cached = f" ({self.cached_tokens} of them cached)" if self.cached_tokens else ""
+        return (f"[prefill: {self.prompt_tokens} tokens{cached}, first token after {self.time_to_first_token:.2f} s "
                 f"({self.prefill_tokens_per_second:.1f} tok/s) | decode: {self.completion_tokens} tokens, "
                 + (f"{decode:.1f} tok/s" if decode is not None else "no decode step") + "]")
 
@@ -296,6 +300,65 @@ def _flag_criteria(is_set: Callable[[], bool]):
     return FlagCriteria()
 
 
+class ConversationCache:
+    """One conversation's KV cache across generate() calls, and the tokens whose K/V it holds. A prompt that extends
+    the previous one (the next turn of a chat: the previous prompt, its answer, then the new message) reuses the
+    K/V of the tokens they share, so only the rest is prefilled; the cache is cropped back to where the prompt
+    departs from them (an answer the chat template tokenizes differently, say). Any other prompt, the same prompt
+    again among them, starts a new cache: its answer is the one a fresh run gives. With a patched model the cache
+    is its NpuKVCache (K/V in NPU buffers); an HF cache works the same way."""
+
+    def __init__(self):
+        self.cache = None
+        self.tokens: torch.Tensor | None = None  # (positions,): the token at each cached position
+        self.prompt_tokens = 0  # how many of them were the previous prompt
+
+    def reusable(self, input_ids: torch.Tensor) -> int:
+        """How many of ``input_ids``' (1, S) first tokens the cache holds and may serve: 0 unless the prompt
+        extends the previous one (leaving at least one token to feed)."""
+        if self.cache is None:
+            return 0
+        prompt, held = input_ids[0], self.tokens
+        common = min(len(held), len(prompt) - 1)
+        differs = (held[:common] != prompt[:common]).nonzero()
+        common = int(differs[0]) if len(differs) else common
+        return common if common >= self.prompt_tokens else 0
+
+    def take(self, input_ids: torch.Tensor):
+        """The cache to hand generate() for ``input_ids`` (cropped to the tokens it shares with them) and how many
+        positions it holds; (None, 0) when there is nothing to reuse."""
+        reused = self.reusable(input_ids)
+        if reused == 0:
+            self.drop()
+            return None, 0
+        extra = self.cache.get_seq_length() - reused
+        if extra:
+            self.cache.crop(-extra)
+        return self.cache, reused
+
+    def keep(self, cache, sequence: torch.Tensor, prompt_tokens: int) -> None:
+        """After generate(): ``cache`` holds the K/V of the first positions of ``sequence`` (1-D: the prompt, whose
+        first ``prompt_tokens`` it was, and the answer)."""
+        if cache is None:  # generate() kept no cache (use_cache=False)
+            self.drop()
+        else:
+            self.cache, self.tokens = cache, sequence[: cache.get_seq_length()].clone()
+            self.prompt_tokens = prompt_tokens
+
+    def drop(self) -> None:
+        """Forget the cache (a generation that did not finish leaves it holding positions no sequence records)."""
+        self.cache, self.tokens, self.prompt_tokens = None, None, 0
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_keyword(model_class: type) -> str:
+    """generate()'s keyword for a Cache: ``cache`` from transformers 5.24 on, ``past_key_values`` before."""
+    import inspect
+
+    forward = getattr(model_class, "forward", None)
+    return "cache" if forward is not None and "cache" in inspect.signature(forward).parameters else "past_key_values"
+
+
 def context_of(model) -> int | None:
     """The model's context in tokens (config.max_position_embeddings), if it states one."""
     return getattr(model.config, "max_position_embeddings", None)
@@ -323,9 +386,12 @@ def check_request(model, sampling: Sampling, prompt_tokens: int) -> None:
 def generate(model, tokenizer, input_ids: torch.Tensor, sampling: Sampling,
              on_text: Callable[[str], None] = lambda text: None,
              cancel: threading.Event | None = None,
-             on_logprobs: Callable[[list[TokenLogprob]], None] = lambda entries: None) -> Generation:
+             on_logprobs: Callable[[list[TokenLogprob]], None] = lambda entries: None,
+             conversation: ConversationCache | None = None) -> Generation:
     """Generate one answer for a (1, S) prompt, streaming its text to ``on_text`` (and, when ``sampling.logprobs``
     asks for them, the log-probabilities of the tokens behind each piece to ``on_logprobs`` just before it).
+    ``conversation``: the cache of earlier turns; the prompt's tokens it holds are not prefilled again, and it
+    holds this prompt and answer afterwards.
     ``check_request``'s errors come before any work, and the answer stops where the context ends (finish_reason "length"). Setting ``cancel`` ends it after the
     current token (finish_reason "cancelled"); a KeyboardInterrupt raised inside (by Ctrl-C or by ``on_text``)
     propagates to the caller."""
@@ -356,15 +422,26 @@ def generate(model, tokenizer, input_ids: torch.Tensor, sampling: Sampling,
     stop_kwargs = dict(stop_strings=list(sampling.stop), tokenizer=tokenizer) if sampling.stop else {}
     if sampling.seed is not None:
         torch.manual_seed(sampling.seed)
+    cache, cached = conversation.take(input_ids) if conversation is not None else (None, 0)
+    keyword = _cache_keyword(type(model))
+    cache_kwargs = {} if cache is None else {keyword: cache}
     started = time.perf_counter()
-    with torch.no_grad():
-        out = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
-                             streamer=_streamer(tokenizer, show, stop_text, clock,
-                                                tokens.add if tokens is not None else lambda token: None),
-                             stopping_criteria=criteria, logits_processor=LogitsProcessorList([adjustments]),
-                             pad_token_id=tokenizer.pad_token_id, max_new_tokens=max_new_tokens, **stop_kwargs,
-                             **sampling.generate_kwargs())
+    try:
+        with torch.no_grad():
+            out = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
+                                 streamer=_streamer(tokenizer, show, stop_text, clock,
+                                                    tokens.add if tokens is not None else lambda token: None),
+                                 stopping_criteria=criteria, logits_processor=LogitsProcessorList([adjustments]),
+                                 pad_token_id=tokenizer.pad_token_id, max_new_tokens=max_new_tokens, **stop_kwargs,
+                                 return_dict_in_generate=True, **cache_kwargs, **sampling.generate_kwargs())
+    except BaseException:
+        if conversation is not None:
+            conversation.drop()
+        raise
     seconds = time.perf_counter() - started
+    if conversation is not None:
+        conversation.keep(getattr(out, keyword), out.sequences[0], prompt_tokens)
+    out = out.sequences
     new_tokens = out[0, prompt_tokens:]
     ended_on_eos = len(new_tokens) > 0 and int(new_tokens[-1]) in _eos_ids(model, tokenizer)
     if cancel.is_set():
@@ -375,7 +452,7 @@ def generate(model, tokenizer, input_ids: torch.Tensor, sampling: Sampling,
         reason = "stop"
     first = clock.get("first_token")
     return Generation("".join(pieces), prompt_tokens, len(new_tokens), reason,
-                      None if first is None else first - started, seconds, logprobs)
+                      None if first is None else first - started, seconds, logprobs, cached)
 
 
 def _eos_ids(model, tokenizer) -> set[int]:

@@ -2,6 +2,7 @@
 import json
 
 import pytest
+import torch
 
 from benchmarks import common, host_overhead
 from tests.patch_llama.tiny import tiny_llama
@@ -21,18 +22,32 @@ def test_report_is_json_with_the_expected_fields(report):
     data = json.loads(json.dumps(report))
     assert data["layers"] == 2 and data["torch_threads"] == host_overhead.HOST_THREADS
     assert [c["context_tokens"] for c in data["contexts"]] == [8, 20]
-    for context in data["contexts"]:
+    assert [c["cache"] for c in data["contexts"]] == ["npu"] * 2
+    assert [c["cache"] for c in data["hf_cache_contexts"]] == ["hf"] * 2
+    for context in data["contexts"] + data["hf_cache_contexts"]:
         assert context["token_ms"] > 0 and context["host_attention_ms"] > 0
         assert context["host_overhead_ms"] == pytest.approx(context["token_ms"] - context["host_attention_ms"])
         assert len(context["per_layer_ms"]) == 2
         assert set(context["ops"]) == set(host_overhead.LAYER_DECODE_OPS) | {"lm_head_gemv"}  # decode only
         for name in host_overhead.LAYER_DECODE_OPS + ("lm_head_gemv",):  # 2 layers: the first one chains
             assert context["ops"][name]["calls_per_token"] == 1
-        assert context["per_generate_counts"]["runs"] == 1 + 2 * 3 + 4 * (2 + 2)  # prefill + 4 decode steps
+        # the first forward feeds the last prompt token over the filled cache, then 4 decode steps: L + 2 runs each
+        assert context["per_generate_counts"]["runs"] == 5 * (2 + 2)
         assert context["hot_functions"] and {"function", "own_us_per_token"} <= set(context["hot_functions"][0])
     dispatch = data["dispatch"]
     assert dispatch["library_define_impl_us"] > 0 and dispatch["custom_op_us"] > 0
     assert data["hf_framework"]["token_ms"] > 0
+
+
+def test_each_run_starts_from_the_filled_cache(report):
+    """The cache is cropped back between runs: every run decodes at the context it is labelled with."""
+    from benchmarks.host_overhead import _rewound, filled_cache
+
+    model = tiny_llama()
+    cache = filled_cache(model, "npu", 7)
+    assert cache.get_seq_length() == 7
+    cache.update(*(torch.zeros(1, 2, 3, 16, dtype=torch.bfloat16),) * 2, 0)
+    assert _rewound(cache, 7).get_seq_length(0) == 7
 
 
 def test_timer_wrappers_are_removed(report):

@@ -157,3 +157,24 @@ def test_sampling_matches_hf_with_same_seed(smollm2, seed):
     out = model.generate(ids, **kwargs)[0, ids.shape[1]:]
     agree = (ref[: len(out)] == out[: len(ref)]).int().cumprod(0).sum().item()
     assert agree >= 4, f"only {agree} sampled tokens agree: {tokenizer.decode(ref)!r} vs {tokenizer.decode(out)!r}"
+
+
+def test_the_npu_kv_cache_gives_the_host_paths_tokens(smollm2):
+    """The chat and raw prompts, and a batch with left padding, greedy with the patched model's default NpuKVCache and
+    with HF's DynamicCache passed explicitly (the host path before it): the same tokens."""
+    from transformers import DynamicCache
+
+    from torch_npu2.patch_llama.kv_cache import NpuKVCache
+
+    _, model, tokenizer, _ = smollm2
+    cases = [(f"{kind}: {text!r}", {"input_ids": ids}) for kind, text, ids in all_prompts(tokenizer)]
+    tokenizer.padding_side = "left"
+    batch = tokenizer(RAW_PROMPTS[:2], return_tensors="pt", padding=True)
+    cases.append(("left-padded batch", {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}))
+    for label, inputs in cases:
+        kwargs = dict(max_new_tokens=24, do_sample=False, return_dict_in_generate=True,
+                      pad_token_id=tokenizer.pad_token_id, **inputs)
+        npu = model.generate(**kwargs)
+        host = model.generate(past_key_values=DynamicCache(config=model.config), **kwargs)
+        assert type(npu.past_key_values) is NpuKVCache, label
+        assert torch.equal(npu.sequences, host.sequences), label

@@ -248,3 +248,76 @@ def test_the_end_of_piped_input_ends_the_prompts_line_where_the_prompt_went():
     out, err = io.StringIO(), io.StringIO()
     assert ChatLoop(Replies(), read_line=_scripted(EOFError), err=err, out=out).run() == 0
     assert out.getvalue() == "\n"
+
+
+class CountPrefilledTokens:
+    """Counts the tokens each prefill forward of the patched decoder layers is handed (layer 0's calls)."""
+
+    def __init__(self, monkeypatch):
+        from torch_npu2.patch_llama.layer import NpuDecoderLayer
+
+        self.tokens = []
+        prefill = NpuDecoderLayer._prefill
+
+        def counted(layer, hidden, *args):
+            if layer.layer_idx == 0:
+                self.tokens.append(hidden.shape[1])
+            return prefill(layer, hidden, *args)
+
+        monkeypatch.setattr(NpuDecoderLayer, "_prefill", counted)
+
+
+def test_a_conversation_cache_prefills_only_the_new_turn_and_answers_as_a_fresh_run(tiny_patched, monkeypatch):
+    from torch_npu2.patch_llama.kv_cache import NpuKVCache
+    from torch_npu2.textgen import ConversationCache
+
+    model, tokenizer = tiny_patched
+    conversation, prefilled = ConversationCache(), CountPrefilledTokens(monkeypatch)
+    messages = [{"role": "user", "content": "Hello"}]
+    first_ids = chat_input_ids(tokenizer, messages)
+    first = generate(model, tokenizer, first_ids, Sampling(max_new_tokens=6), conversation=conversation)
+    assert first.cached_tokens == 0 and prefilled.tokens == [first_ids.shape[1]]
+    assert type(conversation.cache) is NpuKVCache
+    messages += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "Tell me more"}]
+    ids = chat_input_ids(tokenizer, messages)
+    cached = conversation.reusable(ids)
+    assert cached > first_ids.shape[1]  # the first prompt and (some of) its answer
+    second = generate(model, tokenizer, ids, Sampling(max_new_tokens=6), conversation=conversation)
+    assert second.cached_tokens == cached and prefilled.tokens[1:] == [ids.shape[1] - cached]
+    assert f"({cached} of them cached)" in second.stats_line()
+    fresh = generate(model, tokenizer, ids, Sampling(max_new_tokens=6))
+    assert second.text == fresh.text and prefilled.tokens[2:] == [ids.shape[1]]
+
+
+def test_a_conversation_cache_serves_only_prompts_that_extend_the_previous_one(tiny_patched):
+    from torch_npu2.textgen import ConversationCache
+
+    model, tokenizer = tiny_patched
+    conversation = ConversationCache()
+    ids = chat_input_ids(tokenizer, [{"role": "user", "content": "Hello"}])
+    generate(model, tokenizer, ids, Sampling(max_new_tokens=3), conversation=conversation)
+    assert conversation.reusable(ids) == 0  # the same prompt again: a fresh run
+    other = chat_input_ids(tokenizer, [{"role": "user", "content": "Goodbye"}])
+    assert conversation.reusable(other) == 0
+    longer = torch.cat([conversation.tokens[None], torch.tensor([[5, 6]])], dim=1)
+    assert conversation.reusable(longer) == len(conversation.tokens)
+    departs = longer.clone()
+    departs[0, ids.shape[1] + 1] += 1  # the second answer token differs: the cache is cropped to the first
+    assert conversation.reusable(departs) == ids.shape[1] + 1
+    cache, held = conversation.take(departs)
+    assert held == cache.get_seq_length() == ids.shape[1] + 1
+
+
+def test_an_interrupted_generation_drops_the_conversation_cache(tiny_patched):
+    from torch_npu2.textgen import ConversationCache
+
+    model, tokenizer = tiny_patched
+    conversation = ConversationCache()
+    ids = chat_input_ids(tokenizer, [{"role": "user", "content": "Hello"}])
+
+    def interrupt(text):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        generate(model, tokenizer, ids, Sampling(max_new_tokens=6), on_text=interrupt, conversation=conversation)
+    assert conversation.cache is None and conversation.reusable(ids) == 0

@@ -493,3 +493,21 @@ def test_serve_in_a_real_process_answers_on_the_port_it_bound_and_ctrl_c_stops_i
         server.kill()
     err = server.stderr.read()
     assert "Application shutdown complete" in err and "Traceback" not in err
+
+
+@pytest.mark.filterwarnings("ignore:patch_llama. LlamaForCausalLM runs here on the emulated NPU2:UserWarning")
+def test_the_chat_prefills_only_each_new_turn(tiny_cli, tiny_checkpoint, capsys, monkeypatch):
+    """The second turn reuses the first turn's cache (its stats line says how much) and answers as a fresh run of
+    the whole conversation; after /reset the same first message is a fresh prompt."""
+    lines = iter(["Hello", "Tell me more", "/reset", "Hello", "/exit"])
+    monkeypatch.setattr("builtins.input", lambda prompt: next(lines))
+    assert cli.main([*tiny_cli, "--max-new-tokens", "4", "--no-stream"]) == 0
+    captured = capsys.readouterr()
+    stats = [line for line in captured.err.splitlines() if line.startswith("[prefill:")]
+    assert len(stats) == 3
+    assert "cached" not in stats[0] and "of them cached)" in stats[1] and "cached" not in stats[2]
+    first, second, third = captured.out.splitlines()[-3:]
+    assert third == first
+    conversation = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": first},
+                    {"role": "user", "content": "Tell me more"}]
+    assert second == _reference_answer(tiny_checkpoint, conversation, 4)

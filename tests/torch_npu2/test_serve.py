@@ -372,3 +372,20 @@ def test_a_dozen_concurrent_default_clients_all_get_answers(tiny_patched):
         for thread in threads:
             thread.join(timeout=300)
     assert errors == [] and answers == [expected] * 12
+
+
+def test_a_request_that_extends_the_previous_one_prefills_only_its_new_tokens(server, client):
+    _, worker, model, tokenizer = server
+    first = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=5, temperature=0)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    follow = HELLO + [{"role": "assistant", "content": first.choices[0].message.content},
+                      {"role": "user", "content": "And then?"}]
+    ids = chat_input_ids(tokenizer, follow)
+    cached = worker.conversation.reusable(ids)
+    assert cached > chat_input_ids(tokenizer, HELLO).shape[1]
+    second = client.chat.completions.create(model=MODEL, messages=follow, max_tokens=5, temperature=0)
+    assert second.usage.prompt_tokens_details.cached_tokens == cached
+    assert second.usage.prompt_tokens == ids.shape[1]
+    assert second.choices[0].message.content == _greedy(model, tokenizer, ids, 5)  # a fresh run's answer
+    again = client.chat.completions.create(model=MODEL, messages=follow, max_tokens=5, temperature=0)
+    assert again.usage.prompt_tokens_details.cached_tokens == 0  # the same prompt again is not an extension
