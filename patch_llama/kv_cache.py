@@ -24,6 +24,7 @@ import inspect
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
+from ..kernels.catalog import DECODE_ATTN_ROWS_MULTIPLE
 from ..ops import device_empty
 
 GROW_TOKENS = 1024  # a cache reused across turns grows to a multiple of this many rows (at least doubling)
@@ -90,7 +91,7 @@ class NpuKVLayer(DynamicLayer):
             self._allocate(key_states.shape[0], max(self.capacity_hint, key_states.shape[-2]))
 
     def _allocate(self, batch: int, rows: int) -> None:
-        rows = max(rows, 1)
+        rows = -(-max(rows, 1) // DECODE_ATTN_ROWS_MULTIPLE) * DECODE_ATTN_ROWS_MULTIPLE  # what npu2.decode_attn reads
         self.dtype, self.device, self.is_initialized = torch.bfloat16, torch.device("cpu"), True
         k = device_empty((batch, rows, self.kv_dim), torch.bfloat16)
         v = device_empty((batch, rows, self.kv_dim), torch.bfloat16)

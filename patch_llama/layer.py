@@ -25,10 +25,11 @@ import torch.nn.functional as F
 
 from ..host_memory import release_free_heap
 from ..kernels import DEFAULT_MATMUL_PRECISION, quant
+from ..kernels.catalog import decode_attn_capacity
 from ..kernels.program import pad_rows
-from ..ops import (build_rope_lut, flash_attn, lm_head_gemv, lm_head_gemv_packed, o_ffn, o_gemv_ffn,
-                   o_gemv_ffn_packed, o_gemv_ffn_rms_gemv_rope, o_gemv_ffn_rms_gemv_rope_packed, rms_gemms_rope,
-                   rms_gemv_rope, rms_gemv_rope_packed)
+from ..ops import (build_rope_lut, decode_attn, decode_attn_length, decode_attn_o_gemv_ffn_rms_gemv_rope, flash_attn,
+                   lm_head_gemv, lm_head_gemv_packed, o_ffn, o_gemv_ffn, o_gemv_ffn_packed, o_gemv_ffn_rms_gemv_rope,
+                   o_gemv_ffn_rms_gemv_rope_packed, rms_gemms_rope, rms_gemv_rope, rms_gemv_rope_packed)
 from .kv_cache import NpuKVCache
 from .transformers_compat import LayerSignature
 
@@ -276,15 +277,22 @@ def _keys_seen(block_mask: torch.Tensor, kv_len: int) -> int:
 
 def _decode_attention(q: torch.Tensor, k_slab: torch.Tensor, v_slab: torch.Tensor, start: int, length: int,
                       head_dim: int, scale: float) -> torch.Tensor:
-    """One sequence's decode attention over its NpuKVCache slabs: the seam the NPU's decode attention replaces.
+    """One sequence's decode attention over its NpuKVCache slabs.
 
     ``q``: the new token's roped queries, (heads * head_dim,) bf16 (rms_gemv_rope's output). ``k_slab``,
     ``v_slab``: the sequence's (capacity, kv_heads * head_dim) bf16 slabs, position-major and contiguous, whose
     row ``length - 1`` already holds the new token's K/V. Attends to rows ``start``..``length - 1`` (``start``:
     the sequence's left padding), GQA with ``heads // kv_heads`` queries per KV head, scores scaled by ``scale``.
-    Returns (heads * head_dim,) bf16, the input o_gemv_ffn reads. On the host for now: ``_host_attention``'s
-    operations for one query (fp32 scores and softmax, probabilities rounded to bf16, P·V accumulated in fp32 and
-    rounded to bf16 once), without its blocking and masks, so the same bits for fewer host operations."""
+    Returns (heads * head_dim,) bf16, the input o_gemv_ffn reads.
+
+    On the NPU (``npu2.decode_attn`` over the slabs' first capacity-bucket rows, the length as data) when the
+    sequence has no left padding and the scale is 1/sqrt(head_dim), the kernel's; otherwise on the host with
+    ``_host_attention``'s operations for one query (fp32 scores and softmax, probabilities rounded to bf16, P·V
+    accumulated in fp32 and rounded to bf16 once). The two differ in where the probabilities round (ARCHITECTURE.md,
+    "Decode attention"): within 2 bf16 ulps of the output's scale."""
+    on_device = _on_device_attention(q, k_slab, v_slab, start, length, head_dim, scale)
+    if on_device is not None:
+        return decode_attn(*on_device, head_dim)
     rows, kv_dim = length - start, k_slab.shape[1]
     kv_heads = kv_dim // head_dim
     # fp32 copies in the slabs' own position-major layout (a straight conversion: regathering them head-major
@@ -298,6 +306,31 @@ def _decode_attention(q: torch.Tensor, k_slab: torch.Tensor, v_slab: torch.Tenso
     torch.softmax(scores, dim=-1, out=scores)
     probabilities = scores.to(torch.bfloat16).to(torch.float32)
     return torch.bmm(probabilities, values).to(torch.bfloat16).view(-1)
+
+
+class DeviceAttention(NamedTuple):
+    """npu2.decode_attn's tensor arguments for one sequence: its queries, its slabs' first capacity-bucket rows and
+    its length, as data."""
+
+    q: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    length: torch.Tensor
+
+
+def _on_device_attention(q, k_slab, v_slab, start: int, length: int, head_dim: int, scale: float):
+    """The DeviceAttention of a ``_decode_attention`` call the NPU kernel takes (no left padding, the kernel's
+    1/sqrt(head_dim) scale), else None."""
+    if start != 0 or scale != head_dim ** -0.5:
+        return None
+    capacity = decode_attn_capacity(length, k_slab.shape[0])
+    return DeviceAttention(q, k_slab[:capacity], v_slab[:capacity], _length_digits(length))
+
+
+@functools.lru_cache(maxsize=16)
+def _length_digits(length: int) -> torch.Tensor:
+    """npu2.decode_attn's length argument, one tensor per length: every layer of a decode step passes the same one."""
+    return decode_attn_length(length)
 
 
 class _PositionedCache:
@@ -435,8 +468,9 @@ class NpuDecoderLayer:
         qkv_op = rms_gemv_rope if self.packed is None else rms_gemv_rope_packed
         if rows is None:
             rows = [qkv_op(x, norm_w, wq, wk, wv, lut, eps, *packed) for x, lut in zip(inputs, lut_rows)]
+        on_device = None
         if type(cache) is NpuKVCache and not compiling:
-            attn = self._attend_over_slabs(cache.layers[self.layer_idx], rows, mask)
+            attn, on_device = self._attend_over_slabs(cache.layers[self.layer_idx], rows, mask)
         else:
             # (batch, heads, 1, head_dim) views of the op outputs; stacking only when there are several rows
             v, q, k = (rows[0][i].view(1, n, 1, head_dim) if batch == 1 else
@@ -448,21 +482,32 @@ class NpuDecoderLayer:
         eps, following = self.eps_mlp, self.next_layer
         ffn_op = o_gemv_ffn if self.packed is None else o_gemv_ffn_packed
         if following is None or compiling or (following.packed is None) != (self.packed is None):
+            if on_device is not None:
+                attn = [decode_attn(*a, head_dim) for a in on_device]
             return _from_sequence_rows([ffn_op(a, wo, x, norm2_w, w_gate_up, w_down, eps, *packed)
                                         for a, x in zip(attn, inputs)])
         next_eps = following.eps_attn
-        chain_op = o_gemv_ffn_rms_gemv_rope if self.packed is None else o_gemv_ffn_rms_gemv_rope_packed
-        chained = [chain_op(a, wo, x, norm2_w, w_gate_up, w_down, *following.qkv_weights, lut, eps, next_eps, *packed)
-                   for a, x, lut in zip(attn, inputs, lut_rows)]
+        if on_device is not None and self.packed is None:  # attention, this layer's rest and the next's QKV: one run
+            chained = [decode_attn_o_gemv_ffn_rms_gemv_rope(*a, wo, x, norm2_w, w_gate_up, w_down,
+                                                            *following.qkv_weights, lut, head_dim, eps, next_eps)
+                       for a, x, lut in zip(on_device, inputs, lut_rows)]
+        else:
+            if on_device is not None:
+                attn = [decode_attn(*a, head_dim) for a in on_device]
+            chain_op = o_gemv_ffn_rms_gemv_rope if self.packed is None else o_gemv_ffn_rms_gemv_rope_packed
+            chained = [chain_op(a, wo, x, norm2_w, w_gate_up, w_down, *following.qkv_weights, lut, eps, next_eps,
+                                *packed) for a, x, lut in zip(attn, inputs, lut_rows)]
         result = _from_sequence_rows([c[0] for c in chained])
         self.shared.chained = ChainedQkv(following, result, result._version, lut_rows, next_eps,
                                          [c[1:] for c in chained])
         return result
 
-    def _attend_over_slabs(self, slabs, rows, mask) -> list[torch.Tensor]:
+    def _attend_over_slabs(self, slabs, rows, mask):
         """Decode attention with an NpuKVCache: each sequence's new K/V rows written into its slabs at the next
-        position (one small host copy each), then ``_decode_attention`` per sequence. A mask other than causal
-        plus left padding attends on the host over the slabs' HF views, with the mask as given."""
+        position (one small host copy each). Returns (attention outputs, None), computed by ``_decode_attention``
+        per sequence, or (None, a DeviceAttention per sequence) when the NPU kernel takes every sequence: the caller
+        runs it, alone or chained with the layer's FFN. A mask other than causal plus left padding attends on the
+        host over the slabs' HF views, with the mask as given."""
         batch, position = len(rows), slabs.length
         slabs.reserve(batch, position + 1)
         k_slab, v_slab = slabs.k, slabs.v
@@ -473,9 +518,13 @@ class NpuDecoderLayer:
         starts = self.shared.decode_starts(mask, batch, length)
         if starts is None:
             q = torch.stack([r[1] for r in rows]).view(batch, self.heads, 1, self.head_dim)
-            return list(_sequence_rows(_host_attention(q, slabs.keys, slabs.values, mask, self.scale)))
+            return list(_sequence_rows(_host_attention(q, slabs.keys, slabs.values, mask, self.scale))), None
+        on_device = [_on_device_attention(r[1], k_slab[b], v_slab[b], starts[b], length, self.head_dim, self.scale)
+                     for b, r in enumerate(rows)]
+        if all(a is not None for a in on_device):
+            return None, on_device
         return [_decode_attention(r[1], k_slab[b], v_slab[b], starts[b], length, self.head_dim, self.scale)
-                for b, r in enumerate(rows)]
+                for b, r in enumerate(rows)], None
 
     def _prefill_weights(self, which: str):
         """The bf16 weights prefill's GEMMs take: the layer's own, or its packed projections dequantized on the host

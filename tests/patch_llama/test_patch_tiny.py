@@ -66,12 +66,14 @@ def test_prefill_pads_to_bucket_and_tracks_length(runtime, pair):
 
 @pytest.mark.parametrize("layers", [2, 3])
 def test_one_decode_token_moves_what_architecture_md_says(runtime, layers):
-    """Per decode token of an L-layer model (L ≥ 2): L+2 dispatches (rms_gemv_rope for the first layer, then per
-    layer o_gemv_ffn_rms_gemv_rope, which also runs the next layer's rms_gemv_rope, or o_gemv_ffn for the last;
-    the LM head), no weight bytes, 2L+3 staged host copies (each layer's attention output; the step's RoPE LUT
-    row for each of the L runs that rotate; the first layer's input once for each of the two Programs that read
-    it; the LM head's row), L-1 syncs in place (a later layer's input is the previous run's output BO, bound as
-    it is and flushed, never copied) and one read-back per op output."""
+    """Per decode token of an L-layer model (L ≥ 2), with the NpuKVCache: L+3 dispatches (rms_gemv_rope for the
+    first layer; per layer but the last decode_attn_o_gemv_ffn_rms_gemv_rope, its attention over the cache, its
+    O projection and FFN and the next layer's rms_gemv_rope; decode_attn and o_gemv_ffn for the last; the LM head),
+    no weight bytes, 2L+3 staged host copies (the length digits for each of the L attention runs; the step's RoPE
+    LUT row for each of the L runs that rotate; the first layer's input once for each of the two Programs that
+    read it; the LM head's row), 4L syncs in place (each attention run's q and the two cache slabs, the last
+    layer's attention output, each later layer's input: the previous runs' output BOs and the cache's, bound as
+    they are and flushed, never copied) and one read-back per op output."""
     model = patch_llama(tiny_llama(num_hidden_layers=layers))
     ids = prompt(9)
 
@@ -83,14 +85,15 @@ def test_one_decode_token_moves_what_architecture_md_says(runtime, layers):
     counts(2)  # loads every Program and syncs the weights
     (stats2, xrt2), (stats3, xrt3) = counts(2), counts(3)  # the same prefill; the second decodes one more token
     token, token_xrt = stats3 - stats2, xrt3 - xrt2
-    assert token["runs"] == layers + 2
-    assert (token_xrt["runs:rms_gemv_rope"], token_xrt["runs:o_gemv_ffn_rms_gemv_rope"],
-            token_xrt["runs:o_gemv_ffn"]) == (1, layers - 1, 1)
+    assert token["runs"] == layers + 3
+    assert (token_xrt["runs:rms_gemv_rope"], token_xrt["runs:decode_attn_o_gemv_ffn_rms_gemv_rope"],
+            token_xrt["runs:decode_attn"], token_xrt["runs:o_gemv_ffn"]) == (1, layers - 1, 1, 1)
     assert token_xrt["bytes_to_device:weight"] == 0 == xrt3["syncs_to_device:weight"]
     assert token["host_copies"] == 2 * layers + 3
-    assert token["bo_inputs_synced"] == layers - 1
+    assert token["bo_inputs_synced"] == 4 * layers
     assert token_xrt["syncs_to_device"] == token["host_copies"] + token["bo_inputs_synced"]
-    assert token_xrt["syncs_from_device"] == 4 * layers + 1  # v, q_roped, k_roped, out per layer; the logits
+    # v, q_roped, k_roped, out per layer; the last layer's attention; the logits
+    assert token_xrt["syncs_from_device"] == 4 * layers + 2
 
 
 @pytest.mark.parametrize("edit", [None, "in_place", "replaced", "reordered"])
