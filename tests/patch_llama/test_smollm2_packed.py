@@ -43,7 +43,7 @@ def test_the_packed_blocks_are_hf_weights_before_rounding(smollm2_packed):
 def test_repr_says_what_the_npu_holds(smollm2_packed):
     _, model, _, _ = smollm2_packed
     text = repr(model.model.layers[0].self_attn.q_proj)
-    assert "Q4_1 packed 576×576" in text and "bf16 weight stays" in text
+    assert "Q4_1 packed 576×576" in text and "bf16 weight set aside" in text
     assert "Q8_0 packed 49152×576" in repr(model.lm_head)
 
 
