@@ -13,6 +13,7 @@ from ..kernels import DEFAULT_MATMUL_PRECISION, MATMUL_PRECISIONS, ModelDims, pr
 from ..kernels.catalog import DECODE_WEIGHTS
 from ..kernels.stitch import npu2_build_problem
 from .layer import NpuDecoderLayer, NpuLmHead, PackedProjections, SharedState
+from .gguf_file import PROJECTIONS, GgufFile
 from .spill import WeightSpill
 from .transformers_compat import check_transformers
 
@@ -27,7 +28,7 @@ class PatchState:
     shared: SharedState
     modules: list = field(default_factory=list)  # (module, attribute name, saved value or None)
     spill: WeightSpill | None = None  # the packed weights' bf16 originals, out of memory until unpatch_llama
-    # weights never loaded in bf16 (meta, from load_model's packed GGUF path): (parameter, format, packed words)
+    # Linears whose weight was never loaded in bf16 (meta, from load_model's packed GGUF path): (module, format, words)
     unloaded: list = field(default_factory=list)
 
 
@@ -174,37 +175,6 @@ def _pin_gate_up(runtime, mlp) -> torch.Tensor:
 
 
 # ---- packed weights ---------------------------------------------------------------------------------------------
-# HF module → the GGUF tensor that holds it (llama.cpp's names); the LM head of a tied model is the embedding.
-_GGUF_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-               "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-               "mlp.down_proj": "ffn_down"}
-
-
-class _GgufBlocks:
-    """A GGUF file's quantized tensors, read as raw blocks (nothing dequantized), rows in HF's order."""
-
-    def __init__(self, path, config):
-        import gguf
-
-        self.reader = gguf.GGUFReader(str(path))
-        self.tensors = {t.name: t for t in self.reader.tensors}
-        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
-
-    def format_of(self, name: str) -> str | None:
-        tensor = self.tensors.get(name)
-        kind = tensor.tensor_type.name.lower() if tensor is not None else None
-        return kind if kind in quant.FORMATS else None
-
-    def packed(self, name: str) -> torch.Tensor:
-        tensor = self.tensors[name]
-        K, N = (int(s) for s in tensor.shape)
-        rows = torch.from_numpy(tensor.data.reshape(N, -1).copy())
-        heads = {"attn_q": self.heads, "attn_k": self.kv_heads}.get(name.split(".")[-2])
-        if heads:  # llama.cpp permutes Q and K rows for its rotary layout; HF's loader reverses it (rows only)
-            rows = rows.reshape(heads, N // heads // 2, 2, -1).transpose(1, 2).reshape(N, -1)
-        return quant.from_gguf_blocks(quant.weight_format(self.format_of(name)), rows, K)
-
-
 def _quantize(weight: torch.Tensor, fmt: str) -> torch.Tensor:
     """GGUF's round-to-nearest quantization of a bf16 weight, packed."""
     if fmt == "q4_1":
@@ -257,7 +227,7 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
         return model
     buckets = _bucket_lengths(prefill_buckets)
     gguf = gguf if gguf is not None else getattr(model, GGUF_PATH_ATTR, None)
-    source = _GgufBlocks(gguf, model.config) if gguf is not None else None
+    source = GgufFile(gguf, model.config) if gguf is not None else None
     head_weights = weights
     if source is not None:
         weights, head_weights = _gguf_formats(model, source, weights)
@@ -323,18 +293,17 @@ def _set_aside(state: PatchState, params) -> None:
             state.spill.add(param)
 
 
-def _gguf_formats(model, source: _GgufBlocks, weights: str) -> tuple[str, str]:
-    """(projections' format, LM head's format) from the file: one packed format for every projection."""
-    formats = {source.format_of(f"blk.{i}.{name}.weight") for i in range(len(model.model.layers))
-               for name in _GGUF_NAMES.values()}
+def _gguf_formats(model, source: GgufFile, weights: str) -> tuple[str, str]:
+    """(projections' format, LM head's format) from the file: one packed format for every projection; an LM head
+    of another type (llama.cpp often writes Q6_K) is quantized to the projections' format at patch time."""
+    formats = source.projection_formats()
     if len(formats) != 1 or None in formats:
         raise _fail(f"the GGUF file's projections are not all of one packed format ({sorted(map(str, formats))}); "
                     f"the decode Programs take one of {', '.join(quant.FORMATS)} for all of them")
     (fmt,) = formats
     if weights not in ("bf16", fmt):
         raise _fail(f"weights={weights!r} asks for another format than the GGUF file's {fmt!r}")
-    head = source.format_of("output.weight") or source.format_of("token_embd.weight") or fmt
-    return fmt, head
+    return fmt, source.format_of(source.head_tensor()) or fmt
 
 
 def _projections(layer):
@@ -343,12 +312,13 @@ def _projections(layer):
 
 
 def _packed_rows(module, hf_name: str, fmt: str, source) -> torch.Tensor:
-    if source is None:
+    name = source.head_tensor() if source is not None and hf_name == "lm_head" else None
+    if source is not None and name is None:
+        layer, projection = hf_name.split(".", 1)
+        name = f"blk.{layer}.{PROJECTIONS[projection]}.weight"
+    if name is None or source.format_of(name) != fmt:  # no file, or a head tensor of another type: quantized here
         return _quantize(module.weight.data, fmt)
-    if hf_name == "lm_head":
-        return source.packed("output.weight" if "output.weight" in source.tensors else "token_embd.weight")
-    layer, name = hf_name.split(".", 1)
-    return source.packed(f"blk.{layer}.{_GGUF_NAMES[name]}.weight")
+    return source.packed(name)
 
 
 def _pack_linear(state, runtime, module, hf_name: str, fmt: str, source) -> torch.Tensor:
@@ -360,7 +330,7 @@ def _pack_linear(state, runtime, module, hf_name: str, fmt: str, source) -> torc
 
 def _remember_unloaded(state, module, fmt: str, words: torch.Tensor) -> None:
     if module.weight.device.type == "meta":  # unpatch_llama gives it the packed rows' exact values, in bf16
-        state.unloaded.append((module.weight, fmt, words))
+        state.unloaded.append((module, fmt, words))
 
 
 def _pin_packed(state, runtime, layer, fmt: str, source) -> PackedProjections:
@@ -396,9 +366,10 @@ def unpatch_llama(model):
             delattr(module, attr)
         else:
             setattr(module, attr, saved)
-    for param, fmt, words in state.unloaded:
-        param.data = quant.dequantize(quant.weight_format(fmt), words, param.shape[1]).to(torch.bfloat16)
-    restored = {id(param) for param, _, _ in state.unloaded}
+    for module, fmt, words in state.unloaded:  # a meta parameter cannot take CPU data: a new one replaces it
+        module.weight = nn.Parameter(quant.dequantize(quant.weight_format(fmt), words, module.in_features)
+                                     .to(torch.bfloat16))
+    restored = {id(module.weight) for module, _, _ in state.unloaded}
     if state.spill is not None:
         restored |= {id(param) for param in state.spill.parameters()}
         state.spill.restore()
