@@ -33,6 +33,14 @@ def hf_name(gguf_name: str) -> str | None:
     return None
 
 
+def projection_types(path) -> set:
+    """The GGUF types (lower case) of a file's projection tensors, from its header (no tensor data read)."""
+    import gguf
+
+    pattern = re.compile(rf"blk\.\d+\.({'|'.join(PROJECTIONS.values())})\.weight")
+    return {t.tensor_type.name.lower() for t in gguf.GGUFReader(str(path)).tensors if pattern.fullmatch(t.name)}
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     name: str          # the GGUF name

