@@ -176,14 +176,24 @@ def _pin_gate_up(runtime, mlp) -> torch.Tensor:
 
 
 # ---- packed weights ---------------------------------------------------------------------------------------------
-def _quantize(weight: torch.Tensor, fmt: str) -> torch.Tensor:
-    """GGUF's round-to-nearest quantization of a bf16 weight, packed."""
-    if fmt == "q4_1":
-        return quant.quantize_q4_1(weight)
-    import gguf  # gguf-py's own quantizers for the other formats
+QUANTIZE_ROWS = 4096  # rows quantized at a time: a 128256-row LM head's fp32 temporaries would take GiBs
 
-    raw = gguf.quants.quantize(weight.float().numpy(), getattr(gguf.GGMLQuantizationType, fmt.upper()))
-    return quant.from_gguf_blocks(quant.weight_format(fmt), torch.from_numpy(raw), weight.shape[1])
+
+def _quantize(weight: torch.Tensor, fmt: str) -> torch.Tensor:
+    """GGUF's round-to-nearest quantization of a bf16 weight, packed, a few thousand rows at a time (each row's
+    blocks are quantized on their own, so the result does not depend on the chunking)."""
+    N, K = weight.shape
+    out = torch.empty(N, quant.weight_format(fmt).row_bytes(K), dtype=torch.uint8)
+    for start in range(0, N, QUANTIZE_ROWS):
+        rows = weight[start:start + QUANTIZE_ROWS]
+        if fmt == "q4_1":
+            quant.quantize_q4_1(rows, out[start:start + rows.shape[0]])
+            continue
+        import gguf  # gguf-py's own quantizers for the other formats
+
+        raw = gguf.quants.quantize(rows.float().numpy(), getattr(gguf.GGMLQuantizationType, fmt.upper()))
+        quant.from_gguf_blocks(quant.weight_format(fmt), torch.from_numpy(raw), K, out[start:start + rows.shape[0]])
+    return out
 
 
 def _describe_linear(module, fmt: str):

@@ -503,7 +503,7 @@ def test_weights_other_than_a_gguf_files_own_are_refused_before_loading(capsys, 
         default_model_path()
     except FileNotFoundError as exc:
         pytest.skip(f"the default model is not installed: {exc}")
-    for command in (["generate", "--prompt", "x"], ["serve", "--port", "0"]):
+    for command in (["generate", "--prompt", "x"], ["serve"]):
         line = _usage_error(capsys, [*command, "--weights", "q4_0"])
         assert line.endswith("argument --weights: SmolLM2-135M-Instruct.Q4_1.gguf holds Q4_1 projections; a GGUF "
                              "file runs in its own packed format (--weights native) or dequantized (--weights bf16); "
