@@ -83,8 +83,8 @@ def _print_model_weights(args) -> None:
     try:
         paths = [("default model", default_model_path())]
     except FileNotFoundError as exc:
-        paths, missing = [], exc
-        print(f"default model: not installed ({missing})")
+        paths = []
+        print(f"default model: not installed ({exc})")
     if args.model is not None:
         paths.append(("--model", args.model))
     for label, path in paths:
