@@ -124,7 +124,7 @@ def _prepare_decode_kernels(model, runtime) -> None:
 
     weights, head_weights = decode_weights(model)
     programs = programs_for_model(ModelDims.from_config(model.config), prefill_buckets=(), weights=weights,
-                                  head_weights=head_weights)  # no prefill: decode's
+                                  lm_head_weights=head_weights)  # no prefill: decode's
     for program in tqdm(programs, desc="preparing kernels", unit="program", file=sys.stderr):
         runtime.load(program)
 
