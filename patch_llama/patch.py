@@ -14,24 +14,31 @@ from ..kernels.catalog import DECODE_WEIGHTS
 from ..kernels.stitch import npu2_build_problem
 from .kv_cache import NpuKVCache
 from .layer import NpuDecoderLayer, NpuLmHead, PackedProjections, SharedState
+from .gguf_file import PROJECTIONS, GgufFile
+from .spill import WeightSpill
 from .transformers_compat import check_transformers
 
 DEFAULT_BUCKETS = tuple(2 ** i for i in range(4, 12))  # 16 … 2048
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
 STATE_ATTR = "_torch_npu2_patch"
+GGUF_PATH_ATTR = "_torch_npu2_gguf"  # set by models.load_model on a model loaded packed: the file its blocks are in
 
 
 @dataclass
 class PatchState:
     shared: SharedState
     modules: list = field(default_factory=list)  # (module, attribute name, saved value or None)
+    weights: tuple = ("bf16", "bf16")  # what decode reads: (projections' format, LM head's format)
+    spill: WeightSpill | None = None  # the packed weights' bf16 originals, out of memory until unpatch_llama
+    # Linears whose weight was never loaded in bf16 (meta, from load_model's packed GGUF path): (module, format, words)
+    unloaded: list = field(default_factory=list)
 
 
 def _fail(message: str) -> ValueError:
     return ValueError(f"patch_llama: {message}; the model was not modified")
 
 
-def _validate(model, buckets, matmul_precision, weights="bf16") -> None:
+def _validate(model, buckets, matmul_precision, weights="bf16", from_file=frozenset()) -> None:
     from transformers import LlamaForCausalLM
 
     if not isinstance(model, LlamaForCausalLM):
@@ -60,7 +67,10 @@ def _validate(model, buckets, matmul_precision, weights="bf16") -> None:
         if param.dtype != torch.bfloat16:
             raise _fail(f"parameter {name} has dtype {param.dtype}, expected torch.bfloat16 "
                         "(load with dtype=torch.bfloat16 or call model.to(torch.bfloat16))")
-        if param.device.type != "cpu":
+        if param.device.type == "meta" and id(param) not in from_file:
+            raise _fail(f"parameter {name} was never loaded (it is on the meta device); only the projections and LM "
+                        "head of a model loaded packed from a GGUF file may be, patched with gguf=that file")
+        if param.device.type not in ("cpu", "meta"):
             raise _fail(f"parameter {name} is on {param.device}, expected cpu (the NPU shares host memory)")
     if matmul_precision not in MATMUL_PRECISIONS:
         raise _fail(f"matmul_precision must be one of {', '.join(map(repr, MATMUL_PRECISIONS))}, "
@@ -167,53 +177,38 @@ def _pin_gate_up(runtime, mlp) -> torch.Tensor:
 
 
 # ---- packed weights ---------------------------------------------------------------------------------------------
-# HF module → the GGUF tensor that holds it (llama.cpp's names); the LM head of a tied model is the embedding.
-_GGUF_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-               "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-               "mlp.down_proj": "ffn_down"}
-
-
-class _GgufBlocks:
-    """A GGUF file's quantized tensors, read as raw blocks (nothing dequantized), rows in HF's order."""
-
-    def __init__(self, path, config):
-        import gguf
-
-        self.reader = gguf.GGUFReader(str(path))
-        self.tensors = {t.name: t for t in self.reader.tensors}
-        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
-
-    def format_of(self, name: str) -> str | None:
-        tensor = self.tensors.get(name)
-        kind = tensor.tensor_type.name.lower() if tensor is not None else None
-        return kind if kind in quant.FORMATS else None
-
-    def packed(self, name: str) -> torch.Tensor:
-        tensor = self.tensors[name]
-        K, N = (int(s) for s in tensor.shape)
-        rows = torch.from_numpy(tensor.data.reshape(N, -1).copy())
-        heads = {"attn_q": self.heads, "attn_k": self.kv_heads}.get(name.split(".")[-2])
-        if heads:  # llama.cpp permutes Q and K rows for its rotary layout; HF's loader reverses it (rows only)
-            rows = rows.reshape(heads, N // heads // 2, 2, -1).transpose(1, 2).reshape(N, -1)
-        return quant.from_gguf_blocks(quant.weight_format(self.format_of(name)), rows, K)
+QUANTIZE_ROWS = 4096  # rows quantized at a time: a 128256-row LM head's fp32 temporaries would take GiBs
 
 
 def _quantize(weight: torch.Tensor, fmt: str) -> torch.Tensor:
-    """GGUF's round-to-nearest quantization of a bf16 weight, packed."""
-    if fmt == "q4_1":
-        return quant.quantize_q4_1(weight)
-    import gguf  # gguf-py's own quantizers for the other formats
+    """GGUF's round-to-nearest quantization of a bf16 weight, packed, a few thousand rows at a time (each row's
+    blocks are quantized on their own, so the result does not depend on the chunking)."""
+    N, K = weight.shape
+    out = torch.empty(N, quant.weight_format(fmt).row_bytes(K), dtype=torch.uint8)
+    for start in range(0, N, QUANTIZE_ROWS):
+        rows = weight[start:start + QUANTIZE_ROWS]
+        if fmt == "q4_1":
+            quant.quantize_q4_1(rows, out[start:start + rows.shape[0]])
+            continue
+        import gguf  # gguf-py's own quantizers for the other formats
 
-    raw = gguf.quants.quantize(weight.float().numpy(), getattr(gguf.GGMLQuantizationType, fmt.upper()))
-    return quant.from_gguf_blocks(quant.weight_format(fmt), torch.from_numpy(raw), weight.shape[1])
+        raw = gguf.quants.quantize(rows.float().numpy(), getattr(gguf.GGMLQuantizationType, fmt.upper()))
+        quant.from_gguf_blocks(quant.weight_format(fmt), torch.from_numpy(raw), K, out[start:start + rows.shape[0]])
+    return out
 
 
 def _describe_linear(module, fmt: str):
-    """The repr of a Linear whose NPU copy is packed: what the NPU holds, and that the bf16 weight stays."""
+    """The repr of a Linear whose NPU copy is packed: what the NPU holds, and where its bf16 weight went."""
     text = (f"in_features={module.in_features}, out_features={module.out_features}, bias={module.bias is not None}; "
             f"on the NPU: {quant.describe(quant.weight_format(fmt), (module.out_features, module.in_features))}"
-            f" (the bf16 weight stays for unpatch_llama)")
+            f"; {_bf16_whereabouts(module)}")
     return lambda: text
+
+
+def _bf16_whereabouts(module) -> str:
+    if module.weight.device.type == "meta":
+        return "loaded packed, no bf16 weight (unpatch_llama dequantizes it)"
+    return "the bf16 weight set aside in a mapped file for unpatch_llama"
 
 
 def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS,
@@ -232,52 +227,65 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
     ``weights``: how decode reads the projection weights (and the LM head): "bf16", or packed block-quantized
     rows, "q4_1" (GGUF's Q4_1, round to nearest per 32-element block, quantized here from the bf16 weights),
     "q4_0" or "q8_0"; the decode GEMVs dequantize each block as they go. Prefill dequantizes them on the host
-    for now. The bf16 weights stay as they are, so ``unpatch_llama`` gives them back bit for bit.
+    for now. The packed weights' bf16 originals leave memory for a mapped temporary file (``patch_llama/spill.py``),
+    from which ``unpatch_llama`` gives them back bit for bit.
     ``gguf``: the GGUF file the model was loaded from: its quantized projections (and LM head) are packed from the
-    file's own blocks, with no quantization of ours (``weights`` then defaults to the file's format).
+    file's own blocks, with no quantization of ours (``weights`` then defaults to the file's format). A model
+    ``load_model(..., weights=...)`` loaded packed names its file itself, and its projections were never bf16.
     ``progress``: show a progress bar while weights move into NPU buffers.
     """
     if getattr(model, STATE_ATTR, None) is not None:
         warnings.warn("patch_llama: the model is already patched; leaving it as it is", stacklevel=2)
         return model
     buckets = _bucket_lengths(prefill_buckets)
-    source = _GgufBlocks(gguf, model.config) if gguf is not None else None
+    gguf = gguf if gguf is not None else getattr(model, GGUF_PATH_ATTR, None)
+    source = GgufFile(gguf, model.config) if gguf is not None else None
     head_weights = weights
     if source is not None:
         weights, head_weights = _gguf_formats(model, source, weights)
-    _validate(model, buckets, matmul_precision, weights)
+    packed = weights != "bf16"
+    packed_weights = _packed_weights(model) if packed else []
+    _validate(model, buckets, matmul_precision, weights,
+              frozenset(id(p) for p in packed_weights) if source is not None else frozenset())
     signature = check_transformers(model)
     runtime = npu_runtime.runtime_for(backend)
     _check_npu2_builds(model, buckets, matmul_precision, runtime.backend, weights, head_weights)
     state = PatchState(SharedState(buckets, matmul_precision,
-                                   context=getattr(model.config, "max_position_embeddings", None)))
-    packed = weights != "bf16"
+                                   context=getattr(model.config, "max_position_embeddings", None)),
+                       weights=(weights, head_weights))
     paired = {id(p) for layer in model.model.layers for p in (layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight)}
-    if packed:  # the projections go to the NPU packed; their bf16 weights stay in ordinary memory
-        paired |= {id(m.weight) for layer in model.model.layers for m in _projections(layer)}
-        paired.add(id(model.lm_head.weight))
+    paired |= {id(p) for p in packed_weights}  # packed: their bf16 weights go to the spill file, not to the NPU
     items = [p for p in _npu_weights(model) if id(p) not in paired] + list(model.model.layers)
     if progress:
         from tqdm import tqdm
 
         items = tqdm(items, desc="moving weights to NPU buffers" + (f" ({weights})" if packed else ""),
                      unit="tensor")
-    per_layer = []
-    for item in items:
-        if isinstance(item, nn.Parameter):
-            item.data = runtime.pin(item.data)
-        elif packed:
-            per_layer.append(_pin_packed(state, runtime, item, weights, source))
-        else:  # a decoder layer: its gate and up weights, as one buffer
-            per_layer.append(_pin_gate_up(runtime, item.mlp))
+    per_layer, head = [], None
+    if packed:
+        state.spill = WeightSpill()
+    try:
+        for item in items:
+            if isinstance(item, nn.Parameter):
+                item.data = runtime.pin(item.data)
+            elif packed:
+                per_layer.append(_pin_packed(state, runtime, item, weights, source))
+                _set_aside(state, [m.weight for m in _projections(item)])
+            else:  # a decoder layer: its gate and up weights, as one buffer
+                per_layer.append(_pin_gate_up(runtime, item.mlp))
+        if packed:
+            head = (head_weights, _pack_linear(state, runtime, model.lm_head, "lm_head", head_weights, source))
+            _set_aside(state, [model.lm_head.weight])
+            state.spill.map()
+    except BaseException:
+        if state.spill is not None:
+            state.spill.abandon()
+        raise
     patched = [NpuDecoderLayer(layer, state.shared, None if packed else mine, signature, mine if packed else None)
                for layer, mine in zip(model.model.layers, per_layer)]
     for layer, forward, following in zip(model.model.layers, patched, patched[1:] + [None]):
         forward.next_layer = following
         _replace_forward(state, layer, forward)
-    head = None
-    if packed:
-        head = (head_weights, _pack_linear(state, runtime, model.lm_head, "lm_head", head_weights, source))
     _replace_forward(state, model.lm_head, NpuLmHead(model.lm_head, head))
     _set_instance_attr(state, model, "_prepare_cache_for_generation",
                        _npu_cache_by_default(model._prepare_cache_for_generation, model.config, signature.cache))
@@ -287,18 +295,30 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
     return model
 
 
-def _gguf_formats(model, source: _GgufBlocks, weights: str) -> tuple[str, str]:
-    """(projections' format, LM head's format) from the file: one packed format for every projection."""
-    formats = {source.format_of(f"blk.{i}.{name}.weight") for i in range(len(model.model.layers))
-               for name in _GGUF_NAMES.values()}
+def _packed_weights(model) -> list[nn.Parameter]:
+    """The weights that decode reads packed: every projection and the LM head (each once)."""
+    params = [m.weight for layer in model.model.layers for m in _projections(layer)] + [model.lm_head.weight]
+    return list({id(p): p for p in params}.values())
+
+
+def _set_aside(state: PatchState, params) -> None:
+    """The bf16 originals of weights just packed, out of memory: into the spill file (meta ones hold nothing)."""
+    for param in params:
+        if param.device.type != "meta":
+            state.spill.add(param)
+
+
+def _gguf_formats(model, source: GgufFile, weights: str) -> tuple[str, str]:
+    """(projections' format, LM head's format) from the file: one packed format for every projection; an LM head
+    of another type (llama.cpp often writes Q6_K) is quantized to the projections' format at patch time."""
+    formats = source.projection_formats()
     if len(formats) != 1 or None in formats:
         raise _fail(f"the GGUF file's projections are not all of one packed format ({sorted(map(str, formats))}); "
                     f"the decode Programs take one of {', '.join(quant.FORMATS)} for all of them")
     (fmt,) = formats
     if weights not in ("bf16", fmt):
         raise _fail(f"weights={weights!r} asks for another format than the GGUF file's {fmt!r}")
-    head = source.format_of("output.weight") or source.format_of("token_embd.weight") or fmt
-    return fmt, head
+    return fmt, source.format_of(source.head_tensor()) or fmt
 
 
 def _npu_cache_by_default(prepare, config, cache_keyword: str):
@@ -328,18 +348,25 @@ def _projections(layer):
 
 
 def _packed_rows(module, hf_name: str, fmt: str, source) -> torch.Tensor:
-    if source is None:
+    name = source.head_tensor() if source is not None and hf_name == "lm_head" else None
+    if source is not None and name is None:
+        layer, projection = hf_name.split(".", 1)
+        name = f"blk.{layer}.{PROJECTIONS[projection]}.weight"
+    if name is None or source.format_of(name) != fmt:  # no file, or a head tensor of another type: quantized here
         return _quantize(module.weight.data, fmt)
-    if hf_name == "lm_head":
-        return source.packed("output.weight" if "output.weight" in source.tensors else "token_embd.weight")
-    layer, name = hf_name.split(".", 1)
-    return source.packed(f"blk.{layer}.{_GGUF_NAMES[name]}.weight")
+    return source.packed(name)
 
 
 def _pack_linear(state, runtime, module, hf_name: str, fmt: str, source) -> torch.Tensor:
     words = runtime.pin(_packed_rows(module, hf_name, fmt, source).view(torch.int32))
     _set_instance_attr(state, module, "extra_repr", _describe_linear(module, fmt))
+    _remember_unloaded(state, module, fmt, words)
     return words
+
+
+def _remember_unloaded(state, module, fmt: str, words: torch.Tensor) -> None:
+    if module.weight.device.type == "meta":  # unpatch_llama gives it the packed rows' exact values, in bf16
+        state.unloaded.append((module, fmt, words))
 
 
 def _pin_packed(state, runtime, layer, fmt: str, source) -> PackedProjections:
@@ -353,15 +380,20 @@ def _pin_packed(state, runtime, layer, fmt: str, source) -> PackedProjections:
 
     gate_up = torch.cat([_packed_rows(m, f"{index}.mlp.{n}", fmt, source) for m, n in
                          ((mlp.gate_proj, "gate_proj"), (mlp.up_proj, "up_proj"))], dim=1)
-    for module in (mlp.gate_proj, mlp.up_proj):
+    gate_up = runtime.pin(gate_up.view(torch.int32))
+    for half, module in enumerate((mlp.gate_proj, mlp.up_proj)):
         _set_instance_attr(state, module, "extra_repr", _describe_linear(module, fmt))
+        width = gate_up.shape[1] // 2
+        _remember_unloaded(state, module, fmt, gate_up[:, half * width:(half + 1) * width])
     return PackedProjections(fmt, pack(attn.q_proj, "self_attn.q_proj"), pack(attn.k_proj, "self_attn.k_proj"),
                              pack(attn.v_proj, "self_attn.v_proj"), pack(attn.o_proj, "self_attn.o_proj"),
-                             runtime.pin(gate_up.view(torch.int32)), pack(mlp.down_proj, "mlp.down_proj"))
+                             gate_up, pack(mlp.down_proj, "mlp.down_proj"))
 
 
 def unpatch_llama(model):
-    """Restore the original forwards and move the weights back to ordinary memory (bit-identical values)."""
+    """Restore the original forwards and move the weights back to ordinary memory (bit-identical values). Weights a
+    packed patch set aside come back from the spill file; those never loaded in bf16 (a model loaded packed from a
+    GGUF file) are the packed rows dequantized exactly, as HF's GGUF loader dequantizes them, rounded to bf16."""
     state = getattr(model, STATE_ATTR, None)
     if state is None:
         raise ValueError("unpatch_llama: the model is not patched")
@@ -370,8 +402,16 @@ def unpatch_llama(model):
             delattr(module, attr)
         else:
             setattr(module, attr, saved)
+    for module, fmt, words in state.unloaded:  # a meta parameter cannot take CPU data: a new one replaces it
+        module.weight = nn.Parameter(quant.dequantize(quant.weight_format(fmt), words, module.in_features)
+                                     .to(torch.bfloat16))
+    restored = {id(module.weight) for module, _, _ in state.unloaded}
+    if state.spill is not None:
+        restored |= {id(param) for param in state.spill.parameters()}
+        state.spill.restore()
     for param in _npu_weights(model):
-        param.data = param.data.clone()
+        if id(param) not in restored:
+            param.data = param.data.clone()
     delattr(model, STATE_ATTR)
     return model
 
@@ -380,4 +420,12 @@ def is_patched(model) -> bool:
     return getattr(model, STATE_ATTR, None) is not None
 
 
-__all__ = ["patch_llama", "unpatch_llama", "is_patched", "DEFAULT_BUCKETS"]
+def decode_weights(model) -> tuple[str, str]:
+    """(projections' format, LM head's format) a patched model's decode reads: "bf16" or a packed format."""
+    state = getattr(model, STATE_ATTR, None)
+    if state is None:
+        raise ValueError("decode_weights: the model is not patched")
+    return state.weights
+
+
+__all__ = ["patch_llama", "unpatch_llama", "is_patched", "decode_weights", "DEFAULT_BUCKETS"]

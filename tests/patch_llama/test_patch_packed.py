@@ -47,7 +47,7 @@ def test_unpatch_restores_the_bf16_weights_and_repr(runtime):
     plain = repr(model)
     patch_llama(model, prefill_buckets=(16,), weights="q4_1")
     text = repr(model.model.layers[0].mlp.down_proj)
-    assert "on the NPU: Q4_1 packed 128×256" in text and "bf16 weight stays" in text
+    assert "on the NPU: Q4_1 packed 128×256" in text and "bf16 weight set aside" in text
     unpatch_llama(model)
     assert repr(model) == plain
     for name, p in model.named_parameters():
@@ -59,3 +59,72 @@ def test_a_format_the_ops_do_not_know_is_refused_before_anything_changes(runtime
     with pytest.raises(ValueError, match="weights must be one of"):
         patch_llama(model, weights="q5_k")
     assert not hasattr(model.model.layers[0], "_torch_npu2_patch") and "forward" not in model.model.layers[0].__dict__
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:"))
+
+
+def _spill_mapping_rss() -> int:
+    """Resident bytes of the (unlinked) spill file's mapping, from /proc/self/smaps; -1 when it is not mapped."""
+    total, inside = -1, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if "-" in fields[0] and len(fields) >= 5 and ":" in fields[3]:  # a mapping's header line
+                inside = len(fields) >= 6 and "torch_npu2-bf16-" in fields[5]
+                total = max(total, 0) if inside else total
+            elif inside and fields[0] == "Rss:":
+                total += int(fields[1]) * 1024
+    return total
+
+
+def test_packing_sets_the_bf16_weights_aside_out_of_memory_and_unpatch_restores_them(tmp_path):
+    """Patching packed frees the bf16 originals (RSS drops by most of their bytes; their mapped file holds them,
+    not resident), the model's parameters still read their values, and unpatch restores them bit for bit. On a
+    fast-coherency emulator: a strict one keeps a device-side copy of every buffer, which the NPU does not."""
+    import gc
+
+    from torch_npu2.emulator import EmulatedXrt
+    from torch_npu2.host_memory import release_free_heap
+    from torch_npu2.runtime import create_runtime, use_runtime
+
+    shape = dict(hidden_size=1024, intermediate_size=4096, num_attention_heads=8, num_key_value_heads=2,
+                 num_hidden_layers=3, vocab_size=4096)
+    with use_runtime(create_runtime(driver=EmulatedXrt(coherency="fast"), cache_root=tmp_path)):
+        warm_up = patch_llama(tiny_llama(**shape), prefill_buckets=(16,), weights="q4_1")  # one-time costs
+        del warm_up  # (Programs, imports, the transformers probe) out of the measurement
+        model = tiny_llama(**shape)
+        before = {name: p.detach().view(torch.int16).clone() for name, p in model.named_parameters()}
+        projections = sum(m.weight.numel() * 2 for m in model.modules() if isinstance(m, torch.nn.Linear))
+        gc.collect()
+        release_free_heap()
+        rss = _rss_bytes()
+        patch_llama(model, prefill_buckets=(16,), weights="q4_1")
+        gc.collect()
+        dropped = rss - _rss_bytes()
+        # the bf16 bytes leave (95 MiB), their Q4_1 copies (5/16 of them) arrive: about 65 MiB less
+        assert dropped > 0.5 * projections, (dropped, projections)
+        assert 0 <= _spill_mapping_rss() < 0.05 * projections  # mapped, and not read in
+        weight = model.model.layers[1].mlp.down_proj.weight
+        assert torch.equal(weight.view(torch.int16), before["model.layers.1.mlp.down_proj.weight"])  # readable
+        unpatch_llama(model)
+    assert _spill_mapping_rss() == -1  # nothing refers to the file any more
+    for name, p in model.named_parameters():
+        assert torch.equal(p.detach().view(torch.int16), before[name]), name
+
+
+def test_a_failed_packing_leaves_the_bf16_weights_in_place(runtime, monkeypatch):
+    from torch_npu2.patch_llama import patch as patch_module
+
+    model = tiny_llama(**DIMS)
+    before = {name: p.detach().view(torch.int16).clone() for name, p in model.named_parameters()}
+
+    def fail(*args):
+        raise RuntimeError("pin failed")
+    monkeypatch.setattr(patch_module, "_pack_linear", fail)
+    with pytest.raises(RuntimeError, match="pin failed"):
+        patch_llama(model, prefill_buckets=(16,), weights="q4_1")
+    for name, p in model.named_parameters():
+        assert torch.equal(p.detach().view(torch.int16), before[name]), name

@@ -43,7 +43,7 @@ def test_the_packed_blocks_are_hf_weights_before_rounding(smollm2_packed):
 def test_repr_says_what_the_npu_holds(smollm2_packed):
     _, model, _, _ = smollm2_packed
     text = repr(model.model.layers[0].self_attn.q_proj)
-    assert "Q4_1 packed 576×576" in text and "bf16 weight stays" in text
+    assert "Q4_1 packed 576×576" in text and "bf16 weight set aside" in text
     assert "Q8_0 packed 49152×576" in repr(model.lm_head)
 
 
@@ -66,3 +66,24 @@ def test_answers_the_capital_question(smollm2_packed):
     ids = chat_ids(tokenizer, "What is the capital of France?")
     out = model.generate(ids, max_new_tokens=12, do_sample=False)
     assert "Paris" in tokenizer.decode(out[0, ids.shape[1]:])
+
+
+def test_a_model_loaded_packed_decodes_as_the_dequantized_one_patched_from_the_file(smollm2_packed, smollm2_loaded):
+    """load_model(weights="native") keeps the file's Q4_1 projections packed (never bf16); patched, it gives the same logits as
+    transformers' dequantized model patched from the same file, and unpatch_llama gives it transformers' weights."""
+    from torch_npu2 import patch_llama, unpatch_llama
+    from torch_npu2.patch_llama.models import load_model
+
+    _, patched, tokenizer, runtime = smollm2_packed
+    dense, _ = smollm2_loaded
+    model, _ = load_model(weights="native")
+    ids = chat_ids(tokenizer, "Name three colours.")
+    with use_runtime(runtime):
+        patch_llama(model)
+        expected = greedy_with_topk(patched, ids, 12)
+        out = greedy_with_topk(model, ids, 12)
+        unpatch_llama(model)
+    assert torch.equal(out[0], expected[0]) and torch.equal(out[1], expected[1])
+    reference = dict(dense.named_parameters())
+    for name, param in model.named_parameters():
+        assert torch.equal(param.view(torch.int16), reference[name].view(torch.int16)), name

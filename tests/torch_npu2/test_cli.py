@@ -511,3 +511,44 @@ def test_the_chat_prefills_only_each_new_turn(tiny_cli, tiny_checkpoint, capsys,
     conversation = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": first},
                     {"role": "user", "content": "Tell me more"}]
     assert second == _reference_answer(tiny_checkpoint, conversation, 4)
+
+
+def test_weights_other_than_a_gguf_files_own_are_refused_before_loading(capsys, no_model_load):
+    pytest.importorskip("gguf", reason="reading a GGUF header needs gguf")
+    from torch_npu2.patch_llama.models import default_model_path
+
+    try:
+        default_model_path()
+    except FileNotFoundError as exc:
+        pytest.skip(f"the default model is not installed: {exc}")
+    for command in (["generate", "--prompt", "x"], ["serve"]):
+        line = _usage_error(capsys, [*command, "--weights", "q4_0"])
+        assert line.endswith("argument --weights: SmolLM2-135M-Instruct.Q4_1.gguf holds Q4_1 projections; a GGUF "
+                             "file runs in its own packed format (--weights native) or dequantized (--weights bf16); "
+                             "q4_0 quantizes a bf16 HF checkpoint at patch time"), line
+    assert "argument --weights: invalid choice: 'q5_k'" in _usage_error(capsys, ["generate", "--weights", "q5_k"])
+
+
+@pytest.mark.filterwarnings("ignore:patch_llama. LlamaForCausalLM runs here on the emulated NPU2:UserWarning")
+def test_generate_quantizes_a_bf16_checkpoint_at_patch_time(tiny_checkpoint, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TORCH_NPU2_CACHE_DIR", str(tmp_path / "cache"))
+    assert cli.main(["generate", "--model", str(tiny_checkpoint), "--prompt", "Hello", "--max-new-tokens", "4",
+                     "--backend", "emulator", "--weights", "q4_1"]) == 0
+    err = capsys.readouterr().err
+    assert "weights: q4_1 (quantize at patch)" in err and "decode: 4 tokens, " in err
+
+
+def test_info_shows_each_models_weight_format_and_bytes(capsys, monkeypatch, tmp_path, tiny_checkpoint):
+    monkeypatch.setenv("TORCH_NPU2_CACHE_DIR", str(tmp_path))
+    cli.main(["info", "--model", str(tiny_checkpoint)])
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if line.startswith("--model: "))
+    assert "MiB of weights (BF16 ×" in line and "decode reads bf16 (default; --weights q4_1|q4_0|q8_0" in line
+    try:
+        from torch_npu2.patch_llama.models import default_model_path
+
+        default_model_path()
+    except FileNotFoundError:
+        return  # the default model is not installed: info says so instead
+    assert ("default model: SmolLM2-135M-Instruct.Q4_1.gguf: 92.1 MiB of weights (F32 ×61 0.1 MiB, Q4_1 ×210 63.3 "
+            "MiB, Q8_0 ×1 28.7 MiB; 256.6 MiB in bf16); decode reads Q4_1 packed") in out
