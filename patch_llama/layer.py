@@ -5,8 +5,9 @@ tokens, padded at the end to a compiled bucket length; decode (one new token) ru
 attention over the KV cache → o_gemv_ffn. The Cache object generate() hands the layers stays the single
 source of truth for K/V, so every generate() feature that relies on it keeps working. With an NpuKVCache
 (patch_llama/kv_cache.py, the patched model's default) decode writes the new K/V rows into its slabs and
-attends through ``_decode_attention``, the one seam the device's decode attention replaces; with HF's own
-caches it attends over HF's tensors on the host (``_host_attention``).
+attends over them on the NPU (npu2.decode_attn, chained with the layer's FFN where it can be), or on the host for
+a left-padded sequence (``_decode_attention``); with HF's own caches it attends over HF's tensors on the host
+(``_host_attention``).
 
 In decode, a layer followed by another runs o_gemv_ffn_rms_gemv_rope instead of o_gemv_ffn: the next
 layer's rms_gemv_rope in the same dispatch, on this layer's output. The next layer takes those results
