@@ -45,7 +45,7 @@
 // block is transposed in registers into the (dim, key) operand QK^T takes (a bf16 transpose cannot be done by the
 // DMA: 4-byte granules); a value block is already the (key, dim) operand P.V takes. The softmax works on 8 rows
 // at once: the row maxima and sums are folded out of 64-lane blocks (a transpose puts a row's values 8 lanes
-// apart), the scale enters each exponent's argument (fp32 from bf16 products, see scale_logits), and the
+// apart), the scale enters each exponent's argument (fp32 from bf16 products, see mul_split), and the
 // accumulator's rescale is a vector multiply by the bf16 factors exp2 gives. It uses the core's native
 // bf16 x bf16 -> fp32 products only, so it builds without the AIE API's fp32 emulation. Type-checked here
 // against the real AIE API (torch-npu2 lint --aie-source), not compiled (no Peano on the development machine);
@@ -54,7 +54,7 @@
 // Causality is by position: key j of the tile is visible to query row i iff k_start + j <= q_start + i. Decode
 // against a cache is the same call with q_start = the token's position. Exponentials are base 2 because exp2
 // is the core's exponential; the softmax's result does not depend on the base.
-#include "npu2_kernel.h"
+#include "attention_math.h"
 
 #if !defined(__AIENGINE__)
 #include <cmath>
@@ -72,14 +72,6 @@
 
 namespace {
 
-// Newton's iteration, so the default scale is a constant expression on every compiler.
-constexpr double constexpr_sqrt(double value) {
-  double root = value > 1.0 ? value : 1.0;
-  for (int i = 0; i < 64; ++i)
-    root = 0.5 * (root + value / root);
-  return root;
-}
-
 #ifndef ATTN_SCALE
 #define ATTN_SCALE (1.0 / constexpr_sqrt(ATTN_HEAD_DIM))
 #endif
@@ -92,7 +84,6 @@ constexpr int kHeadDim = ATTN_HEAD_DIM;
 constexpr int kBlocksQ = kTileQ / kBlock;
 constexpr int kBlocksK = kTileK / kBlock;
 constexpr int kBlocksD = kHeadDim / kBlock;
-constexpr double kLog2e = 1.4426950408889634;
 constexpr double kLogitScaleExact = (ATTN_SCALE) * kLog2e;
 constexpr float kLogitScale = float(kLogitScaleExact);
 
@@ -135,24 +126,8 @@ using Block = aie::vector<bfloat16, kBlockSize>;
 // Query row blocks one pass of the mmul loops covers: two (a 2x2 block of accumulators), one for ATTN_TQ = 8.
 constexpr int kRowsPerPass = kBlocksQ % 2 == 0 ? 2 : 1;
 
-// The nearest bf16 value of x (round to nearest even, at compile time): the scale's head and tail.
-constexpr double round_to_bf16(double x) {
-  if (x == 0.0)
-    return 0.0;
-  const double magnitude = x < 0 ? -x : x;
-  double unit = 1.0; // the weight of the 8th significant bit
-  while (magnitude >= 256.0 * unit)
-    unit *= 2.0;
-  while (magnitude < 128.0 * unit)
-    unit /= 2.0;
-  const double units = magnitude / unit;
-  double whole = double((long long)units);
-  if (units - whole > 0.5 || (units - whole == 0.5 && (long long)whole % 2 == 1))
-    whole += 1.0;
-  return (x < 0 ? -whole : whole) * unit;
-}
-constexpr float kScaleHead = float(round_to_bf16(kLogitScaleExact));
-constexpr float kScaleTail = float(round_to_bf16(kLogitScaleExact - round_to_bf16(kLogitScaleExact)));
+constexpr float kScaleHead = bf16_head(kLogitScaleExact);
+constexpr float kScaleTail = bf16_tail(kLogitScaleExact);
 
 // Lane r * 8 + c of a block: c - r. Key c of a block is hidden from query row r iff c - r > the rows' offset.
 struct LaneTable {
@@ -166,36 +141,12 @@ constexpr LaneTable column_minus_row() {
 }
 alignas(64) constexpr LaneTable kColumnMinusRow = column_minus_row();
 
-template <unsigned N>
-inline aie::accum<accfloat, N> widen(const aie::vector<float, N> &v) { return aie::accum<accfloat, N>(v); }
-template <unsigned N>
-inline aie::accum<accfloat, N> widen(const aie::vector<bfloat16, N> &v) { return aie::accum<accfloat, N>(v); }
-
-// x * y for fp32 x and bf16 y, from the core's native bf16 x bf16 -> fp32 products: x split into a bf16 head and
-// the bf16 rounding of its remainder (relative error about 2^-16, far below the bf16 rounding of any output).
-template <unsigned N>
-inline aie::accum<accfloat, N> mul_by_bf16(const aie::accum<accfloat, N> &x, const aie::vector<bfloat16, N> &y) {
-  const aie::vector<bfloat16, N> head = x.template to_vector<bfloat16>();
-  const aie::vector<bfloat16, N> tail = aie::sub(x, head).template to_vector<bfloat16>();
-  return aie::mac(aie::mul(head, y), tail, y);
-}
-
-// x * ATTN_SCALE * log2(e) in fp32 precision: the constant as a bf16 head and tail, x likewise, and the three
-// products that matter (tail x tail is below fp32's rounding).
-template <unsigned N>
-inline aie::accum<accfloat, N> scale_logits(const aie::accum<accfloat, N> &x, const aie::vector<bfloat16, N> &head,
-                                            const aie::vector<bfloat16, N> &tail) {
-  const aie::vector<bfloat16, N> x_head = x.template to_vector<bfloat16>();
-  const aie::vector<bfloat16, N> x_tail = aie::sub(x, x_head).template to_vector<bfloat16>();
-  return aie::mac(aie::mac(aie::mul(x_head, head), x_head, tail), x_tail, head);
-}
-
-// fp32 x fp32 (both split as above, three products): the final normalization, once per query tile.
+// fp32 x fp32 (y split into a bf16 head and tail, then mul_split): the final normalization, once per query tile.
 template <unsigned N>
 inline aie::accum<accfloat, N> mul_f32(const aie::vector<float, N> &x, const aie::vector<float, N> &y) {
   const aie::vector<bfloat16, N> y_head = widen(y).template to_vector<bfloat16>();
   const aie::vector<bfloat16, N> y_tail = aie::sub(widen(y), y_head).template to_vector<bfloat16>();
-  return scale_logits<N>(widen(x), y_head, y_tail);
+  return mul_split<N>(widen(x), y_head, y_tail);
 }
 
 // A block whose lane r * 8 + c holds row r's value: 8 copies of the rows' vector, transposed.
@@ -348,7 +299,7 @@ void attn_online_softmax_bf16(const float *scores, bf16_t *probs, float *row_max
     const aie::vector<bfloat16, kBlock> anchor =
         aie::select(aie::zeros<bfloat16, kBlock>(), new_max, aie::ge(new_max, no_key_yet));
     const aie::vector<bfloat16, kBlock> rescale = aie::exp2<bfloat16>(
-        scale_logits(aie::sub(widen(old_max), new_max), scale_head.extract<kBlock>(0), scale_tail.extract<kBlock>(0))
+        mul_split(aie::sub(widen(old_max), new_max), scale_head.extract<kBlock>(0), scale_tail.extract<kBlock>(0))
             .to_vector<float>());
     const aie::vector<bfloat16, kBlock> scale =
         aie::select(aie::zeros<bfloat16, kBlock>(), rescale, aie::ge(old_max, no_key_yet));
@@ -359,7 +310,7 @@ void attn_online_softmax_bf16(const float *scores, bf16_t *probs, float *row_max
     for (int kb = 0; kb < kBlocksK; ++kb) {
       const aie::accum<accfloat, kBlockSize> shifted =
           aie::sub(widen(aie::load_v<kBlockSize>(s + kb * kBlockSize)), anchors);
-      const Block e = aie::exp2<bfloat16>(scale_logits(shifted, scale_head, scale_tail).to_vector<float>());
+      const Block e = aie::exp2<bfloat16>(mul_split(shifted, scale_head, scale_tail).to_vector<float>());
       aie::store_v(p + kb * kBlockSize, e);
       // the rounded probs, the very weights the PV product uses; transposed to fold the rows out below
       sum_by_column = aie::add(sum_by_column, aie::transpose(e, kBlock, kBlock));

@@ -50,7 +50,7 @@
 // use bf16 head/tail splits of one factor, as attention.cc does: native bf16 x bf16 -> fp32 products only.
 // Type-checked against the real AIE API (torch-npu2 lint --aie-source), not compiled (no Peano here); the scalar
 // path is what tests run.
-#include "npu2_kernel.h"
+#include "attention_math.h"
 
 #if !defined(__AIENGINE__)
 #include <cmath>
@@ -68,14 +68,6 @@
 
 namespace {
 
-// Newton's iteration, so the default scale is a constant expression on every compiler.
-constexpr double constexpr_sqrt(double value) {
-  double root = value > 1.0 ? value : 1.0;
-  for (int i = 0; i < 64; ++i)
-    root = 0.5 * (root + value / root);
-  return root;
-}
-
 #ifndef DATTN_SCALE
 #define DATTN_SCALE (1.0 / constexpr_sqrt(DATTN_HEAD_DIM))
 #endif
@@ -83,7 +75,7 @@ constexpr double constexpr_sqrt(double value) {
 constexpr int kGroup = DATTN_GROUP;
 constexpr int kTileK = DATTN_TK;
 constexpr int kHeadDim = DATTN_HEAD_DIM;
-constexpr double kLogitScaleExact = (DATTN_SCALE) * 1.4426950408889634;
+constexpr double kLogitScaleExact = (DATTN_SCALE) * kLog2e;
 constexpr float kLogitScale = float(kLogitScaleExact);
 // A finite mask value (-2^100): exp2 of it minus any real max, times the scale, is exactly 0; it is exact in bf16.
 constexpr float kMasked = -1.2676506002282294e30f;
@@ -112,45 +104,8 @@ inline int valid_positions(int32_t length, int32_t k_start) {
 using Lanes16 = aie::vector<bfloat16, 16>;
 using Lanes = aie::vector<bfloat16, kLanes>;
 
-// The nearest bf16 value of x (round to nearest even, at compile time): the scale's head and tail.
-constexpr double round_to_bf16(double x) {
-  if (x == 0.0)
-    return 0.0;
-  const double magnitude = x < 0 ? -x : x;
-  double unit = 1.0; // the weight of the 8th significant bit
-  while (magnitude >= 256.0 * unit)
-    unit *= 2.0;
-  while (magnitude < 128.0 * unit)
-    unit /= 2.0;
-  const double units = magnitude / unit;
-  double whole = double((long long)units);
-  if (units - whole > 0.5 || (units - whole == 0.5 && (long long)whole % 2 == 1))
-    whole += 1.0;
-  return (x < 0 ? -whole : whole) * unit;
-}
-constexpr float kScaleHead = float(round_to_bf16(kLogitScaleExact));
-constexpr float kScaleTail = float(round_to_bf16(kLogitScaleExact - round_to_bf16(kLogitScaleExact)));
-
-template <unsigned N>
-inline aie::accum<accfloat, N> widen(const aie::vector<float, N> &v) { return aie::accum<accfloat, N>(v); }
-
-// x * y for fp32 x and bf16 y: x as a bf16 head and the bf16 rounding of its remainder (relative error ~2^-16).
-template <unsigned N>
-inline aie::accum<accfloat, N> mul_by_bf16(const aie::accum<accfloat, N> &x, const aie::vector<bfloat16, N> &y) {
-  const aie::vector<bfloat16, N> head = x.template to_vector<bfloat16>();
-  const aie::vector<bfloat16, N> tail = aie::sub(x, head).template to_vector<bfloat16>();
-  return aie::mac(aie::mul(head, y), tail, y);
-}
-
-// x * y in fp32 precision, y given as its bf16 head and tail: three bf16 products (tail x tail is below fp32's
-// rounding).
-template <unsigned N>
-inline aie::accum<accfloat, N> mul_split(const aie::accum<accfloat, N> &x, const aie::vector<bfloat16, N> &y_head,
-                                         const aie::vector<bfloat16, N> &y_tail) {
-  const aie::vector<bfloat16, N> x_head = x.template to_vector<bfloat16>();
-  const aie::vector<bfloat16, N> x_tail = aie::sub(x, x_head).template to_vector<bfloat16>();
-  return aie::mac(aie::mac(aie::mul(x_head, y_head), x_head, y_tail), x_tail, y_head);
-}
+constexpr float kScaleHead = bf16_head(kLogitScaleExact);
+constexpr float kScaleTail = bf16_tail(kLogitScaleExact);
 
 // x * DATTN_SCALE * log2(e) in fp32 precision.
 inline aie::accum<accfloat, 16> scale_logits(const aie::accum<accfloat, 16> &x) {
