@@ -50,7 +50,9 @@ FLAT_RATIO = 1.15  # issue 25: the longest context's token at most this many tim
 CACHES = ("npu", "hf")  # the patched model's NpuKVCache, HF's DynamicCache
 HOST_THREADS = 1
 DRIVER_COUNTERS = ("runs", "syncs_to_device", "syncs_from_device", "bytes_to_device", "bytes_from_device")
-LAYER_DECODE_OPS = ("rms_gemv_rope", "o_gemv_ffn_rms_gemv_rope", "o_gemv_ffn")  # the ops a decode layer calls
+# the ops a decode layer calls: with the NpuKVCache its attention runs on the NPU, alone or chained
+LAYER_DECODE_OPS = ("rms_gemv_rope", "decode_attn", "decode_attn_o_gemv_ffn_rms_gemv_rope", "o_gemv_ffn_rms_gemv_rope",
+                    "o_gemv_ffn")
 TIMED_OPS = LAYER_DECODE_OPS + ("lm_head_gemv", "rms_gemms_rope", "flash_attn", "o_ffn")
 ATTENTION = ("_decode_attention", "_host_attention")  # the seam (NpuKVCache), HF caches' host attention
 

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from torch_npu2.emulator import launches
 from torch_npu2.kernels import ModelDims, host_build, programs_for_model
-from torch_npu2.kernels.builders import build_launch
+from torch_npu2.kernels.builders import EXTERNAL_KERNELS, build_launch
 from torch_npu2.ops import build_rope_lut, reference
 
 pytestmark = pytest.mark.skipif(host_build.host_compiler() is None,
@@ -585,15 +585,15 @@ def test_wrappers_take_bf16_only():
         host_build.gemv(torch.randn(4, 8), torch.randn(8))
 
 
-KERNEL_SYMBOLS = {
-    "rope_half_split.cc": ["rope_half_split_bf16"],
-    "silu_mul.cc": ["silu_mul_bf16"],
-    "gemv.cc": ["gemv_bf16", "gemv_bf16_f32", "gemv_partial_f32", "gemv_add_bf16", "gemv_rows_bf16",
-                "rmsnorm_bf16", "swiglu_bf16", "gemv_q_bf16", "gemv_q_bf16_f32", "gemv_q_partial_f32", "gemv_q_rows_bf16"],
-    "attention.cc": ["attn_init_f32", "attn_qk_tile_bf16", "attn_online_softmax_bf16", "attn_pv_accumulate_bf16",
-                     "attn_finalize_bf16"],
-    "gemm.cc": ["gemm_zero_f32", "gemm_bf16_f32_wnk", "gemm_f32_to_bf16", "gemm_f32_swiglu_to_bf16"],
-}
+def _symbols_by_source() -> dict[str, list[str]]:
+    """Each C++ source's extern "C" entry points, as the builders declare them (EXTERNAL_KERNELS)."""
+    by_source: dict[str, set[str]] = {}
+    for kernel in EXTERNAL_KERNELS:
+        by_source.setdefault(kernel.source, set()).update(kernel.symbols)
+    return {source: sorted(symbols) for source, symbols in by_source.items()}
+
+
+KERNEL_SYMBOLS = _symbols_by_source()
 
 
 def renamed(symbols: list[str], prefix: str) -> list[str]:
