@@ -160,8 +160,11 @@ def test_sampling_matches_hf_with_same_seed(smollm2, seed):
 
 
 def test_the_npu_kv_cache_gives_the_host_paths_tokens(smollm2):
-    """The chat and raw prompts, and a batch with left padding, greedy with the patched model's default NpuKVCache and
-    with HF's DynamicCache passed explicitly (the host path before it): the same tokens."""
+    """The chat and raw prompts, and a batch with left padding, greedy with the patched model's default NpuKVCache
+    (decode attention on the NPU) and with HF's DynamicCache passed explicitly (the host path before it). The NPU
+    kernel rounds its probabilities before normalizing them, the host after (within two bf16 ulps of the output), so
+    a near-tie may flip: the tokens agree up to a first divergence, where each side's token is the other's second
+    best (the top-2 rule), and most prompts agree throughout."""
     from transformers import DynamicCache
 
     from torch_npu2.patch_llama.kv_cache import NpuKVCache
@@ -171,10 +174,15 @@ def test_the_npu_kv_cache_gives_the_host_paths_tokens(smollm2):
     tokenizer.padding_side = "left"
     batch = tokenizer(RAW_PROMPTS[:2], return_tensors="pt", padding=True)
     cases.append(("left-padded batch", {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}))
+    diverged = []
     for label, inputs in cases:
-        kwargs = dict(max_new_tokens=24, do_sample=False, return_dict_in_generate=True,
+        kwargs = dict(max_new_tokens=24, do_sample=False, return_dict_in_generate=True, output_logits=True,
                       pad_token_id=tokenizer.pad_token_id, **inputs)
         npu = model.generate(**kwargs)
         host = model.generate(past_key_values=DynamicCache(config=model.config), **kwargs)
         assert type(npu.past_key_values) is NpuKVCache, label
-        assert torch.equal(npu.sequences, host.sequences), label
+        prompt = inputs["input_ids"].shape[1]
+        firsts = check_topk_gate(host.sequences[:, prompt:], torch.stack(host.logits, 1),
+                                 npu.sequences[:, prompt:], torch.stack(npu.logits, 1), k=2, label=label)
+        diverged += [label for first in firsts if first is not None]
+    assert len(diverged) <= len(cases) // 4, f"greedy tokens diverge on {diverged}"
