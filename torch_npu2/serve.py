@@ -318,109 +318,113 @@ def _validation_error(errors: list[dict], body: type[_Body]) -> ApiError:
     return ApiError(400, message, param)
 
 
-def create_app(model, tokenizer, model_name: str, api_key: str | None = None, max_queue: int = DEFAULT_MAX_QUEUE):
-    """The ASGI app serving ``model`` (already patched) under the id ``model_name``; ``app.state.worker`` runs
-    the generations."""
-    worker = Worker(model, tokenizer, max_queue)
-    context = getattr(model.config, "max_position_embeddings", None) or 2 ** 31
-    created = int(time.time())
+def _error_response(error: ApiError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
-    @asynccontextmanager
-    async def lifespan(app):
-        await worker.start()
-        yield
-        await worker.stop()
 
-    app = FastAPI(title="torch_npu2", lifespan=lifespan)
-    app.state.worker = worker
-
-    def error_response(error: ApiError) -> JSONResponse:
-        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
-
-    @app.exception_handler(ApiError)
+def _install_error_handlers(app: FastAPI) -> None:
+    """Every failure leaves as OpenAI's error shape: ours, a body that does not validate, Starlette's own HTTP
+    errors (unknown route, wrong method) and, as a 500, anything else."""
     async def api_error(request, exc: ApiError):
-        return error_response(exc)
+        return _error_response(exc)
 
-    @app.exception_handler(RequestValidationError)
     async def invalid_body(request, exc: RequestValidationError):
         body = CompletionBody if request.url.path.endswith("/v1/completions") else ChatBody
-        return error_response(_validation_error(exc.errors(), body))
+        return _error_response(_validation_error(exc.errors(), body))
 
-    @app.exception_handler(HTTPException)
     async def http_error(request, exc: HTTPException):
-        return error_response(ApiError(exc.status_code, str(exc.detail), kind="invalid_request_error"))
+        return _error_response(ApiError(exc.status_code, str(exc.detail), kind="invalid_request_error"))
 
-    @app.exception_handler(Exception)
     async def server_error(request, exc: Exception):
         log.exception("request failed")
-        return error_response(ApiError(500, f"{type(exc).__name__}: {exc}", kind="server_error"))
+        return _error_response(ApiError(500, f"{type(exc).__name__}: {exc}", kind="server_error"))
 
-    async def authorized(request: Request) -> None:
-        if api_key is None:
+    app.add_exception_handler(ApiError, api_error)
+    app.add_exception_handler(RequestValidationError, invalid_body)
+    app.add_exception_handler(HTTPException, http_error)
+    app.add_exception_handler(Exception, server_error)
+
+
+async def _result_of(job: Job, request: Request) -> Generation:
+    """Wait for a non-streamed job, cancelling it if the client goes away (checked every POLL_SECONDS, whether or
+    not text keeps arriving)."""
+    loop = asyncio.get_running_loop()
+    check_at = loop.time() + POLL_SECONDS
+    try:
+        while True:
+            try:
+                kind, value = await asyncio.wait_for(job.events.get(), POLL_SECONDS)
+            except asyncio.TimeoutError:
+                kind, value = "waiting", None
+            if kind == "done":
+                return value
+            if kind == "error":
+                raise ApiError(500, f"generation failed: {type(value).__name__}: {value}", kind="server_error")
+            if loop.time() >= check_at:
+                if await request.is_disconnected():
+                    raise ApiError(499, "client disconnected")
+                check_at = loop.time() + POLL_SECONDS
+    finally:
+        job.cancel.set()  # a no-op once done
+
+
+async def _events_of(job: Job, chunk, final, include_usage: bool):
+    """Server-sent events of a job: ``chunk(text, logprobs)`` per piece of text, ``final(result)`` at the end;
+    closing the stream (the client left) cancels the job."""
+    try:
+        yield _sse(chunk("", None))
+        while True:
+            kind, value = await job.events.get()
+            if kind == "text":
+                yield _sse(chunk(*value))
+            elif kind == "error":
+                yield _sse(ApiError(500, f"generation failed: {type(value).__name__}: {value}",
+                                    kind="server_error").body())
+                break
+            else:
+                yield _sse(final(value))
+                if include_usage:
+                    yield _sse({**final(value), "choices": [], "usage": _usage(value)})
+                break
+        yield _sse("[DONE]")
+    finally:
+        job.cancel.set()
+
+
+def _stream(job: Job, body: _Body, chunk, final) -> StreamingResponse:
+    include_usage = body.stream_options is not None and body.stream_options.include_usage
+    return StreamingResponse(_events_of(job, chunk, final, include_usage), media_type="text/event-stream")
+
+
+class _Endpoints:
+    """The routes' handlers and what they share: the worker, the served model's name and context, the API key."""
+
+    def __init__(self, model, tokenizer, model_name: str, api_key: str | None, max_queue: int):
+        self.model, self.tokenizer, self.model_name, self.api_key = model, tokenizer, model_name, api_key
+        self.worker = Worker(model, tokenizer, max_queue)
+        self.context = getattr(model.config, "max_position_embeddings", None) or 2 ** 31
+        self.created = int(time.time())
+
+    async def authorized(self, request: Request) -> None:
+        if self.api_key is None:
             return
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), api_key.encode()):
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), self.api_key.encode()):
             raise ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
                            kind="authentication_error")
 
-    async def result_of(job: Job, request: Request) -> Generation:
-        """Wait for a non-streamed job, cancelling it if the client goes away (checked every POLL_SECONDS,
-        whether or not text keeps arriving)."""
-        loop = asyncio.get_running_loop()
-        check_at = loop.time() + POLL_SECONDS
-        try:
-            while True:
-                try:
-                    kind, value = await asyncio.wait_for(job.events.get(), POLL_SECONDS)
-                except asyncio.TimeoutError:
-                    kind, value = "waiting", None
-                if kind == "done":
-                    return value
-                if kind == "error":
-                    raise ApiError(500, f"generation failed: {type(value).__name__}: {value}", kind="server_error")
-                if loop.time() >= check_at:
-                    if await request.is_disconnected():
-                        raise ApiError(499, "client disconnected")
-                    check_at = loop.time() + POLL_SECONDS
-        finally:
-            job.cancel.set()  # a no-op once done
-
-    async def stream_of(job: Job, chunk, final, include_usage: bool):
-        """Server-sent events of a job; closing the stream (the client left) cancels the job."""
-        try:
-            yield _sse(chunk("", None))
-            while True:
-                kind, value = await job.events.get()
-                if kind == "text":
-                    yield _sse(chunk(*value))
-                elif kind == "error":
-                    yield _sse(ApiError(500, f"generation failed: {type(value).__name__}: {value}",
-                                        kind="server_error").body())
-                    break
-                else:
-                    yield _sse(final(value))
-                    if include_usage:
-                        yield _sse({**final(value), "choices": [], "usage": _usage(value)})
-                    break
-            yield _sse("[DONE]")
-        finally:
-            job.cancel.set()
-
-    def start(body: _Body, input_ids, max_tokens: int | None, logprobs: int | None, prompt_param: str) -> Job:
-        if body.model is not None and body.model != model_name:
-            raise ApiError(404, f"the model {body.model!r} does not exist: this server serves {model_name!r}",
+    def _start(self, body: _Body, input_ids, max_tokens: int | None, logprobs: int | None, prompt_param: str) -> Job:
+        if body.model is not None and body.model != self.model_name:
+            raise ApiError(404, f"the model {body.model!r} does not exist: this server serves {self.model_name!r}",
                            "model", code="model_not_found")
-        sampling = _sampling(model, body, max_tokens, logprobs, input_ids.shape[1], context, prompt_param)
-        return worker.submit(input_ids, sampling)
+        sampling = _sampling(self.model, body, max_tokens, logprobs, input_ids.shape[1], self.context, prompt_param)
+        return self.worker.submit(input_ids, sampling)
 
-    @app.get("/v1/models", dependencies=[Depends(authorized)])
-    async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
+    async def models(self):
+        return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": self.created,
                                             "owned_by": "torch_npu2"}]}
 
-    @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
-    async def chat_completions(body: ChatBody, request: Request):
+    async def chat_completions(self, body: ChatBody, request: Request):
         if not body.messages:
             raise ApiError(400, "messages: expected at least one message", "messages")
         if body.top_logprobs is not None and not body.logprobs:
@@ -429,9 +433,8 @@ def create_app(model, tokenizer, model_name: str, api_key: str | None = None, ma
                     for m in body.messages]
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        job = start(body, chat_input_ids(tokenizer, messages), max_tokens, logprobs, "messages")
-        ident, stamp = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        head = {"id": ident, "model": model_name, "created": stamp}
+        job = self._start(body, chat_input_ids(self.tokenizer, messages), max_tokens, logprobs, "messages")
+        head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "model": self.model_name, "created": int(time.time())}
         if body.stream:
             def chunk(text, entries):
                 delta = {"role": "assistant", "content": ""} if text == "" else {"content": text}
@@ -443,25 +446,23 @@ def create_app(model, tokenizer, model_name: str, api_key: str | None = None, ma
                 return {**head, "object": "chat.completion.chunk",
                         "choices": [{"index": 0, "delta": {}, "finish_reason": _finish(result)}]}
 
-            include_usage = body.stream_options is not None and body.stream_options.include_usage
-            return StreamingResponse(stream_of(job, chunk, final, include_usage), media_type="text/event-stream")
-        result = await result_of(job, request)
+            return _stream(job, body, chunk, final)
+        result = await _result_of(job, request)
         return {**head, "object": "chat.completion",
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text},
                              "logprobs": _chat_logprobs(result.logprobs), "finish_reason": _finish(result)}],
                 "usage": _usage(result)}
 
-    @app.post("/v1/completions", dependencies=[Depends(authorized)])
-    async def completions(body: CompletionBody, request: Request):
+    async def completions(self, body: CompletionBody, request: Request):
         prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
         if len(prompts) != 1 or not prompts[0]:
             raise ApiError(400, "prompt: expected one non-empty string", "prompt")
         if body.logprobs is not None and not 0 <= body.logprobs <= MOST_COMPLETION_LOGPROBS:
             raise ApiError(400, f"logprobs: expected an int in [0, {MOST_COMPLETION_LOGPROBS}], got {body.logprobs}",
                            "logprobs")
-        job = start(body, text_input_ids(tokenizer, prompts[0]), body.max_tokens, body.logprobs, "prompt")
-        ident, stamp = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        head = {"id": ident, "object": "text_completion", "model": model_name, "created": stamp}
+        job = self._start(body, text_input_ids(self.tokenizer, prompts[0]), body.max_tokens, body.logprobs, "prompt")
+        head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "model": self.model_name,
+                "created": int(time.time())}
         if body.stream:
             def chunk(text, entries):
                 return {**head, "choices": [{"index": 0, "text": text, "finish_reason": None,
@@ -472,12 +473,30 @@ def create_app(model, tokenizer, model_name: str, api_key: str | None = None, ma
                 return {**head, "choices": [{"index": 0, "text": "", "logprobs": None,
                                              "finish_reason": _finish(result)}]}
 
-            include_usage = body.stream_options is not None and body.stream_options.include_usage
-            return StreamingResponse(stream_of(job, chunk, final, include_usage), media_type="text/event-stream")
-        result = await result_of(job, request)
+            return _stream(job, body, chunk, final)
+        result = await _result_of(job, request)
         return {**head, "choices": [{"index": 0, "text": result.text, "logprobs": _completion_logprobs(result.logprobs),
                                      "finish_reason": _finish(result)}], "usage": _usage(result)}
 
+
+def create_app(model, tokenizer, model_name: str, api_key: str | None = None, max_queue: int = DEFAULT_MAX_QUEUE):
+    """The ASGI app serving ``model`` (already patched) under the id ``model_name``; ``app.state.worker`` runs
+    the generations."""
+    endpoints = _Endpoints(model, tokenizer, model_name, api_key, max_queue)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        await endpoints.worker.start()
+        yield
+        await endpoints.worker.stop()
+
+    app = FastAPI(title="torch_npu2", lifespan=lifespan)
+    app.state.worker = endpoints.worker
+    _install_error_handlers(app)
+    guarded = [Depends(endpoints.authorized)]
+    app.get("/v1/models", dependencies=guarded)(endpoints.models)
+    app.post("/v1/chat/completions", dependencies=guarded)(endpoints.chat_completions)
+    app.post("/v1/completions", dependencies=guarded)(endpoints.completions)
     return app
 
 
