@@ -83,8 +83,23 @@ def test_the_headline_is_the_default_precisions_prefill_and_decode_range():
     assert set(headline) == {"prefill_2048_s", "decode_token_s"}
     prefill = cost_model.prefill_ms(dims, 16, [(0, 2048, 2048)], DEFAULT_MATMUL_PRECISION)
     assert headline["prefill_2048_s"] == pytest.approx([ms / 1e3 for ms in prefill])
-    assert headline["decode_token_s"] == pytest.approx([ms / 1e3 for ms in cost_model.decode_ms(dims, 16)])
+    assert headline["decode_token_s"] == pytest.approx(
+        [ms / 1e3 for ms in cost_model.decode_chained_ms(dims, 16, cost_model.DECODE_CONTEXT)])
     assert all(low < high for low, high in headline.values())
+
+
+def test_the_decode_token_charges_the_attention_the_patched_model_runs_on_the_npu():
+    """bf16 weights: each layer one dispatch from its attention on; packed weights: decode_attn a dispatch of its own.
+    Either way the token costs more than its GEMVs alone, and more at a longer context."""
+    dims = cost_model.llama_1b_dims()
+    gemvs = cost_model.decode_ms(dims, 16)
+    bf16 = cost_model.token_ms(dims, 16, 1024)
+    assert bf16 == cost_model.decode_chained_ms(dims, 16, 1024)
+    assert all(t > g for t, g in zip(bf16, gemvs))
+    assert all(long > short for long, short in zip(cost_model.token_ms(dims, 16, 8192), bf16))
+    packed = cost_model.token_ms(dims, 16, 1024, "q4_1")
+    assert packed == cost_model.decode_with_attention_ms(dims, 16, 1024, "q4_1")
+    assert all(t > g for t, g in zip(packed, cost_model.decode_ms(dims, 16, "q4_1")))
 
 
 def test_each_replay_row_says_where_the_measurement_lies():
