@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .budgets import L1BudgetError, TileL1, program_l1, worst_tile
-from .builders import build_launch
+from .builders import BUILDERS, build_launch
 from .builders.ir import ELEMENT_BYTES, L1, L2, L3
 from .mlir_text import SSA_VALUE, index_constants, parse_dma, parse_memref_type, split_top
 from .program import Program
@@ -58,7 +58,7 @@ RULES = {
     "l1-budget": "a compute tile's buffers, stack and headroom over its 64 KiB of data memory",
 }
 
-GEMM_CLASS_KINDS = ("gemm", "gemm_swiglu", "gemv", "gemv_f32", "gemv_add", "rms_gemv", "swiglu_gemv_add")
+GEMM_CLASS_KINDS = tuple(kind for kind, builder in BUILDERS.items() if builder.gemm_class)
 SHIM_BDS, TILE_BDS, MEMTILE_BDS = 16, 16, 48
 SHIM_CHANNELS_PER_DIRECTION, SHIM_COLUMNS = 2, 8
 MEMTILE_CHANNELS_PER_DIRECTION = 6
