@@ -283,3 +283,12 @@ def test_tiles_writing_one_memtile_block_fail(air_tools, printed):
                     r"\1\3\2")
     with pytest.raises(TileRace, match="another tile of the herd wrote"):
         run_mutated(broken)
+
+
+@needs_host_compiler
+def test_a_float_kernel_argument_reaches_the_kernel_as_a_float(air_tools):
+    """rmsnorm_bf16's eps is a float (its record says "f"): passed as an int32 the kernel would read another
+    register. An eps as large as the mean square moves every normed value, so the emulator's eps must be the one."""
+    program = o_gemv_ffn_program(256, 256, 512, 4.0)
+    check = check_program_ir(program, seed=1)
+    assert check.passed, check.failures()
