@@ -32,7 +32,7 @@ from .stitch import ObjectBuild, stitch
 from .toolchain import (KERNEL_SOURCE_DIR, Toolchain, ToolchainMissing, air_version_warning, find_toolchain,
                         missing_toolchain, toolchain_fingerprint)
 
-PEANO_FLAGS = ("-O2", "-std=c++20", "--target=aie2p-none-unknown-elf", "-DNDEBUG",
+PEANO_FLAGS = ("-O2", "-std=c++20", f"--target={DEVICE.architecture}-none-unknown-elf", "-DNDEBUG",
                "-Wno-parentheses", "-Wno-attributes", "-Wno-macro-redefined", "-Wno-empty-body",
                # keeps aie_api from including the Vitis-only adf.h
                "-D__AIE_API_AIE_ADF_HPP__")

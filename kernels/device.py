@@ -13,6 +13,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Device:
     name: str                           # the compilers' device name: aircc --device, air-to-aie{device=}
+    architecture: str                   # the cores': Peano's target, and kernels/<architecture>/ holds their kernels
     columns: int                        # compute-tile columns (each with a memtile and a shim tile below)
     rows: int                           # compute-tile rows
     # AIR's placement (aircc's defaults for the device): the rows and columns herds are placed over, the first
@@ -61,7 +62,7 @@ class Device:
 
 
 NPU2 = Device(
-    name="npu2", columns=8, rows=4,
+    name="npu2", architecture="aie2p", columns=8, rows=4,
     placement_rows=6, placement_columns=8, row_offset=2, column_offset=0,
     l1_bytes=64 * 1024,                 # mlir-aie's AIE2 target model, NPU2's base
     l2_bytes=512 * 1024,

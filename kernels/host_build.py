@@ -29,8 +29,9 @@ import torch
 from . import catalog
 from .builders.externs import kernel_symbol
 from .program import pad_rows
+from .toolchain import KERNEL_SOURCE_DIR
 
-KERNEL_DIR = Path(__file__).resolve().parent / "aie2p"
+KERNEL_DIR = KERNEL_SOURCE_DIR
 CXX_FLAGS = ("-O2", "-shared", "-fPIC", "-std=c++20")
 # For the emulator's hot kernels: vectorized for this CPU, with fp32 sums free to reassociate (the NPU's
 # lanes sum in their own order too); no other fast-math liberties, so rounding helpers stay exact.
