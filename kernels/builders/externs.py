@@ -102,7 +102,7 @@ def _symbol(name: str, arguments: str, kind: str, *work: str, work_arguments=Non
 @dataclass(frozen=True)
 class KernelObject:
     object: str                   # what herds link (link_with)
-    source: str                   # file name under kernels/aie2p/
+    source: str                   # file name in the device's kernel folder (kernels/aie2p/)
     entries: tuple[KernelSymbol, ...]
     config_macros: tuple[str, ...]  # the -D tile-size macros a call must set
     optional_macros: tuple[str, ...] = ()  # -D switches a call may add (e.g. a precision mode)
@@ -114,11 +114,28 @@ class KernelObject:
 
 _GEMV = ("GEMV_ROWS", "GEMV_K")
 _ATTENTION_BLOCK = ("ATTN_TQ", "ATTN_TK", "ATTN_HEAD_DIM")
-# the builders' buckets are whole tiles: a call past the length does nothing, a full tile is the dearest. Both ends
-# charge a full tile, so a prediction is that of a full bucket (decode_attention's length = capacity).
-_FULL_DECODE_TILE = lambda d: ({"length": d["DATTN_TK"], "k_start": 0}, {"length": d["DATTN_TK"], "k_start": 0})
-# the first K chunk starts each row's sum, a later one adds to it
-_FIRST_OR_LATER_K_CHUNK = lambda d: ({"k0": 0}, {"k0": d["GEMV_K"]})
+
+
+def _full_decode_tile(d):
+    """The builders' buckets are whole tiles: a call past the length does nothing, a full tile is the dearest. Both
+    ends charge a full tile, so a prediction is that of a full bucket (decode_attention's length = capacity)."""
+    return {"length": d["DATTN_TK"], "k_start": 0}, {"length": d["DATTN_TK"], "k_start": 0}
+
+
+def _first_or_later_k_chunk(d):
+    """The first K chunk starts each row's sum, a later one adds to it."""
+    return {"k0": 0}, {"k0": d["GEMV_K"]}
+
+
+def _one_call_k(d):
+    """x of one call's K (a launch passes its whole x, a constant the timing model reads from the call)."""
+    return {"length": d["GEMV_K"]}, {"length": d["GEMV_K"]}
+
+
+def _key_block_before_or_on_the_diagonal(d):
+    """A key block wholly before the query rows (nothing to mask), or on the diagonal (every row masked)."""
+    return {"q_start": d["ATTN_TK"], "k_start": 0}, {"q_start": 0, "k_start": 0}
+
 
 EXTERNAL_KERNELS = (
     KernelObject("rope.o", "rope_half_split.cc", (
@@ -131,7 +148,7 @@ EXTERNAL_KERNELS = (
         _symbol("gemv_bf16", "rrw", "vector_mac", *_GEMV),
         _symbol("gemv_bf16_f32", "rrw", "vector_mac", *_GEMV),
         # the fused decode-FFN entry points (builders/gemv_fused.py)
-        _symbol("gemv_partial_f32", "rrpi", "vector_mac", *_GEMV, work_arguments=_FIRST_OR_LATER_K_CHUNK),
+        _symbol("gemv_partial_f32", "rrpi", "vector_mac", *_GEMV, work_arguments=_first_or_later_k_chunk),
         _symbol("gemv_add_bf16", "rrpii", "vector_elementwise", "GEMV_ROWS"),
         _symbol("gemv_rows_bf16", "rrpi", "vector_mac", *_GEMV),
         _symbol("rmsnorm_bf16", "rwf", "vector_elementwise", "GEMV_K"),
@@ -140,19 +157,15 @@ EXTERNAL_KERNELS = (
         # the same GEMVs over packed block-quantized rows (GEMV_QUANT), dequantized in the call
         _symbol("gemv_q_bf16", "rrw", "vector_mac", *_GEMV),
         _symbol("gemv_q_bf16_f32", "rrw", "vector_mac", *_GEMV),
-        _symbol("gemv_q_partial_f32", "rrpi", "vector_mac", *_GEMV, work_arguments=_FIRST_OR_LATER_K_CHUNK),
+        _symbol("gemv_q_partial_f32", "rrpi", "vector_mac", *_GEMV, work_arguments=_first_or_later_k_chunk),
         _symbol("gemv_q_rows_bf16", "rrpi", "vector_mac", *_GEMV),
-        # x transposed for them, once per tile entry; reported over the vector it is handed (x, maybe more after
-        # it); the length is one call's K (a launch passes its whole x, a constant the timing model reads)
-        _symbol("gemv_q_prepare_x", "pi", "vector_elementwise", LAST_OPERAND,
-                work_arguments=lambda d: ({"length": d["GEMV_K"]}, {"length": d["GEMV_K"]})),
+        # x transposed for them, once per tile entry; reported over the vector it is handed (x, maybe more after it)
+        _symbol("gemv_q_prepare_x", "pi", "vector_elementwise", LAST_OPERAND, work_arguments=_one_call_k),
     ), _GEMV, ("GEMV_QUANT",)),
     KernelObject("attention.o", "attention.cc", (
         _symbol("attn_init_f32", "www", "vector_elementwise", "ATTN_TQ", "ATTN_HEAD_DIM"),
-        # aie::mmul<8, 8, 8> bf16; a key block wholly before the query rows (nothing to mask), or on the diagonal
-        # (every row masked)
-        _symbol("attn_qk_tile_bf16", "rrwii", "mmul_bf16", *_ATTENTION_BLOCK,
-                work_arguments=lambda d: ({"q_start": d["ATTN_TK"], "k_start": 0}, {"q_start": 0, "k_start": 0})),
+        _symbol("attn_qk_tile_bf16", "rrwii", "mmul_bf16", *_ATTENTION_BLOCK,  # aie::mmul<8, 8, 8> bf16
+                work_arguments=_key_block_before_or_on_the_diagonal),
         _symbol("attn_online_softmax_bf16", "rwmmw", "vector_transcendental", "ATTN_TQ", "ATTN_TK"),  # aie::exp2
         _symbol("attn_pv_accumulate_bf16", "rrrm", "mmul_bf16", *_ATTENTION_BLOCK),
         _symbol("attn_finalize_bf16", "rrw", "vector_elementwise", "ATTN_TQ", "ATTN_HEAD_DIM"),
@@ -162,7 +175,7 @@ EXTERNAL_KERNELS = (
     KernelObject("decode_attention.o", "decode_attention.cc", (
         _symbol("dattn_init_f32", "riiwwwww", "vector_elementwise", "DATTN_GROUP", "DATTN_HEAD_DIM"),
         _symbol("dattn_tile_bf16", "rrppmmmii", "vector_mac", "DATTN_GROUP", "DATTN_TK", "DATTN_HEAD_DIM",
-                work_arguments=_FULL_DECODE_TILE),
+                work_arguments=_full_decode_tile),
         _symbol("dattn_finalize_bf16", "rrw", "vector_elementwise", "DATTN_GROUP", "DATTN_HEAD_DIM"),
     ), ("DATTN_GROUP", "DATTN_TK", "DATTN_HEAD_DIM")),
     # the prefill GEMM kernel: acc += A·Wᵀ through aie::mmul. Its precision ("bf16" exact or "bfp16" emulated) is
