@@ -23,6 +23,7 @@ from functools import lru_cache
 
 from torch_npu2.kernels import core_ops, timing
 from torch_npu2.kernels.catalog import DEFAULT_MATMUL_PRECISION
+from torch_npu2.kernels.device import DEVICE
 from torch_npu2.kernels.timing import ENDS
 
 from . import common
@@ -388,7 +389,7 @@ def decode_line(decode: dict) -> str:
 
 
 def constants() -> dict:
-    return {"clock_hz": timing.CLOCK_HZ, "tile_channel_gb_per_s": timing.TILE_CHANNEL_BYTES_PER_S / 1e9,
+    return {"clock_hz": DEVICE.clock_hz, "tile_channel_gb_per_s": DEVICE.tile_channel_bytes_per_s / 1e9,
             "shim_column_gb_per_s": timing.SHIM_COLUMN_BYTES_PER_S / 1e9,
             "launch_iteration_us": timing.LAUNCH_ITERATION_S * 1e6,
             "ends": {end.name: {**asdict(end), "ddr_gb_per_s": end.ddr_bytes_per_s / 1e9} for end in ENDS},

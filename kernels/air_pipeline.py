@@ -1,7 +1,8 @@
 """aircc's npu2 flow, replayed with the AIR binaries (``air-opt`` and the C++ ``aiecc``), no Python bindings.
 
 The pass pipelines are those of mlir-air ``python/air/compiler/aircc/main.py`` at 0e3df89d for
-``--device npu2`` with aircc's defaults (8 columns from column 0, placement rows anchored at row 2),
+``--device npu2`` with aircc's defaults (8 columns from column 0, placement rows anchored at row 2; the device
+record, kernels/device.py, holds them),
 parametrized by a Program's :class:`CompileOptions`:
 
 1. placement: ``air-insert-launch-around-herd`` … dependency analysis, broadcast detection, DMA → channel
@@ -34,13 +35,12 @@ from pathlib import Path
 
 from .budgets import L1BudgetError, TileL1, check_fits, lowered_l1
 from .builders.ir import ELEMENT_BYTES, Dma, Window
+from .device import DEVICE
 from .mlir_text import MlirTextError, dma_copies, index_constants
 from .program import CompileOptions, Program
 from .stitch import StitchedModule, stitch
 from .toolchain import Toolchain, ToolchainMissing, find_toolchain, missing_lowering_tools
 
-DEVICE = "npu2"
-NUM_COLS, COL_OFFSET, NUM_ROWS, ROW_OFFSET = 8, 0, 6, 2  # aircc's defaults for npu2
 TIMEOUT_VARIABLE = "TORCH_NPU2_AIR_TIMEOUT"
 DEFAULT_PROCESS_TIMEOUT = 3600  # seconds for one air-opt or aiecc run
 
@@ -72,7 +72,7 @@ def _optimization_passes(o: CompileOptions) -> list[str]:
     if o.omit_pingpong != "all":
         omit = f"{{omit-memory-space={o.omit_pingpong}}}" if o.omit_pingpong else ""
         passes += [f"air-label-scf-for-to-ping-pong{omit}", f"air-ping-pong-transform{omit}", "canonicalize", "cse"]
-    passes += ["func.func(convert-linalg-to-loops)", f"func.func(air-opt-memtile-dma-bds{{device={DEVICE}}})",
+    passes += ["func.func(convert-linalg-to-loops)", f"func.func(air-opt-memtile-dma-bds{{device={DEVICE.name}}})",
                "canonicalize", "cse"]
     return passes
 
@@ -85,22 +85,22 @@ def placement_pipeline(o: CompileOptions) -> str:
     return _module(["air-insert-launch-around-herd{insert-segment=true}", "func.func(air-lower-herd-parallel)",
                     "scf-forall-to-parallel", *_optimization_passes(o),
                     "func.func(air-collapse-herd{max-col-size=4 })", "canonicalize", "cse",
-                    f"air-place-herds{{num-rows={NUM_ROWS} num-cols={NUM_COLS} row-anchor={ROW_OFFSET} "
-                    f"col-anchor={COL_OFFSET}}}",
+                    f"air-place-herds{{num-rows={DEVICE.placement_rows} num-cols={DEVICE.placement_columns} "
+                    f"row-anchor={DEVICE.row_offset} col-anchor={DEVICE.column_offset}}}",
                     "canonicalize", "cse", "func.func(air-renumber-dma)"])
 
 
 def air_to_aie_pipeline(o: CompileOptions) -> str:
     flag = lambda value: str(value).lower()  # noqa: E731
-    return _module([f"air-to-aie{{emit-while-loop={flag(not o.omit_while_true_loop)} row-offset={ROW_OFFSET} "
-                    f"col-offset={COL_OFFSET} device={DEVICE} "
+    return _module([f"air-to-aie{{emit-while-loop={flag(not o.omit_while_true_loop)} row-offset={DEVICE.row_offset} "
+                    f"col-offset={DEVICE.column_offset} device={DEVICE.name} "
                     f"use-lock-race-condition-fix={flag(o.use_lock_race_condition_fix)}}}",
                     "air-merge-unrolled-devices"])
 
 
 def npu_pipeline(o: CompileOptions) -> str:
     tiling = f" shim-dma-tile-sizes={','.join(map(str, o.runtime_loop_tiling_sizes))}"
-    return _module([f"func.func(air-opt-shim-dma-bds{{device={DEVICE}{tiling}}})", "canonicalize", "cse",
+    return _module([f"func.func(air-opt-shim-dma-bds{{device={DEVICE.name}{tiling}}})", "canonicalize", "cse",
                     "air-to-std", "symbol-dce", "affine-expand-index-ops", "canonicalize", "cse",
                     "airrt-to-npu{ trace-size=0 trace-offset=0 output-elf=true}", "canonicalize", "cse"])
 

@@ -8,7 +8,7 @@ stack when a buffer is larger than a bank; the linker gives the kernels' static 
 highest buffer. It does not always refuse what does not fit: with a stack larger than a bank it leaves buffers
 over the stack and reports success (measured here: aiecc with a 61,440 B stack exits 0). So this module refuses,
 with the Program, the tile, each buffer, the stack and the limit, a tile whose used bytes plus ``L1_HEADROOM``
-exceed ``L1_BYTES``, or whose buffers overlap the stack or each other.
+exceed the device's L1 (``DEVICE.l1_bytes``), or whose buffers overlap the stack or each other.
 
 Two counts of the same thing:
 
@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from .builders import build_launch
 from .builders.ir import ELEMENT_BYTES
 from .mlir_text import index_constants
-from .builders.npu2 import L1_AVAILABLE, L1_BYTES, L1_HEADROOM, STACK_BYTES, BudgetExceeded
+from .builders.npu2 import L1_AVAILABLE, L1_HEADROOM, STACK_BYTES, BudgetExceeded
+from .device import DEVICE
 from .program import Program
 
 AIE_CORE_DEFAULT_STACK = 0x400  # aie.core's stack_size when the attribute is absent (mlir-aie AIEOps.td)
@@ -58,7 +59,7 @@ class TileL1:
 
     @property
     def fits(self) -> bool:
-        return self.total <= L1_BYTES and not self.overlaps
+        return self.total <= DEVICE.l1_bytes and not self.overlaps
 
     def __str__(self) -> str:
         items = ", ".join(f"{name} {size:,} B" for name, size in self.buffers)
@@ -66,7 +67,7 @@ class TileL1:
         overlaps = f"; overlapping: {', '.join(self.overlaps)}" if self.overlaps else ""
         return (f"{self.program}, launch {self.launch} ({self.kind}), {self.tile}: buffers {self.buffer_bytes:,} B "
                 f"({items}) + stack {self.stack:,} B{placed} + headroom {L1_HEADROOM:,} B = {self.total:,} B of "
-                f"{L1_BYTES:,} B{overlaps}")
+                f"{DEVICE.l1_bytes:,} B{overlaps}")
 
 
 class L1BudgetError(ValueError):
@@ -118,7 +119,7 @@ def program_l1(program: Program) -> tuple[TileL1, ...]:
             buffers = tuple(exc.buffers.items())
             planned = TileL1(program.name, index, launch.kind, "each tile of its herd", buffers, stack,
                              stack + sum(exc.buffers.values()))
-            raise L1BudgetError(planned, f"its builder plans a tile within {L1_AVAILABLE:,} B: 64 KiB less the "
+            raise L1BudgetError(planned, f"its builder plans a tile within {L1_AVAILABLE:,} B: L1 less the "
                                          f"{STACK_BYTES:,} B default stack and the headroom") from exc
         tiles.append(TileL1(program.name, index, launch.kind, _herd_tile(ir.text), ir.l1_buffers, stack,
                             stack + sum(size for _, size in ir.l1_buffers)))

@@ -26,12 +26,13 @@ from pathlib import Path
 from . import air_pipeline
 from .air_pipeline import CompileError
 from .budgets import check_program_l1
+from .device import DEVICE
 from .program import Program
 from .stitch import ObjectBuild, stitch
 from .toolchain import (KERNEL_SOURCE_DIR, Toolchain, ToolchainMissing, air_version_warning, find_toolchain,
                         missing_toolchain, toolchain_fingerprint)
 
-PEANO_FLAGS = ("-O2", "-std=c++20", "--target=aie2p-none-unknown-elf", "-DNDEBUG",
+PEANO_FLAGS = ("-O2", "-std=c++20", f"--target={DEVICE.architecture}-none-unknown-elf", "-DNDEBUG",
                "-Wno-parentheses", "-Wno-attributes", "-Wno-macro-redefined", "-Wno-empty-body",
                # keeps aie_api from including the Vitis-only adf.h
                "-D__AIE_API_AIE_ADF_HPP__")
@@ -53,7 +54,7 @@ def peano_command(tc: Toolchain, build: ObjectBuild, output: Path) -> list[str]:
 
 
 def aircc_command(tc: Toolchain, program: Program, elf_name: str, extra_flags=()) -> list[str]:
-    return [str(tc.aircc), "--device", "npu2", "air.mlir", "--elf-name", elf_name, "--output-format", "elf",
+    return [str(tc.aircc), "--device", DEVICE.name, "air.mlir", "--elf-name", elf_name, "--output-format", "elf",
             "--xclbin-instance-name", program.name, "--peano", str(tc.peano), "--no-xchesscc", "--no-xbridge",
             f"--tmpdir={PROJECT_DIR}", *program.compile_options.aircc_flags(), *extra_flags]
 

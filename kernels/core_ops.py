@@ -23,7 +23,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from . import host_build
-from .builders.externs import EXTERNAL_KERNELS
+from .builders.externs import EXTERNAL_KERNELS, KERNEL_SYMBOLS, object_for_symbol
 
 STAND_IN_DIR = Path(__file__).resolve().parent / "aie_count"
 KINDS = ("load", "store", "mac", "vector", "move", "nonlinear", "scalar_float")
@@ -119,10 +119,7 @@ _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 
 
 def source_of(symbol: str) -> str:
-    for kernel in EXTERNAL_KERNELS:
-        if symbol in kernel.symbols:
-            return kernel.source
-    raise KeyError(f"{symbol} is not an external kernel listed in builders/externs.py")
+    return object_for_symbol(symbol).source
 
 
 @lru_cache(maxsize=None)
@@ -148,19 +145,9 @@ def entry_points(source: str) -> dict[str, tuple[Param, ...]]:
 
 
 # Integer arguments that change what a call executes: their values in the cheapest and in the dearest call the
-# builders make. A prediction charges the cheapest to its fast end, the dearest to its slow end.
-WORK_ARGUMENTS = {
-    # a key block wholly before the query rows (nothing to mask), or on the diagonal (every row masked)
-    "attn_qk_tile_bf16": lambda d: ({"q_start": d["ATTN_TK"], "k_start": 0}, {"q_start": 0, "k_start": 0}),
-    # the builders' buckets are whole tiles: a call past the length does nothing, a full tile is the dearest. Both
-    # ends charge a full tile, so a prediction is that of a full bucket (decode_attention's length = capacity).
-    "dattn_tile_bf16": lambda d: ({"length": d["DATTN_TK"], "k_start": 0}, {"length": d["DATTN_TK"], "k_start": 0}),
-    # the first K chunk starts each row's sum, a later one adds to it
-    "gemv_partial_f32": lambda d: ({"k0": 0}, {"k0": d["GEMV_K"]}),
-    "gemv_q_partial_f32": lambda d: ({"k0": 0}, {"k0": d["GEMV_K"]}),
-    # x of one call's K (a launch passes its whole x, a constant the timing model reads from the call)
-    "gemv_q_prepare_x": lambda d: ({"length": d["GEMV_K"]}, {"length": d["GEMV_K"]}),
-}
+# builders make (each kernel symbol's record in builders/externs.py). A prediction charges the cheapest to its
+# fast end, the dearest to its slow end.
+WORK_ARGUMENTS = {name: entry.work_arguments for name, entry in KERNEL_SYMBOLS.items() if entry.work_arguments}
 
 
 def _driver(source: str) -> str:

@@ -27,9 +27,11 @@ from pathlib import Path
 import torch
 
 from . import catalog
+from .builders.externs import kernel_symbol
 from .program import pad_rows
+from .toolchain import KERNEL_SOURCE_DIR
 
-KERNEL_DIR = Path(__file__).resolve().parent / "aie2p"
+KERNEL_DIR = KERNEL_SOURCE_DIR
 CXX_FLAGS = ("-O2", "-shared", "-fPIC", "-std=c++20")
 # For the emulator's hot kernels: vectorized for this CPU, with fp32 sums free to reassociate (the NPU's
 # lanes sum in their own order too); no other fast-math liberties, so rounding helpers stay exact.
@@ -131,14 +133,15 @@ def load(source_name: str, defines: Defines | None = None, fast: bool = False) -
         return _loaded[library]
 
 
-def _function(library: ctypes.CDLL, symbol: str, *argtypes) -> ctypes._CFuncPtr:
+_SCALAR_ARGTYPES = {"i": ctypes.c_int32, "f": ctypes.c_float}  # any other argument letter is a pointer
+
+
+def _function(library: ctypes.CDLL, symbol: str) -> ctypes._CFuncPtr:
+    """``symbol`` of ``library``, its ctypes argument types from its record (builders/externs.py)."""
     function = getattr(library, symbol)
-    function.argtypes = list(argtypes)
+    function.argtypes = [_SCALAR_ARGTYPES.get(a, ctypes.c_void_p) for a in kernel_symbol(symbol).arguments]
     function.restype = None
     return function
-
-
-_PTR = ctypes.c_void_p
 
 
 def _require_bf16(name: str, tensor: torch.Tensor) -> torch.Tensor:
@@ -159,7 +162,7 @@ def rope_half_split(x: torch.Tensor, lut: torch.Tensor, head_dim: int, *, tile_r
         raise ValueError(f"x {tuple(x.shape)} and lut {tuple(lut.shape)} do not fit head_dim {head_dim}")
     library = load("rope_half_split.cc",
                    {"ROPE_ROWS": tile_rows, "ROPE_HEADS": width // head_dim, "ROPE_HEAD_DIM": head_dim})
-    kernel = _function(library, "rope_half_split_bf16", _PTR, _PTR, _PTR)
+    kernel = _function(library, "rope_half_split_bf16")
     padded_rows = _round_up(rows, tile_rows)
     x_tiles, lut_tiles = pad_rows(x, padded_rows), pad_rows(lut, padded_rows)
     y = torch.empty_like(x_tiles)
@@ -173,7 +176,7 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, tile: int = 512) -> torch.
     gate, up = _require_bf16("gate", gate), _require_bf16("up", up)
     if gate.shape != up.shape:
         raise ValueError(f"gate {tuple(gate.shape)} and up {tuple(up.shape)} differ")
-    kernel = _function(load("silu_mul.cc", {"SILU_MUL_LEN": tile}), "silu_mul_bf16", _PTR, _PTR, _PTR)
+    kernel = _function(load("silu_mul.cc", {"SILU_MUL_LEN": tile}), "silu_mul_bf16")
     count = gate.numel()
     padded = _round_up(count, tile)
     gate_flat, up_flat = pad_rows(gate.reshape(-1), padded), pad_rows(up.reshape(-1), padded)
@@ -193,7 +196,7 @@ def gemv(w: torch.Tensor, x: torch.Tensor, *, tile_rows: int = 32, out_dtype=tor
         raise ValueError(f"w {tuple(w.shape)} and x {tuple(x.shape)} do not fit")
     symbol = {torch.bfloat16: "gemv_bf16", torch.float32: "gemv_bf16_f32"}[out_dtype]
     library = load("gemv.cc", {"GEMV_ROWS": tile_rows, "GEMV_K": depth}, fast)
-    kernel = _function(library, symbol, _PTR, _PTR, _PTR)
+    kernel = _function(library, symbol)
     padded_rows = _round_up(rows, tile_rows)
     w_tiles = pad_rows(w, padded_rows)
     y = torch.empty(padded_rows, dtype=out_dtype)
@@ -207,7 +210,7 @@ def _prepared_x(x: torch.Tensor, k: int, quant_code: int, fast: bool) -> torch.T
     of 32 blocks; as it is for rows of whole-row groups)."""
     x = x.clone()
     library = load("gemv.cc", {"GEMV_ROWS": 1, "GEMV_K": k, "GEMV_QUANT": quant_code}, fast)
-    _function(library, "gemv_q_prepare_x", _PTR, ctypes.c_int32)(x.data_ptr(), x.shape[0])
+    _function(library, "gemv_q_prepare_x")(x.data_ptr(), x.shape[0])
     return x
 
 
@@ -231,13 +234,13 @@ def gemv_packed(w: torch.Tensor, x: torch.Tensor, weights: str, *, tile_rows: in
     if k_chunk is None or k_chunk == depth:
         symbol = {torch.bfloat16: "gemv_q_bf16", torch.float32: "gemv_q_bf16_f32"}[out_dtype]
         library = load("gemv.cc", {"GEMV_ROWS": tile_rows, "GEMV_K": depth, "GEMV_QUANT": GEMV_QUANT[weights]}, fast)
-        kernel = _function(library, symbol, _PTR, _PTR, _PTR)
+        kernel = _function(library, symbol)
         y = torch.empty(padded_rows, dtype=out_dtype)
         for first in range(0, padded_rows, tile_rows):
             kernel(w_tiles[first].data_ptr(), x.data_ptr(), y[first:].data_ptr())
         return y[:rows]
     library = load("gemv.cc", {"GEMV_ROWS": tile_rows, "GEMV_K": k_chunk, "GEMV_QUANT": GEMV_QUANT[weights]}, fast)
-    partial = _function(library, "gemv_q_partial_f32", _PTR, _PTR, _PTR, ctypes.c_int32)
+    partial = _function(library, "gemv_q_partial_f32")
     chunk_bytes = fmt.row_bytes(k_chunk)
     y = torch.empty(padded_rows, dtype=torch.float32)
     for first in range(0, padded_rows, tile_rows):
@@ -260,8 +263,8 @@ def gemv_add(w: torch.Tensor, x: torch.Tensor, residual: torch.Tensor, *, tile_r
                          f"x of the row length, residual of the row count, k_chunk ({k_chunk}) dividing K and "
                          f"tile_rows ({tile_rows}) dividing the rows")
     library = load("gemv.cc", {"GEMV_ROWS": tile_rows, "GEMV_K": k_chunk})
-    partial = _function(library, "gemv_partial_f32", _PTR, _PTR, _PTR, ctypes.c_int32)
-    finish = _function(library, "gemv_add_bf16", _PTR, _PTR, _PTR, ctypes.c_int32, ctypes.c_int32)
+    partial = _function(library, "gemv_partial_f32")
+    finish = _function(library, "gemv_add_bf16")
     acc = torch.empty(tile_rows, dtype=torch.float32)
     y = torch.empty(rows, dtype=torch.bfloat16)
     for row0 in range(0, rows, tile_rows):
@@ -277,8 +280,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x, weight = _require_bf16("x", x), _require_bf16("weight", weight)
     if x.dim() != 1 or weight.shape != x.shape:
         raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)}: expected two vectors of one length")
-    norm = _function(load("gemv.cc", {"GEMV_ROWS": 1, "GEMV_K": x.shape[0]}), "rmsnorm_bf16",
-                     _PTR, _PTR, ctypes.c_float)
+    norm = _function(load("gemv.cc", {"GEMV_ROWS": 1, "GEMV_K": x.shape[0]}), "rmsnorm_bf16")
     packed = torch.cat((x, weight))
     out = torch.empty_like(x)
     norm(packed.data_ptr(), out.data_ptr(), float(eps))
@@ -294,8 +296,7 @@ def rms_gemv_rows(x: torch.Tensor, norm_weight: torch.Tensor, w: torch.Tensor, e
     if rows % tile_rows or x.shape != (depth,):
         raise ValueError(f"w {tuple(w.shape)}, x {tuple(x.shape)}: expected x of the row length and tile_rows "
                          f"({tile_rows}) dividing the rows")
-    rows_kernel = _function(load("gemv.cc", {"GEMV_ROWS": tile_rows, "GEMV_K": depth}), "gemv_rows_bf16",
-                            _PTR, _PTR, _PTR, ctypes.c_int32)
+    rows_kernel = _function(load("gemv.cc", {"GEMV_ROWS": tile_rows, "GEMV_K": depth}), "gemv_rows_bf16")
     normed = rmsnorm(x, norm_weight, eps)
     y = torch.empty(rows, dtype=torch.bfloat16)
     for row0 in range(0, rows, tile_rows):
@@ -309,7 +310,7 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     gate_up = _require_bf16("gate_up", gate_up)
     if gate_up.dim() != 2 or gate_up.shape[1] != 2:
         raise ValueError(f"gate_up {tuple(gate_up.shape)}: expected (n, 2), (gate, up) pairs")
-    kernel = _function(load("gemv.cc", {"GEMV_ROWS": 1, "GEMV_K": 32}), "swiglu_bf16", _PTR, ctypes.c_int32)
+    kernel = _function(load("gemv.cc", {"GEMV_ROWS": 1, "GEMV_K": 32}), "swiglu_bf16")
     work = gate_up.contiguous().clone()
     kernel(work.data_ptr(), gate_up.shape[0])
     return work.reshape(-1)[:gate_up.shape[0]].clone()
@@ -354,11 +355,11 @@ class AttentionTiles:
     def __init__(self, head_dim: int, tile_q: int = 32, tile_k: int = 32):
         self.head_dim, self.tile_q, self.tile_k = head_dim, tile_q, tile_k
         library = load("attention.cc", {"ATTN_TQ": tile_q, "ATTN_TK": tile_k, "ATTN_HEAD_DIM": head_dim})
-        self._init = _function(library, "attn_init_f32", _PTR, _PTR, _PTR)
-        self._qk = _function(library, "attn_qk_tile_bf16", _PTR, _PTR, _PTR, ctypes.c_int32, ctypes.c_int32)
-        self._softmax = _function(library, "attn_online_softmax_bf16", _PTR, _PTR, _PTR, _PTR, _PTR)
-        self._pv = _function(library, "attn_pv_accumulate_bf16", _PTR, _PTR, _PTR, _PTR)
-        self._finalize = _function(library, "attn_finalize_bf16", _PTR, _PTR, _PTR)
+        self._init = _function(library, "attn_init_f32")
+        self._qk = _function(library, "attn_qk_tile_bf16")
+        self._softmax = _function(library, "attn_online_softmax_bf16")
+        self._pv = _function(library, "attn_pv_accumulate_bf16")
+        self._finalize = _function(library, "attn_finalize_bf16")
 
     def new_state(self) -> dict[str, torch.Tensor]:
         """Fresh per-query-tile buffers (row_max, row_sum, row_scale, acc, scores, probs), initialized."""
@@ -447,9 +448,9 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: 
                          f"{tile_k}-row tiles")
     group = heads // kv_heads
     library = load("decode_attention.cc", {"DATTN_GROUP": group, "DATTN_TK": tile_k, "DATTN_HEAD_DIM": head_dim})
-    init = _function(library, "dattn_init_f32", _PTR, ctypes.c_int32, ctypes.c_int32, *[_PTR] * 5)
-    tile = _function(library, "dattn_tile_bf16", *[_PTR] * 7, ctypes.c_int32, ctypes.c_int32)
-    finalize = _function(library, "dattn_finalize_bf16", _PTR, _PTR, _PTR)
+    init = _function(library, "dattn_init_f32")
+    tile = _function(library, "dattn_tile_bf16")
+    finalize = _function(library, "dattn_finalize_bf16")
     digits = torch.tensor(catalog.decode_attn_length_digits(length), dtype=torch.bfloat16)
     queries = torch.cat((q.flatten(), digits))
     out = torch.empty(kv_heads, group * head_dim, dtype=torch.bfloat16)
@@ -497,9 +498,9 @@ def gemm_swiglu(a: torch.Tensor, w_gate_up: torch.Tensor, *, tile_m: int, tile_k
             raise ValueError(f"{name}={extent}: expected a multiple of {tile}")
     library = load("gemm.cc", {"GEMM_TILE_M": tile_m, "GEMM_TILE_K": tile_k, "GEMM_TILE_N": 2 * tile_n,
                                "GEMM_DRAIN_N": drain_n, **(defines or {})})
-    zero = _function(library, "gemm_zero_f32", _PTR)
-    accumulate = _function(library, "gemm_bf16_f32_wnk", _PTR, _PTR, _PTR)
-    drain = _function(library, "gemm_f32_swiglu_to_bf16", _PTR, _PTR, _PTR)
+    zero = _function(library, "gemm_zero_f32")
+    accumulate = _function(library, "gemm_bf16_f32_wnk")
+    drain = _function(library, "gemm_f32_swiglu_to_bf16")
     # each tile's W: its tile_n gate rows, then the same up rows
     gate, up = (half.reshape(n // tile_n, tile_n, depth) for half in w_gate_up.split(depth, dim=1))
     w_tiles = _gemm_l1_tiles(torch.stack((gate, up), 1).reshape(2 * n, depth), 2 * tile_n, tile_k)
@@ -538,9 +539,9 @@ def gemm(a: torch.Tensor, w: torch.Tensor, *, tile_m: int, tile_k: int, tile_n: 
         raise ValueError(f"drain_n={drain_n}: expected a positive multiple of {GEMM_BLOCK} dividing tile_n={tile_n}")
     library = load("gemm.cc", {"GEMM_TILE_M": tile_m, "GEMM_TILE_K": tile_k, "GEMM_TILE_N": tile_n,
                                "GEMM_DRAIN_N": drain_n, **(defines or {})})
-    zero = _function(library, "gemm_zero_f32", _PTR)
-    accumulate = _function(library, "gemm_bf16_f32_wnk", _PTR, _PTR, _PTR)
-    drain = _function(library, "gemm_f32_to_bf16", _PTR, _PTR)
+    zero = _function(library, "gemm_zero_f32")
+    accumulate = _function(library, "gemm_bf16_f32_wnk")
+    drain = _function(library, "gemm_f32_to_bf16")
     a_tiles, w_tiles = _gemm_l1_tiles(a, tile_m, tile_k), _gemm_l1_tiles(w, tile_n, tile_k)
     b = GEMM_BLOCK
     # Output tiles in the kernel's [N/8][M/8][8][8] layout, indexed [M tile][N tile].

@@ -24,8 +24,8 @@ Semantics, for the subset the builders emit (anything else is an :class:`Unsuppo
 * Storage is bf16, f32 or i32 (a packed weight's words) as the memref says; arith on bf16 values computes in fp32 and rounds to bf16 once per
   op (torch's bf16 CPU arithmetic); f32 stays f32.
 * ``func.call`` of an external kernel stages each memref argument into a guarded copy: inputs must be fully
-  written (:data:`KERNEL_ARGUMENT_ACCESS` says which arguments a kernel reads), outputs are fully written
-  afterwards, and a kernel writing past the end of its argument is a :class:`KernelOverrun`.
+  written (the kernel's record in builders/externs.py says which arguments it reads), outputs are fully
+  written afterwards, and a kernel writing past the end of its argument is a :class:`KernelOverrun`.
 """
 from __future__ import annotations
 
@@ -40,6 +40,7 @@ import torch
 
 from . import host_build
 from .air_pipeline import check_windows
+from .builders.externs import KERNEL_SYMBOLS, SCALAR_TYPES
 from .mlir_text import SSA, DmaSide, MlirTextError, Op, parse_dma, parse_memref_type, parse_module, split_top
 from .program import TORCH_DTYPES, Program, Role
 from .stitch import ObjectBuild, StitchedModule, stitch
@@ -47,40 +48,11 @@ from .toolchain import Toolchain, find_toolchain
 
 INTEGER_TYPES = ("index", "i32", "i64", "i1")
 
-# How each external kernel uses its memref arguments, in order: "r" reads it whole, "w" writes it whole,
-# "m" reads and then writes it whole, "p" reads and writes part of it (a row range, or a partial sum it starts
-# or continues): staged with its contents as they are, unwritten elements still poisoned with NaN, and only
-# the elements the call changed are written back. The C++ signatures are the contract: "r" exactly for the const pointers
-# (tests/kernels/test_interpret.py holds this table to kernels/aie2p/*.cc).
-KERNEL_ARGUMENT_ACCESS = {
-    "rope_half_split_bf16": "rrw",
-    "silu_mul_bf16": "rrw",
-    "gemv_bf16": "rrw",
-    "gemv_bf16_f32": "rrw",
-    "attn_init_f32": "www",
-    "attn_qk_tile_bf16": "rrw",
-    "attn_online_softmax_bf16": "rwmmw",
-    "attn_pv_accumulate_bf16": "rrrm",
-    "attn_finalize_bf16": "rrw",
-    # scores and probs: a tile past the length returns without writing them
-    "dattn_init_f32": "rwwwww",
-    "dattn_tile_bf16": "rrppmmm",
-    "dattn_finalize_bf16": "rrw",
-    "gemm_zero_f32": "w",
-    "gemm_bf16_f32_wnk": "rrm",
-    "gemm_f32_to_bf16": "rw",
-    "gemm_f32_swiglu_to_bf16": "rrw",
-    "gemv_partial_f32": "rrp",
-    "gemv_add_bf16": "rrp",
-    "gemv_rows_bf16": "rrp",
-    "rmsnorm_bf16": "rw",
-    "swiglu_bf16": "m",
-    "gemv_q_bf16": "rrw",
-    "gemv_q_bf16_f32": "rrw",
-    "gemv_q_partial_f32": "rrp",
-    "gemv_q_rows_bf16": "rrp",
-    "gemv_q_prepare_x": "p",
-}
+# How each external kernel uses its memref arguments, in order (builders/externs.py's records say it): "r" reads
+# it whole, "w" writes it whole, "m" reads and then writes it whole, "p" reads and writes part of it: staged with
+# its contents as they are, unwritten elements still poisoned with NaN, and only the elements the call changed
+# are written back.
+KERNEL_ARGUMENT_ACCESS = {name: entry.access for name, entry in KERNEL_SYMBOLS.items()}
 _SAME_WIDTH_INTEGER = {torch.bfloat16: torch.int16, torch.float32: torch.int32,  # to compare values bit for bit
                        torch.int32: torch.int32}
 KERNEL_GUARD_ELEMENTS = 64  # canary elements after each staged kernel argument
@@ -641,17 +613,19 @@ class Interpreter:
         if not match:
             raise UnsupportedOp(f"func.call of this form ({op.where()})")
         original, kernel = self._kernel(match.group(1))
-        access = KERNEL_ARGUMENT_ACCESS.get(original)
-        if access is None:
-            raise InterpretError(f"@{original}: no entry in KERNEL_ARGUMENT_ACCESS")
+        entry = KERNEL_SYMBOLS.get(original)
+        if entry is None:
+            raise InterpretError(f"@{original}: no record in builders/externs.py")
         values = [self._value(env, a.strip()) for a in split_top(match.group(2))]
-        memrefs = [v for v in values if isinstance(v, View)]
-        if len(memrefs) != len(access):
-            raise InterpretError(f"@{original} takes {len(access)} memrefs, the call passes {len(memrefs)}")
-        staged, c_args, modes = [], [], iter(access)
-        for value in values:
+        passed = "".join("m" if isinstance(v, View) else "s" for v in values)
+        if passed != "".join("s" if a in SCALAR_TYPES else "m" for a in entry.arguments):
+            raise InterpretError(f"@{original} takes ({entry.arguments}) (memref access letters, scalars "
+                                 f"{SCALAR_TYPES!r}); the call passes {len(values)} arguments ({passed}: m memref, "
+                                 f"s scalar)")
+        staged, c_args, modes = [], [], iter(entry.access)
+        for value, letter in zip(values, entry.arguments):
             if not isinstance(value, View):
-                c_args.append(ctypes.c_int32(int(value)))
+                c_args.append(ctypes.c_float(float(value)) if letter == "f" else ctypes.c_int32(int(value)))
                 continue
             mode = next(modes)
             if not value.contiguous:

@@ -16,7 +16,7 @@ and the Program's compile options; they need no compiler:
 * ``shim-bd-budget``: the shim BDs one batch of launch steps needs, after aircc tiles the launch nest by
   ``runtime_loop_tiling_sizes`` (``air-opt-shim-dma-bds``: each launch dimension tiled by its largest
   factor ≤ the tiling size, the outer loops unrolled, the inner tile folded into each shim BD).
-* ``l1-budget``: a compute tile whose buffers, stack and headroom exceed its 64 KiB (kernels/budgets.py, the
+* ``l1-budget``: a compute tile whose buffers, stack and headroom exceed its L1 (kernels/budgets.py, the
   check every build makes); :func:`worst_l1_tile` is each Program's fullest tile, which the CLI prints.
 
 Rules on the lowered module (``lint_lowered``, from the npu-stage module of ``air_pipeline``: what
@@ -43,8 +43,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .budgets import L1BudgetError, TileL1, program_l1, worst_tile
-from .builders import build_launch
+from .builders import BUILDERS, build_launch
 from .builders.ir import ELEMENT_BYTES, L1, L2, L3
+from .device import DEVICE
 from .mlir_text import SSA_VALUE, index_constants, parse_dma, parse_memref_type, split_top
 from .program import Program
 
@@ -53,23 +54,15 @@ RULES = {
     "launch-id-in-core": "a launch-id-derived scalar reaches core code (a host-written runtime parameter)",
     "dma-wrap": "a DMA dimension, stride or dimension count beyond what a BD can express",
     "shim-bd-budget": "more shim BDs live at once than a shim tile has",
-    "shim-channels": "more shim DMA channels than a shim tile (2+2) or the array (16+16) has",
-    "memtile-channels": "more DMA channels than a memtile (6 MM2S + 6 S2MM) has",
-    "l1-budget": "a compute tile's buffers, stack and headroom over its 64 KiB of data memory",
+    "shim-channels": "more shim DMA channels than a shim tile ({0}+{0}) or the array ({1}+{1}) has".format(
+        DEVICE.shim_channels_per_direction, DEVICE.shim_channels_per_direction * DEVICE.columns),
+    "memtile-channels": f"more DMA channels than a memtile ({DEVICE.memtile_channels_per_direction} MM2S + "
+                        f"{DEVICE.memtile_channels_per_direction} S2MM) has",
+    "l1-budget": f"a compute tile's buffers, stack and headroom over its {DEVICE.l1_bytes // 1024} KiB of data memory",
 }
 
-GEMM_CLASS_KINDS = ("gemm", "gemm_swiglu", "gemv", "gemv_f32", "gemv_add", "rms_gemv", "swiglu_gemv_add")
-SHIM_BDS, TILE_BDS, MEMTILE_BDS = 16, 16, 48
-SHIM_CHANNELS_PER_DIRECTION, SHIM_COLUMNS = 2, 8
-MEMTILE_CHANNELS_PER_DIRECTION = 6
-BD_DIM_MAX_ELEMENTS = 512             # tile and memtile aie.dma_bd: size >= 513 is rejected
-BD_STRIDE_LIMIT_ELEMENTS = 1 << 19    # tile and memtile aie.dma_bd: stride must stay below
-BD_DIMS = {L1: 3, L2: 4}
-SHIM_WRAP_MAX = 1023                  # 10-bit wraps of the shim BD's first two dimensions
-SHIM_ITERATION_MAX = 64               # 6-bit iteration count
-SHIM_STRIDE_MAX_WORDS = 1 << 20
-SHIM_DIMS = 4                         # three dimensions and the iteration
-WORD_BYTES = 4
+GEMM_CLASS_KINDS = tuple(kind for kind, builder in BUILDERS.items() if builder.gemm_class)
+BD_DIMS = {L1: DEVICE.tile_bd_dims, L2: DEVICE.memtile_bd_dims}
 SPACE_NAMES = {L3: "L3 (shim)", L2: "L2 (memtile)", L1: "L1 (compute tile)"}
 
 # Compute that convert-linalg-to-loops lowers to scalar loops. linalg.fill and linalg.copy are left out: they
@@ -238,7 +231,7 @@ def check_launch_ids(text: str) -> list[tuple[str, str]]:
 
 def _splits_into_wraps(words: int) -> bool:
     """Whether AIR can re-express a contiguous run of ``words`` as two wraps within the shim's limit."""
-    return any(words % f == 0 and words // f <= SHIM_WRAP_MAX for f in range(1, SHIM_WRAP_MAX + 1))
+    return any(words % f == 0 and words // f <= DEVICE.shim_wrap_max for f in range(1, DEVICE.shim_wrap_max + 1))
 
 
 def window_problems(side: _Side, lowered: bool = False) -> list[str]:
@@ -256,32 +249,32 @@ def window_problems(side: _Side, lowered: bool = False) -> list[str]:
     width = ELEMENT_BYTES[side.dtype]
     problems = []
     if side.space == L3:
-        if len(dims) > SHIM_DIMS:
+        if len(dims) > DEVICE.shim_dims:
             problems.append(f"{len(dims)} dimensions {dims} on {where}: a shim BD has 3 and an iteration")
-        if width < WORD_BYTES and dims[-1][1] != 1:
+        if width < DEVICE.dma_word_bytes and dims[-1][1] != 1:
             problems.append(f"innermost stride {dims[-1][1]} on {where}: {side.dtype} moves in 4-byte words, "
                             f"the innermost dimension must be contiguous")
-        inner_words = dims[-1][0] * width // WORD_BYTES
-        splittable = not lowered and len(dims) < SHIM_DIMS and _splits_into_wraps(inner_words)
-        if inner_words > SHIM_WRAP_MAX and not splittable:
+        inner_words = dims[-1][0] * width // DEVICE.dma_word_bytes
+        splittable = not lowered and len(dims) < DEVICE.shim_dims and _splits_into_wraps(inner_words)
+        if inner_words > DEVICE.shim_wrap_max and not splittable:
             problems.append(f"innermost size {dims[-1][0]} {side.dtype} = {inner_words} words on {where} exceeds "
-                            f"{SHIM_WRAP_MAX}")
-        if len(dims) >= 2 and dims[-2][0] > SHIM_WRAP_MAX:
-            problems.append(f"second dimension size {dims[-2][0]} on {where} exceeds {SHIM_WRAP_MAX}")
-        if len(dims) == SHIM_DIMS and dims[0][0] > SHIM_ITERATION_MAX:
-            problems.append(f"iteration size {dims[0][0]} on {where} exceeds {SHIM_ITERATION_MAX}")
+                            f"{DEVICE.shim_wrap_max}")
+        if len(dims) >= 2 and dims[-2][0] > DEVICE.shim_wrap_max:
+            problems.append(f"second dimension size {dims[-2][0]} on {where} exceeds {DEVICE.shim_wrap_max}")
+        if len(dims) == DEVICE.shim_dims and dims[0][0] > DEVICE.shim_iteration_max:
+            problems.append(f"iteration size {dims[0][0]} on {where} exceeds {DEVICE.shim_iteration_max}")
         for size, stride in dims:
-            if size > 1 and stride * width // WORD_BYTES > SHIM_STRIDE_MAX_WORDS:
-                problems.append(f"stride {stride} on {where} exceeds {SHIM_STRIDE_MAX_WORDS} words")
+            if size > 1 and stride * width // DEVICE.dma_word_bytes > DEVICE.shim_stride_max_words:
+                problems.append(f"stride {stride} on {where} exceeds {DEVICE.shim_stride_max_words} words")
         return problems
     if len(dims) > BD_DIMS[side.space]:
         problems.append(f"{len(dims)} dimensions {dims} on {where}: its BDs take {BD_DIMS[side.space]}")
     for size, stride in dims:
-        if size > BD_DIM_MAX_ELEMENTS:
-            problems.append(f"size {size} on {where} exceeds {BD_DIM_MAX_ELEMENTS} elements (aie.dma_bd: "
+        if size > DEVICE.bd_dim_max_elements:
+            problems.append(f"size {size} on {where} exceeds {DEVICE.bd_dim_max_elements} elements (aie.dma_bd: "
                             f"\"Size may not exceed 1023\")")
-        if stride >= BD_STRIDE_LIMIT_ELEMENTS:
-            problems.append(f"stride {stride} on {where} is not below {BD_STRIDE_LIMIT_ELEMENTS} elements")
+        if stride >= DEVICE.bd_stride_limit_elements:
+            problems.append(f"stride {stride} on {where} is not below {DEVICE.bd_stride_limit_elements} elements")
     return problems
 
 
@@ -320,13 +313,13 @@ def check_shim_bds(text: str, tiling) -> list[str]:
             continue
         window = canonical_dims(shim.sizes, shim.strides) if shim.sizes else []
         dims = len(window) + len(folded)
-        fits = dims <= SHIM_DIMS and all(t <= SHIM_WRAP_MAX for t in folded) and not (
-            dims == SHIM_DIMS and folded and folded[0] > SHIM_ITERATION_MAX)
+        fits = dims <= DEVICE.shim_dims and all(t <= DEVICE.shim_wrap_max for t in folded) and not (
+            dims == DEVICE.shim_dims and folded and folded[0] > DEVICE.shim_iteration_max)
         bds = 1 if fits else math.prod(folded)
-        if bds > SHIM_BDS:
+        if bds > DEVICE.shim_bds:
             problems.append(f"`{line[:120]}` needs {bds} shim BDs per batch of launch steps (launch {steps}, "
                             f"tiles {tiles} from runtime_loop_tiling_sizes {tuple(tiling)}; window {window} and the "
-                            f"tile do not fold into one BD); a shim tile has {SHIM_BDS}: lower "
+                            f"tile do not fold into one BD); a shim tile has {DEVICE.shim_bds}: lower "
                             f"runtime_loop_tiling_sizes or simplify the window")
     return problems
 
@@ -448,22 +441,22 @@ def lint_lowered(program: Program, npu_module: str, lowering=None) -> list[Findi
         for symbol, column, direction, channel in _SHIM_ALLOCATION.findall(config):
             shim.setdefault((int(column), direction), set()).add(int(channel))
             column_of[symbol] = int(column)
+        shim_channels, memtile_channels = DEVICE.shim_channels_per_direction, DEVICE.memtile_channels_per_direction
         for (column, direction), used in sorted(shim.items()):
-            if len(used) > SHIM_CHANNELS_PER_DIRECTION or max(used) >= SHIM_CHANNELS_PER_DIRECTION:
+            if len(used) > shim_channels or max(used) >= shim_channels:
                 add("shim-channels", f"shim tile column {column} uses {direction} channels {sorted(used)}; it has "
-                                     f"{SHIM_CHANNELS_PER_DIRECTION}: fewer L3 streams per segment (broadcast or "
-                                     f"merge DMAs)")
+                                     f"{shim_channels}: fewer L3 streams per segment (broadcast or merge DMAs)")
         for direction in ("MM2S", "S2MM"):
             total = sum(len(used) for (_, d), used in shim.items() if d == direction)
-            if total > SHIM_CHANNELS_PER_DIRECTION * SHIM_COLUMNS:
-                add("shim-channels", f"{total} shim {direction} channels; the array has "
-                                     f"{SHIM_CHANNELS_PER_DIRECTION * SHIM_COLUMNS}")
+            if total > shim_channels * DEVICE.columns:
+                add("shim-channels",
+                    f"{total} shim {direction} channels; the array has {shim_channels * DEVICE.columns}")
         for tile, directions in sorted(_memtile_channels(config).items()):
             for direction, used in sorted(directions.items()):
-                if len(used) > MEMTILE_CHANNELS_PER_DIRECTION or max(used) >= MEMTILE_CHANNELS_PER_DIRECTION:
+                if len(used) > memtile_channels or max(used) >= memtile_channels:
                     add("memtile-channels", f"memtile {tile} uses {direction} channels {sorted(used)}; it has "
-                                            f"{MEMTILE_CHANNELS_PER_DIRECTION}: split the L2 traffic over more "
-                                            f"memtiles or fuse channels")
+                                            f"{memtile_channels}: split the L2 traffic over more memtiles or fuse "
+                                            f"channels")
         # Tile and memtile BDs carry their buffer's memory space; the runtime sequence's BDs are the shim's.
         for text, in_sequence in ((config, False), (sequence, True)):
             for type_text, _, _, dims in _BD.findall(text):
@@ -471,9 +464,9 @@ def lint_lowered(program: Program, npu_module: str, lowering=None) -> list[Findi
                 for problem in window_problems(_bd_side(type_text, dims, space), lowered=True):
                     add("dma-wrap", f"aie.dma_bd on {type_text}: {problem}")
         for column, peak in sorted(_live_shim_bds(sequence, column_of).items()):
-            if peak > SHIM_BDS:
-                add("shim-bd-budget", f"{peak} BDs live at once on shim column {column}; a shim tile has {SHIM_BDS}: "
-                                      f"lower runtime_loop_tiling_sizes or the DMAs per launch step")
+            if peak > DEVICE.shim_bds:
+                add("shim-bd-budget", f"{peak} BDs live at once on shim column {column}; a shim tile has "
+                                      f"{DEVICE.shim_bds}: lower runtime_loop_tiling_sizes or the DMAs per launch step")
     if lowering is not None:
         for report in lowering.devices:
             if report.runtime_parameters:

@@ -57,18 +57,12 @@ from dataclasses import asdict, dataclass, field
 
 from . import core_ops
 from .builders.ir import ELEMENT_BYTES, L1, L2, L3
+from .device import DEVICE
 from .lint import launch_tiles
 from .mlir_text import SSA_VALUE, constant, memref_types, parse_dma, parse_op, split_top
 
-# ---- hardware ------------------------------------------------------------------------------------------------
-# FACTS.md's 59 TFLOP/s peak for 32 tiles at one 8×8×8 BFP16 mmul (512 MACs) per cycle: 59e12 / (2·512·32) Hz.
-CLOCK_HZ = 1.8e9
-# A tile DMA channel moves one 32-bit stream word per cycle (an assumption: the AIE-ML stream width); a compute
-# tile has two input and two output channels.
-TILE_CHANNEL_BYTES_PER_S = 4 * CLOCK_HZ
-TILE_CHANNELS = 2
+# ---- hardware: the device record (kernels/device.py), and what was measured on it ----------------------------
 SHIM_COLUMN_BYTES_PER_S = 14e9  # FACTS.md: measured ≈ 14 GB/s per column
-LOAD_UNITS = 2  # AIE-ML v2: two 512-bit load units, one 512-bit store unit (AMD UG1603)
 
 # ---- what upstream's measured runs on NPU2 stream from DDR (mlir-air programming_examples/kernel_registry) -----
 # Standalone bf16-in/bf16-out GEMMs, details/GEMM_bf16_in_bf16_out.md at mlir-air b2959c9 ("drain" method: an in-herd
@@ -148,7 +142,8 @@ def core_cycles(instructions: dict[str, float], end: End) -> float:
     n = instructions
     scalar = n["scalar_float"] * end.scalar_float_cycles
     if end.co_issue:
-        return max(n["load"] / LOAD_UNITS, n["store"], n["mac"] + n["vector"] + n["nonlinear"], n["move"], scalar)
+        return max(n["load"] / DEVICE.load_units, n["store"], n["mac"] + n["vector"] + n["nonlinear"], n["move"],
+                   scalar)
     return n["load"] + n["store"] + n["mac"] + n["vector"] + n["nonlinear"] + n["move"] + scalar
 
 
@@ -667,7 +662,7 @@ class _Evaluator:
 
     def item(self, item, copies: int, tiles: int, ddr_rate: float) -> float:
         if isinstance(item, Compute):
-            seconds = item.cycles[self.end_index] / CLOCK_HZ
+            seconds = item.cycles[self.end_index] / DEVICE.clock_hz
             done = item.work * copies * max(tiles, 1) * self.work_share
             self.cost.work[item.kind] = self.cost.work.get(item.kind, 0.0) + done
             serial = seconds * copies * self.time_share
@@ -693,7 +688,7 @@ class _Evaluator:
             self.cost.ddr_bytes += t.nbytes * copies * reads * self.work_share
         if L1 in (t.src_space, t.dst_space):
             self.cost.tile_dma_bytes += t.nbytes * copies * tiles * self.work_share
-            rate = TILE_CHANNEL_BYTES_PER_S
+            rate = DEVICE.tile_channel_bytes_per_s
             if L3 in (t.src_space, t.dst_space):
                 rate = min(rate, ddr_rate / reads)
             return t.nbytes / rate
@@ -734,7 +729,7 @@ class _Evaluator:
         # Inside a herd, a tile's copies spread over its two channels each way, but every tile's DDR copies
         # share DDR: together they take at least their bytes over the DDR rate.
         ddr = sum(t.nbytes * t.distinct for t in transfers if L3 in (t.src_space, t.dst_space)) / ddr_rate
-        return max(max(times, default=0.0), sum(times) / TILE_CHANNELS, ddr)
+        return max(max(times, default=0.0), sum(times) / DEVICE.tile_channels_per_direction, ddr)
 
     def branch(self, region: Region, copies: int, tiles: int, ddr_rate: float) -> float:
         """One execution of an scf.if branch: its body's time, weighted by how often it runs."""

@@ -34,8 +34,10 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from .device import DEVICE
+
 KERNELS_DIR = Path(__file__).resolve().parent
-KERNEL_SOURCE_DIR = KERNELS_DIR / "aie2p"
+KERNEL_SOURCE_DIR = KERNELS_DIR / DEVICE.architecture
 AIR_TOOLS_VARIABLE = "TORCH_NPU2_AIR_TOOLS"
 INSTALL_HINT = ("pip install 'mlir_air[aie]' "
                 "-f https://github.com/Xilinx/mlir-air/releases/expanded_assets/latest-air-wheels "

@@ -442,7 +442,8 @@ def cmd_lint(args) -> int:
     """Findings of the IR lint per Program (kernels/lint.py), or with --aie-source the AIE-path source check of every
     kernel variant; exit 1 when there are any."""
     from .kernels import ModelDims, programs_for_model
-    from .kernels.builders.npu2 import L1_BYTES, L1_HEADROOM
+    from .kernels.builders.npu2 import L1_HEADROOM
+    from .kernels.device import DEVICE
     from .kernels.lint import lint_program, lower_and_lint, worst_l1_tile
     from .patch_llama import DEFAULT_BUCKETS
 
@@ -465,7 +466,8 @@ def cmd_lint(args) -> int:
             findings, fullest = lint_program(program), worst_l1_tile(program)
         total += len(findings)
         print(f"{_program_label(program)}: {len(findings) or 'no'} finding{'s' if len(findings) != 1 else ''}; "
-              f"L1 {fullest.total:,} / {L1_BYTES:,} B at launch {fullest.launch} ({fullest.kind}), {fullest.tile} "
+              f"L1 {fullest.total:,} / {DEVICE.l1_bytes:,} B at launch {fullest.launch} ({fullest.kind}), "
+              f"{fullest.tile} "
               f"({fullest.buffer_bytes:,} B buffers + {fullest.stack:,} B stack + {L1_HEADROOM:,} B headroom"
               + (f", used up to {fullest.used:,} B" if fullest.used != fullest.stack + fullest.buffer_bytes else "")
               + ")")

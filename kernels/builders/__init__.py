@@ -23,6 +23,7 @@ class KindBuilder:
     build: Callable[[dict, list, dict], LaunchIR]  # (params, operand types, tuning), both already checked
     params: tuple[str, ...]                        # required launch params
     tuning: tuple[str, ...]                        # tuning keys the build function understands
+    gemm_class: bool = False  # its herds multiply matrices: lint reports loop-lowered (scalar) compute in them
 
     def __call__(self, params: dict, operands, tuning: dict | None = None) -> LaunchIR:
         tuning = dict(tuning or {})
@@ -31,20 +32,20 @@ class KindBuilder:
         return self.build(params, operands, tuning)
 
 
-def _module_builder(kind: str, module, build=None) -> KindBuilder:
+def _module_builder(kind: str, module, build=None, gemm_class: bool = False) -> KindBuilder:
     """The builder of a module that holds one kind's ``build``, ``PARAMS`` and ``TUNING``."""
-    return KindBuilder(kind, build or module.build, module.PARAMS, module.TUNING)
+    return KindBuilder(kind, build or module.build, module.PARAMS, module.TUNING, gemm_class)
 
 
 BUILDERS = {builder.kind: builder for builder in (
     _module_builder("rmsnorm", rmsnorm),
-    _module_builder("gemm", gemm),
-    _module_builder("gemm_swiglu", gemm, gemm.build_swiglu),
-    _module_builder("gemv", gemv),
-    _module_builder("gemv_f32", gemv, gemv.build_f32),
-    _module_builder("gemv_add", gemv_fused, gemv_fused.build_add),
-    KindBuilder("rms_gemv", gemv_fused.build_rms_gemv, gemv_fused.RMS_PARAMS, gemv_fused.RMS_TUNING),
-    _module_builder("swiglu_gemv_add", gemv_fused, gemv_fused.build_swiglu_add),
+    _module_builder("gemm", gemm, gemm_class=True),
+    _module_builder("gemm_swiglu", gemm, gemm.build_swiglu, gemm_class=True),
+    _module_builder("gemv", gemv, gemm_class=True),
+    _module_builder("gemv_f32", gemv, gemv.build_f32, gemm_class=True),
+    _module_builder("gemv_add", gemv_fused, gemv_fused.build_add, gemm_class=True),
+    KindBuilder("rms_gemv", gemv_fused.build_rms_gemv, gemv_fused.RMS_PARAMS, gemv_fused.RMS_TUNING, gemm_class=True),
+    _module_builder("swiglu_gemv_add", gemv_fused, gemv_fused.build_swiglu_add, gemm_class=True),
     _module_builder("rope", rope),
     _module_builder("silu_mul", silu_mul),
     _module_builder("add", add),

@@ -7,8 +7,8 @@ three double-buffered chunks fit L1.
 """
 from __future__ import annotations
 
+from ..device import DEVICE
 from .ir import LaunchBuilder, LaunchIR, Value
-from .npu2 import VECTOR_LANES
 from .rowwise import ChunkPlan, build_binary
 
 KIND = "add"
@@ -17,10 +17,10 @@ TUNING = ("herd", "chunk")
 
 
 def _add_chunk(b: LaunchBuilder, plan: ChunkPlan, lhs: Value, rhs: Value, out: Value) -> None:
-    vec = f"vector<{VECTOR_LANES}xbf16>"
-    with b.loop(0, plan.chunk, VECTOR_LANES, "j") as j:
-        av = b.vector_read(lhs, j, VECTOR_LANES, "av")
-        bv = b.vector_read(rhs, j, VECTOR_LANES, "bv")
+    vec = f"vector<{DEVICE.vector_lanes}xbf16>"
+    with b.loop(0, plan.chunk, DEVICE.vector_lanes, "j") as j:
+        av = b.vector_read(lhs, j, DEVICE.vector_lanes, "av")
+        bv = b.vector_read(rhs, j, DEVICE.vector_lanes, "bv")
         total = b.assign("sum", f"arith.addf {av.ssa}, {bv.ssa} : {vec}", vec)
         b.vector_write(total, out, j)
 

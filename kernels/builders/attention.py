@@ -44,9 +44,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..device import DEVICE
 from .ir import L1, L2, WHOLE, LaunchBuilder, LaunchIR, MemRef, Value, Window
-from .npu2 import (COLUMNS, L1_AVAILABLE, MMUL_GRANULE, ROWS, check_budget, check_operands,
-                   divisors_descending, nbytes, require)
+from .npu2 import L1_AVAILABLE, check_budget, check_operands, divisors_descending, nbytes, require
 
 BLOCK = 8  # attention.cc's buffers are pre-tiled into 8x8 blocks, each row-major
 
@@ -72,7 +72,7 @@ def _l1_bytes(tile_q: int, tile_kv: int, head_dim: int) -> dict[str, int]:
 def _default_tile_q(seq: int) -> int | None:
     """The tile that spreads a round over the most columns; among those, the largest."""
     dividing = [t for t in TILE_Q_CANDIDATES if seq % t == 0]
-    return max(dividing, key=lambda t: (divisors_descending(seq // t, COLUMNS)[0], t), default=None)
+    return max(dividing, key=lambda t: (divisors_descending(seq // t, DEVICE.columns)[0], t), default=None)
 
 
 def build(params: dict, operands, tuning: dict) -> LaunchIR:
@@ -86,14 +86,14 @@ def build(params: dict, operands, tuning: dict) -> LaunchIR:
                                     ("out", {(seq, q_dim)}, "bf16")])
     require(head_dim % KV_GRANULE == 0, KIND, "head_dim", head_dim, f"must be a multiple of {KV_GRANULE}")
     tile_q = tuning.get("tile_q", _default_tile_q(seq))
-    require(tile_q is not None and seq % tile_q == 0 and tile_q % MMUL_GRANULE == 0, KIND, "tile_q", tile_q,
-            f"must divide seq={seq} and be a multiple of {MMUL_GRANULE}")
-    herd_q = tuning.get("herd_q", divisors_descending(seq // tile_q, COLUMNS)[0])
-    require(herd_q <= COLUMNS, KIND, "herd_q", herd_q, f"the herd spans at most {COLUMNS} columns")
+    require(tile_q is not None and seq % tile_q == 0 and tile_q % DEVICE.mmul_granule == 0, KIND, "tile_q", tile_q,
+            f"must divide seq={seq} and be a multiple of {DEVICE.mmul_granule}")
+    herd_q = tuning.get("herd_q", divisors_descending(seq // tile_q, DEVICE.columns)[0])
+    require(herd_q <= DEVICE.columns, KIND, "herd_q", herd_q, f"the herd spans at most {DEVICE.columns} columns")
     require(seq % (herd_q * tile_q) == 0, KIND, "herd_q", herd_q, f"herd_q*tile_q must divide seq={seq}")
-    herd_heads = tuning.get("herd_heads", divisors_descending(group, ROWS)[0])
-    require(herd_heads <= ROWS and group % herd_heads == 0, KIND, "herd_heads", herd_heads,
-            f"must divide the group of {group} query heads per KV head and be at most {ROWS} (the array's rows)")
+    herd_heads = tuning.get("herd_heads", divisors_descending(group, DEVICE.rows)[0])
+    require(herd_heads <= DEVICE.rows and group % herd_heads == 0, KIND, "herd_heads", herd_heads,
+            f"must divide the group of {group} query heads per KV head and be at most {DEVICE.rows} (the array's rows)")
     block_q = herd_q * tile_q
     dividing = [t for t in TILE_KV_CANDIDATES if seq % t == 0] or [KV_GRANULE]
     tile_kv = tuning.get("tile_kv") or next(

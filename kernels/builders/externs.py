@@ -45,55 +45,15 @@ first (``-D<symbol>=<symbol>_v<n>``). A memref reaches C as a bare pointer to it
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-
-@dataclass(frozen=True)
-class KernelObject:
-    object: str                   # what herds link (link_with)
-    source: str                   # file name under kernels/aie2p/
-    symbols: tuple[str, ...]
-    config_macros: tuple[str, ...]  # the -D tile-size macros a call must set
-    optional_macros: tuple[str, ...] = ()  # -D switches a call may add (e.g. a precision mode)
-
-
-EXTERNAL_KERNELS = (
-    KernelObject("rope.o", "rope_half_split.cc", ("rope_half_split_bf16",),
-                 ("ROPE_ROWS", "ROPE_HEADS", "ROPE_HEAD_DIM")),
-    KernelObject("silu_mul.o", "silu_mul.cc", ("silu_mul_bf16",), ("SILU_MUL_LEN",)),
-    KernelObject("gemv.o", "gemv.cc", ("gemv_bf16", "gemv_bf16_f32", "gemv_partial_f32", "gemv_add_bf16",
-                                       "gemv_rows_bf16", "rmsnorm_bf16", "swiglu_bf16", "gemv_q_bf16",
-                                       "gemv_q_bf16_f32", "gemv_q_partial_f32", "gemv_q_rows_bf16",
-                                       "gemv_q_prepare_x"),
-                 ("GEMV_ROWS", "GEMV_K"), ("GEMV_QUANT",)),
-    KernelObject("attention.o", "attention.cc",
-                 ("attn_init_f32", "attn_qk_tile_bf16", "attn_online_softmax_bf16", "attn_pv_accumulate_bf16",
-                  "attn_finalize_bf16"),
-                 ("ATTN_TQ", "ATTN_TK", "ATTN_HEAD_DIM")),
-    KernelObject("decode_attention.o", "decode_attention.cc",
-                 ("dattn_init_f32", "dattn_tile_bf16", "dattn_finalize_bf16"),
-                 ("DATTN_GROUP", "DATTN_TK", "DATTN_HEAD_DIM")),
-    KernelObject("gemm.o", "gemm.cc", ("gemm_zero_f32", "gemm_bf16_f32_wnk", "gemm_f32_to_bf16",
-                                       "gemm_f32_swiglu_to_bf16"),
-                 ("GEMM_TILE_M", "GEMM_TILE_K", "GEMM_TILE_N"),
-                 ("GEMM_DRAIN_N", "AIE_API_EMULATE_BFLOAT16_MMUL_WITH_BFP16")),
-)
-
-KERNEL_OBJECTS = {k.object: k for k in EXTERNAL_KERNELS}
-_OBJECT_OF_SYMBOL = {name: k.object for k in EXTERNAL_KERNELS for name in k.symbols}
-
-
-def object_for_symbol(symbol: str) -> KernelObject:
-    try:
-        return KERNEL_OBJECTS[_OBJECT_OF_SYMBOL[symbol]]
-    except KeyError:
-        raise KeyError(f"{symbol} is not an external kernel listed in builders/externs.py") from None
-
+from typing import Callable
 
 # ---- what one call computes, for the timing model's reports (kernels/timing.py) -----------------------------
 # A call's work is the product of its -D macros, or read off its memref operands when the macros do not say
 # it plainly (a pre-tiled GEMM tile whose macro names the timing model should not have to know).
 MATMUL_OPERANDS = "matmul operands"  # A, B, C: the first three memrefs; MACs = sqrt(|A|·|B|·|C|), any layout
 LAST_OPERAND = "last operand"        # elements of the last memref operand (what the call writes)
+# the kinds of work a report sums separately (a bf16 mmul call is reported as mmul_bfp16 under BFP16 emulation)
+CALL_KINDS = ("vector_elementwise", "vector_transcendental", "vector_mac", "mmul_bf16")
 
 
 @dataclass(frozen=True)
@@ -105,46 +65,148 @@ class CallCost:
     work: tuple[str, ...]  # -D macro names whose product is the work, or (MATMUL_OPERANDS,) / (LAST_OPERAND,)
 
 
+# A kernel symbol's C arguments, one letter each in order. A memref (a pointer to its L1 buffer): "r" reads it
+# whole (exactly the const pointers), "w" writes it whole, "m" reads and then writes it whole, "p" reads and
+# writes part of it (a row range, or a partial sum it starts or continues). A scalar: "i" int32_t, "f" float.
+MEMREF_ACCESS = "rwmp"
+SCALAR_TYPES = "if"
+
+
+@dataclass(frozen=True)
+class KernelSymbol:
+    """Everything the package states about one extern "C" entry point: its arguments (the interpreter stages its
+    memrefs by their access, the host build types its ctypes call by them), what a call's work is, and, for an
+    integer argument that changes what a call executes, its cheapest and dearest values given the -D defines
+    (the timing model's two ends, kernels/core_ops.py)."""
+
+    name: str
+    arguments: str
+    cost: CallCost
+    work_arguments: Callable[[dict], tuple[dict, dict]] | None = None
+
+    def __post_init__(self):
+        if not self.arguments or set(self.arguments) - set(MEMREF_ACCESS + SCALAR_TYPES):
+            raise ValueError(f"{self.name}: arguments {self.arguments!r} must be letters of "
+                             f"{MEMREF_ACCESS + SCALAR_TYPES!r}")
+
+    @property
+    def access(self) -> str:
+        """The memref arguments' access letters, in order."""
+        return "".join(a for a in self.arguments if a in MEMREF_ACCESS)
+
+
+def _symbol(name: str, arguments: str, kind: str, *work: str, work_arguments=None) -> KernelSymbol:
+    return KernelSymbol(name, arguments, CallCost(kind, work), work_arguments)
+
+
+@dataclass(frozen=True)
+class KernelObject:
+    object: str                   # what herds link (link_with)
+    source: str                   # file name in the device's kernel folder (kernels/aie2p/)
+    entries: tuple[KernelSymbol, ...]
+    config_macros: tuple[str, ...]  # the -D tile-size macros a call must set
+    optional_macros: tuple[str, ...] = ()  # -D switches a call may add (e.g. a precision mode)
+
+    @property
+    def symbols(self) -> tuple[str, ...]:
+        return tuple(e.name for e in self.entries)
+
+
+_GEMV = ("GEMV_ROWS", "GEMV_K")
 _ATTENTION_BLOCK = ("ATTN_TQ", "ATTN_TK", "ATTN_HEAD_DIM")
-CALL_COSTS = {
-    "rope_half_split_bf16": CallCost("vector_elementwise", ("ROPE_ROWS", "ROPE_HEADS", "ROPE_HEAD_DIM")),
-    "silu_mul_bf16": CallCost("vector_transcendental", ("SILU_MUL_LEN",)),   # aie::tanh per element
-    "gemv_bf16": CallCost("vector_mac", ("GEMV_ROWS", "GEMV_K")),
-    "gemv_bf16_f32": CallCost("vector_mac", ("GEMV_ROWS", "GEMV_K")),
-    "attn_init_f32": CallCost("vector_elementwise", ("ATTN_TQ", "ATTN_HEAD_DIM")),
-    "attn_qk_tile_bf16": CallCost("mmul_bf16", _ATTENTION_BLOCK),              # aie::mmul<8, 8, 8> bf16
-    "attn_online_softmax_bf16": CallCost("vector_transcendental", ("ATTN_TQ", "ATTN_TK")),  # aie::exp2
-    "attn_pv_accumulate_bf16": CallCost("mmul_bf16", _ATTENTION_BLOCK),
-    "attn_finalize_bf16": CallCost("vector_elementwise", ("ATTN_TQ", "ATTN_HEAD_DIM")),
-    # decode_attention.o: per tile, GROUP x TK x HEAD_DIM MACs for the scores and as many for P.V
-    "dattn_init_f32": CallCost("vector_elementwise", ("DATTN_GROUP", "DATTN_HEAD_DIM")),
-    "dattn_tile_bf16": CallCost("vector_mac", ("DATTN_GROUP", "DATTN_TK", "DATTN_HEAD_DIM")),
-    "dattn_finalize_bf16": CallCost("vector_elementwise", ("DATTN_GROUP", "DATTN_HEAD_DIM")),
-    # gemm.o (gemm.cc), the prefill GEMM kernel: acc += A·Wᵀ through aie::mmul. Its precision ("bf16" exact or
-    # "bfp16" emulated) is a per-call -D choice, which the timing model reads from the call (mmul_bf16 → bfp16).
-    "gemm_zero_f32": CallCost("vector_elementwise", (LAST_OPERAND,)),
-    "gemm_bf16_f32_wnk": CallCost("mmul_bf16", (MATMUL_OPERANDS,)),
-    "gemm_f32_to_bf16": CallCost("vector_elementwise", (LAST_OPERAND,)),
-    "gemm_f32_swiglu_to_bf16": CallCost("vector_transcendental", (LAST_OPERAND,)),  # silu_mul.h's aie::tanh
-    # gemv.o's fused decode-FFN entry points (builders/gemv_fused.py).
-    "gemv_partial_f32": CallCost("vector_mac", ("GEMV_ROWS", "GEMV_K")),
-    "gemv_rows_bf16": CallCost("vector_mac", ("GEMV_ROWS", "GEMV_K")),
-    "gemv_add_bf16": CallCost("vector_elementwise", ("GEMV_ROWS",)),
-    "rmsnorm_bf16": CallCost("vector_elementwise", ("GEMV_K",)),
-    # Reported over the vector it is handed (gate, up and the residual panel): about twice the values it computes.
-    "swiglu_bf16": CallCost("vector_transcendental", (LAST_OPERAND,)),
-    # the same GEMVs over packed block-quantized rows (GEMV_QUANT), dequantized in the call
-    "gemv_q_bf16": CallCost("vector_mac", ("GEMV_ROWS", "GEMV_K")),
-    "gemv_q_bf16_f32": CallCost("vector_mac", ("GEMV_ROWS", "GEMV_K")),
-    "gemv_q_partial_f32": CallCost("vector_mac", ("GEMV_ROWS", "GEMV_K")),
-    "gemv_q_rows_bf16": CallCost("vector_mac", ("GEMV_ROWS", "GEMV_K")),
-    # x transposed for them, once per tile entry; reported over the vector it is handed (x, maybe more after it)
-    "gemv_q_prepare_x": CallCost("vector_elementwise", (LAST_OPERAND,)),
-}
+
+
+def _full_decode_tile(d):
+    """The builders' buckets are whole tiles: a call past the length does nothing, a full tile is the dearest. Both
+    ends charge a full tile, so a prediction is that of a full bucket (decode_attention's length = capacity)."""
+    return {"length": d["DATTN_TK"], "k_start": 0}, {"length": d["DATTN_TK"], "k_start": 0}
+
+
+def _first_or_later_k_chunk(d):
+    """The first K chunk starts each row's sum, a later one adds to it."""
+    return {"k0": 0}, {"k0": d["GEMV_K"]}
+
+
+def _one_call_k(d):
+    """x of one call's K (a launch passes its whole x, a constant the timing model reads from the call)."""
+    return {"length": d["GEMV_K"]}, {"length": d["GEMV_K"]}
+
+
+def _key_block_before_or_on_the_diagonal(d):
+    """A key block wholly before the query rows (nothing to mask), or on the diagonal (every row masked)."""
+    return {"q_start": d["ATTN_TK"], "k_start": 0}, {"q_start": 0, "k_start": 0}
+
+
+EXTERNAL_KERNELS = (
+    KernelObject("rope.o", "rope_half_split.cc", (
+        _symbol("rope_half_split_bf16", "rrw", "vector_elementwise", "ROPE_ROWS", "ROPE_HEADS", "ROPE_HEAD_DIM"),
+    ), ("ROPE_ROWS", "ROPE_HEADS", "ROPE_HEAD_DIM")),
+    KernelObject("silu_mul.o", "silu_mul.cc", (
+        _symbol("silu_mul_bf16", "rrw", "vector_transcendental", "SILU_MUL_LEN"),   # aie::tanh per element
+    ), ("SILU_MUL_LEN",)),
+    KernelObject("gemv.o", "gemv.cc", (
+        _symbol("gemv_bf16", "rrw", "vector_mac", *_GEMV),
+        _symbol("gemv_bf16_f32", "rrw", "vector_mac", *_GEMV),
+        # the fused decode-FFN entry points (builders/gemv_fused.py)
+        _symbol("gemv_partial_f32", "rrpi", "vector_mac", *_GEMV, work_arguments=_first_or_later_k_chunk),
+        _symbol("gemv_add_bf16", "rrpii", "vector_elementwise", "GEMV_ROWS"),
+        _symbol("gemv_rows_bf16", "rrpi", "vector_mac", *_GEMV),
+        _symbol("rmsnorm_bf16", "rwf", "vector_elementwise", "GEMV_K"),
+        # reported over the vector it is handed (gate, up and the residual panel): about twice the values it computes
+        _symbol("swiglu_bf16", "mi", "vector_transcendental", LAST_OPERAND),
+        # the same GEMVs over packed block-quantized rows (GEMV_QUANT), dequantized in the call
+        _symbol("gemv_q_bf16", "rrw", "vector_mac", *_GEMV),
+        _symbol("gemv_q_bf16_f32", "rrw", "vector_mac", *_GEMV),
+        _symbol("gemv_q_partial_f32", "rrpi", "vector_mac", *_GEMV, work_arguments=_first_or_later_k_chunk),
+        _symbol("gemv_q_rows_bf16", "rrpi", "vector_mac", *_GEMV),
+        # x transposed for them, once per tile entry; reported over the vector it is handed (x, maybe more after it)
+        _symbol("gemv_q_prepare_x", "pi", "vector_elementwise", LAST_OPERAND, work_arguments=_one_call_k),
+    ), _GEMV, ("GEMV_QUANT",)),
+    KernelObject("attention.o", "attention.cc", (
+        _symbol("attn_init_f32", "www", "vector_elementwise", "ATTN_TQ", "ATTN_HEAD_DIM"),
+        _symbol("attn_qk_tile_bf16", "rrwii", "mmul_bf16", *_ATTENTION_BLOCK,  # aie::mmul<8, 8, 8> bf16
+                work_arguments=_key_block_before_or_on_the_diagonal),
+        _symbol("attn_online_softmax_bf16", "rwmmw", "vector_transcendental", "ATTN_TQ", "ATTN_TK"),  # aie::exp2
+        _symbol("attn_pv_accumulate_bf16", "rrrm", "mmul_bf16", *_ATTENTION_BLOCK),
+        _symbol("attn_finalize_bf16", "rrw", "vector_elementwise", "ATTN_TQ", "ATTN_HEAD_DIM"),
+    ), _ATTENTION_BLOCK),
+    # per tile, GROUP x TK x HEAD_DIM MACs for the scores and as many for P.V; scores and probs: a tile past the
+    # length returns without writing them
+    KernelObject("decode_attention.o", "decode_attention.cc", (
+        _symbol("dattn_init_f32", "riiwwwww", "vector_elementwise", "DATTN_GROUP", "DATTN_HEAD_DIM"),
+        _symbol("dattn_tile_bf16", "rrppmmmii", "vector_mac", "DATTN_GROUP", "DATTN_TK", "DATTN_HEAD_DIM",
+                work_arguments=_full_decode_tile),
+        _symbol("dattn_finalize_bf16", "rrw", "vector_elementwise", "DATTN_GROUP", "DATTN_HEAD_DIM"),
+    ), ("DATTN_GROUP", "DATTN_TK", "DATTN_HEAD_DIM")),
+    # the prefill GEMM kernel: acc += A·Wᵀ through aie::mmul. Its precision ("bf16" exact or "bfp16" emulated) is
+    # a per-call -D choice, which the timing model reads from the call (mmul_bf16 → bfp16).
+    KernelObject("gemm.o", "gemm.cc", (
+        _symbol("gemm_zero_f32", "w", "vector_elementwise", LAST_OPERAND),
+        _symbol("gemm_bf16_f32_wnk", "rrm", "mmul_bf16", MATMUL_OPERANDS),
+        _symbol("gemm_f32_to_bf16", "rw", "vector_elementwise", LAST_OPERAND),
+        _symbol("gemm_f32_swiglu_to_bf16", "rrw", "vector_transcendental", LAST_OPERAND),  # silu_mul.h's aie::tanh
+    ), ("GEMM_TILE_M", "GEMM_TILE_K", "GEMM_TILE_N"), ("GEMM_DRAIN_N", "AIE_API_EMULATE_BFLOAT16_MMUL_WITH_BFP16")),
+)
+
+KERNEL_OBJECTS = {k.object: k for k in EXTERNAL_KERNELS}
+KERNEL_SYMBOLS = {e.name: e for k in EXTERNAL_KERNELS for e in k.entries}
+_OBJECT_OF_SYMBOL = {e.name: k.object for k in EXTERNAL_KERNELS for e in k.entries}
+
+
+def kernel_symbol(symbol: str) -> KernelSymbol:
+    try:
+        return KERNEL_SYMBOLS[symbol]
+    except KeyError:
+        raise KeyError(f"{symbol} is not an external kernel listed in builders/externs.py") from None
+
+
+def object_for_symbol(symbol: str) -> KernelObject:
+    kernel_symbol(symbol)
+    return KERNEL_OBJECTS[_OBJECT_OF_SYMBOL[symbol]]
+
+
+CALL_COSTS = {name: entry.cost for name, entry in KERNEL_SYMBOLS.items()}
 
 
 def call_cost(symbol: str) -> CallCost:
-    try:
-        return CALL_COSTS[symbol]
-    except KeyError:
-        raise KeyError(f"{symbol} has no CallCost in builders/externs.py CALL_COSTS") from None
+    return kernel_symbol(symbol).cost

@@ -49,9 +49,9 @@ C block pieces a memtile receives fit it.
 """
 from __future__ import annotations
 
+from ..device import DEVICE
 from .ir import L1, L2, WHOLE, LaunchBuilder, LaunchIR, MemRef, Value, Window
-from .npu2 import (COLUMNS, HERD_CANDIDATES, L1_AVAILABLE, L2_BYTES, MMUL_GRANULE, ROWS, check_budget,
-                   check_operands, divisors_descending, largest_dividing, nbytes,
+from .npu2 import (L1_AVAILABLE, check_budget, check_operands, divisors_descending, largest_dividing, nbytes,
                    pingpong_copies, require)
 
 KIND = "gemm"
@@ -59,7 +59,7 @@ SWIGLU_KIND = "gemm_swiglu"
 PARAMS = ("M", "K", "N")
 TUNING = ("herd_m", "herd_n", "tile_m", "tile_n", "tile_k_l1", "tile_k_l2", "drain_n")
 PRECISION_DEFINES = {"bf16": {}, "bfp16": {"AIE_API_EMULATE_BFLOAT16_MMUL_WITH_BFP16": 1}}
-BLOCK = MMUL_GRANULE          # the kernel's operands are pre-tiled into 8×8 blocks
+BLOCK = DEVICE.mmul_granule          # the kernel's operands are pre-tiled into 8×8 blocks
 TILE_GRANULE = 2 * BLOCK      # tile_m and tile_n: the kernel works on 2×2 blocks of mmuls
 MAX_TILE_M, MAX_TILE_N = 64, 128
 MAX_TILE_K_L2 = 256
@@ -83,7 +83,7 @@ def _l2_bytes(herd_m, herd_n, tile_m, tile_n, tile_k_l2, K, w_rows=None) -> dict
     herd_m columns; on one column everything stays in one memtile. (Measured with the real passes: M=K=N=2048 on
     8x4 at tile_k_l2 256 fills its fullest memtile with 192 KiB: one A, W and C piece, 32 + 128 + 32 KiB.)"""
     copies = pingpong_copies(K // tile_k_l2)
-    memtiles = herd_m if herd_m * herd_n > ROWS else 1
+    memtiles = herd_m if herd_m * herd_n > DEVICE.rows else 1
     per_memtile = lambda pieces: -(-pieces // memtiles)  # noqa: E731
     a, w, c = per_memtile(herd_m), per_memtile(herd_n), per_memtile(herd_m)
     return {f"A slice x{copies} (ping-pong), {a} of {herd_m} pieces": a * copies * nbytes((tile_m, tile_k_l2), "bf16"),
@@ -141,10 +141,10 @@ def _build(kind: str, params: dict, operands, tuning: dict) -> LaunchIR:
         require(extent % granule == 0, kind, name, extent, f"must be a multiple of {granule}")
     halves = 2 if swiglu else 1  # W rows per output column
 
-    herd_m = tuning.get("herd_m", largest_dividing(M // TILE_GRANULE, HERD_CANDIDATES))
-    herd_n = tuning.get("herd_n", largest_dividing(N // TILE_GRANULE, (ROWS, 2, 1)))
-    require(herd_m <= COLUMNS, kind, "herd_m", herd_m, f"the herd spans at most {COLUMNS} columns")
-    require(herd_n <= ROWS, kind, "herd_n", herd_n, f"the herd spans at most {ROWS} rows")
+    herd_m = tuning.get("herd_m", largest_dividing(M // TILE_GRANULE, DEVICE.herd_candidates))
+    herd_n = tuning.get("herd_n", largest_dividing(N // TILE_GRANULE, (DEVICE.rows, 2, 1)))
+    require(herd_m <= DEVICE.columns, kind, "herd_m", herd_m, f"the herd spans at most {DEVICE.columns} columns")
+    require(herd_n <= DEVICE.rows, kind, "herd_n", herd_n, f"the herd spans at most {DEVICE.rows} rows")
     require(M % herd_m == 0, kind, "herd_m", herd_m, f"must divide M={M}")
     require(N % herd_n == 0, kind, "herd_n", herd_n, f"must divide N={N}")
     tile_m = tuning.get("tile_m", _granular_divisor(M // herd_m, MAX_TILE_M))
@@ -160,7 +160,7 @@ def _build(kind: str, params: dict, operands, tuning: dict) -> LaunchIR:
                              key=lambda d: (d % TILE_K_L1_CANDIDATES[0] != 0, -d))
     tile_k_l2 = tuning.get("tile_k_l2") or _fitting_k_tile(
         K, k_l2_candidates,
-        lambda t: sum(_l2_bytes(herd_m, herd_n, tile_m, tile_n, t, K, w_rows).values()) <= L2_BYTES)
+        lambda t: sum(_l2_bytes(herd_m, herd_n, tile_m, tile_n, t, K, w_rows).values()) <= DEVICE.l2_bytes)
     require(K % tile_k_l2 == 0, kind, "tile_k_l2", tile_k_l2, f"must divide K={K}")
     check_budget(kind, "L2", _l2_bytes(herd_m, herd_n, tile_m, tile_n, tile_k_l2, K, w_rows),
                  "lower tile_k_l2 or the block size")

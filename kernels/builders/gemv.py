@@ -41,10 +41,11 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from ..device import DEVICE
 from ..quant import GEMV_QUANT, transposed, weight_format
 from .ir import L1, L2, WHOLE, LaunchBuilder, LaunchIR, MemRef, Value, Window
-from .npu2 import (COLUMNS, HERD_CANDIDATES, L1_AVAILABLE, L2_BYTES, check_budget, check_operands,
-                   divisors_descending, largest_dividing, nbytes, pingpong_copies, require)
+from .npu2 import (L1_AVAILABLE, check_budget, check_operands, divisors_descending, largest_dividing, nbytes,
+                   pingpong_copies, require)
 
 KIND = "gemv"
 F32_KIND = "gemv_f32"
@@ -172,10 +173,11 @@ def double_buffered(rows_per_tile: int, tile_n: int, rows_per_call: int) -> bool
             and rows_per_call >= PACKED_MIN_ROWS)
 
 
-def split_rows(kind: str, N: int, tuning: dict, herd_candidates=HERD_CANDIDATES) -> tuple[int, int, int]:
+def split_rows(kind: str, N: int, tuning: dict, herd_candidates=DEVICE.herd_candidates) -> tuple[int, int, int]:
     """(herd, steps, rows_per_tile): the widest herd dividing N, one launch step unless tuned."""
     herd = tuning.get("herd", largest_dividing(N, herd_candidates))
-    require(herd is not None and herd <= COLUMNS, kind, "herd", herd, f"the herd spans at most {COLUMNS} columns")
+    require(herd is not None and herd <= DEVICE.columns, kind, "herd", herd,
+            f"the herd spans at most {DEVICE.columns} columns")
     require(N % herd == 0, kind, "herd", herd, f"must divide N={N}")
     steps = tuning.get("steps", 1)
     require((N // herd) % steps == 0, kind, "steps", steps, f"must divide N/herd={N // herd}")
@@ -198,7 +200,7 @@ def plan_gemv(kind: str, K: int, N: int, out_dtype: str, tuning: dict, weights: 
 
     def fits(tile_n: int, rows: int) -> bool:
         return (sum(_l1_bytes(K, tile_n, rows, out_dtype, weights).values()) <= L1_AVAILABLE
-                and sum(_l2_bytes(K, tile_n, rows_per_tile // tile_n, out_dtype, weights).values()) <= L2_BYTES)
+                and sum(_l2_bytes(K, tile_n, rows_per_tile // tile_n, out_dtype, weights).values()) <= DEVICE.l2_bytes)
 
     tile_n, rows_per_call = next((c for c in candidates if fits(*c)), candidates[-1])
     check_budget(kind, "L1", _l1_bytes(K, tile_n, rows_per_call, out_dtype, weights), "K is too long for one tile")

@@ -50,12 +50,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..device import DEVICE
 from ..quant import BLOCK, GROUP_BLOCKS
 from .gemv import (BF16_ROWS, GEMV_K_GRANULE, OBJECT, ROWS_PER_CALL_CANDIDATES, GemvPlan, WeightRows, describe,
                    double_buffered, panel_candidates, panel_loop, panel_windows, split_rows, weight_rows, whole_words)
 from .ir import L1, L2, WHOLE, LaunchBuilder, LaunchIR, MemRef, Value, Window
-from .npu2 import (COLUMNS, HERD_CANDIDATES, ROWS, L1_AVAILABLE, L2_BYTES, check_budget, check_operands,
-                   divisors_descending, nbytes, pingpong_copies, require)
+from .npu2 import L1_AVAILABLE, check_budget, check_operands, divisors_descending, nbytes, pingpong_copies, require
 
 ADD_KIND = "gemv_add"
 SWIGLU_ADD_KIND = "swiglu_gemv_add"
@@ -69,7 +69,7 @@ MAX_SPLIT_K_CHUNK = 1024
 MAX_CHUNK_WORDS = 1023
 PACKED_CHUNK = GROUP_BLOCKS * BLOCK  # a packed row splits only between its groups
 MAX_WHOLE_K = 2048  # up to here a row is one chunk (a contiguous window: no per-dimension limit applies)
-SHIM_MM2S_CHANNELS = 2 * COLUMNS  # DDR → array streams: 2 per shim tile
+SHIM_MM2S_CHANNELS = DEVICE.shim_channels_per_direction * DEVICE.columns  # DDR → array streams
 # Panels per launch step. The packed vector is read from DDR again every panel; AIR folds those reads into a
 # shim BD with a stride-0 wrap, which aiecc rejects ("Stride 1 must be a positive integer") at 64 panels
 # (measured on rms_gemv K=576, N=2048; 32 panels lower).
@@ -129,7 +129,7 @@ def _l1_bytes(kind: str, K: int, herd: int, tile_n: int, rows: int, k_chunk: int
 def _tiles_per_memtile(herd: int) -> int:
     """aircc's air-collapse-herd{max-col-size=4} folds a herd of up to 4 tiles into one column, whose memtile
     then holds every tile's share of the panel; a wider herd keeps one column, so one memtile, per tile."""
-    return herd if herd <= ROWS else 1
+    return herd if herd <= DEVICE.rows else 1
 
 
 def _l2_bytes(kind: str, K: int, herd: int, tile_n: int, panels: int, weights: WeightRows = BF16_ROWS) -> dict[str, int]:
@@ -173,7 +173,7 @@ def plan(kind: str, K: int, N: int, tuning: dict, weights: WeightRows = BF16_ROW
     rms_gemv keeps K whole, its calls take the whole normed x)."""
     require(K % GEMV_K_GRANULE == 0, kind, "K", K, f"must be a multiple of {GEMV_K_GRANULE} (gemv.cc's multiplier)")
     per_tile_streams, shared_streams = STREAMS[kind]
-    fed = [h for h in HERD_CANDIDATES if per_tile_streams * h + shared_streams <= SHIM_MM2S_CHANNELS]
+    fed = [h for h in DEVICE.herd_candidates if per_tile_streams * h + shared_streams <= SHIM_MM2S_CHANNELS]
     herd, steps, rows_per_tile = split_rows(kind, N, tuning, fed)
     require(per_tile_streams * herd + shared_streams <= SHIM_MM2S_CHANNELS, kind, "herd", herd,
             f"{per_tile_streams} weight stream(s) per tile plus {shared_streams} vector pieces need more than "
@@ -182,7 +182,7 @@ def plan(kind: str, K: int, N: int, tuning: dict, weights: WeightRows = BF16_ROW
 
     def fits(rows_per_tile: int, tile_n: int, rows: int, k_chunk: int) -> bool:
         return (sum(_l1_bytes(kind, K, herd, tile_n, rows, k_chunk, weights).values()) <= L1_AVAILABLE
-                and sum(_l2_bytes(kind, K, herd, tile_n, rows_per_tile // tile_n, weights).values()) <= L2_BYTES)
+                and sum(_l2_bytes(kind, K, herd, tile_n, rows_per_tile // tile_n, weights).values()) <= DEVICE.l2_bytes)
 
     step_choices = [steps] if "steps" in tuning else [
         s for s in reversed(divisors_descending(N // herd)) if whole_words(N // (herd * s), "bf16")

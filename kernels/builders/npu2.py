@@ -1,4 +1,4 @@
-"""NPU2 (AIE2P) capacities and the constraint checks every builder shares.
+"""The constraint checks every builder shares, against the device's capacities (kernels/device.py).
 
 A builder refuses, with a :class:`LaunchConstraintError` naming the launch kind, the parameter and the
 rule, any launch it cannot emit as something that fits: tiles that do not divide the problem, L1 or L2
@@ -6,20 +6,15 @@ buffers over budget, operands whose shapes disagree with the launch parameters.
 """
 from __future__ import annotations
 
+from ..device import DEVICE
 from ..program import CORE_STACK_BYTES
 from .ir import ELEMENT_BYTES, MemRef
 
-COLUMNS, ROWS = 8, 4                  # compute tiles: 8 columns × 4 rows
-L1_BYTES = 64 * 1024                  # data memory per compute tile (mlir-aie's AIE2 target model, NPU2's base)
 STACK_BYTES = CORE_STACK_BYTES        # the Programs' default stack, at the bottom of L1
 # Left free above the buffers: the linker places the kernels' .data/.rodata/.bss after the highest buffer (64 B in
 # kernels/aie2p today, attention's lane table; aie_api's and the runtime's share cannot be seen without Peano).
 L1_HEADROOM = 1024
-L1_AVAILABLE = L1_BYTES - STACK_BYTES - L1_HEADROOM  # what a tile's buffers may take
-L2_BYTES = 512 * 1024                 # one memtile
-VECTOR_LANES = 16                     # bf16 lanes whose f32 widening still fits one 512-bit register
-MMUL_GRANULE = 8                      # AIE2P bf16 matmul intrinsic works on 8×8×8 blocks
-HERD_CANDIDATES = (8, 4, 2, 1)        # row-parallel herds span up to the 8 columns
+L1_AVAILABLE = DEVICE.l1_bytes - STACK_BYTES - L1_HEADROOM  # what a tile's buffers may take
 
 
 class LaunchConstraintError(ValueError):
@@ -75,13 +70,13 @@ def check_operands(kind: str, operands, expected) -> None:
 
 def check_budget(kind: str, level: str, buffers: dict[str, int], advice: str) -> None:
     """Sum of buffer bytes (callers count double-buffered ones twice) against L1 or one memtile."""
-    limit = L1_AVAILABLE if level == "L1" else L2_BYTES
+    limit = L1_AVAILABLE if level == "L1" else DEVICE.l2_bytes
     total = sum(buffers.values())
     if total > limit:
         items = ", ".join(f"{name} {size} B" for name, size in buffers.items())
-        where = (f"{L1_AVAILABLE} B per compute tile (64 KiB minus the {STACK_BYTES} B stack and {L1_HEADROOM} B of "
-                 f"headroom)" if level == "L1"
-                 else f"{L2_BYTES} B of one memtile")
+        where = (f"{L1_AVAILABLE} B per compute tile ({DEVICE.l1_bytes // 1024} KiB minus the {STACK_BYTES} B stack "
+                 f"and {L1_HEADROOM} B of headroom)" if level == "L1"
+                 else f"{DEVICE.l2_bytes} B of one memtile")
         raise BudgetExceeded(kind, level, buffers, f"exceeds {where} ({items}); {advice}")
 
 

@@ -19,9 +19,9 @@ double-buffered x and out rows plus the weight row fit L1 (cols up to about 6400
 """
 from __future__ import annotations
 
+from ..device import DEVICE
 from .ir import L1, WHOLE, LaunchBuilder, LaunchIR, MemRef, Window, rows_window
-from .npu2 import (COLUMNS, HERD_CANDIDATES, VECTOR_LANES, check_budget, check_operands,
-                   largest_dividing, nbytes, pingpong_copies, require, row_shapes)
+from .npu2 import check_budget, check_operands, largest_dividing, nbytes, pingpong_copies, require, row_shapes
 
 KIND = "rmsnorm"
 PARAMS = ("rows", "cols", "eps")
@@ -32,14 +32,15 @@ def build(params: dict, operands, tuning: dict) -> LaunchIR:
     rows, cols, eps = params["rows"], params["cols"], float(params["eps"])
     check_operands(KIND, operands, [("x", row_shapes(rows, cols), "bf16"), ("weight", {(cols,)}, "bf16"),
                                     ("out", row_shapes(rows, cols), "bf16")])
-    require(cols % VECTOR_LANES == 0, KIND, "cols", cols, f"must be a multiple of {VECTOR_LANES} (vector lanes)")
-    herd = tuning.get("herd", largest_dividing(rows, HERD_CANDIDATES))
-    require(herd <= COLUMNS, KIND, "herd", herd, f"a row-parallel herd spans at most {COLUMNS} columns")
+    require(cols % DEVICE.vector_lanes == 0, KIND, "cols", cols,
+            f"must be a multiple of {DEVICE.vector_lanes} (vector lanes)")
+    herd = tuning.get("herd", largest_dividing(rows, DEVICE.herd_candidates))
+    require(herd <= DEVICE.columns, KIND, "herd", herd, f"a row-parallel herd spans at most {DEVICE.columns} columns")
     require(rows % herd == 0, KIND, "herd", herd, f"must divide rows={rows}")
     row_bytes, copies = nbytes((cols,), "bf16"), pingpong_copies(rows // herd)
     # the accumulator is zeroed in every trip of the row loop, so the ping-pong transform copies it like the rows
     l1 = {f"x row x{copies} (ping-pong)": copies * row_bytes, f"out row x{copies}": copies * row_bytes,
-          "weight": row_bytes, f"f32 accumulator x{copies}": copies * nbytes((VECTOR_LANES,), "f32")}
+          "weight": row_bytes, f"f32 accumulator x{copies}": copies * nbytes((DEVICE.vector_lanes,), "f32")}
     check_budget(KIND, "L1", l1, "cols is too wide to normalize a row in one tile")
 
     b = LaunchBuilder(KIND, operands, ("x", "weight", "out"))
@@ -56,34 +57,34 @@ def _emit_tile(b: LaunchBuilder, x, weight, out, tx, rows_per_tile, cols, eps) -
     w_buf = b.alloc(row_type, "w_l1")
     x_buf = b.alloc(row_type, "x_l1")
     out_buf = b.alloc(row_type, "out_l1")
-    acc = b.alloc(MemRef((VECTOR_LANES,), "f32", L1), "sumsq_l1")
+    acc = b.alloc(MemRef((DEVICE.vector_lanes,), "f32", L1), "sumsq_l1")
     b.broadcast_dma(w_buf, WHOLE, weight, Window((0,), (cols,), (1,)))
-    bf16_vec, f32_vec = f"vector<{VECTOR_LANES}xbf16>", f"vector<{VECTOR_LANES}xf32>"
+    bf16_vec, f32_vec = f"vector<{DEVICE.vector_lanes}xbf16>", f"vector<{DEVICE.vector_lanes}xf32>"
     with b.loop(0, rows_per_tile, 1, "r") as r:
         row = b.affine(f"s0 * {rows_per_tile} + s1", [tx, r], "row") if len(x.type.shape) == 2 else 0
         b.dma(x_buf, WHOLE, x, rows_window(x.type, row, 1, 0, cols))
         c0 = b.const(0)
         zeros = b.assign("zeros", f"vector.broadcast {b.const(0.0, 'f32')} : f32 to {f32_vec}", f32_vec)
         b.vector_write(zeros, acc, c0)
-        with b.loop(0, cols, VECTOR_LANES, "j") as j:
-            v = b.vector_read(x_buf, j, VECTOR_LANES, "xv")
+        with b.loop(0, cols, DEVICE.vector_lanes, "j") as j:
+            v = b.vector_read(x_buf, j, DEVICE.vector_lanes, "xv")
             square = b.assign("sq", f"arith.mulf {v.ssa}, {v.ssa} : {bf16_vec}", bf16_vec)
             b.vector_write(square, out_buf, j)
-            reread = b.vector_read(out_buf, j, VECTOR_LANES, "sqv")
+            reread = b.vector_read(out_buf, j, DEVICE.vector_lanes, "sqv")
             wide = b.assign("sqf", f"arith.extf {reread.ssa} : {bf16_vec} to {f32_vec}", f32_vec)
-            running = b.vector_read(acc, c0, VECTOR_LANES, "accv")
+            running = b.vector_read(acc, c0, DEVICE.vector_lanes, "accv")
             total = b.assign("accn", f"arith.addf {running.ssa}, {wide.ssa} : {f32_vec}", f32_vec)
             b.vector_write(total, acc, c0)
-        sums = b.vector_read(acc, c0, VECTOR_LANES, "sums")
+        sums = b.vector_read(acc, c0, DEVICE.vector_lanes, "sums")
         sumsq = b.assign("sumsq", f"vector.reduction <add>, {sums.ssa} : {f32_vec} into f32", "f32")
         mean = b.assign("mean", f"arith.mulf {sumsq.ssa}, {b.const(1.0 / cols, 'f32')} : f32", "f32")
         shifted = b.assign("var_eps", f"arith.addf {mean.ssa}, {b.const(eps, 'f32')} : f32", "f32")
         rstd = b.assign("rstd", f"math.rsqrt {shifted.ssa} : f32", "f32")
         rstd_bf16 = b.assign("rstd_bf16", f"arith.truncf {rstd.ssa} : f32 to bf16", "bf16")
         scale = b.assign("rstd_v", f"vector.broadcast {rstd_bf16.ssa} : bf16 to {bf16_vec}", bf16_vec)
-        with b.loop(0, cols, VECTOR_LANES, "j") as j:
-            xv = b.vector_read(x_buf, j, VECTOR_LANES, "xv")
-            wv = b.vector_read(w_buf, j, VECTOR_LANES, "wv")
+        with b.loop(0, cols, DEVICE.vector_lanes, "j") as j:
+            xv = b.vector_read(x_buf, j, DEVICE.vector_lanes, "xv")
+            wv = b.vector_read(w_buf, j, DEVICE.vector_lanes, "wv")
             normed = b.assign("normed", f"arith.mulf {xv.ssa}, {scale.ssa} : {bf16_vec}", bf16_vec)
             weighted = b.assign("y", f"arith.mulf {normed.ssa}, {wv.ssa} : {bf16_vec}", bf16_vec)
             b.vector_write(weighted, out_buf, j)

@@ -12,9 +12,10 @@ divides each tile's rows; double-buffered x, out and LUT rows fit L1.
 """
 from __future__ import annotations
 
+from ..device import DEVICE
 from .ir import L1, WHOLE, LaunchBuilder, LaunchIR, MemRef, rows_window
-from .npu2 import (COLUMNS, HERD_CANDIDATES, L1_AVAILABLE, VECTOR_LANES, check_budget, check_operands,
-                   largest_dividing, nbytes, pingpong_copies, require, row_shapes)
+from .npu2 import (L1_AVAILABLE, check_budget, check_operands, largest_dividing, nbytes, pingpong_copies, require,
+                   row_shapes)
 
 KIND = "rope"
 PARAMS = ("rows", "heads", "head_dim")
@@ -36,10 +37,11 @@ def build(params: dict, operands, tuning: dict) -> LaunchIR:
     check_operands(KIND, operands, [("x", row_shapes(rows, width), "bf16"),
                                     ("lut", row_shapes(rows, head_dim), "bf16"),
                                     ("out", row_shapes(rows, width), "bf16")])
-    require(head_dim % (2 * VECTOR_LANES) == 0, KIND, "head_dim", head_dim,
-            f"must be a multiple of {2 * VECTOR_LANES} so each rotated half is whole {VECTOR_LANES}-lane vectors")
-    herd = tuning.get("herd", largest_dividing(rows, HERD_CANDIDATES))
-    require(herd <= COLUMNS, KIND, "herd", herd, f"a row-parallel herd spans at most {COLUMNS} columns")
+    require(head_dim % (2 * DEVICE.vector_lanes) == 0, KIND, "head_dim", head_dim,
+            f"must be a multiple of {2 * DEVICE.vector_lanes} so each rotated half is whole "
+            f"{DEVICE.vector_lanes}-lane vectors")
+    herd = tuning.get("herd", largest_dividing(rows, DEVICE.herd_candidates))
+    require(herd <= DEVICE.columns, KIND, "herd", herd, f"a row-parallel herd spans at most {DEVICE.columns} columns")
     require(rows % herd == 0, KIND, "herd", herd, f"must divide rows={rows}")
     rows_per_tile = rows // herd
     if "tile_rows" in tuning:

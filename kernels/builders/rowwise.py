@@ -16,9 +16,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
 
+from ..device import DEVICE
 from .ir import L1, WHOLE, LaunchBuilder, LaunchIR, MemRef, Value, rows_window
-from .npu2 import (COLUMNS, HERD_CANDIDATES, L1_AVAILABLE, VECTOR_LANES, LaunchConstraintError, check_budget,
-                   check_operands, divisors_descending, nbytes, pingpong_copies, require, row_shapes)
+from .npu2 import (L1_AVAILABLE, LaunchConstraintError, check_budget, check_operands, divisors_descending, nbytes,
+                   pingpong_copies, require, row_shapes)
 
 MAX_CHUNK = 2048  # elements per DMA: long enough to amortize a transfer, small enough to double-buffer
 
@@ -34,16 +35,18 @@ class ChunkPlan:
 
 def plan_chunks(kind: str, rows: int, cols: int, tuning: dict, live_buffers: int) -> ChunkPlan:
     """Picks (herd, chunk): widest herd first, then the longest chunk that fits L1, unless tuning fixes them."""
-    require(cols % VECTOR_LANES == 0, kind, "cols", cols, f"must be a multiple of {VECTOR_LANES} (vector lanes)")
-    chunks = [c for c in divisors_descending(cols, MAX_CHUNK) if c % VECTOR_LANES == 0]
+    require(cols % DEVICE.vector_lanes == 0, kind, "cols", cols,
+            f"must be a multiple of {DEVICE.vector_lanes} (vector lanes)")
+    chunks = [c for c in divisors_descending(cols, MAX_CHUNK) if c % DEVICE.vector_lanes == 0]
     if "chunk" in tuning:
         chunk = tuning["chunk"]
-        require(chunk % VECTOR_LANES == 0 and cols % chunk == 0, kind, "chunk", chunk,
-                f"must be a multiple of {VECTOR_LANES} that divides cols={cols}")
+        require(chunk % DEVICE.vector_lanes == 0 and cols % chunk == 0, kind, "chunk", chunk,
+                f"must be a multiple of {DEVICE.vector_lanes} that divides cols={cols}")
         chunks = [chunk]
-    herds = [tuning["herd"]] if "herd" in tuning else list(HERD_CANDIDATES)
+    herds = [tuning["herd"]] if "herd" in tuning else list(DEVICE.herd_candidates)
     for herd in herds:
-        require(herd <= COLUMNS, kind, "herd", herd, f"a row-parallel herd spans at most {COLUMNS} columns")
+        require(herd <= DEVICE.columns, kind, "herd", herd,
+                f"a row-parallel herd spans at most {DEVICE.columns} columns")
         plans = []
         for chunk in chunks:
             per_row = cols // chunk

@@ -8,7 +8,8 @@ from torch_npu2.kernels import ModelDims, catalog, programs_for_model
 from torch_npu2.kernels.air_pipeline import (TIMEOUT_VARIABLE, CompileError, air_to_aie_pipeline, lower_to_npu_insts,
                                              npu_pipeline, placement_pipeline)
 from torch_npu2.kernels.budgets import program_l1
-from torch_npu2.kernels.builders.npu2 import L1_AVAILABLE, L2_BYTES
+from torch_npu2.kernels.builders.npu2 import L1_AVAILABLE
+from torch_npu2.kernels.device import DEVICE
 from torch_npu2.kernels.program import Arg, CompileOptions, Launch, Program, Role
 
 SMOL = ModelDims(576, 9, 3, 64, 1536, 49152, 1e-5)
@@ -99,7 +100,7 @@ def test_program_lowers_to_npu_instructions(air_tools, monkeypatch, name):
     for device in lowering.devices:
         assert 1 <= device.compute_tiles <= 32 and device.memtiles <= 8 and 1 <= device.shim_tiles <= 8
         assert device.bds > 0 and device.dma_channels > 0 and device.instruction_words > 0
-        assert 0 < device.l1_bytes <= L1_AVAILABLE and device.l2_bytes <= L2_BYTES
+        assert 0 < device.l1_bytes <= L1_AVAILABLE and device.l2_bytes <= DEVICE.l2_bytes
     # Every core's L1 as aiecc placed it: the Program's stack, nothing over it, and on every tile the bytes its
     # builder planned (the count the emulator and the build path check without a compiler). Builders count AIR's
     # ping-pong copies, so where a Program omits them (flash_attn: its stack launch) the plan is an upper bound.
@@ -167,4 +168,4 @@ def test_gemm_l2_budget_is_what_the_fullest_memtile_holds(air_tools):
     assert spread.l2_bytes == sum(gemm._l2_bytes(8, 4, 32, 128, 256, 512).values()) == 192 * 1024
     (one_column,) = lower_to_npu_insts(gemm_probe(16, 512, 512, CompileOptions())).devices  # herd 1x4, m16 n128 k128
     assert one_column.compute_tiles == 4
-    assert 0 < one_column.l2_bytes <= sum(gemm._l2_bytes(1, 4, 16, 128, 128, 512).values()) <= L2_BYTES
+    assert 0 < one_column.l2_bytes <= sum(gemm._l2_bytes(1, 4, 16, 128, 128, 512).values()) <= DEVICE.l2_bytes

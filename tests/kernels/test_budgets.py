@@ -9,7 +9,8 @@ from torch_npu2.kernels import ModelDims, programs_for_model
 from torch_npu2.kernels.air_pipeline import CompileError, lower_to_npu_insts
 from torch_npu2.kernels.budgets import (L1BudgetError, check_program_l1, core_stacks, lowered_l1, program_l1,
                                         worst_tile)
-from torch_npu2.kernels.builders.npu2 import L1_AVAILABLE, L1_BYTES, L1_HEADROOM
+from torch_npu2.kernels.builders.npu2 import L1_AVAILABLE, L1_HEADROOM
+from torch_npu2.kernels.device import DEVICE
 from torch_npu2.kernels.catalog import ATTENTION_OPTIONS, PREFILL_OPTIONS, flash_attn_program, o_ffn_program
 from torch_npu2.kernels.program import CORE_STACK_BYTES, Arg, Launch, Program, Role
 
@@ -40,7 +41,7 @@ def test_every_program_fits_with_the_stack_aircc_is_given():
     fullest = worst_tile(tiles)
     # the prefill GEMM plans its tile up to the budget: a 64x128 f32 accumulator, its windows and drain chunks
     assert fullest.kind in ("gemm", "gemm_swiglu") and fullest.buffer_bytes == L1_AVAILABLE
-    assert fullest.total == CORE_STACK_BYTES + L1_AVAILABLE + L1_HEADROOM == L1_BYTES
+    assert fullest.total == CORE_STACK_BYTES + L1_AVAILABLE + L1_HEADROOM == DEVICE.l1_bytes
 
 
 OVERFLOW = ("o_ffn does not fit a core's L1: o_ffn, launch 3 (gemm_swiglu), each tile of herd @gemm_herd (8x4): "
@@ -102,7 +103,7 @@ def test_the_lowered_count_reads_addresses_and_the_cores_stack():
 
 def test_the_lowered_count_refuses_buffers_placed_over_the_stack():
     (tile,) = lowered_l1("p", 0, "gemm", "l0_gemm_seg", placed(' {link_with = "gemm.o", stack_size = 2048 : i32}'))
-    assert tile.stack == 2048 and tile.used == 2064 and tile.total < L1_BYTES
+    assert tile.stack == 2048 and tile.used == 2064 and tile.total < DEVICE.l1_bytes
     assert tile.overlaps == ("buf1 at 1024 under the stack (ends at 2048)",) and not tile.fits
     with pytest.raises(ValueError, match="has no address"):
         lowered_l1("p", 0, "gemm", "l0_gemm_seg", placed().replace("address = 2048 : i32, ", ""))
