@@ -69,6 +69,7 @@ class ModelDims:
     intermediate: int
     vocab: int
     eps: float
+    qkv_bias: bool = False  # the Q, K and V projections add a bias (Qwen2): the QKV Programs take bq, bk, bv
 
     def __post_init__(self):
         for name in ("hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab"):
@@ -88,8 +89,9 @@ class ModelDims:
         return self.kv_heads * self.head_dim
 
     @classmethod
-    def from_config(cls, config) -> "ModelDims":
-        """Dims of a HF Llama-style config (``LlamaConfig`` and compatible)."""
+    def from_config(cls, config, qkv_bias: bool = False) -> "ModelDims":
+        """Dims of a HF Llama-style config (``LlamaConfig`` and compatible); ``qkv_bias`` is the model family's
+        (patch_llama/families.py), not a config field every family spells the same way."""
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         return cls(
             hidden=config.hidden_size,
@@ -99,6 +101,7 @@ class ModelDims:
             intermediate=config.intermediate_size,
             vocab=config.vocab_size,
             eps=float(config.rms_norm_eps),
+            qkv_bias=qkv_bias,
         )
 
 

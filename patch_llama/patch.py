@@ -9,13 +9,14 @@ from torch import nn
 
 from .. import runtime as npu_runtime
 from ..host_memory import release_free_heap
-from ..kernels import DEFAULT_MATMUL_PRECISION, MATMUL_PRECISIONS, ModelDims, programs_for_model, quant
+from ..kernels import DEFAULT_MATMUL_PRECISION, MATMUL_PRECISIONS, programs_for_model, quant
 from ..kernels.catalog import DECODE_WEIGHTS
 from ..kernels.stitch import npu2_build_problem
 from .kv_cache import NpuKVCache
 from .layer import NpuDecoderLayer, NpuLmHead, PackedProjections, SharedState
 from .gguf_file import PROJECTIONS, GgufFile
 from .spill import WeightSpill
+from .families import ModelFamily, family_of, supported
 from .transformers_compat import check_transformers
 
 DEFAULT_BUCKETS = tuple(2 ** i for i in range(4, 12))  # 16 … 2048
@@ -38,15 +39,15 @@ def _fail(message: str) -> ValueError:
     return ValueError(f"patch_llama: {message}; the model was not modified")
 
 
-def _validate(model, buckets, matmul_precision, weights="bf16", from_file=frozenset()) -> None:
-    from transformers import LlamaForCausalLM
-
-    if not isinstance(model, LlamaForCausalLM):
-        raise _fail(f"expected a Llama-architecture LlamaForCausalLM (Llama, SmolLM2, TinyLlama), got "
-                    f"{type(model).__name__}")
+def _validate(model, buckets, matmul_precision, weights="bf16", from_file=frozenset()) -> ModelFamily:
     config = model.config
-    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
-        raise _fail("attention or MLP bias is not supported by the fused ops (config.attention_bias/mlp_bias)")
+    family = family_of(config)
+    if family is None:
+        raise _fail(f"model_type {getattr(config, 'model_type', None)!r} ({type(model).__name__}) is not supported; "
+                    f"supported model types: {supported()}")
+    if not isinstance(model, family.causal_lm_class()):
+        raise _fail(f"expected a {family.causal_lm} for model_type {family.model_type!r}, got {type(model).__name__}")
+    _check_biases(model, family)
     rope = getattr(config, "rope_parameters", None) or {}
     rope_type = rope.get("rope_type", "default")
     if rope_type not in SUPPORTED_ROPE_TYPES:
@@ -77,6 +78,24 @@ def _validate(model, buckets, matmul_precision, weights="bf16", from_file=frozen
                     f"got {matmul_precision!r}")
     if weights not in DECODE_WEIGHTS:
         raise _fail(f"weights must be one of {', '.join(map(repr, DECODE_WEIGHTS))}, got {weights!r}")
+    return family
+
+
+def _check_biases(model, family: ModelFamily) -> None:
+    """The biases the fused ops add are the family's: Q/K/V when it has them, never O or the MLP's."""
+    for index, layer in enumerate(model.model.layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        for name, module in (("q_proj", attn.q_proj), ("k_proj", attn.k_proj), ("v_proj", attn.v_proj)):
+            if (module.bias is not None) != family.qkv_bias:
+                raise _fail(f"layer {index} {name} {'has' if module.bias is not None else 'lacks'} a bias, but "
+                            f"model_type {family.model_type!r} runs Q/K/V projections "
+                            f"{'with' if family.qkv_bias else 'without'} one: attention or MLP bias other than the "
+                            "family's is not supported by the fused ops (config.attention_bias/mlp_bias)")
+        for name, module in (("o_proj", attn.o_proj), ("gate_proj", mlp.gate_proj), ("up_proj", mlp.up_proj),
+                             ("down_proj", mlp.down_proj)):
+            if module.bias is not None:
+                raise _fail(f"layer {index} {name} has a bias: attention or MLP bias is not supported by the fused "
+                            "ops here (config.attention_bias/mlp_bias)")
 
 
 def _bucket_lengths(prefill_buckets) -> tuple[int, ...]:
@@ -99,11 +118,11 @@ def _silu_modules() -> tuple[type, ...]:
     return (nn.SiLU, type(ACT2FN["silu"]), type(ACT2FN["swish"]))
 
 
-def _check_npu2_builds(model, buckets, matmul_precision, target: str, weights="bf16", head_weights=None) -> None:
+def _check_npu2_builds(model, family: ModelFamily, buckets, matmul_precision, target: str, weights="bf16",
+                       head_weights=None) -> None:
     """Every Program the model needs against the NPU2 builders' constraints: an error on the NPU, where
     nothing could run; a warning on the emulator, which runs them anyway."""
-    programs = programs_for_model(ModelDims.from_config(model.config), buckets, matmul_precision, weights,
-                                  head_weights)
+    programs = programs_for_model(family.dims(model.config), buckets, matmul_precision, weights, head_weights)
     problems = [(program, npu2_build_problem(program)) for program in programs]
     problems = [f"{program.name} ({', '.join(f'{k}={v}' for k, v in program.params)}): {problem}"
                 for program, problem in problems if problem]
@@ -245,11 +264,11 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
         weights, head_weights = _gguf_formats(model, source, weights)
     packed = weights != "bf16"
     packed_weights = _packed_weights(model) if packed else []
-    _validate(model, buckets, matmul_precision, weights,
-              frozenset(id(p) for p in packed_weights) if source is not None else frozenset())
+    family = _validate(model, buckets, matmul_precision, weights,
+                       frozenset(id(p) for p in packed_weights) if source is not None else frozenset())
     signature = check_transformers(model)
     runtime = npu_runtime.runtime_for(backend)
-    _check_npu2_builds(model, buckets, matmul_precision, runtime.backend, weights, head_weights)
+    _check_npu2_builds(model, family, buckets, matmul_precision, runtime.backend, weights, head_weights)
     state = PatchState(SharedState(buckets, matmul_precision,
                                    context=getattr(model.config, "max_position_embeddings", None)),
                        weights=(weights, head_weights))

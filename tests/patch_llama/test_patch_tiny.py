@@ -301,7 +301,8 @@ def _unmodified(model, snapshot):
     (lambda: MistralForCausalLM(MistralConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
                                               num_key_value_heads=2, num_hidden_layers=1, vocab_size=100)
                                 ).to(torch.bfloat16),
-     "expected a Llama-architecture LlamaForCausalLM .* got MistralForCausalLM"),
+     r"model_type 'mistral' \(MistralForCausalLM\) is not supported; supported model types: 'llama'"),
+    (lambda: tiny_llama().model, "expected a LlamaForCausalLM for model_type 'llama', got LlamaModel"),
     (lambda: tiny_llama(attention_bias=True), "attention or MLP bias"),
     (lambda: tiny_llama(mlp_bias=True), "attention or MLP bias"),
     (lambda: tiny_llama(hidden_act="relu"), r"config.hidden_act='relu' \(ReLU\) is not supported"),
