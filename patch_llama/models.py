@@ -106,9 +106,9 @@ class LoadedWeights:
     """What ``load_model`` did with a checkpoint's weights (``model.torch_npu2_weights``)."""
 
     format: str                  # what decode will read: "bf16" or a packed format
-    source: str                  # "gguf blocks" (packed from the file's own), "checkpoint rows" (quantized as read), "bf16"
+    source: str                  # "gguf blocks" (packed from the file's own), "checkpoint, quantized at patch", "bf16"
     dequantized: dict = field(default_factory=dict)  # GGUF tensor name → its type, for tensors loaded as bf16
-    packed_bytes: int = 0        # bytes of the file's tensors that go to the NPU packed, as the file holds them
+    packed_bytes: int = 0        # bytes of the packed weights the NPU reads (a GGUF file's: as the file holds them)
     bf16_bytes: int = 0          # bytes the model's parameters would take in bf16 (each stored tensor once)
 
     def note(self) -> str:
@@ -304,7 +304,8 @@ def load_checkpoint_packed(directory, fmt: str, dtype=torch.bfloat16, progress=N
     if tied:
         packed_bytes += quant.weight_format(fmt).row_bytes(config.hidden_size) * config.vocab_size
     setattr(model, CHECKPOINT_ATTR, CheckpointPacker(checkpoint, fmt, tied))
-    model.torch_npu2_weights = LoadedWeights(fmt, "checkpoint rows", packed_bytes=packed_bytes, bf16_bytes=bf16_bytes)
+    model.torch_npu2_weights = LoadedWeights(fmt, "checkpoint, quantized at patch", packed_bytes=packed_bytes,
+                                             bf16_bytes=bf16_bytes)
     return model.eval()
 
 

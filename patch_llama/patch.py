@@ -182,11 +182,11 @@ def _pin_gate_up(runtime, mlp) -> torch.Tensor:
 QUANTIZE_ROWS = 4096  # rows quantized at a time: a 128256-row LM head's fp32 temporaries would take GiBs
 
 
-def _quantize(weight: torch.Tensor, fmt: str) -> torch.Tensor:
-    """GGUF's round-to-nearest quantization of a bf16 weight, packed, a few thousand rows at a time (each row's
-    blocks are quantized on their own, so the result does not depend on the chunking)."""
+def _quantize(weight: torch.Tensor, fmt: str, out: torch.Tensor | None = None) -> torch.Tensor:
+    """GGUF's round-to-nearest quantization of a bf16 weight, packed (into ``out`` if given), a few thousand rows at
+    a time (each row's blocks are quantized on their own, so the result does not depend on the chunking)."""
     N, K = weight.shape
-    out = torch.empty(N, quant.weight_format(fmt).row_bytes(K), dtype=torch.uint8)
+    out = torch.empty(N, quant.weight_format(fmt).row_bytes(K), dtype=torch.uint8) if out is None else out
     for start in range(0, N, QUANTIZE_ROWS):
         rows = weight[start:start + QUANTIZE_ROWS]
         if fmt == "q4_1":
@@ -350,18 +350,21 @@ def _projections(layer):
     return (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
 
 
-def _packed_rows(module, hf_name: str, fmt: str, source) -> torch.Tensor:
+def _packed_rows(module, hf_name: str, fmt: str, source, out: torch.Tensor | None = None) -> torch.Tensor:
     name = source.head_tensor() if source is not None and hf_name == "lm_head" else None
     if source is not None and name is None:
         layer, projection = hf_name.split(".", 1)
         name = f"blk.{layer}.{PROJECTIONS[projection]}.weight"
     if name is None or source.format_of(name) != fmt:  # no file, or a head tensor of another type: quantized here
-        return _quantize(module.weight.data, fmt)
-    return source.packed(name)
+        return _quantize(module.weight.data, fmt, out)
+    return source.packed(name, out)
 
 
 def _pack_linear(state, runtime, module, hf_name: str, fmt: str, source) -> torch.Tensor:
-    words = runtime.pin(_packed_rows(module, hf_name, fmt, source).view(torch.int32))
+    # packed straight into its NPU buffer: a packed LM head (164 MiB at Llama-3.2-1B's shape) is never held twice
+    words = runtime.empty((module.out_features, quant.weight_format(fmt).row_bytes(module.in_features) // 4),
+                          torch.int32)
+    _packed_rows(module, hf_name, fmt, source, words.view(torch.uint8))
     _set_instance_attr(state, module, "extra_repr", _describe_linear(module, fmt))
     _remember_unloaded(state, module, fmt, words)
     return words

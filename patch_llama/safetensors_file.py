@@ -132,15 +132,17 @@ class CheckpointPacker:
     def head_tensor(self) -> str:
         return "token_embd.weight" if self.tied else "output.weight"
 
-    def packed(self, name: str) -> torch.Tensor:
-        """The packed rows of tensor ``name``, read and quantized ``patch.QUANTIZE_ROWS`` rows at a time."""
+    def packed(self, name: str, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The packed rows of tensor ``name`` (into ``out`` if given), read and quantized ``patch.QUANTIZE_ROWS`` rows
+        at a time."""
         from .patch import QUANTIZE_ROWS, _quantize
 
         stored = self.checkpoint.tensors[hf_name(name)]
         N, K = stored.shape
-        out = torch.empty(N, quant.weight_format(self.fmt).row_bytes(K), dtype=torch.uint8)
+        if out is None:
+            out = torch.empty(N, quant.weight_format(self.fmt).row_bytes(K), dtype=torch.uint8)
         for start in range(0, N, QUANTIZE_ROWS):
             rows = self.checkpoint.read(hf_name(name), start, start + QUANTIZE_ROWS)
-            out[start:start + rows.shape[0]] = _quantize(rows, self.fmt)
+            _quantize(rows, self.fmt, out[start:start + rows.shape[0]])
             del rows  # the bf16 rows go before the next are read
         return out
