@@ -361,7 +361,7 @@ class PackedProjections:
     gate_up: torch.Tensor
     down: torch.Tensor
 
-    DEQUANTIZE_ROWS = 1024  # rows widened to fp32 at a time: a whole [gate | up]'s fp32 temporaries take GiBs
+    DEQUANTIZE_ROWS = 256  # rows widened to fp32 at a time: a whole [gate | up]'s fp32 temporaries take GiBs
 
     def dequantized(self, name: str, in_features: int) -> torch.Tensor:
         """A projection as bf16, GGUF's exact weights rounded once (what prefill's bf16 GEMMs take for now)."""
