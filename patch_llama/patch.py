@@ -361,7 +361,7 @@ def _packed_rows(module, hf_name: str, fmt: str, source, out: torch.Tensor | Non
 
 
 def _pack_linear(state, runtime, module, hf_name: str, fmt: str, source) -> torch.Tensor:
-    # packed straight into its NPU buffer: a packed LM head (164 MiB at Llama-3.2-1B's shape) is never held twice
+    # packed straight into its NPU buffer: a packed LM head (157 MiB at Llama-3.2-1B's shape) is never held twice
     words = runtime.empty((module.out_features, quant.weight_format(fmt).row_bytes(module.in_features) // 4),
                           torch.int32)
     _packed_rows(module, hf_name, fmt, source, words.view(torch.uint8))
