@@ -6,23 +6,30 @@ Targets: VmHWM ≤ 1.15 × weight bytes + 0.5 GiB patched in bf16; ≤ 0.40 × w
 Q4_1 (quantized at patch time, the bf16 originals set aside in a mapped file). The bf16 model is built in memory
 before patch_llama sees it, so the build sets a floor of 1 × weight bytes under the peak of every scenario: the
 patched scenarios also report the peak of patching and generating alone (VmHWM reset after the build).
+Scenario loaded_q4_1 has no such floor: the random 1B-shaped checkpoint is first written to a temporary directory
+(safetensors, by another process), then the measured process loads it with load_model's packed path
+(``load_checkpoint_packed``: meta model, norms read, the bf16 embedding mapped from the file) and patch_llama
+quantizes each projection and the LM head as it reads them; its peak is the whole process's, load included.
 """
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import tempfile
 import time
 
 from . import common
 
 SETTINGS = {
-    "quick": dict(scenarios=(("hf", 32), ("patched", 32), ("patched_q4_1", 32)), new_tokens=4),
-    "full": dict(scenarios=(("hf", 32), ("patched", 32), ("patched", 2048), ("patched_q4_1", 32)), new_tokens=8),
+    "quick": dict(scenarios=(("hf", 32), ("patched", 32), ("patched_q4_1", 32), ("loaded_q4_1", 32)), new_tokens=4),
+    "full": dict(scenarios=(("hf", 32), ("patched", 32), ("patched", 2048), ("patched_q4_1", 32), ("loaded_q4_1", 32)),
+                 new_tokens=8),
 }
 TARGET_EXTRA = 0.5 * common.GIB
-TARGET_FACTORS = {"patched": 1.15, "patched_q4_1": 0.40}  # × the bf16 weight bytes
-WEIGHTS = {"patched": "bf16", "patched_q4_1": "q4_1"}
+TARGET_FACTORS = {"patched": 1.15, "patched_q4_1": 0.40, "loaded_q4_1": 0.40}  # × the bf16 weight bytes
+WEIGHTS = {"patched": "bf16", "patched_q4_1": "q4_1", "loaded_q4_1": "q4_1"}
+FROM_CHECKPOINT = {"loaded_q4_1"}  # loaded packed from a checkpoint on disk instead of built in memory
 
 
 def _phase(phases: list, name: str) -> None:
@@ -30,20 +37,29 @@ def _phase(phases: list, name: str) -> None:
                    "hwm_bytes": common.proc_status_bytes("VmHWM")})
 
 
-def worker(kind: str, prompt_tokens: int, new_tokens: int, shape: dict) -> dict:
-    """One scenario, in this (fresh) process: ``kind`` is "hf" (unpatched), "patched" (emulated NPU2, bf16 weights)
-    or "patched_q4_1" (Q4_1 weights quantized at patch time)."""
+def worker(kind: str, prompt_tokens: int, new_tokens: int, shape: dict, checkpoint: str | None = None) -> dict:
+    """One scenario, in this (fresh) process: ``kind`` is "hf" (unpatched), "patched" (emulated NPU2, bf16 weights),
+    "patched_q4_1" (Q4_1 weights quantized at patch time) or "loaded_q4_1" (the same, loaded packed from
+    ``checkpoint``, a directory ``write_checkpoint`` wrote)."""
     import torch
 
     import torch_npu2
 
     phases = []
     _phase(phases, "imports")
-    model = common.random_llama(common.llama_config(**shape))
-    weights = common.weight_bytes(model)
-    _phase(phases, "model built")
+    if kind in FROM_CHECKPOINT:
+        from torch_npu2.patch_llama.models import load_checkpoint_packed
+
+        model = load_checkpoint_packed(checkpoint, WEIGHTS[kind])
+        weights = model.torch_npu2_weights.bf16_bytes  # each stored tensor once, as weight_bytes counts them
+        _phase(phases, "loaded packed")
+    else:
+        model = common.random_llama(common.llama_config(**shape))
+        weights = common.weight_bytes(model)
+        _phase(phases, "model built")
     build_peak = phases[-1]["hwm_bytes"]
-    reset = _reset_peak()  # VmHWM from here on: the peak of patching and generating alone
+    # VmHWM from here on: the peak of patching and generating alone (a packed load has no bf16 build to leave out)
+    reset = kind not in FROM_CHECKPOINT and _reset_peak()
     ids = common.random_prompt(prompt_tokens, model.config.vocab_size)
     with common.emulated_runtime(compute=True):
         if kind in WEIGHTS:
@@ -68,13 +84,28 @@ def _reset_peak() -> bool:
         return False
 
 
-def measure(kind: str, prompt_tokens: int, new_tokens: int, shape: dict) -> dict:
-    spec = json.dumps({"kind": kind, "prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "shape": shape})
-    done = subprocess.run([sys.executable, "-m", "benchmarks.memory", spec], cwd=common.REPO_ROOT,
+def write_checkpoint(directory: str, shape: dict) -> dict:
+    """The random model of ``shape`` (``common.random_llama``) saved as a HF checkpoint (config.json, safetensors)."""
+    model = common.random_llama(common.llama_config(**shape))
+    model.save_pretrained(directory)
+    return {"checkpoint": directory, "weight_bytes": common.weight_bytes(model)}
+
+
+def _subprocess(spec: dict, what: str) -> dict:
+    done = subprocess.run([sys.executable, "-m", "benchmarks.memory", json.dumps(spec)], cwd=common.REPO_ROOT,
                           capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        raise RuntimeError(f"memory worker {kind}/{prompt_tokens} failed:\n{done.stderr[-3000:]}")
+        raise RuntimeError(f"memory worker {what} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def measure(kind: str, prompt_tokens: int, new_tokens: int, shape: dict) -> dict:
+    spec = {"kind": kind, "prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "shape": shape}
+    if kind not in FROM_CHECKPOINT:
+        return _subprocess(spec, f"{kind}/{prompt_tokens}")
+    with tempfile.TemporaryDirectory(prefix="torch_npu2_checkpoint_") as directory:
+        _subprocess({"write_checkpoint": {"directory": directory, "shape": shape}}, "writing the checkpoint")
+        return _subprocess({**spec, "checkpoint": directory}, f"{kind}/{prompt_tokens}")
 
 
 def plot(scenarios: list[dict], path) -> None:
@@ -88,7 +119,7 @@ def plot(scenarios: list[dict], path) -> None:
                 ls=":", marker=".", label=f"{label}: peak (VmHWM)")
     weights = scenarios[0]["weight_bytes"]
     ax.axhline(weights / common.GIB, color="gray", lw=1, label="bf16 weight bytes")
-    for kind, factor in TARGET_FACTORS.items():
+    for factor, kind in {f: k for k, f in TARGET_FACTORS.items()}.items():  # one line per factor
         ax.axhline((factor * weights + TARGET_EXTRA) / common.GIB, color="k", ls="--" if kind == "patched" else ":",
                    lw=1, label=f"target ({WEIGHTS[kind]}) {factor:.2f} × weights + 0.5 GiB")
     ax.set_ylabel("GiB")
@@ -108,10 +139,12 @@ def run(mode: str, out_dir, log=print) -> dict:
             entry["target_bytes"] = TARGET_FACTORS[kind] * entry["weight_bytes"] + TARGET_EXTRA
         scenarios.append(entry)
         after = entry["peak_after_build_bytes"] if kind in TARGET_FACTORS else None
+        patched = next((p["rss_bytes"] for p in entry["phases"] if p["phase"] == "patched"), None)
         log(f"memory: {kind:12s} prompt {prompt_tokens:5d}: peak {entry['peak_bytes'] / common.GIB:.2f} GiB "
             f"({entry['peak_over_weights']:.2f} × weights of {entry['weight_bytes'] / common.GIB:.2f} GiB)"
             + (f"; peak after the build (patch, generate) {after / common.GIB:.2f} GiB "
-               f"({after / entry['weight_bytes']:.2f} × weights)" if after else ""))
+               f"({after / entry['weight_bytes']:.2f} × weights)" if after else "")
+            + (f"; RSS after patching {patched / common.GIB:.2f} GiB" if patched else ""))
     targets = []
     for s in (s for s in scenarios if s["kind"] in TARGET_FACTORS):
         goal = (f"≤ {TARGET_FACTORS[s['kind']]:.2f} × weights + 0.5 GiB = {s['target_bytes'] / common.GIB:.2f} GiB")
@@ -131,4 +164,8 @@ def run(mode: str, out_dir, log=print) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(worker(**json.loads(sys.argv[1]))))
+    request = json.loads(sys.argv[1])
+    if "write_checkpoint" in request:
+        print(json.dumps(write_checkpoint(**request["write_checkpoint"])))
+    else:
+        print(json.dumps(worker(**request)))

@@ -92,12 +92,13 @@ class GgufFile:
         N = rows.shape[0]
         return rows.reshape(heads, N // heads // 2, 2, -1).transpose(1, 2).reshape(N, -1)
 
-    def packed(self, name: str) -> torch.Tensor:
-        """Tensor ``name`` (of a packed format) in the packed row layout: its blocks reordered, nothing converted."""
+    def packed(self, name: str, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Tensor ``name`` (of a packed format) in the packed row layout (into ``out`` if given): its blocks
+        reordered, nothing converted."""
         tensor = self.tensors[name]
         K, N = (int(s) for s in tensor.shape)
         rows = self._unpermute(name, torch.from_numpy(tensor.data.reshape(N, -1).copy()))
-        return quant.from_gguf_blocks(quant.weight_format(self.format_of(name)), rows, K)
+        return quant.from_gguf_blocks(quant.weight_format(self.format_of(name)), rows, K, out)
 
     def dequantized(self, name: str, dtype=torch.float32) -> torch.Tensor:
         """Tensor ``name`` in HF's shape, dequantized as gguf-py does (to fp32) and then given ``dtype``; a few

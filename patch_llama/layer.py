@@ -361,13 +361,18 @@ class PackedProjections:
     gate_up: torch.Tensor
     down: torch.Tensor
 
+    DEQUANTIZE_ROWS = 256  # rows widened to fp32 at a time: a whole [gate | up]'s fp32 temporaries take GiBs
+
     def dequantized(self, name: str, in_features: int) -> torch.Tensor:
         """A projection as bf16, GGUF's exact weights rounded once (what prefill's bf16 GEMMs take for now)."""
         fmt = quant.weight_format(self.format)
-        if name == "gate_up":  # [gate | up], each packed on its own
-            rows = self.gate_up.reshape(2 * self.gate_up.shape[0], -1)
-            return quant.dequantize(fmt, rows, in_features).reshape(self.gate_up.shape[0], -1).to(torch.bfloat16)
-        return quant.dequantize(fmt, getattr(self, name), in_features).to(torch.bfloat16)
+        packed = getattr(self, name)
+        rows = packed.reshape(2 * packed.shape[0], -1) if name == "gate_up" else packed  # each half packed alone
+        out = torch.empty(rows.shape[0], in_features, dtype=torch.bfloat16)
+        for start in range(0, rows.shape[0], self.DEQUANTIZE_ROWS):
+            chunk = rows[start:start + self.DEQUANTIZE_ROWS]
+            out[start:start + chunk.shape[0]] = quant.dequantize(fmt, chunk, in_features)
+        return out.reshape(packed.shape[0], -1)
 
 
 class NpuDecoderLayer:

@@ -106,9 +106,9 @@ class LoadedWeights:
     """What ``load_model`` did with a checkpoint's weights (``model.torch_npu2_weights``)."""
 
     format: str                  # what decode will read: "bf16" or a packed format
-    source: str                  # "gguf blocks" (packed from the file's own), "quantize at patch", "bf16"
+    source: str                  # "gguf blocks" (packed from the file's own), "checkpoint, quantized at patch", "bf16"
     dequantized: dict = field(default_factory=dict)  # GGUF tensor name → its type, for tensors loaded as bf16
-    packed_bytes: int = 0        # bytes of the file's tensors that go to the NPU packed, as the file holds them
+    packed_bytes: int = 0        # bytes of the packed weights the NPU reads (a GGUF file's: as the file holds them)
     bf16_bytes: int = 0          # bytes the model's parameters would take in bf16 (each stored tensor once)
 
     def note(self) -> str:
@@ -139,8 +139,11 @@ def load_model(path=None, dtype=torch.bfloat16, progress: Callable[[str], None] 
     projection (and packed LM head) weights stay on the meta device, and ``patch_llama(model)`` packs them from the
     file's blocks (its norms and embedding load as bf16, dequantized); a GGUF file whose projections are not all
     of one packed format loads dequantized. "q4_1", "q4_0", "q8_0": a GGUF file's own format (an error for
-    another), or for a bf16 checkpoint the format ``patch_llama(model, weights=…)`` quantizes it to at patch time. ``model.torch_npu2_weights``
-    (``LoadedWeights``) says what was done, with the dequantized tensors named.
+    another), or for a HF checkpoint directory of safetensors files the format its projections and LM head decode
+    in: the model is built on the meta device with only its norms and embedding read (a bf16 embedding as a mapping
+    of the file), and ``patch_llama(model)`` quantizes each weight as it reads it from the checkpoint, bit for bit
+    as ``patch_llama(model, weights=…)`` quantizes a bf16 model's, so the bf16 model never is in memory whole.
+    ``model.torch_npu2_weights`` (``LoadedWeights``) says what was done, with the dequantized tensors named.
     ``progress`` is told what is being read as it starts (a GGUF tokenizer takes seconds to convert)."""
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -162,15 +165,18 @@ def load_model(path=None, dtype=torch.bfloat16, progress: Callable[[str], None] 
     else:
         raise FileNotFoundError(f"model path {path} is neither a HF checkpoint directory nor a .gguf file")
     gguf = "gguf_file" in tokenizer_kwargs
-    model = _load_gguf_packed(path, dtype, weights, progress) if gguf and weights != "bf16" else None
+    model = None
+    if gguf and weights != "bf16":
+        model = _load_gguf_packed(path, dtype, weights, progress)
+    elif weights in quant.FORMATS:
+        model = load_checkpoint_packed(path, weights, dtype, progress)
     progress("reading the tokenizer" + (" (converting the GGUF file's vocabulary)" if gguf else ""))
     tokenizer = AutoTokenizer.from_pretrained(directory, **tokenizer_kwargs)
     if model is None:
         progress("reading the weights" + (" (dequantizing the GGUF tensors to bf16)" if gguf else ""))
         model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, **model_kwargs)
         model.torch_npu2_weights = _dense_weights(path, model, weights) if gguf else LoadedWeights(
-            "bf16" if weights == "native" else weights, "bf16" if weights in ("native", "bf16") else
-            "quantize at patch", bf16_bytes=_bf16_bytes(model))
+            "bf16", "bf16", bf16_bytes=_bf16_bytes(model))
     if gguf:
         _tokens_from_generation_config(tokenizer, model.generation_config)
     return model.eval(), tokenizer
@@ -241,6 +247,68 @@ def _load_gguf_packed(path, dtype, weights: str, progress):
     return model
 
 
+def load_checkpoint_packed(directory, fmt: str, dtype=torch.bfloat16, progress=None):
+    """The model of a HF checkpoint directory (config.json and *.safetensors), to decode with ``fmt`` weights: built
+    on the meta device, its norms and embedding read, every tensor's name, shape and dtype checked against the
+    config first (an error names each that is missing or wrong, before anything is read); its projections and LM
+    head stay in the files, and ``patch_llama(model)`` packs them from there (``safetensors_file.CheckpointPacker``).
+    ``load_model(directory, weights=fmt)`` without the tokenizer."""
+    from transformers import AutoConfig, GenerationConfig, LlamaForCausalLM
+
+    from .patch import CHECKPOINT_ATTR
+    from .safetensors_file import CheckpointPacker, SafetensorsCheckpoint
+
+    progress = progress or (lambda message: None)
+    directory = Path(directory)
+    if not (directory / "config.json").is_file():
+        raise FileNotFoundError(f"load_model: {directory} has no config.json (not a HF checkpoint directory)")
+    problem = checkpoint_problem(directory)
+    if problem:
+        raise ValueError(f"load_model: {problem}")
+    if dtype != torch.bfloat16:
+        raise ValueError(f"load_model: weights={fmt!r} loads the norms and embedding in torch.bfloat16, got {dtype}")
+    config = AutoConfig.from_pretrained(directory)
+    unsupported = [f"{key}={getattr(config, key)!r}" for key in ("attention_bias", "mlp_bias", "quantization_config")
+                   if getattr(config, key, None)]
+    if config.hidden_act not in ("silu", "swish"):
+        unsupported.append(f"hidden_act={config.hidden_act!r}")
+    if unsupported:
+        raise ValueError(f"load_model: {directory / 'config.json'} has {', '.join(unsupported)}; the fused ops run "
+                         "Llama models without biases, with SiLU, from bf16 weights")
+    checkpoint = SafetensorsCheckpoint(directory)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config).to(dtype)
+    expected = {name: tuple(p.shape) for name, p in model.named_parameters()}  # a tied head is the embedding
+    problems = checkpoint.problems(expected)
+    if problems:
+        listing = "; ".join(problems[:6]) + (f"; … ({len(problems)} problems)" if len(problems) > 6 else "")
+        raise ValueError(f"load_model: {directory} does not hold the model its config.json describes: {listing}")
+    tied = bool(config.tie_word_embeddings)
+    bf16_bytes = _bf16_bytes(model)
+    progress(f"reading the norms and embedding ({fmt.upper()} projections are packed from the files at patch time)")
+    packed_names = {f"model.layers.{i}.{module}.weight" for i in range(config.num_hidden_layers)
+                    for module in PROJECTIONS} | {"lm_head.weight"}
+    for name in expected:
+        if name in packed_names:
+            continue
+        module, attr = model.get_submodule(name.rsplit(".", 1)[0]), name.rsplit(".", 1)[1]
+        values = checkpoint.mapped(name) if name == "model.embed_tokens.weight" else None
+        setattr(module, attr, torch.nn.Parameter(values if values is not None else checkpoint.read(name)))
+    # a tied LM head keeps its meta parameter (the embedding was replaced): patch_llama packs it from the
+    # embedding's rows and leaves the embedding where it is; unpatch_llama ties them again
+    model.model.rotary_emb = type(model.model.rotary_emb)(config=config)  # its buffers were built on meta
+    if (directory / "generation_config.json").is_file():
+        model.generation_config = GenerationConfig.from_pretrained(directory)
+    packed_bytes = sum(quant.weight_format(fmt).row_bytes(shape[1]) * shape[0]
+                       for name, shape in expected.items() if name in packed_names)
+    if tied:
+        packed_bytes += quant.weight_format(fmt).row_bytes(config.hidden_size) * config.vocab_size
+    setattr(model, CHECKPOINT_ATTR, CheckpointPacker(checkpoint, fmt, tied))
+    model.torch_npu2_weights = LoadedWeights(fmt, "checkpoint, quantized at patch", packed_bytes=packed_bytes,
+                                             bf16_bytes=bf16_bytes)
+    return model.eval()
+
+
 def _dense_weights(path, model, weights) -> LoadedWeights:
     """A GGUF file loaded dequantized by transformers: which of its tensors were quantized."""
     source = GgufFile(path, model.config)
@@ -276,15 +344,11 @@ def weights_summary(path=None) -> str:
         native = (f"decode reads {formats.pop().upper()} packed (default; --weights bf16 dequantizes)"
                   if len(formats) == 1 and formats <= set(quant.FORMATS) else "loads dequantized to bf16")
     else:
-        import json as json_module
+        from .safetensors_file import read_header
 
         kinds, elements = {}, 0
         for shard in sorted(path.glob("*.safetensors")):
-            with shard.open("rb") as f:
-                header = json_module.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
-            for name, entry in header.items():
-                if name == "__metadata__":
-                    continue
+            for entry in read_header(shard)[0].values():
                 count, nbytes = kinds.get(entry["dtype"], (0, 0))
                 begin, end = entry["data_offsets"]
                 kinds[entry["dtype"]] = (count + 1, nbytes + end - begin)

@@ -23,6 +23,8 @@ DEFAULT_BUCKETS = tuple(2 ** i for i in range(4, 12))  # 16 … 2048
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
 STATE_ATTR = "_torch_npu2_patch"
 GGUF_PATH_ATTR = "_torch_npu2_gguf"  # set by models.load_model on a model loaded packed: the file its blocks are in
+# set by models.load_model on a model loaded packed from a HF checkpoint: the CheckpointPacker its weights come from
+CHECKPOINT_ATTR = "_torch_npu2_checkpoint"
 
 
 @dataclass
@@ -70,7 +72,7 @@ def _validate(model, buckets, matmul_precision, weights="bf16", from_file=frozen
                         "(load with dtype=torch.bfloat16 or call model.to(torch.bfloat16))")
         if param.device.type == "meta" and id(param) not in from_file:
             raise _fail(f"parameter {name} was never loaded (it is on the meta device); only the projections and LM "
-                        "head of a model loaded packed from a GGUF file may be, patched with gguf=that file")
+                        "head of a model load_model loaded packed may be (a GGUF file's: patched with gguf=that file)")
         if param.device.type not in ("cpu", "meta"):
             raise _fail(f"parameter {name} is on {param.device}, expected cpu (the NPU shares host memory)")
     if matmul_precision not in MATMUL_PRECISIONS:
@@ -196,14 +198,14 @@ def _pin_gate_up(runtime, mlp) -> torch.Tensor:
 
 
 # ---- packed weights ---------------------------------------------------------------------------------------------
-QUANTIZE_ROWS = 4096  # rows quantized at a time: a 128256-row LM head's fp32 temporaries would take GiBs
+QUANTIZE_ROWS = 1024  # rows quantized at a time: a 128256-row LM head's fp32 temporaries would take GiBs (4096: 0.17 GiB)
 
 
-def _quantize(weight: torch.Tensor, fmt: str) -> torch.Tensor:
-    """GGUF's round-to-nearest quantization of a bf16 weight, packed, a few thousand rows at a time (each row's
-    blocks are quantized on their own, so the result does not depend on the chunking)."""
+def _quantize(weight: torch.Tensor, fmt: str, out: torch.Tensor | None = None) -> torch.Tensor:
+    """GGUF's round-to-nearest quantization of a bf16 weight, packed (into ``out`` if given), a few thousand rows at
+    a time (each row's blocks are quantized on their own, so the result does not depend on the chunking)."""
     N, K = weight.shape
-    out = torch.empty(N, quant.weight_format(fmt).row_bytes(K), dtype=torch.uint8)
+    out = torch.empty(N, quant.weight_format(fmt).row_bytes(K), dtype=torch.uint8) if out is None else out
     for start in range(0, N, QUANTIZE_ROWS):
         rows = weight[start:start + QUANTIZE_ROWS]
         if fmt == "q4_1":
@@ -250,7 +252,8 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
     from which ``unpatch_llama`` gives them back bit for bit.
     ``gguf``: the GGUF file the model was loaded from: its quantized projections (and LM head) are packed from the
     file's own blocks, with no quantization of ours (``weights`` then defaults to the file's format). A model
-    ``load_model(..., weights=...)`` loaded packed names its file itself, and its projections were never bf16.
+    ``load_model(..., weights=...)`` loaded packed names its file itself, and its projections were never bf16 in
+    memory (from a HF checkpoint they are quantized here as they are read, one tensor at a time).
     ``progress``: show a progress bar while weights move into NPU buffers.
     """
     if getattr(model, STATE_ATTR, None) is not None:
@@ -258,7 +261,7 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
         return model
     buckets = _bucket_lengths(prefill_buckets)
     gguf = gguf if gguf is not None else getattr(model, GGUF_PATH_ATTR, None)
-    source = GgufFile(gguf, model.config) if gguf is not None else None
+    source = GgufFile(gguf, model.config) if gguf is not None else getattr(model, CHECKPOINT_ATTR, None)
     head_weights = weights
     if source is not None:
         weights, head_weights = _gguf_formats(model, source, weights)
@@ -336,7 +339,7 @@ def _gguf_formats(model, source: GgufFile, weights: str) -> tuple[str, str]:
                     f"the decode Programs take one of {', '.join(quant.FORMATS)} for all of them")
     (fmt,) = formats
     if weights not in ("bf16", fmt):
-        raise _fail(f"weights={weights!r} asks for another format than the GGUF file's {fmt!r}")
+        raise _fail(f"weights={weights!r} asks for another format than the {fmt!r} the model was loaded packed in")
     return fmt, source.format_of(source.head_tensor()) or fmt
 
 
@@ -366,18 +369,21 @@ def _projections(layer):
     return (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
 
 
-def _packed_rows(module, hf_name: str, fmt: str, source) -> torch.Tensor:
+def _packed_rows(module, hf_name: str, fmt: str, source, out: torch.Tensor | None = None) -> torch.Tensor:
     name = source.head_tensor() if source is not None and hf_name == "lm_head" else None
     if source is not None and name is None:
         layer, projection = hf_name.split(".", 1)
         name = f"blk.{layer}.{PROJECTIONS[projection]}.weight"
     if name is None or source.format_of(name) != fmt:  # no file, or a head tensor of another type: quantized here
-        return _quantize(module.weight.data, fmt)
-    return source.packed(name)
+        return _quantize(module.weight.data, fmt, out)
+    return source.packed(name, out)
 
 
 def _pack_linear(state, runtime, module, hf_name: str, fmt: str, source) -> torch.Tensor:
-    words = runtime.pin(_packed_rows(module, hf_name, fmt, source).view(torch.int32))
+    # packed straight into its NPU buffer: a packed LM head (157 MiB at Llama-3.2-1B's shape) is never held twice
+    words = runtime.empty((module.out_features, quant.weight_format(fmt).row_bytes(module.in_features) // 4),
+                          torch.int32)
+    _packed_rows(module, hf_name, fmt, source, words.view(torch.uint8))
     _set_instance_attr(state, module, "extra_repr", _describe_linear(module, fmt))
     _remember_unloaded(state, module, fmt, words)
     return words
@@ -411,8 +417,9 @@ def _pin_packed(state, runtime, layer, fmt: str, source) -> PackedProjections:
 
 def unpatch_llama(model):
     """Restore the original forwards and move the weights back to ordinary memory (bit-identical values). Weights a
-    packed patch set aside come back from the spill file; those never loaded in bf16 (a model loaded packed from a
-    GGUF file) are the packed rows dequantized exactly, as HF's GGUF loader dequantizes them, rounded to bf16."""
+    packed patch set aside come back from the spill file; those never loaded in bf16 (a model load_model loaded
+    packed) are the packed rows dequantized exactly, as HF's GGUF loader dequantizes them, rounded to bf16, and a
+    tied LM head is the embedding again."""
     state = getattr(model, STATE_ATTR, None)
     if state is None:
         raise ValueError("unpatch_llama: the model is not patched")
@@ -422,6 +429,9 @@ def unpatch_llama(model):
         else:
             setattr(module, attr, saved)
     for module, fmt, words in state.unloaded:  # a meta parameter cannot take CPU data: a new one replaces it
+        if module is model.lm_head and model.config.tie_word_embeddings:  # the embedding holds its bf16 values
+            module.weight = model.model.embed_tokens.weight
+            continue
         module.weight = nn.Parameter(quant.dequantize(quant.weight_format(fmt), words, module.in_features)
                                      .to(torch.bfloat16))
     restored = {id(module.weight) for module, _, _ in state.unloaded}

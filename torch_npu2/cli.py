@@ -109,8 +109,7 @@ def _load_patched(args):
     backend = args.backend or "auto"
     runtime = runtime_for(backend)
     print(f"running on: {_backend_line(runtime)}", file=sys.stderr)
-    patch_llama(model, backend=backend, matmul_precision=args.matmul_precision, progress=True,
-                weights=loaded.format if loaded.source == "quantize at patch" else "bf16")
+    patch_llama(model, backend=backend, matmul_precision=args.matmul_precision, progress=True, weights=loaded.format)
     _prepare_decode_kernels(model, runtime)
     return model, tokenizer
 

@@ -535,7 +535,7 @@ def test_generate_quantizes_a_bf16_checkpoint_at_patch_time(tiny_checkpoint, tmp
     assert cli.main(["generate", "--model", str(tiny_checkpoint), "--prompt", "Hello", "--max-new-tokens", "4",
                      "--backend", "emulator", "--weights", "q4_1"]) == 0
     err = capsys.readouterr().err
-    assert "weights: q4_1 (quantize at patch)" in err and "decode: 4 tokens, " in err
+    assert "weights: q4_1 (checkpoint, quantized at patch: " in err and "decode: 4 tokens, " in err
 
 
 def test_info_shows_each_models_weight_format_and_bytes(capsys, monkeypatch, tmp_path, tiny_checkpoint):
