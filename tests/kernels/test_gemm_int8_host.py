@@ -100,7 +100,7 @@ def test_gemm_matches_the_emulator_bit_for_bit(precision):
     qa, scale_a = host_quantize(a, int8.activation_qmax(precision, K), bits)
     qw, scale_w = int8.quantize_weight(w)
     out = host_gemm(qa, scale_a, qw.T.contiguous(), scale_w, bits)
-    expected = int8.integer_gemm(a, qw, scale_w, precision)
+    expected = int8.integer_gemm(a, qw, scale_w, precision=precision)
     assert torch.equal(out.view(torch.int16), expected.view(torch.int16))
 
 
@@ -111,7 +111,7 @@ def test_swiglu_drain_matches_the_emulator_bit_for_bit():
     qa, scale_a = host_quantize(a, int8.activation_qmax("w8a16", K), 16)
     (qg, sg), (qu, su) = int8.quantize_weight(wg), int8.quantize_weight(wu)
     out = host_gemm(qa, scale_a, qg.T.contiguous(), sg, 16, up=(qu.T.contiguous(), su))
-    expected = silu_mul({}, int8.integer_gemm(a, qg, sg, "w8a16"), int8.integer_gemm(a, qu, su, "w8a16"))
+    expected = silu_mul({}, int8.integer_gemm(a, qg, sg, precision="w8a16"), int8.integer_gemm(a, qu, su, precision="w8a16"))
     assert torch.equal(out.view(torch.int16), expected.view(torch.int16))
 
 
@@ -122,4 +122,4 @@ def test_a_wrong_layout_is_seen():
     qa, scale_a = host_quantize(a, 127, 8)
     qw, scale_w = int8.quantize_weight(w)
     wrong = host_gemm(qa, scale_a, qw[:, :N].contiguous() if K == N else qw.T.flip(0).contiguous(), scale_w, 8)
-    assert not torch.equal(wrong.view(torch.int16), int8.integer_gemm(a, qw, scale_w, "int8").view(torch.int16))
+    assert not torch.equal(wrong.view(torch.int16), int8.integer_gemm(a, qw, scale_w, precision="int8").view(torch.int16))
