@@ -265,15 +265,17 @@ def predicted_prefill_ms(seq: int) -> dict:
 def gemm_call_cycles(tile_m: int = 64, tile_k: int = 32, tile_n: int = 128) -> dict:
     """Core cycles of one GEMM kernel call on a (tile_m × tile_k) · (tile_k × tile_n) tile, [fast end, slow end], per
     GEMM precision, from what the call executes (kernels/core_ops.py's count of its AIE path, kernels/timing.py's
-    ends): gemm.cc's exact bf16 and BFP16 builds and gemm_int8.cc's W8A8 and W8A16 builds. The tile is the one the
-    GEMM builder picks for Llama-3.2-1B's prefill GEMMs at 2048 rows."""
+    ends): gemm.cc's exact bf16 and BFP16 builds and gemm_int8.cc's W8A8, W8A16 and W8x2A16 (two weight terms, the
+    same MACs twice) builds. The tile is the one the GEMM builder picks for Llama-3.2-1B's prefill GEMMs at 2048 rows
+    (W8x2A16's two int32 accumulators of it would fill a core's 64 KiB alone: its builder would take half the N)."""
     from torch_npu2.kernels import core_ops, timing
 
     tile = {"GEMM_TILE_M": tile_m, "GEMM_TILE_K": tile_k, "GEMM_TILE_N": tile_n, "GEMM_DRAIN_N": 32}
     calls = {"bf16": ("gemm_bf16_f32_wnk", {}, None),
              "bfp16": ("gemm_bf16_f32_wnk", {core_ops.BFP16_DEFINE: 1}, None),
              "int8": ("gemm_int_i32_wkn", {"GEMM_ACT_BITS": 8}, "gemm_int8.cc"),
-             "w8a16": ("gemm_int_i32_wkn", {"GEMM_ACT_BITS": 16}, "gemm_int8.cc")}
+             "w8a16": ("gemm_int_i32_wkn", {"GEMM_ACT_BITS": 16}, "gemm_int8.cc"),
+             "w8x2a16": ("gemm_int_i32_wkn", {"GEMM_ACT_BITS": 16, "GEMM_WEIGHT_TERMS": 2}, "gemm_int8.cc")}
     cycles = {}
     for precision, (symbol, extra, source) in calls.items():
         ops = core_ops.count_call(symbol, tuple(sorted({**tile, **extra}.items())), (), source=source)
