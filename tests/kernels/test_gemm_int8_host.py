@@ -139,7 +139,8 @@ def test_swiglu_drain_matches_the_emulator_bit_for_bit(precision):
     qa, scale_a = host_quantize(a, int8.activation_qmax(precision, K), 16)
     (g_kn, sg, g), (u_kn, su, u) = weight_kn(wg, precision), weight_kn(wu, precision)
     out = host_gemm(qa, scale_a, g_kn, sg, 16, up=(u_kn, su))
-    expected = silu_mul({}, int8.integer_gemm(a, *g, precision=precision), int8.integer_gemm(a, *u, precision=precision))
+    expected = silu_mul({}, int8.integer_gemm(a, *g, precision=precision),
+                        int8.integer_gemm(a, *u, precision=precision))
     assert torch.equal(out.view(torch.int16), expected.view(torch.int16))
 
 
@@ -150,4 +151,5 @@ def test_a_wrong_layout_is_seen():
     qa, scale_a = host_quantize(a, 127, 8)
     qw, scale_w = int8.quantize_weight(w)
     wrong = host_gemm(qa, scale_a, qw[:, :N].contiguous() if K == N else qw.T.flip(0).contiguous(), scale_w, 8)
-    assert not torch.equal(wrong.view(torch.int16), int8.integer_gemm(a, qw, scale_w, precision="int8").view(torch.int16))
+    expected = int8.integer_gemm(a, qw, scale_w, precision="int8")
+    assert not torch.equal(wrong.view(torch.int16), expected.view(torch.int16))

@@ -33,6 +33,7 @@ def test_an_int16_mmul_shape_aie_api_lacks_is_rejected(aie_source_checker):
 
 
 def test_two_weight_terms_over_int8_activations_are_refused(aie_source_checker):
-    defines = dict(GEMM_ACT_BITS=8, GEMM_WEIGHT_TERMS=2, GEMM_TILE_M=64, GEMM_TILE_K=32, GEMM_TILE_N=64, GEMM_DRAIN_N=32)
+    defines = dict(GEMM_ACT_BITS=8, GEMM_WEIGHT_TERMS=2, GEMM_TILE_M=64, GEMM_TILE_K=32, GEMM_TILE_N=64,
+                   GEMM_DRAIN_N=32)
     errors = aie_source_checker.check(Path(KERNEL_SOURCE_DIR) / "gemm_int8.cc", tuple(sorted(defines.items())))
     assert "error:" in errors and "GEMM_WEIGHT_TERMS must be 1, or 2 with 16-bit activations" in errors, errors

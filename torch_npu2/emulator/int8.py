@@ -6,8 +6,8 @@ activations) computes, bit for bit.
   ``q = clamp(rint(w · fp32(127 / absmax)), −127, 127)`` with the product rounded to fp32 and rint rounding half
   to even. A row of zeros has scale 0 and q 0. Done once, when the weights are prepared.
 * Activations (M × K): per row (token), symmetric, the same formula with ``qmax`` instead of 127, on the device
-  before the GEMM. "int8": qmax 127. "w8a16" and "w8x2a16": the largest qmax ≤ 32767 for which no int32 sum of K products
-  can overflow, ``(2^31 − 1) // (127 · K)`` (K = 576: 29354; K = 2048: 8256; K = 8192: 2064), so the int32
+  before the GEMM. "int8": qmax 127. "w8a16" and "w8x2a16": the largest qmax ≤ 32767 for which no int32 sum of K
+  products can overflow, ``(2^31 − 1) // (127 · K)`` (K = 576: 29354; K = 2048: 8256; K = 8192: 2064), so the int32
   accumulator is exact whatever the values.
 * ``acc = Σ_k qa · qw`` exactly in int32 (never overflows: 127 · 127 · K < 2^31 for K < 133,144 at W8A8, and by
   the choice of qmax at W8A16); ``out = bf16(fp32(acc) · fp32(scale_a · scale_w))``: the int32 → fp32 and bf16
@@ -16,8 +16,8 @@ activations) computes, bit for bit.
 "w8x2a16", two int8 terms per weight under the one per-channel scale: with ``x = fp32(w · fp32(127 / absmax))`` (the
 product the int8 weight rounds), ``hi = clamp(rint(x), −127, 127)`` (the "w8a16" weight) and
 ``lo = clamp(rint(256 · (x − hi)), −127, 127)``: ``x − hi`` is exact in fp32 (hi is x's nearest integer, or 127 a
-rounding away) and the product by 256 exact, so w ≈ scale · (hi + lo / 256) to within scale / 512 (a ±0.5 residual,
-x exactly halfway, clamps to ±127/256). Two int32 accumulators over the same quantized activations,
+rounding away) and the product by 256 exact, so x = hi + lo / 256 to within 1 / 512, or 1 / 256 where x is exactly
+halfway (its ±0.5 residual clamps to ±127/256). Two int32 accumulators over the same quantized activations,
 ``acc_hi = Σ qa · hi`` and ``acc_lo = Σ qa · lo``, each exact by W8A16's bound (|lo| ≤ 127 as |hi|);
 ``out = bf16((fp32(acc_hi) + fp32(acc_lo) · 2⁻⁸) · fp32(scale_a · scale_w))``: both conversions, the sum, both
 products and the bf16 conversion round to nearest even; the product by 2⁻⁸ is exact.
@@ -88,7 +88,8 @@ def integer_gemm(a: torch.Tensor, *weight: torch.Tensor, precision: str) -> torc
     ``prepared_weight`` gives it: int8 (N × K) terms (one, or hi and lo for "w8x2a16"), then fp32 scales (N,)."""
     *terms, scale_w = weight
     if len(terms) != WEIGHT_TERMS[precision]:
-        raise ValueError(f"integer_gemm: {precision!r} takes {WEIGHT_TERMS[precision]} weight term(s), got {len(terms)}")
+        raise ValueError(f"integer_gemm: {precision!r} takes {WEIGHT_TERMS[precision]} weight term(s), "
+                         f"got {len(terms)}")
     qa, scale_a = quantize_rows(a, activation_qmax(precision, a.shape[-1]))
     # Integer sums below 2^31 are exact in fp64 (products and partial sums stay under 2^53), and fp64 → fp32
     # rounds to nearest even like the core's int32 → fp32 conversion.
