@@ -15,7 +15,8 @@ Which GEMM's BFP16 conversion costs the accuracy (``sensitivity``): SmolLM2 with
 with BFP16 and the others exact (the catalog's per-projection choice swapped for the study, so the Programs,
 their keys and the emulator's numerics are the real ones), ``compare_layers`` against fp32 on the same prompt.
 
-Integer GEMMs (``STUDIES``): "int8" (W8A8) and "w8a16" (int8 weights, int16 activations), whose numerics the
+Integer GEMMs (``STUDIES``): "int8" (W8A8), "w8a16" (int8 weights, int16 activations) and "w8x2a16" (two int8
+terms per weight, int16 activations), whose numerics the
 emulator has (torch_npu2/emulator/int8.py) but whose GEMM builder does not exist yet, so they are not matmul
 precisions a user can pick: the catalog's per-projection choice is swapped for the study (as in ``sensitivity``)
 and the Programs carry the integer precision to the emulator; patch_llama warns that the NPU could not build them.
@@ -38,8 +39,9 @@ from . import common, cost_model
 PRECISIONS = ("bf16", "bfp16", "bfp16_gate_up")
 # Study name → the GEMM precision of each projection (kernels/catalog.py's names). "w8a16_v_bf16": the V
 # projection, the one whose integer GEMM alone costs SmolLM2 the most (README, "Integer GEMMs"), stays exact bf16;
-# "w8a16_v_down_bf16": V and down do.
+# "w8a16_v_down_bf16": V and down do. "w8x2a16": two int8 terms per weight (emulator/int8.py).
 STUDIES = {"int8": lambda projection: "int8", "w8a16": lambda projection: "w8a16",
+           "w8x2a16": lambda projection: "w8x2a16",
            "w8a16_v_bf16": lambda projection: "bf16" if projection == "v" else "w8a16",
            "w8a16_v_down_bf16": lambda projection: "bf16" if projection in ("v", "down") else "w8a16"}
 PROJECTIONS = ("q", "k", "v", "o", "gate_up", "down")  # the prefill GEMMs, as kernels/catalog.py names them
@@ -214,10 +216,10 @@ def _sensitivity(settings, log) -> dict:
     return rows
 
 
-def integer_distances(log=print) -> dict:
+def integer_distances(log=print, names: tuple[str, ...] | None = None) -> dict:
     """SmolLM2's distance to fp32 (``compare_layers`` on the chat prompt ``sensitivity`` uses) with integer GEMMs:
     exact bf16 GEMMs for reference, each study of ``STUDIES``, the integer W8A8 GEMM with V and down exact, and W8A16 in one projection at a time
-    (the others exact bf16). Runs on the emulated NPU2."""
+    (the others exact bf16); ``names``: just these schemes, by name. Runs on the emulated NPU2."""
     import torch_npu2
     from tests.patch_llama.test_smollm2 import chat_ids
     from torch_npu2.patch_llama.models import load_model
@@ -225,6 +227,8 @@ def integer_distances(log=print) -> dict:
     schemes = {"bf16": lambda projection: "bf16", **STUDIES, "int8_v_down_bf16": lambda projection: "bf16" if projection in ("v", "down") else "int8",
                **{f"w8a16_{only}_only": (lambda only: lambda projection: "w8a16" if projection == only else "bf16")(only)
                   for only in PROJECTIONS}}
+    if names is not None:
+        schemes = {name: schemes[name] for name in names}
     rows = {}
     with common.emulated_runtime(compute=True):
         model, tokenizer = load_model()
@@ -261,15 +265,17 @@ def predicted_prefill_ms(seq: int) -> dict:
 def gemm_call_cycles(tile_m: int = 64, tile_k: int = 32, tile_n: int = 128) -> dict:
     """Core cycles of one GEMM kernel call on a (tile_m × tile_k) · (tile_k × tile_n) tile, [fast end, slow end], per
     GEMM precision, from what the call executes (kernels/core_ops.py's count of its AIE path, kernels/timing.py's
-    ends): gemm.cc's exact bf16 and BFP16 builds and gemm_int8.cc's W8A8 and W8A16 builds. The tile is the one the
-    GEMM builder picks for Llama-3.2-1B's prefill GEMMs at 2048 rows."""
+    ends): gemm.cc's exact bf16 and BFP16 builds and gemm_int8.cc's W8A8, W8A16 and W8x2A16 (two weight terms, the
+    same MACs twice) builds. The tile is the one the GEMM builder picks for Llama-3.2-1B's prefill GEMMs at 2048 rows
+    (W8x2A16's two int32 accumulators of it would fill a core's 64 KiB alone: its builder would take half the N)."""
     from torch_npu2.kernels import core_ops, timing
 
     tile = {"GEMM_TILE_M": tile_m, "GEMM_TILE_K": tile_k, "GEMM_TILE_N": tile_n, "GEMM_DRAIN_N": 32}
     calls = {"bf16": ("gemm_bf16_f32_wnk", {}, None),
              "bfp16": ("gemm_bf16_f32_wnk", {core_ops.BFP16_DEFINE: 1}, None),
              "int8": ("gemm_int_i32_wkn", {"GEMM_ACT_BITS": 8}, "gemm_int8.cc"),
-             "w8a16": ("gemm_int_i32_wkn", {"GEMM_ACT_BITS": 16}, "gemm_int8.cc")}
+             "w8a16": ("gemm_int_i32_wkn", {"GEMM_ACT_BITS": 16}, "gemm_int8.cc"),
+             "w8x2a16": ("gemm_int_i32_wkn", {"GEMM_ACT_BITS": 16, "GEMM_WEIGHT_TERMS": 2}, "gemm_int8.cc")}
     cycles = {}
     for precision, (symbol, extra, source) in calls.items():
         ops = core_ops.count_call(symbol, tuple(sorted({**tile, **extra}.items())), (), source=source)

@@ -37,8 +37,8 @@ DECODE_OPTIONS = CompileOptions(runtime_loop_tiling_sizes=(16, 16))
 # (both operands converted to bfp16ebs8, blocks of 8 along K: fast), "bf16" with the AIE API's exact bf16 mmul
 # (slower); "bfp16_gate_up" builds the gate/up projection (over half of a layer's MACs, and the GEMM whose
 # conversion costs the least accuracy) with BFP16 and the others exact. Decode GEMVs and the LM head use bf16
-# MACs in every mode. The default and its reason: README, "Numerics". (The integer GEMMs, "int8" and "w8a16", have
-# the emulator's numerics and core kernels but no builder yet: benchmarks/precision.py studies them.)
+# MACs in every mode. The default and its reason: README, "Numerics". (The integer GEMMs, "int8", "w8a16" and
+# "w8x2a16", have the emulator's numerics and core kernels but no builder yet: benchmarks/precision.py studies them.)
 MATMUL_PRECISIONS = ("bf16", "bfp16", "bfp16_gate_up")
 DEFAULT_MATMUL_PRECISION = "bf16"
 # How the decode Programs hold their projection weights: "bf16", or packed block-quantized rows (kernels/quant.py:

@@ -11,7 +11,7 @@ def gemm_precisions(program):
 def test_a_study_sets_every_prefill_gemm_and_only_inside():
     build = lambda: (catalog.rms_gemms_rope_program(576, 9, 3, 64, 1e-5, 64),  # noqa: E731
                      catalog.o_ffn_program(576, 576, 1536, 1e-5, 64), catalog.o_ffn_program(576, 576, 1536, 1e-5, 16))
-    for study in ("int8", "w8a16"):
+    for study in ("int8", "w8a16", "w8x2a16"):
         with precision._studied(study):
             assert [gemm_precisions(p) for p in build()] == [{study}] * 3
     with precision._studied("w8a16_v_bf16"):  # q, k, v in order: only V exact
@@ -29,3 +29,6 @@ def test_per_call_cycles_rank_the_precisions():
     for end in (0, 1):
         assert cycles["int8"][end] <= cycles["w8a16"][end] < cycles["bfp16"][end] < cycles["bf16"][end]
     assert cycles["w8a16"][1] > cycles["int8"][1]
+    # two int8 weight terms: W8A16's instructions twice, still well under exact bf16's
+    assert cycles["w8x2a16"] == [2 * c for c in cycles["w8a16"]]
+    assert all(2 * cycles["w8x2a16"][end] < cycles["bf16"][end] for end in (0, 1))

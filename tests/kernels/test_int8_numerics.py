@@ -71,3 +71,38 @@ def test_w8a16_is_closer_than_w8a8_on_an_outlier_channel():
     err = {p: ((matmul(dict(M=32, K=256, N=64, precision=p), a, w).float() - exact).norm() / exact.norm()).item()
            for p in ("int8", "w8a16")}
     assert err["w8a16"] * 3 < err["int8"]  # measured: 0.0069 against 0.0296 (w8a16: the weights' error)
+
+
+def test_weight_terms_hold_the_int8_rounding_residual():
+    w = torch.tensor([[127.0, 1.25, -0.3, 2.5, -126.5], [0.0] * 5])
+    hi, lo, scale = int8.quantize_weight_terms(w)
+    assert hi.tolist() == [[127, 1, 0, 2, -126], [0] * 5]  # quantize_weight's: rint, half to even
+    assert lo.tolist() == [[0, 64, -77, 127, -127], [0] * 5]  # 256 · residual; ±0.5 (a halfway x) clamps to ±127
+    assert scale.tolist() == [1.0, 0.0]
+    q, s = int8.quantize_weight(w)
+    assert torch.equal(hi, q) and torch.equal(scale, s)
+    assert int8.activation_qmax("w8x2a16", 2048) == int8.activation_qmax("w8a16", 2048)  # |lo| ≤ 127 as |hi|
+
+
+def test_w8x2a16_launch_is_the_definition():
+    g = torch.Generator().manual_seed(4)
+    M, K, N = 16, 64, 32
+    a = (torch.randn(M, K, generator=g) * torch.exp2(torch.randint(-4, 4, (M, 1), generator=g).float())).bfloat16()
+    w = (torch.randn(N, K, generator=g) * 0.05).bfloat16()
+    out = matmul(dict(M=M, K=K, N=N, precision="w8x2a16"), a, w)
+    qmax = int8.activation_qmax("w8x2a16", K)
+    # The definition written out again: fp32 roundings explicit, the integer sums in float64 (exact).
+    qa_scale = a.float().abs().amax(1, keepdim=True)
+    qa = torch.clamp(torch.round(a.float() * (qmax / qa_scale)), -qmax, qmax)
+    qw_scale = w.float().abs().amax(1, keepdim=True)
+    x = w.float() * (127 / qw_scale)
+    hi = torch.clamp(torch.round(x), -127, 127)
+    lo = torch.clamp(torch.round((x - hi) * 256), -127, 127)
+    acc = (qa.double() @ hi.double().T).float() + (qa.double() @ lo.double().T).float() / 256
+    expected = (acc * ((qa_scale / qmax) * (qw_scale / 127).T)).bfloat16()
+    assert torch.equal(out.view(torch.int16), expected.view(torch.int16))
+    # the second term brings the GEMM to within a few bf16 roundings of the exact one; W8A16 is far from it
+    exact = torch.nn.functional.linear(a.float(), w.float())
+    rel = {p: ((matmul(dict(M=M, K=K, N=N, precision=p), a, w).float() - exact).norm() / exact.norm()).item()
+           for p in ("w8a16", "w8x2a16")}
+    assert rel["w8x2a16"] < 0.004 and rel["w8x2a16"] * 3 < rel["w8a16"], rel

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from ..kernels import host_build, quant
 from ..kernels.catalog import decode_attn_length_value
 from .bfp16 import quantize_bf16_to_bfp16
-from .int8 import ACTIVATION_BITS, integer_gemm, quantize_weight
+from .int8 import ACTIVATION_BITS, integer_gemm, prepared_weight
 
 
 def rmsnorm(p, x, weight):
@@ -45,7 +45,7 @@ def matmul(p, a, w):
     if p.get("precision") in ACTIVATION_BITS:
         # int8 weights (quantized when the weights are prepared: a function of W alone, so quantizing here gives
         # the same values), activations quantized per row on the device: emulator/int8.py defines both.
-        return integer_gemm(a, *quantize_weight(w), p["precision"])
+        return integer_gemm(a, *prepared_weight(w, p["precision"]), precision=p["precision"])
     if p.get("precision") == "bfp16":
         # A GEMM built with BFP16 emulation first converts both operands to bfp16ebs8 (blocks of 8 along K);
         # the converted values are bf16 values and their products exact, so the bf16 matmul then matches.
