@@ -513,8 +513,7 @@ class NpuDecoderLayer:
         slabs.reserve(batch, position + 1)
         k_slab, v_slab = slabs.k, slabs.v
         for b, (v, _, k) in enumerate(rows):
-            k_slab[b, position] = k
-            v_slab[b, position] = v
+            slabs.write(b, position, k, v)
         slabs.length = length = position + 1
         starts = self.shared.decode_starts(mask, batch, length)
         if starts is None:

@@ -6,7 +6,10 @@ registry maps that storage back to its BO, so a tensor handed to ``run`` is boun
 
 Coherency has one owner, ``Runtime.run``: weights are synced to the device once (``refresh`` after writing
 one in place); every input is synced (or copied into its staging buffer and synced) before every run, and
-outputs are synced back after every run. Inputs do not trust tensor version counters: torch.compile's
+outputs are synced back after every run. The exception is state the host writes in pieces (``empty_state``: a KV
+cache's slabs, which only grow by a row per token): a run never syncs it; each host write reaches the device by
+``sync_written``, a ranged sync of just the bytes written (XRT's ``bo.sync(direction, size, offset)``), so a
+decode token moves its new K/V rows, not the whole cache. Inputs do not trust tensor version counters: torch.compile's
 inductor reuses a dead op output's storage for its own kernels' results, written through raw pointers that
 leave the version unchanged, so "the device already holds this version" would serve stale bytes. An
 input's sync costs a cache flush of its bytes; the decode inputs are a few KB.
@@ -38,6 +41,7 @@ class _Buffer:
     bo: object
     mapping: np.ndarray  # uint8 view of bo.map(), taken once per BO
     weight_synced: bool = False  # a weight's bytes are on the device (weights are synced once)
+    synced_by_writer: bool = False  # ``empty_state``'s: the host syncs what it writes (``sync_written``), runs never
 
     def tensor(self, shape, dtype: torch.dtype):
         """A tensor over the mapping, and its ``lease``: the object whose lifetime is the tensor storage's."""
@@ -136,15 +140,37 @@ class Runtime:
         pinned.copy_(tensor)
         return pinned
 
-    def empty(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
-        """An uninitialized BO-backed tensor of its own BO, resident until its storage dies (``pin``'s buffer; a KV
-        cache's slabs, which the host writes and ops read)."""
+    def empty(self, shape: tuple, dtype: torch.dtype, synced_by_writer: bool = False) -> torch.Tensor:
+        """An uninitialized BO-backed tensor of its own BO, resident until its storage dies (``pin``'s buffer)."""
         buffer = self._new_buffer(max(math.prod(shape) * dtype.itemsize, 1))
+        buffer.synced_by_writer = synced_by_writer
         tensor, lease = buffer.tensor(shape, dtype)
         address = tensor.untyped_storage().data_ptr()
         self._resident[address] = buffer
         weakref.finalize(lease, self._resident.pop, address, None)
         return tensor
+
+    def empty_state(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        """``empty`` for state the host writes in pieces and ops read (a KV cache's slabs): runs never sync it; every
+        host write must be followed by ``sync_written`` of the bytes written, or the device keeps its old bytes."""
+        return self.empty(shape, dtype, synced_by_writer=True)
+
+    def sync_written(self, view: torch.Tensor) -> None:
+        """Sync to the device just the bytes of ``view``, a view of an ``empty_state`` tensor the host has written:
+        one ranged sync per contiguous piece (a view that is not contiguous is taken apart along its first dim)."""
+        buffer = self._resident.get(view.untyped_storage().data_ptr())
+        if buffer is None or not buffer.synced_by_writer:
+            raise ValueError("sync_written: the tensor is not a view of an empty_state tensor")
+        if view.numel() == 0:
+            return
+        if not view.is_contiguous():
+            for piece in view.unbind(0):
+                self.sync_written(piece)
+            return
+        nbytes = view.numel() * view.element_size()
+        buffer.bo.sync(self._sync_to, nbytes, view.storage_offset() * view.element_size())
+        self.stats["ranged_syncs"] += 1
+        self.stats["ranged_sync_bytes"] += nbytes
 
     def is_bo_backed(self, tensor: torch.Tensor) -> bool:
         return tensor.untyped_storage().data_ptr() in self._resident
@@ -202,6 +228,8 @@ class Runtime:
         if loaded.bound[index] is not bo:  # _bind, inlined: this runs for every weight of every decode run
             loaded.run.set_arg(index, bo)
             loaded.bound[index] = bo
+        if buffer.synced_by_writer:  # its writes were synced as they were made
+            return
         if not is_weight:
             bo.sync(self._sync_to, nbytes, 0)
             self.stats["bo_inputs_synced"] += 1
