@@ -371,3 +371,28 @@ def test_emulated_ranged_sync_stays_inside_its_bo():
     assert bo.device_view(torch.uint8).nonzero().flatten().tolist() == list(range(16, 24))
     with pytest.raises(RuntimeError, match="outside a 64-byte BO"):
         bo.sync(xrt.xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE, 8, 60)
+
+
+def test_each_weight_set_keeps_its_own_binding_and_freed_weights_are_rebound(runtime):
+    """Layers share a Program: each set of pinned weights gets a run of its own, bound and synced once, so
+    alternating sets neither re-bind nor re-sync them; a weight refreshed before its set's first run, and a set
+    pinned after another was freed, are synced before they are used."""
+    sets = [pinned_qkv(runtime), pinned_qkv(runtime)]
+    sets[1][2].mul_(-1)
+    runtime.refresh(sets[1][2])
+    for _ in range(3):
+        for args in sets:
+            out = torch.ops.npu2.rms_gemms_rope(*args, EPS)
+            want = reference.rms_gemms_rope_reference(*args, EPS)
+            for got, expected in zip(out, want):
+                torch.testing.assert_close(got, expected, atol=3e-2, rtol=2e-2)
+    assert runtime.stats["bindings"] == 2
+    assert runtime.xrt.counters["syncs_to_device:weight"] == 2 * 4
+    del sets[1]
+    fresh = pinned_qkv(runtime)
+    fresh[3].mul_(3)
+    runtime.refresh(fresh[3])
+    out = torch.ops.npu2.rms_gemms_rope(*fresh, EPS)
+    for got, expected in zip(out, reference.rms_gemms_rope_reference(*fresh, EPS)):
+        torch.testing.assert_close(got, expected, atol=3e-2, rtol=2e-2)
+    assert runtime.xrt.counters["syncs_to_device:weight"] == 3 * 4
