@@ -28,9 +28,10 @@ from ..host_memory import release_free_heap
 from ..kernels import DEFAULT_MATMUL_PRECISION, quant
 from ..kernels.catalog import decode_attn_capacity
 from ..kernels.program import pad_rows
-from ..ops import (build_rope_lut, decode_attn, decode_attn_length, device_empty, device_written, decode_attn_o_gemv_ffn_rms_gemv_rope, flash_attn,
-                   lm_head_gemv, lm_head_gemv_packed, o_ffn, o_gemv_ffn, o_gemv_ffn_packed, o_gemv_ffn_rms_gemv_rope,
-                   o_gemv_ffn_rms_gemv_rope_packed, rms_gemms_rope, rms_gemv_rope, rms_gemv_rope_packed)
+from ..ops import (build_rope_lut, decode_attn, decode_attn_length, decode_attn_o_gemv_ffn_rms_gemv_rope, device_empty,
+                   device_written, flash_attn, lm_head_gemv, lm_head_gemv_packed, o_ffn, o_gemv_ffn, o_gemv_ffn_packed,
+                   o_gemv_ffn_rms_gemv_rope, o_gemv_ffn_rms_gemv_rope_packed, rms_gemms_rope, rms_gemv_rope,
+                   rms_gemv_rope_packed)
 from .kv_cache import NpuKVCache
 from .transformers_compat import LayerSignature
 
