@@ -256,7 +256,8 @@ def measure(model, runtime, contexts, decode_steps: int, repeats: int, log=print
             plain.append(common.median(timed()[1]))
         per_generate = {k: v - counters.get(k, 0) for k, v in runtime.xrt.counters.items() if k in DRIVER_COUNTERS}
         per_generate.update({k: v - stats.get(k, 0) for k, v in runtime.stats.items()
-                             if k in ("host_copies", "host_copy_bytes", "pool_hits", "pool_misses")})
+                             if k in ("host_copies", "host_copy_bytes", "ranged_syncs", "ranged_sync_bytes",
+                                      "pool_hits", "pool_misses")})
         timer = OpTimer(model, runtime)
         with timer:
             _, steps = timed(on_first_step=timer.reset)

@@ -8,5 +8,11 @@ from ..runtime import get_runtime
 
 def device_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """An uninitialized tensor in its own NPU buffer of the current runtime (a KV cache's slab): ops bind it
-    without a copy, and it stays resident until the tensor's storage dies."""
-    return get_runtime().empty(tuple(int(d) for d in shape), dtype)
+    without a copy, and it stays resident until the tensor's storage dies. Ops never sync it: after writing any of
+    it, call ``device_written`` on what was written."""
+    return get_runtime().empty_state(tuple(int(d) for d in shape), dtype)
+
+
+def device_written(view: torch.Tensor) -> None:
+    """The host wrote ``view``, part of a ``device_empty`` tensor: its bytes (only those) reach the device."""
+    get_runtime().sync_written(view)

@@ -3,7 +3,9 @@
 Layout (what the decode-attention op reads): per layer, K and V are each one contiguous bf16 tensor of shape
 (batch, capacity, kv_heads * head_dim) in its own NPU buffer (``ops.device_empty``), position-major: a token's K
 row for all KV heads is contiguous, and sequence b's slab is ``k[b]``, a contiguous (capacity, kv_dim) view. Rows
-0..length-1 hold the cached positions; rows past them are unspecified.
+0..length-1 hold the cached positions; rows past them are unspecified. Every write to the slabs is followed by
+``device_written`` of just the rows written: the ops never sync the slabs, so a decode token moves its new rows to
+the device, not the cache.
 
 Capacity: generate() sizes the cache for its own call (prompt + max_new_tokens), so a generate() never grows it.
 A cache reused across turns grows when a write needs more rows: to the larger of twice its capacity and the
@@ -25,7 +27,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from ..kernels.catalog import DECODE_ATTN_ROWS_MULTIPLE
-from ..ops import device_empty
+from ..ops import device_empty, device_written
 
 GROW_TOKENS = 1024  # a cache reused across turns grows to a multiple of this many rows (at least doubling)
 DEFAULT_TOKENS = 256  # rows of a cache created without a length (before its first write says more)
@@ -95,10 +97,24 @@ class NpuKVLayer(DynamicLayer):
         self.dtype, self.device, self.is_initialized = torch.bfloat16, torch.device("cpu"), True
         k = device_empty((batch, rows, self.kv_dim), torch.bfloat16)
         v = device_empty((batch, rows, self.kv_dim), torch.bfloat16)
-        if self.k is not None and self.length:
-            k[:, : self.length] = self.k[:, : self.length]
-            v[:, : self.length] = self.v[:, : self.length]
-        self.k, self.v = k, v
+        old_k, old_v, self.k, self.v = self.k, self.v, k, v
+        if old_k is not None and self.length:
+            k[:, : self.length] = old_k[:, : self.length]
+            v[:, : self.length] = old_v[:, : self.length]
+            self._written(0, self.length)
+
+    def _written(self, start: int, stop: int) -> None:
+        """The host wrote positions start..stop-1 of every sequence's K and V: those rows (only) reach the device."""
+        device_written(self.k[:, start:stop])
+        device_written(self.v[:, start:stop])
+
+    def write(self, sequence: int, position: int, k_row: torch.Tensor, v_row: torch.Tensor) -> None:
+        """One sequence's (kv_dim,) K and V rows at ``position``, which must be within the capacity (``reserve``)."""
+        k, v = self.k[sequence, position], self.v[sequence, position]
+        k.copy_(k_row)
+        v.copy_(v_row)
+        device_written(k)
+        device_written(v)
 
     def reserve(self, batch: int, rows: int) -> None:
         """Room for ``rows`` positions of ``batch`` sequences: allocated on first use, grown (module docstring), or
@@ -123,6 +139,7 @@ class NpuKVLayer(DynamicLayer):
         self.reserve(batch, start + n)
         self.k[:, start:start + n] = k_rows
         self.v[:, start:start + n] = v_rows
+        self._written(start, start + n)
         self.length = start + n
         return start
 
@@ -155,6 +172,7 @@ class NpuKVLayer(DynamicLayer):
             index = beam_idx.to(self.k.device)
             self.k[:, : self.length] = self.k[index, : self.length]
             self.v[:, : self.length] = self.v[index, : self.length]
+            self._written(0, self.length)
 
     def _rebatch(self, select) -> None:
         if self.length:
@@ -162,6 +180,7 @@ class NpuKVLayer(DynamicLayer):
             self.k = self.v = None
             self._allocate(k.shape[0], max(self.capacity_hint, self.length))
             self.k[:, : self.length], self.v[:, : self.length] = k, v
+            self._written(0, self.length)
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         self._rebatch(lambda t: t.repeat_interleave(repeats, dim=0))

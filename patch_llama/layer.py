@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -28,9 +28,10 @@ from ..host_memory import release_free_heap
 from ..kernels import DEFAULT_MATMUL_PRECISION, quant
 from ..kernels.catalog import decode_attn_capacity
 from ..kernels.program import pad_rows
-from ..ops import (build_rope_lut, decode_attn, decode_attn_length, decode_attn_o_gemv_ffn_rms_gemv_rope, flash_attn,
-                   lm_head_gemv, lm_head_gemv_packed, o_ffn, o_gemv_ffn, o_gemv_ffn_packed, o_gemv_ffn_rms_gemv_rope,
-                   o_gemv_ffn_rms_gemv_rope_packed, rms_gemms_rope, rms_gemv_rope, rms_gemv_rope_packed)
+from ..ops import (build_rope_lut, decode_attn, decode_attn_length, decode_attn_o_gemv_ffn_rms_gemv_rope, device_empty,
+                   device_written, flash_attn, lm_head_gemv, lm_head_gemv_packed, o_ffn, o_gemv_ffn, o_gemv_ffn_packed,
+                   o_gemv_ffn_rms_gemv_rope, o_gemv_ffn_rms_gemv_rope_packed, rms_gemms_rope, rms_gemv_rope,
+                   rms_gemv_rope_packed)
 from .kv_cache import NpuKVCache
 from .transformers_compat import LayerSignature
 
@@ -60,6 +61,10 @@ class SharedState:
     decode_mask_memo: tuple = (None, None)  # (decode mask tensor, per-row first key it may see, or None)
     chained: ChainedQkv | None = None  # handed from one decode layer to the next within a forward
     warned_attentions: bool = False  # output_attentions=True ran HF's layers, and the user was told once
+    # a decode step's inputs every layer reads (the LUT rows, the attention length), each in an NPU buffer of its
+    # own that is rewritten once per step (the runs of a step end before the next step writes): bound, not copied
+    step_inputs: dict = field(default_factory=dict)
+    length_memo: tuple = (None, None)  # (length, its digits in step_inputs)
 
     def bucket(self, rows: int) -> int:
         # a scan rather than bisect: dynamo cannot trace the C bisect, and there are few buckets
@@ -89,9 +94,24 @@ class SharedState:
         lut = self.rope_lut(cos, sin)
         rows = self.lut_memo[2]
         if rows is None or len(rows) != batch:
-            rows = _lut_rows(lut, batch)
+            rows = tuple(self.step_input(("lut", b), row) for b, row in enumerate(_lut_rows(lut, batch)))
             self.lut_memo = (cos, lut, rows)
         return rows
+
+    def step_input(self, name, host: torch.Tensor) -> torch.Tensor:
+        """``host`` written into the step input buffer ``name`` (made on first use or when its shape changes)."""
+        buffer = self.step_inputs.get(name)
+        if buffer is None or buffer.shape != host.shape:
+            buffer = self.step_inputs[name] = device_empty(tuple(host.shape), host.dtype)
+        buffer.copy_(host)
+        device_written(buffer)
+        return buffer
+
+    def length_digits(self, length: int) -> torch.Tensor:
+        """npu2.decode_attn's length argument for this step's ``length`` (every layer passes the same one)."""
+        if self.length_memo[0] != length:
+            self.length_memo = (length, self.step_input("length", _length_digits(length)))
+        return self.length_memo[1]
 
     def first_real_tokens(self, mask, batch: int, seq: int):
         """Per row, the index of its first real (non-left-pad) token, when ``mask`` is causal plus left padding.
@@ -319,13 +339,14 @@ class DeviceAttention(NamedTuple):
     length: torch.Tensor
 
 
-def _on_device_attention(q, k_slab, v_slab, start: int, length: int, head_dim: int, scale: float):
+def _on_device_attention(q, k_slab, v_slab, start: int, length: int, head_dim: int, scale: float, digits=None):
     """The DeviceAttention of a ``_decode_attention`` call the NPU kernel takes (no left padding, the kernel's
-    1/sqrt(head_dim) scale), else None."""
+    1/sqrt(head_dim) scale), else None. ``digits``: the length's argument, if the caller holds it."""
     if start != 0 or scale != head_dim ** -0.5:
         return None
     capacity = decode_attn_capacity(length, k_slab.shape[0])
-    return DeviceAttention(q, k_slab[:capacity], v_slab[:capacity], _length_digits(length))
+    return DeviceAttention(q, k_slab[:capacity], v_slab[:capacity],
+                           _length_digits(length) if digits is None else digits)
 
 
 @functools.lru_cache(maxsize=16)
@@ -518,15 +539,15 @@ class NpuDecoderLayer:
         slabs.reserve(batch, position + 1)
         k_slab, v_slab = slabs.k, slabs.v
         for b, (v, _, k) in enumerate(rows):
-            k_slab[b, position] = k
-            v_slab[b, position] = v
+            slabs.write(b, position, k, v)
         slabs.length = length = position + 1
         starts = self.shared.decode_starts(mask, batch, length)
         if starts is None:
             q = torch.stack([r[1] for r in rows]).view(batch, self.heads, 1, self.head_dim)
             return list(_sequence_rows(_host_attention(q, slabs.keys, slabs.values, mask, self.scale))), None
-        on_device = [_on_device_attention(r[1], k_slab[b], v_slab[b], starts[b], length, self.head_dim, self.scale)
-                     for b, r in enumerate(rows)]
+        digits = self.shared.length_digits(length)
+        on_device = [_on_device_attention(r[1], k_slab[b], v_slab[b], starts[b], length, self.head_dim, self.scale,
+                                          digits) for b, r in enumerate(rows)]
         if all(a is not None for a in on_device):
             return None, on_device
         return [_decode_attention(r[1], k_slab[b], v_slab[b], starts[b], length, self.head_dim, self.scale)

@@ -6,7 +6,10 @@ registry maps that storage back to its BO, so a tensor handed to ``run`` is boun
 
 Coherency has one owner, ``Runtime.run``: weights are synced to the device once (``refresh`` after writing
 one in place); every input is synced (or copied into its staging buffer and synced) before every run, and
-outputs are synced back after every run. Inputs do not trust tensor version counters: torch.compile's
+outputs are synced back after every run. The exception is state the host writes in pieces (``empty_state``: a KV
+cache's slabs, which only grow by a row per token): a run never syncs it; each host write reaches the device by
+``sync_written``, a ranged sync of just the bytes written (XRT's ``bo.sync(direction, size, offset)``), so a
+decode token moves its new K/V rows, not the whole cache. Inputs do not trust tensor version counters: torch.compile's
 inductor reuses a dead op output's storage for its own kernels' results, written through raw pointers that
 leave the version unchanged, so "the device already holds this version" would serve stale bytes. An
 input's sync costs a cache flush of its bytes; the decode inputs are a few KB.
@@ -38,6 +41,7 @@ class _Buffer:
     bo: object
     mapping: np.ndarray  # uint8 view of bo.map(), taken once per BO
     weight_synced: bool = False  # a weight's bytes are on the device (weights are synced once)
+    synced_by_writer: bool = False  # ``empty_state``'s: the host syncs what it writes (``sync_written``), runs never
 
     def tensor(self, shape, dtype: torch.dtype):
         """A tensor over the mapping, and its ``lease``: the object whose lifetime is the tensor storage's."""
@@ -62,6 +66,17 @@ class _Staging:
 
 
 @dataclass(eq=False)
+class _Binding:
+    """A run object of a Program with one set of weights bound (and synced) for good: the decode layers share their
+    Programs, so each layer's weights get a run of their own instead of being re-bound on every run."""
+
+    run: object
+    bound: list  # the BO bound to each argument
+    buffers: list  # its weights' buffers, as the runtime found them at their addresses
+    epoch: int  # the runtime's weight epoch when its weights were bound and synced; -1: re-bind on every run
+
+
+@dataclass(eq=False)
 class LoadedProgram:
     """A loaded artifact plus per-argument plans computed once from its Program (the decode hot path
     runs these for every layer of every token)."""
@@ -70,12 +85,16 @@ class LoadedProgram:
     elf: object
     context: object
     kernel: object
-    run: object
+    run: object  # the run of the binding in use (``bindings``)
     host_plan: tuple[tuple[int, bool, int], ...]  # (arg index, is weight, nbytes) per weight/input
+    weight_plan: tuple[tuple[int, tuple[int, bool, int]], ...]  # (position among the tensors, its host_plan entry)
+    input_plan: tuple[tuple[int, tuple[int, bool, int]], ...]
     output_plan: tuple[tuple[int, tuple, torch.dtype, int, int, int], ...]  # (arg index, shape, dtype, nbytes,
     #                                                                           numel, pool size)
     bound: list = field(default_factory=list)
     staging: dict[int, _Staging] = field(default_factory=dict)  # arg index → its buffer, for non-BO-backed args
+    scratch: dict[int, object] = field(default_factory=dict)  # arg index → its BO
+    bindings: dict[tuple, _Binding] = field(default_factory=dict)  # weights' host addresses → their binding
 
 
 class Runtime:
@@ -90,6 +109,7 @@ class Runtime:
         self._resident: dict[int, _Buffer] = {}  # host address of a BO mapping → its buffer
         self._pool: dict[int, list[_Buffer]] = defaultdict(list)
         self._leases: dict[int, weakref.ref] = {}  # address → weakref to the lease of a pooled buffer in use
+        self._weight_epoch = 0  # moves when a weight is refreshed: every binding syncs its weights again
         self.stats: Counter = Counter()
 
     # -- buffers ---------------------------------------------------------------------------------
@@ -136,15 +156,37 @@ class Runtime:
         pinned.copy_(tensor)
         return pinned
 
-    def empty(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
-        """An uninitialized BO-backed tensor of its own BO, resident until its storage dies (``pin``'s buffer; a KV
-        cache's slabs, which the host writes and ops read)."""
+    def empty(self, shape: tuple, dtype: torch.dtype, synced_by_writer: bool = False) -> torch.Tensor:
+        """An uninitialized BO-backed tensor of its own BO, resident until its storage dies (``pin``'s buffer)."""
         buffer = self._new_buffer(max(math.prod(shape) * dtype.itemsize, 1))
+        buffer.synced_by_writer = synced_by_writer
         tensor, lease = buffer.tensor(shape, dtype)
         address = tensor.untyped_storage().data_ptr()
         self._resident[address] = buffer
         weakref.finalize(lease, self._resident.pop, address, None)
         return tensor
+
+    def empty_state(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        """``empty`` for state the host writes in pieces and ops read (a KV cache's slabs): runs never sync it; every
+        host write must be followed by ``sync_written`` of the bytes written, or the device keeps its old bytes."""
+        return self.empty(shape, dtype, synced_by_writer=True)
+
+    def sync_written(self, view: torch.Tensor) -> None:
+        """Sync to the device just the bytes of ``view``, a view of an ``empty_state`` tensor the host has written:
+        one ranged sync per contiguous piece (a view that is not contiguous is taken apart along its first dim)."""
+        buffer = self._resident.get(view.untyped_storage().data_ptr())
+        if buffer is None or not buffer.synced_by_writer:
+            raise ValueError("sync_written: the tensor is not a view of an empty_state tensor")
+        if view.numel() == 0:
+            return
+        if not view.is_contiguous():
+            for piece in view.unbind(0):
+                self.sync_written(piece)
+            return
+        nbytes = view.numel() * view.element_size()
+        buffer.bo.sync(self._sync_to, nbytes, view.storage_offset() * view.element_size())
+        self.stats["ranged_syncs"] += 1
+        self.stats["ranged_sync_bytes"] += nbytes
 
     def is_bo_backed(self, tensor: torch.Tensor) -> bool:
         return tensor.untyped_storage().data_ptr() in self._resident
@@ -156,6 +198,7 @@ class Runtime:
         if buffer is None:
             raise ValueError("refresh: the tensor is not BO-backed (pin it or pass it to an op first)")
         buffer.weight_synced = False
+        self._weight_epoch += 1
 
     # -- programs --------------------------------------------------------------------------------
 
@@ -169,16 +212,19 @@ class Runtime:
             kernel = self.xrt.ext.kernel(context, f"main:{program.name}")
             run = self.xrt.run(kernel)
             args = program.args
+            host_plan = tuple((i, args[i].role is Role.WEIGHT, args[i].nbytes)
+                              for i in program.indices(Role.WEIGHT, Role.INPUT))
             loaded = LoadedProgram(
-                program, elf, context, kernel, run,
-                host_plan=tuple((i, args[i].role is Role.WEIGHT, args[i].nbytes)
-                                for i in program.indices(Role.WEIGHT, Role.INPUT)),
+                program, elf, context, kernel, run, host_plan=host_plan,
+                weight_plan=tuple((p, entry) for p, entry in enumerate(host_plan) if entry[1]),
+                input_plan=tuple((p, entry) for p, entry in enumerate(host_plan) if not entry[1]),
                 output_plan=tuple((i, args[i].shape, TORCH_DTYPES[args[i].dtype], args[i].nbytes, args[i].numel,
                                    self._pool_size(args[i].nbytes)) for i in program.indices(Role.OUTPUT)),
                 bound=[None] * len(args),
             )
             for i in program.indices(Role.SCRATCH):
-                self._bind(loaded, i, self._new_buffer(program.args[i].nbytes).bo)
+                loaded.scratch[i] = self._new_buffer(program.args[i].nbytes).bo
+                self._bind(loaded, i, loaded.scratch[i])
             self._loaded[program.key] = loaded
             self.stats["loads"] += 1
         return loaded
@@ -202,6 +248,8 @@ class Runtime:
         if loaded.bound[index] is not bo:  # _bind, inlined: this runs for every weight of every decode run
             loaded.run.set_arg(index, bo)
             loaded.bound[index] = bo
+        if buffer.synced_by_writer:  # its writes were synced as they were made
+            return
         if not is_weight:
             bo.sync(self._sync_to, nbytes, 0)
             self.stats["bo_inputs_synced"] += 1
@@ -222,11 +270,43 @@ class Runtime:
         self.stats["host_copies"] += 1
         self.stats["host_copy_bytes"] += nbytes
 
+    def _use_binding(self, loaded: LoadedProgram, key: tuple, tensors) -> None:
+        """Make the binding of these weights (``key``: their host addresses) the one ``loaded`` runs with: a run of
+        its own, its weights bound and synced. Weights that are not all BO-backed are staged, i.e. copied, so
+        their binding is re-bound on every run."""
+        binding = loaded.bindings.get(key)
+        if binding is None:
+            self.stats["bindings"] += 1
+        if binding is None and not loaded.bindings:  # the first takes the run ``load`` made
+            binding = loaded.bindings[key] = _Binding(loaded.run, loaded.bound, [], -1)
+        elif binding is None:
+            binding = _Binding(self.xrt.run(loaded.kernel), [None] * len(loaded.program.args), [], -1)
+            if len(loaded.bindings) < 256:  # a model's layers, with room; past that, a binding is made per run
+                loaded.bindings[key] = binding
+            loaded.run, loaded.bound = binding.run, binding.bound
+            for index, bo in loaded.scratch.items():
+                self._bind(loaded, index, bo)
+        loaded.run, loaded.bound = binding.run, binding.bound
+        epoch = self._weight_epoch
+        for position, (index, is_weight, nbytes) in loaded.weight_plan:
+            self._bind_host_arg(loaded, index, is_weight, nbytes, tensors[position])
+        binding.buffers = list(map(self._resident.get, key))
+        binding.epoch = epoch if None not in binding.buffers else -1
+
     def run(self, program: Program, tensors) -> tuple[torch.Tensor, ...]:
         """Run ``program`` on ``tensors`` (its weights and inputs, in ELF order); returns its outputs."""
         loaded = self._loaded.get(program.key) or self.load(program)
-        for (index, is_weight, nbytes), tensor in zip(loaded.host_plan, tensors):
-            self._bind_host_arg(loaded, index, is_weight, nbytes, tensor)
+        key = tuple([tensors[position].data_ptr() for position, _ in loaded.weight_plan])
+        binding = loaded.bindings.get(key)
+        # valid while no weight was refreshed and each address is still the BO it was (a freed weight's address
+        # may come back as another buffer)
+        if (binding is None or binding.epoch != self._weight_epoch
+                or list(map(self._resident.get, key)) != binding.buffers):
+            self._use_binding(loaded, key, tensors)
+        else:
+            loaded.run, loaded.bound = binding.run, binding.bound
+        for position, (index, is_weight, nbytes) in loaded.input_plan:
+            self._bind_host_arg(loaded, index, is_weight, nbytes, tensors[position])
         outputs, buffers = [], []
         for index, shape, dtype, _, numel, size in loaded.output_plan:
             out, buffer = self._lease(numel, shape, dtype, size)
@@ -254,8 +334,12 @@ class Runtime:
         self._loaded.clear()
         for loaded in newest_first:
             loaded.staging.clear()
+            loaded.scratch.clear()
+            for bound in [b.bound for b in loaded.bindings.values()]:
+                bound[:] = [None] * len(bound)
             loaded.bound = [None] * len(loaded.bound)
         for loaded in newest_first:
+            loaded.bindings.clear()  # their runs, with the Program's own
             for driver_object in ("run", "kernel", "context", "elf"):
                 setattr(loaded, driver_object, None)
 

@@ -39,6 +39,9 @@ def test_report_is_json_with_the_expected_fields(report):
         # the first forward feeds the last prompt token over the filled cache, then 4 decode steps: L + 2 runs each,
         # L + 3 with attention on the NPU (the last layer's decode_attn)
         assert context["per_generate_counts"]["runs"] == 5 * (2 + 2 + on_npu)
+        # per forward: the LUT row; with the NpuKVCache also each layer's new K and V rows and the length, and
+        # nothing else of the cache (its slabs are never synced whole)
+        assert context["per_generate_counts"]["ranged_syncs"] == 5 * (1 + on_npu * (2 * 2 + 1))
         assert context["hot_functions"] and {"function", "own_us_per_token"} <= set(context["hot_functions"][0])
     dispatch = data["dispatch"]
     assert dispatch["library_define_impl_us"] > 0 and dispatch["custom_op_us"] > 0

@@ -322,3 +322,77 @@ def test_a_view_into_an_op_output_at_an_offset_is_staged_not_bound_as_its_bo(run
     again = torch.ops.npu2.flash_attn(tail, k, v, HEAD_DIM)
     assert runtime.stats["host_copies"] == before + 3  # the view, k and v (host tensors), all copied
     torch.testing.assert_close(again, reference.flash_attn_reference(tail, k, v, HEAD_DIM), atol=2e-2, rtol=2e-2)
+
+
+def _decode_attn_over_a_state_cache(runtime, sync_rows):
+    """A 64-row empty_state cache whose first 10 rows the host writes; then row 10 (the new token's) is written
+    and ``sync_rows(k, v)`` decides what reaches the device; returns decode_attn's output and its reference."""
+    heads, kv_heads, head_dim, capacity = 2, 1, 64, 64
+    gen = torch.Generator().manual_seed(3)
+    k, v = (runtime.empty_state((capacity, kv_heads * head_dim), torch.bfloat16) for _ in range(2))
+    q = torch.randn(heads * head_dim, generator=gen).bfloat16()
+    for slab in (k, v):
+        slab[:10] = torch.randn(10, kv_heads * head_dim, generator=gen).bfloat16()
+        runtime.sync_written(slab[:10])
+    for slab in (k, v):
+        slab[10] = torch.randn(kv_heads * head_dim, generator=gen).bfloat16() * 4
+    sync_rows(k, v)
+    length = torch_npu2.ops.decode_attn_length(11)
+    return (torch.ops.npu2.decode_attn(q, k, v, length, head_dim),
+            reference.decode_attn_reference(q, k, v, length, head_dim))
+
+
+def test_state_rows_reach_the_device_only_by_their_ranged_sync(runtime):
+    """An empty_state tensor (a KV cache's slab) is never synced by a run: the row the host wrote reaches the strict
+    emulator's device only through sync_written of that row, which moves its bytes and no others. Syncing the
+    wrong row (a write outside the synced range) leaves the device's stale bytes, and the output is wrong."""
+    before = runtime.xrt.counters["bytes_to_device"]
+    out, want = _decode_attn_over_a_state_cache(runtime, lambda k, v: [runtime.sync_written(s[10]) for s in (k, v)])
+    torch.testing.assert_close(out, want, atol=2e-2, rtol=2e-2)
+    row_bytes, q_and_length_bytes = 64 * 2, 2 * 64 * 2 + 4 * 2
+    assert runtime.xrt.counters["bytes_to_device"] - before == 2 * 11 * row_bytes + q_and_length_bytes
+
+    out, want = _decode_attn_over_a_state_cache(runtime, lambda k, v: [runtime.sync_written(s[11]) for s in (k, v)])
+    assert not torch.allclose(out, want, atol=2e-2, rtol=2e-2), "a row outside the synced range reached the device"
+
+
+def test_sync_written_refuses_what_is_not_state(runtime):
+    with pytest.raises(ValueError, match="not a view of an empty_state tensor"):
+        runtime.sync_written(runtime.pin(torch.zeros(4, dtype=torch.bfloat16)))
+    with pytest.raises(ValueError, match="not a view of an empty_state tensor"):
+        runtime.sync_written(torch.zeros(4))
+
+
+def test_emulated_ranged_sync_stays_inside_its_bo():
+    xrt = EmulatedXrt(coherency="strict")
+    bo = xrt.ext.bo(xrt.device(0), 64)
+    bo.map()[:] = b"\x01" * 64
+    bo.sync(xrt.xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE, 8, 16)
+    assert bo.device_view(torch.uint8).nonzero().flatten().tolist() == list(range(16, 24))
+    with pytest.raises(RuntimeError, match="outside a 64-byte BO"):
+        bo.sync(xrt.xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE, 8, 60)
+
+
+def test_each_weight_set_keeps_its_own_binding_and_freed_weights_are_rebound(runtime):
+    """Layers share a Program: each set of pinned weights gets a run of its own, bound and synced once, so
+    alternating sets neither re-bind nor re-sync them; a weight refreshed before its set's first run, and a set
+    pinned after another was freed, are synced before they are used."""
+    sets = [pinned_qkv(runtime), pinned_qkv(runtime)]
+    sets[1][2].mul_(-1)
+    runtime.refresh(sets[1][2])
+    for _ in range(3):
+        for args in sets:
+            out = torch.ops.npu2.rms_gemms_rope(*args, EPS)
+            want = reference.rms_gemms_rope_reference(*args, EPS)
+            for got, expected in zip(out, want):
+                torch.testing.assert_close(got, expected, atol=3e-2, rtol=2e-2)
+    assert runtime.stats["bindings"] == 2
+    assert runtime.xrt.counters["syncs_to_device:weight"] == 2 * 4
+    del sets[1]
+    fresh = pinned_qkv(runtime)
+    fresh[3].mul_(3)
+    runtime.refresh(fresh[3])
+    out = torch.ops.npu2.rms_gemms_rope(*fresh, EPS)
+    for got, expected in zip(out, reference.rms_gemms_rope_reference(*fresh, EPS)):
+        torch.testing.assert_close(got, expected, atol=3e-2, rtol=2e-2)
+    assert runtime.xrt.counters["syncs_to_device:weight"] == 3 * 4

@@ -106,6 +106,8 @@ class _Bo:
 
     def sync(self, direction, size: int | None = None, offset: int = 0):
         n = self._host.nbytes - offset if size is None else size
+        if offset < 0 or n < 0 or offset + n > self.nbytes:
+            raise RuntimeError(f"emulated NPU2: sync of {n} bytes at offset {offset} outside a {self.nbytes}-byte BO")
         if direction is xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE:
             if self._device is not self._host:
                 self._device[offset:offset + n] = self._host[offset:offset + n]
