@@ -49,6 +49,8 @@ C block pieces a memtile receives fit it.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..device import DEVICE
 from .ir import L1, L2, WHOLE, LaunchBuilder, LaunchIR, MemRef, Value, Window
 from .npu2 import (L1_AVAILABLE, check_budget, check_operands, divisors_descending, largest_dividing, nbytes,
@@ -125,7 +127,44 @@ def build_swiglu(params: dict, operands, tuning: dict) -> LaunchIR:
     return _build(SWIGLU_KIND, params, operands, tuning)
 
 
+@dataclass(frozen=True)
+class GemmPlan:
+    """A gemm launch's shape and schedule, checked: what ``_emit`` writes out."""
+
+    kind: str
+    M: int
+    K: int
+    N: int
+    precision: str
+    w_cols: int          # W's row length (2·K for [Wg | Wu])
+    w_col0: int          # the column W's K values start at
+    halves: int          # W rows per output column (2: gate and up)
+    herd_m: int
+    herd_n: int
+    tile_m: int
+    tile_n: int
+    tile_k_l1: int
+    tile_k_l2: int
+    drain_n: int
+    l1: dict             # a tile's L1 buffers, for the budget check
+
+    @property
+    def w_rows(self) -> int:
+        """W rows and accumulator columns per tile."""
+        return self.halves * self.tile_n
+
+    @property
+    def defines(self) -> dict:
+        return {"GEMM_TILE_M": self.tile_m, "GEMM_TILE_K": self.tile_k_l1, "GEMM_TILE_N": self.w_rows,
+                "GEMM_DRAIN_N": self.drain_n, **PRECISION_DEFINES[self.precision]}
+
+
 def _build(kind: str, params: dict, operands, tuning: dict) -> LaunchIR:
+    return _emit(_plan(kind, params, operands, tuning), operands)
+
+
+def _plan(kind: str, params: dict, operands, tuning: dict) -> GemmPlan:
+    """Check the params and operands, and choose the herd and tiles (the module's docstring says how)."""
     swiglu = kind == SWIGLU_KIND
     M, K, N = params["M"], params["K"], params["N"]
     precision = params.get("precision", "bf16")
@@ -153,7 +192,6 @@ def _build(kind: str, params: dict, operands, tuning: dict) -> LaunchIR:
             tile_m, f"must divide M/herd_m={M // herd_m} and be a multiple of {TILE_GRANULE}")
     require(tile_n is not None and (N // herd_n) % tile_n == 0 and tile_n % TILE_GRANULE == 0, kind, "tile_n",
             tile_n, f"must divide N/herd_n={N // herd_n} and be a multiple of {TILE_GRANULE}")
-    block_m, block_n = herd_m * tile_m, herd_n * tile_n
     w_rows = halves * tile_n  # W rows and accumulator columns per tile
     # The deepest K slice up to upstream's 256 that fits, preferring whole tile_k_l1 steps of 32.
     k_l2_candidates = sorted((d for d in divisors_descending(K, MAX_TILE_K_L2) if d % BLOCK == 0),
@@ -179,9 +217,18 @@ def _build(kind: str, params: dict, operands, tuning: dict) -> LaunchIR:
             f"must divide tile_n={tile_n} and be a multiple of {BLOCK}")
     l1 = _l1_bytes(tile_m, tile_n, tile_k_l1, tile_k_l2, drain_n, w_rows)
     check_budget(kind, "L1", l1, "lower tile_m, tile_n, tile_k_l1 or drain_n")
-    defines = {"GEMM_TILE_M": tile_m, "GEMM_TILE_K": tile_k_l1, "GEMM_TILE_N": w_rows, "GEMM_DRAIN_N": drain_n,
-               **PRECISION_DEFINES[precision]}
+    return GemmPlan(kind, M, K, N, precision, w_cols, w_col0, halves, herd_m, herd_n, tile_m, tile_n, tile_k_l1,
+                    tile_k_l2, drain_n, l1)
 
+
+def _emit(plan: GemmPlan, operands) -> LaunchIR:
+    """The launch of ``plan``: its schedule as the module's docstring describes it."""
+    kind, swiglu, defines = plan.kind, plan.kind == SWIGLU_KIND, plan.defines
+    M, K, N, precision, halves = plan.M, plan.K, plan.N, plan.precision, plan.halves
+    w_cols, w_col0 = plan.w_cols, plan.w_col0
+    herd_m, herd_n, tile_m, tile_n = plan.herd_m, plan.herd_n, plan.tile_m, plan.tile_n
+    tile_k_l1, tile_k_l2, drain_n, w_rows = plan.tile_k_l1, plan.tile_k_l2, plan.drain_n, plan.w_rows
+    block_m, block_n = herd_m * tile_m, herd_n * tile_n
     b = LaunchBuilder(kind, operands, ("a", "w", "c"))
     b.comment(f"{kind} M={M} K={K} N={N}: herd {herd_m}x{herd_n}, tiles m{tile_m} n{tile_n} "
               f"k{tile_k_l1} (L1) k{tile_k_l2} (L2), drained by n{drain_n}, {M // block_m}x{N // block_n} launch steps, "
@@ -240,4 +287,4 @@ def _build(kind: str, params: dict, operands, tuning: dict) -> LaunchIR:
             b.dma(sc, Window((0, 0, row0, col0), (herd_m, herd_n, tile_m, tile_n), (tile_m * N, tile_n, N, 1)),
                   c_l2, WHOLE)
             b.dealloc(a_l2, w_l2, c_l2, acc)
-    return b.finish(l1)
+    return b.finish(plan.l1)
