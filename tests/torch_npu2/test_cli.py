@@ -274,12 +274,17 @@ def test_chat_ctrl_c_stops_an_answer_and_the_next_one_is_unaffected(tiny_cli, ti
         print(text, end="")
 
     monkeypatch.setattr(cli, "_print_now", print_now)
-    assert cli.main([*tiny_cli, "--max-new-tokens", "12"]) == 0
+    # Python's own handler, as in a terminal: a shell that starts a job in the background hands it SIGINT ignored
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        assert cli.main([*tiny_cli, "--max-new-tokens", "12"]) == 0
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
+    finally:
+        signal.signal(signal.SIGINT, outer)
     captured = capsys.readouterr()
     expected = _reference_answer(tiny_checkpoint, [{"role": "user", "content": "Hello"}], 12)
     assert captured.out.endswith(expected + "\n") and "answer stopped" in captured.err
     assert captured.err.count("[prefill:") == stats_lines
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
 
 
 def test_python_dash_m_runs_the_command():
