@@ -17,7 +17,7 @@ their keys and the emulator's numerics are the real ones), ``compare_layers`` ag
 
 Integer GEMMs (``STUDIES``): "int8" (W8A8), "w8a16" (int8 weights, int16 activations) and "w8x2a16" (two int8
 terms per weight, int16 activations), whose numerics the
-emulator has (torch_npu2/emulator/int8.py) but whose GEMM builder does not exist yet, so they are not matmul
+emulator has (kernels/int_gemm.py) but whose GEMM builder does not exist yet, so they are not matmul
 precisions a user can pick: the catalog's per-projection choice is swapped for the study (as in ``sensitivity``)
 and the Programs carry the integer precision to the emulator; patch_llama warns that the NPU could not build them.
 ``integer_distances`` measures SmolLM2's distance to fp32 per integer scheme (and per projection), and
@@ -39,7 +39,7 @@ from . import common, cost_model
 PRECISIONS = ("bf16", "bfp16", "bfp16_gate_up")
 # Study name → the GEMM precision of each projection (kernels/catalog.py's names). "w8a16_v_bf16": the V
 # projection, the one whose integer GEMM alone costs SmolLM2 the most (README, "Integer GEMMs"), stays exact bf16;
-# "w8a16_v_down_bf16": V and down do. "w8x2a16": two int8 terms per weight (emulator/int8.py).
+# "w8a16_v_down_bf16": V and down do. "w8x2a16": two int8 terms per weight (kernels/int_gemm.py).
 STUDIES = {"int8": lambda projection: "int8", "w8a16": lambda projection: "w8a16",
            "w8x2a16": lambda projection: "w8x2a16",
            "w8a16_v_bf16": lambda projection: "bf16" if projection == "v" else "w8a16",

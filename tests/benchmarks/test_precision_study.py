@@ -1,5 +1,5 @@
 """The precision benchmark's integer studies: Programs built inside a study carry its GEMM precision to every prefill
-GEMM launch (which the emulator then computes with emulator/int8.py), and nothing outside it changes."""
+GEMM launch (which the emulator then computes with kernels/int_gemm.py), and nothing outside it changes."""
 from benchmarks import precision
 from torch_npu2.kernels import catalog
 
