@@ -22,7 +22,7 @@ from dataclasses import asdict
 from functools import lru_cache
 
 from torch_npu2.kernels import core_ops, timing
-from torch_npu2.kernels.catalog import DEFAULT_MATMUL_PRECISION
+from torch_npu2.kernels.catalog import DEFAULT_MATMUL_PRECISION, INTEGER_PRECISION
 from torch_npu2.kernels.device import DEVICE
 from torch_npu2.kernels.timing import ENDS
 
@@ -39,7 +39,7 @@ PUBLISHED_MS = {  # upstream llama32_1b on Strix, per call (KERNELS.md)
     ("rms_gemv_rope", None): 0.9, ("o_gemv_ffn", None): 3.6, ("lm_head_gemv", None): 13.6,
 }
 GEMM_PROGRAMS = ("rms_gemms_rope", "o_ffn")  # the Programs whose GEMMs take a matmul precision
-PRECISIONS = ("bf16", "bfp16_gate_up", "bfp16")
+PRECISIONS = ("bf16", "bfp16_gate_up", "bfp16", INTEGER_PRECISION)
 PUBLISHED_PREFILL_2048_S = 1.21          # every prompt padded to 2048
 PUBLISHED_DECODE_TOKENS_PER_S = 12.2
 
@@ -88,6 +88,8 @@ def program(name: str, dims, seq: int | None = None, precision: str = "bf16", we
     from torch_npu2.kernels import catalog
 
     d = dims
+    if name in GEMM_PROGRAMS and precision == INTEGER_PRECISION:  # rms_gemms_rope_w8x2, o_ffn_w8x2
+        return next(p for p in catalog.prefill_programs(d, seq, precision) if p.name == f"{name}_w8x2")
     build = {
         "rms_gemms_rope": lambda: catalog.rms_gemms_rope_program(d.hidden, d.heads, d.kv_heads, d.head_dim, d.eps, seq,
                                                                  precision),

@@ -1,5 +1,5 @@
-"""Accuracy of each prefill matmul precision ("bf16", "bfp16", "bfp16_gate_up") against an fp32 run of the same
-model (measured on the emulated NPU2), and the predicted prefill cost of each (a MODEL, not a measurement).
+"""Accuracy of each prefill matmul precision ("bf16", "bfp16", "bfp16_gate_up", "w8x2a16") against an fp32 run of
+the same model (measured on the emulated NPU2), and the predicted prefill cost of each (a MODEL, not a measurement).
 
 Per model and precision:
 - ``compare_layers`` against the fp32 model on one prompt: the worst decoder layer's and the logits' minimum
@@ -15,13 +15,14 @@ Which GEMM's BFP16 conversion costs the accuracy (``sensitivity``): SmolLM2 with
 with BFP16 and the others exact (the catalog's per-projection choice swapped for the study, so the Programs,
 their keys and the emulator's numerics are the real ones), ``compare_layers`` against fp32 on the same prompt.
 
-Integer GEMMs (``STUDIES``): "int8" (W8A8), "w8a16" (int8 weights, int16 activations) and "w8x2a16" (two int8
-terms per weight, int16 activations), whose numerics the
-emulator has (kernels/int_gemm.py) but whose GEMM builder does not exist yet, so they are not matmul
-precisions a user can pick: the catalog's per-projection choice is swapped for the study (as in ``sensitivity``)
-and the Programs carry the integer precision to the emulator; patch_llama warns that the NPU could not build them.
-``integer_distances`` measures SmolLM2's distance to fp32 per integer scheme (and per projection), and
-``gemm_call_cycles`` the core cycles of one GEMM kernel call per precision (counted, at the timing model's ends).
+"w8x2a16" (two int8 terms per weight, int16 activations: kernels/int_gemm.py) is a matmul precision with Programs
+of its own. The other integer schemes (``STUDIES``), "int8" (W8A8) and "w8a16" (one int8 term per weight), have
+the emulator's numerics but no builder, so they are not matmul precisions a user can pick: the catalog's
+per-projection choice is swapped for the study (as in ``sensitivity``) and the Programs carry the integer precision
+to the emulator, which quantizes the bf16 weights as prepared weights would be; patch_llama warns that the NPU could
+not build them. ``integer_distances`` measures SmolLM2's distance to fp32 per integer scheme (and per projection),
+and ``gemm_call_cycles`` the core cycles of one GEMM kernel call per precision (counted, at the timing model's
+ends).
 
 Predicted prefill cost: the timing model's range (``kernels/timing.py``) of each precision's Programs.
 """
@@ -36,12 +37,11 @@ import torch
 
 from . import common, cost_model
 
-PRECISIONS = ("bf16", "bfp16", "bfp16_gate_up")
+PRECISIONS = ("bf16", "bfp16", "bfp16_gate_up", "w8x2a16")
 # Study name → the GEMM precision of each projection (kernels/catalog.py's names). "w8a16_v_bf16": the V
 # projection, the one whose integer GEMM alone costs SmolLM2 the most (README, "Integer GEMMs"), stays exact bf16;
-# "w8a16_v_down_bf16": V and down do. "w8x2a16": two int8 terms per weight (kernels/int_gemm.py).
+# "w8a16_v_down_bf16": V and down do.
 STUDIES = {"int8": lambda projection: "int8", "w8a16": lambda projection: "w8a16",
-           "w8x2a16": lambda projection: "w8x2a16",
            "w8a16_v_bf16": lambda projection: "bf16" if projection == "v" else "w8a16",
            "w8a16_v_down_bf16": lambda projection: "bf16" if projection in ("v", "down") else "w8a16"}
 PROJECTIONS = ("q", "k", "v", "o", "gate_up", "down")  # the prefill GEMMs, as kernels/catalog.py names them
@@ -218,13 +218,15 @@ def _sensitivity(settings, log) -> dict:
 
 def integer_distances(log=print, names: tuple[str, ...] | None = None) -> dict:
     """SmolLM2's distance to fp32 (``compare_layers`` on the chat prompt ``sensitivity`` uses) with integer GEMMs:
-    exact bf16 GEMMs for reference, each study of ``STUDIES``, the integer W8A8 GEMM with V and down exact, and W8A16 in one projection at a time
-    (the others exact bf16); ``names``: just these schemes, by name. Runs on the emulated NPU2."""
+    exact bf16 GEMMs for reference, the "w8x2a16" matmul precision, each study of ``STUDIES``, the integer W8A8 GEMM
+    with V and down exact, and W8A16 in one projection at a time (the others exact bf16); ``names``: just these
+    schemes, by name. Runs on the emulated NPU2."""
     import torch_npu2
     from tests.patch_llama.test_smollm2 import chat_ids
     from torch_npu2.patch_llama.models import load_model
 
-    schemes = {"bf16": lambda projection: "bf16", **STUDIES, "int8_v_down_bf16": lambda projection: "bf16" if projection in ("v", "down") else "int8",
+    # None: a matmul precision of its own name; else each projection's precision in a study
+    schemes = {"bf16": None, "w8x2a16": None, **STUDIES, "int8_v_down_bf16": lambda projection: "bf16" if projection in ("v", "down") else "int8",
                **{f"w8a16_{only}_only": (lambda only: lambda projection: "w8a16" if projection == only else "bf16")(only)
                   for only in PROJECTIONS}}
     if names is not None:
@@ -236,8 +238,13 @@ def integer_distances(log=print, names: tuple[str, ...] | None = None) -> dict:
         fp32 = torch.nn.Module.float(copy.deepcopy(model))
         for name, scheme in schemes.items():
             candidate = copy.deepcopy(model)
+            buckets = SETTINGS["quick"]["buckets"]
+            if scheme is None:
+                torch_npu2.patch_llama(candidate, prefill_buckets=buckets, matmul_precision=name)
+                rows[name] = _distance(fp32, candidate, compare_ids)
+                continue
             with _studied_scheme(scheme):
-                torch_npu2.patch_llama(candidate, prefill_buckets=SETTINGS["quick"]["buckets"])
+                torch_npu2.patch_llama(candidate, prefill_buckets=buckets)
                 rows[name] = _distance(fp32, candidate, compare_ids)
             log(f"  SmolLM2-135M, {name}: worst layer {rows[name]['worst_layer_min_cosine']:.5f}, logits "
                 f"{rows[name]['logits_min_cosine']:.5f}")

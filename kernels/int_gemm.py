@@ -202,14 +202,35 @@ def prepared_weight_shape(out_features: int, in_features: int, halves: int = 1) 
             window_bytes(halves * tile_n) // 4)
 
 
+def prepared_out_features(shape, in_features: int, halves: int = 1) -> int | None:
+    """The out features a prepared weight of ``shape`` holds at ``in_features`` (None if no weight has it)."""
+    windows, words = shape
+    calls, column_words = in_features // CALL_K, window_bytes(BLOCK) // 4 // BLOCK  # words per column of a window
+    if in_features % CALL_K or not calls or words % (halves * column_words) or windows % calls:
+        return None
+    tile_n = words // (halves * column_words)
+    N = windows // calls * tile_n
+    return N if N and N % TILE_GRANULE == 0 and weight_tile_n(N, halves) == tile_n else None
+
+
+PREPARE_COLUMNS = 2048  # output columns quantized at a time: their fp32 temporaries, not the whole weight's
+
+
 def prepare_weight(w: torch.Tensor, halves: int = 1, out: torch.Tensor | None = None) -> torch.Tensor:
     """A bf16 weight (or the [gate; up] rows of a pair, ``halves`` 2) quantized to two int8 terms and tiled as the
-    integer GEMMs read it (into ``out``, int32 words of ``prepared_weight_shape``, if given)."""
+    integer GEMMs read it (into ``out``, int32 words of ``prepared_weight_shape``, if given), a few tiles at a time
+    (each column is quantized on its own, so the result does not depend on the chunking)."""
     C, K = w.shape
-    words = tile_weights(*quantize_weight_terms(w), weight_tile_n(C // halves, halves), halves)
-    if out is None:
-        return words
-    out.copy_(words)
+    N = C // halves
+    tile_n = weight_tile_n(N, halves)
+    out = torch.empty(prepared_weight_shape(N, K, halves), dtype=torch.int32) if out is None else out
+    step = max(tile_n, PREPARE_COLUMNS // tile_n * tile_n)
+    windows = K // CALL_K
+    for start in range(0, N, step):
+        stop = min(N, start + step)
+        columns = torch.cat([w[h * N + start:h * N + stop] for h in range(halves)])
+        tiles = tile_weights(*quantize_weight_terms(columns), tile_n, halves)
+        out[start // tile_n * windows:stop // tile_n * windows] = tiles
     return out
 
 

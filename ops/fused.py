@@ -9,7 +9,7 @@ from collections import Counter
 
 import torch
 
-from ..kernels import catalog
+from ..kernels import catalog, int_gemm
 from .registry import BadArgument, FusedOp, register
 
 
@@ -161,6 +161,34 @@ def _lm_head_gemv_packed(shapes, weights):
     return catalog.lm_head_gemv_packed_program(x[0], w_lm[0], weights)
 
 
+# Integer GEMMs ("w8x2a16"): a prepared weight's shape is (windows, window words) of its tiles, so the in features
+# come from the vectors and the out features from each weight at them; the registry's shape check then holds each
+# weight to the shape the Program gives it.
+def _prepared_out(name: str, shape, in_features: int, halves: int = 1) -> int:
+    out = int_gemm.prepared_out_features(shape, in_features, halves)
+    if out is None:
+        raise BadArgument(name, f"a weight prepared for the integer GEMMs at {in_features} input features "
+                          f"(kernels/int_gemm.py: prepare_weight)", f"shape {shape}")
+    return out
+
+
+def _rms_gemms_rope_w8x2(shapes, eps):
+    x, norm_w, wq, wk, wv, lut = shapes
+    hidden, head_dim = _agreed(norm_w[0], x[-1]), lut[-1]
+    q_dim, kv_dim = _prepared_out("wq", wq, hidden), _prepared_out("wk", wk, hidden)
+    if head_dim <= 0 or head_dim % 2 or q_dim % head_dim or kv_dim % head_dim:
+        raise BadArgument("rope_lut", f"an even width (head_dim) dividing wq's ({q_dim}) and wk's ({kv_dim}) out "
+                          "features", f"shape {lut}")
+    return catalog.rms_gemms_rope_w8x2_program(hidden, q_dim // head_dim, kv_dim // head_dim, head_dim, eps, x[0])
+
+
+def _o_ffn_w8x2(shapes, eps):
+    attn, wo, x, norm_w, w_gate_up, w_down = shapes
+    hidden = _agreed(norm_w[0], x[-1])
+    return catalog.o_ffn_w8x2_program(hidden, attn[-1], _prepared_out("w_gate_up", w_gate_up, hidden, halves=2), eps,
+                                      x[0])
+
+
 # Small dims that fix each op's argument names and ranks for its schema.
 _EX = dict(hidden=8, heads=2, kv_heads=1, head_dim=4, eps=1e-5)
 _EX_FFN = dict(hidden=8, q_dim=8, intermediate=16, eps=1e-5)
@@ -197,6 +225,9 @@ FUSED_OPS = {op.name: op for op in (
                                                      next_eps=1e-5, weights=_EX_PACKED)),
     FusedOp("lm_head_gemv_packed", (_WEIGHTS,), _lm_head_gemv_packed,
             catalog.lm_head_gemv_program(64, 16, weights=_EX_PACKED)),
+    FusedOp("rms_gemms_rope_w8x2", (("eps", "float"),), _rms_gemms_rope_w8x2,
+            catalog.rms_gemms_rope_w8x2_program(**_EX_PACKED_DIMS, seq=2)),
+    FusedOp("o_ffn_w8x2", (("eps", "float"),), _o_ffn_w8x2, catalog.o_ffn_w8x2_program(**_EX_PACKED_FFN, seq=2)),
 )}
 
 ALL_OPS = {name: register(op) for name, op in FUSED_OPS.items()}
@@ -207,3 +238,4 @@ decode_attn_o_gemv_ffn_rms_gemv_rope = ALL_OPS["decode_attn_o_gemv_ffn_rms_gemv_
 rms_gemv_rope_packed, o_gemv_ffn_packed = ALL_OPS["rms_gemv_rope_packed"], ALL_OPS["o_gemv_ffn_packed"]
 o_gemv_ffn_rms_gemv_rope_packed, lm_head_gemv_packed = (ALL_OPS["o_gemv_ffn_rms_gemv_rope_packed"],
                                                         ALL_OPS["lm_head_gemv_packed"])
+rms_gemms_rope_w8x2, o_ffn_w8x2 = ALL_OPS["rms_gemms_rope_w8x2"], ALL_OPS["o_ffn_w8x2"]

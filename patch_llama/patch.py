@@ -9,11 +9,11 @@ from torch import nn
 
 from .. import runtime as npu_runtime
 from ..host_memory import release_free_heap
-from ..kernels import DEFAULT_MATMUL_PRECISION, MATMUL_PRECISIONS, programs_for_model, quant
-from ..kernels.catalog import DECODE_WEIGHTS
+from ..kernels import DEFAULT_MATMUL_PRECISION, MATMUL_PRECISIONS, int_gemm, programs_for_model, quant
+from ..kernels.catalog import DECODE_WEIGHTS, INTEGER_PRECISION
 from ..kernels.stitch import npu2_build_problem
 from .kv_cache import NpuKVCache
-from .layer import NpuDecoderLayer, NpuLmHead, PackedProjections, SharedState
+from .layer import NpuDecoderLayer, NpuLmHead, PackedProjections, PreparedProjections, SharedState
 from .gguf_file import PROJECTIONS, GgufFile
 from .spill import WeightSpill
 from .families import ModelFamily, family_of, supported
@@ -80,7 +80,26 @@ def _validate(model, buckets, matmul_precision, weights="bf16", from_file=frozen
                     f"got {matmul_precision!r}")
     if weights not in DECODE_WEIGHTS:
         raise _fail(f"weights must be one of {', '.join(map(repr, DECODE_WEIGHTS))}, got {weights!r}")
+    if matmul_precision == INTEGER_PRECISION:
+        _check_integer_gemms(family.dims(config), weights)
     return family
+
+
+def _check_integer_gemms(dims, weights: str) -> None:
+    """matmul_precision "w8x2a16" prepares integer copies of the bf16 projections: the model must keep bf16 weights,
+    and every projection's in features must be a multiple of the integer GEMM's call depth and its out features of
+    its tile granule."""
+    if weights != "bf16":
+        raise _fail(f"matmul_precision={INTEGER_PRECISION!r} prepares its weights from the bf16 projections, which "
+                    f"weights={weights!r} does not keep on the NPU; use weights='bf16', or matmul_precision='bf16'")
+    projections = {"q_proj": (dims.q_dim, dims.hidden), "k_proj": (dims.kv_dim, dims.hidden),
+                   "o_proj": (dims.hidden, dims.q_dim), "gate_proj": (dims.intermediate, dims.hidden),
+                   "down_proj": (dims.hidden, dims.intermediate)}
+    for name, (out_features, in_features) in projections.items():
+        if in_features % int_gemm.CALL_K or out_features % int_gemm.TILE_GRANULE:
+            raise _fail(f"matmul_precision={INTEGER_PRECISION!r} needs projections whose in features are multiples "
+                        f"of {int_gemm.CALL_K} and out features multiples of {int_gemm.TILE_GRANULE}; this model's "
+                        f"{name} is {out_features} × {in_features}")
 
 
 def _check_biases(model, family: ModelFamily) -> None:
@@ -197,6 +216,22 @@ def _pin_gate_up(runtime, mlp) -> torch.Tensor:
     return gate_up
 
 
+def _prepare_integer(runtime, layer) -> PreparedProjections:
+    """A decoder layer's projections prepared for the integer prefill GEMMs (kernels/int_gemm.py), each into an NPU
+    buffer of its own, beside the bf16 weights decode reads."""
+    attn, mlp = layer.self_attn, layer.mlp
+
+    def prepare(weight: torch.Tensor, halves: int = 1) -> torch.Tensor:
+        out = runtime.empty(int_gemm.prepared_weight_shape(weight.shape[0] // halves, weight.shape[1], halves),
+                            torch.int32)
+        return int_gemm.prepare_weight(weight, halves, out)
+
+    return PreparedProjections(prepare(attn.q_proj.weight.data), prepare(attn.k_proj.weight.data),
+                               prepare(attn.v_proj.weight.data), prepare(attn.o_proj.weight.data),
+                               prepare(torch.cat((mlp.gate_proj.weight.data, mlp.up_proj.weight.data)), halves=2),
+                               prepare(mlp.down_proj.weight.data))
+
+
 # ---- packed weights ---------------------------------------------------------------------------------------------
 QUANTIZE_ROWS = 1024  # rows quantized at a time: a 128256-row LM head's fp32 temporaries would take GiBs (4096: 0.17 GiB)
 
@@ -293,8 +328,10 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
             elif packed:
                 per_layer.append(_pin_packed(state, runtime, item, weights, source))
                 _set_aside(state, [m.weight for m in _projections(item)])
-            else:  # a decoder layer: its gate and up weights, as one buffer
-                per_layer.append(_pin_gate_up(runtime, item.mlp))
+            else:  # a decoder layer: its gate and up weights, as one buffer (and integer copies for prefill)
+                gate_up = _pin_gate_up(runtime, item.mlp)
+                prepared = _prepare_integer(runtime, item) if matmul_precision == INTEGER_PRECISION else None
+                per_layer.append((gate_up, prepared))
         if packed:
             head = (head_weights, _pack_linear(state, runtime, model.lm_head, "lm_head", head_weights, source))
             _set_aside(state, [model.lm_head.weight])
@@ -303,7 +340,8 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
         if state.spill is not None:
             state.spill.abandon()
         raise
-    patched = [NpuDecoderLayer(layer, state.shared, None if packed else mine, signature, mine if packed else None)
+    patched = [NpuDecoderLayer(layer, state.shared, signature, packed=mine) if packed else
+               NpuDecoderLayer(layer, state.shared, signature, gate_up=mine[0], prepared=mine[1])
                for layer, mine in zip(model.model.layers, per_layer)]
     for layer, forward, following in zip(model.model.layers, patched, patched[1:] + [None]):
         forward.next_layer = following

@@ -11,7 +11,7 @@ def gemm_precisions(program):
 def test_a_study_sets_every_prefill_gemm_and_only_inside():
     build = lambda: (catalog.rms_gemms_rope_program(576, 9, 3, 64, 1e-5, 64),  # noqa: E731
                      catalog.o_ffn_program(576, 576, 1536, 1e-5, 64), catalog.o_ffn_program(576, 576, 1536, 1e-5, 16))
-    for study in ("int8", "w8a16", "w8x2a16"):
+    for study in ("int8", "w8a16"):
         with precision._studied(study):
             assert [gemm_precisions(p) for p in build()] == [{study}] * 3
     with precision._studied("w8a16_v_bf16"):  # q, k, v in order: only V exact
@@ -20,6 +20,7 @@ def test_a_study_sets_every_prefill_gemm_and_only_inside():
         assert [gemm_precisions(p) for p in build()[1:]] == [{"w8a16"}] * 2
     assert [gemm_precisions(p) for p in build()] == [{catalog.DEFAULT_MATMUL_PRECISION}] * 3
     assert "int8" not in catalog.MATMUL_PRECISIONS  # not a user's choice until its builder exists
+    assert "w8x2a16" in catalog.MATMUL_PRECISIONS and "w8x2a16" not in precision.STUDIES  # its own Programs
 
 
 def test_per_call_cycles_rank_the_precisions():
