@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import copy
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -239,12 +239,10 @@ def integer_distances(log=print, names: tuple[str, ...] | None = None) -> dict:
         for name, scheme in schemes.items():
             candidate = copy.deepcopy(model)
             buckets = SETTINGS["quick"]["buckets"]
-            if scheme is None:
-                torch_npu2.patch_llama(candidate, prefill_buckets=buckets, matmul_precision=name)
-                rows[name] = _distance(fp32, candidate, compare_ids)
-                continue
-            with _studied_scheme(scheme):
-                torch_npu2.patch_llama(candidate, prefill_buckets=buckets)
+            # a study's Programs are built while it is in force: patching and the run both inside
+            with nullcontext() if scheme is None else _studied_scheme(scheme):
+                torch_npu2.patch_llama(candidate, prefill_buckets=buckets,
+                                       **({"matmul_precision": name} if scheme is None else {}))
                 rows[name] = _distance(fp32, candidate, compare_ids)
             log(f"  SmolLM2-135M, {name}: worst layer {rows[name]['worst_layer_min_cosine']:.5f}, logits "
                 f"{rows[name]['logits_min_cosine']:.5f}")

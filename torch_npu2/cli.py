@@ -580,8 +580,9 @@ def _add_matmul_precision(parser) -> None:
 
     parser.add_argument("--matmul-precision", choices=MATMUL_PRECISIONS, default=DEFAULT_MATMUL_PRECISION,
                         help="how the prefill GEMMs multiply: bf16 (exact bf16 mmul), bfp16 (BFP16 emulation: "
-                             "faster, less accurate) or bfp16_gate_up (BFP16 for the gate/up projection only); "
-                             "default: %(default)s")
+                             "faster, less accurate), bfp16_gate_up (BFP16 for the gate/up projection only) or "
+                             "w8x2a16 (integer GEMMs over weights prepared as two int8 terms, as accurate as bf16, "
+                             "2.25 bytes a weight more memory; with --weights bf16 only); default: %(default)s")
 
 
 def _add_weights(parser) -> None:
