@@ -153,29 +153,27 @@ def decode_with_attention_ms(dims, layers: int, context: int, weights: str = "bf
     return tuple(a + b for a, b in zip(decode_ms(dims, layers, weights), decode_attention_ms(dims, layers, context)))
 
 
-def decode_chained_ms(dims, layers: int, context: int) -> Range:
+def decode_chained_ms(dims, layers: int, context: int, weights: str = "bf16") -> Range:
     """A token whose layers each run as one dispatch from their attention on: rms_gemv_rope for the first layer,
     decode_attn_o_gemv_ffn_rms_gemv_rope for every layer but the last, decode_attn and o_gemv_ffn for the last,
-    then the LM head (bf16 weights)."""
+    then the LM head (projection weights and LM head as ``weights``)."""
     from torch_npu2.kernels import catalog
 
     d = dims
     capacity = catalog.decode_attn_capacity(context, DECODE_ATTN_MAX_LEN)
     chained = program_range(catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_program(
-        d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads, d.head_dim, capacity, d.eps))
+        d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads, d.head_dim, capacity, d.eps, weights))
     attention = program_range(catalog.decode_attn_program(d.heads, d.kv_heads, d.head_dim, capacity))
-    first, last, head = (_seconds(name, dims, None) for name in ("rms_gemv_rope", "o_gemv_ffn", "lm_head_gemv"))
+    first, last, head = (_seconds(name, dims, None, "bf16", weights)
+                         for name in ("rms_gemv_rope", "o_gemv_ffn", "lm_head_gemv"))
     return tuple((c.seconds * (layers - 1) + a.seconds + f + l + h) * 1e3
                  for c, a, f, l, h in zip(chained, attention, first, last, head))
 
 
 def token_ms(dims, layers: int, context: int, weights: str = "bf16") -> Range:
     """NPU time of the decode token a patched model runs at ``context``: each layer from its attention on as one
-    dispatch with bf16 weights (``decode_chained_ms``); with packed weights decode_attn is a dispatch of its own
-    (there is no packed chained Program), so ``decode_with_attention_ms``."""
-    if weights == "bf16":
-        return decode_chained_ms(dims, layers, context)
-    return decode_with_attention_ms(dims, layers, context, weights)
+    dispatch (``decode_chained_ms``), with bf16 or packed weights."""
+    return decode_chained_ms(dims, layers, context, weights)
 
 
 def decode_weight_bytes(dims, layers: int, weights: str = "bf16") -> int:

@@ -588,6 +588,13 @@ def o_gemv_ffn_rms_gemv_rope_packed_program(hidden: int, q_dim: int, intermediat
                                             _packed_only(weights))
 
 
+def decode_attn_o_gemv_ffn_rms_gemv_rope_packed_program(hidden: int, q_dim: int, intermediate: int, eps: float,
+                                                        heads: int, kv_heads: int, head_dim: int, capacity: int,
+                                                        next_eps: float, weights: str) -> Program:
+    return decode_attn_o_gemv_ffn_rms_gemv_rope_program(hidden, q_dim, intermediate, eps, heads, kv_heads, head_dim,
+                                                        capacity, next_eps, _packed_only(weights))
+
+
 def lm_head_gemv_packed_program(hidden: int, vocab: int, weights: str) -> Program:
     return lm_head_gemv_program(hidden, vocab, _packed_only(weights))
 

@@ -156,6 +156,20 @@ def _o_gemv_ffn_rms_gemv_rope_packed(shapes, eps, next_eps, weights):
                                                            weights)
 
 
+def _decode_attn_o_gemv_ffn_rms_gemv_rope_packed(shapes, head_dim, eps, next_eps, weights):
+    """decode_attn's four tensors, then o_gemv_ffn_rms_gemv_rope_packed's without attn."""
+    attention = _decode_attn(shapes[:4], head_dim)
+    heads, kv_heads, capacity = (dict(attention.params)[n] for n in ("heads", "kv_heads", "capacity"))
+    hidden, q_dim, intermediate = _ffn_dims_packed((shapes[0],) + tuple(shapes[4:9]))
+    _, wq, wk, _, lut = shapes[9:]
+    try:
+        _rope_head_dim(lut, wq, wk)
+    except BadArgument as exc:
+        raise BadArgument("next_" + exc.arg, exc.expected, exc.given) from None
+    return catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_packed_program(hidden, q_dim, intermediate, eps, heads,
+                                                                       kv_heads, head_dim, capacity, next_eps, weights)
+
+
 def _lm_head_gemv_packed(shapes, weights):
     x, w_lm = shapes
     return catalog.lm_head_gemv_packed_program(x[0], w_lm[0], weights)
@@ -223,6 +237,11 @@ FUSED_OPS = {op.name: op for op in (
             _o_gemv_ffn_rms_gemv_rope_packed,
             catalog.o_gemv_ffn_rms_gemv_rope_program(**_EX_PACKED_FFN, heads=2, kv_heads=1, head_dim=32,
                                                      next_eps=1e-5, weights=_EX_PACKED)),
+    FusedOp("decode_attn_o_gemv_ffn_rms_gemv_rope_packed",
+            (("head_dim", "int"), ("eps", "float"), ("next_eps", "float"), _WEIGHTS),
+            _decode_attn_o_gemv_ffn_rms_gemv_rope_packed,
+            catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_program(64, 64, 128, 1e-5, 2, 1, 32, 64, 1e-5,
+                                                                 weights=_EX_PACKED)),
     FusedOp("lm_head_gemv_packed", (_WEIGHTS,), _lm_head_gemv_packed,
             catalog.lm_head_gemv_program(64, 16, weights=_EX_PACKED)),
     FusedOp("rms_gemms_rope_w8x2", (("eps", "float"),), _rms_gemms_rope_w8x2,
@@ -238,4 +257,5 @@ decode_attn_o_gemv_ffn_rms_gemv_rope = ALL_OPS["decode_attn_o_gemv_ffn_rms_gemv_
 rms_gemv_rope_packed, o_gemv_ffn_packed = ALL_OPS["rms_gemv_rope_packed"], ALL_OPS["o_gemv_ffn_packed"]
 o_gemv_ffn_rms_gemv_rope_packed, lm_head_gemv_packed = (ALL_OPS["o_gemv_ffn_rms_gemv_rope_packed"],
                                                         ALL_OPS["lm_head_gemv_packed"])
+decode_attn_o_gemv_ffn_rms_gemv_rope_packed = ALL_OPS["decode_attn_o_gemv_ffn_rms_gemv_rope_packed"]
 rms_gemms_rope_w8x2, o_ffn_w8x2 = ALL_OPS["rms_gemms_rope_w8x2"], ALL_OPS["o_ffn_w8x2"]

@@ -141,6 +141,15 @@ def o_gemv_ffn_rms_gemv_rope_packed_reference(attn, wo, x, norm_w, w_gate_up, w_
                                                  next_eps, weights))
 
 
+def decode_attn_o_gemv_ffn_rms_gemv_rope_packed_reference(q, k_cache, v_cache, length, wo, x, norm_w, w_gate_up,
+                                                          w_down, next_norm_w, next_wq, next_wk, next_wv,
+                                                          next_rope_lut, head_dim, eps, next_eps, weights):
+    """Reference of npu2.decode_attn_o_gemv_ffn_rms_gemv_rope_packed."""
+    attn = decode_attn_reference(q, k_cache, v_cache, length, head_dim)
+    return o_gemv_ffn_rms_gemv_rope_packed_reference(attn, wo, x, norm_w, w_gate_up, w_down, next_norm_w, next_wq,
+                                                     next_wk, next_wv, next_rope_lut, eps, next_eps, weights)
+
+
 def lm_head_gemv_packed_reference(x, w_lm, weights):
     """fp32 logits of one row over a packed LM-head weight."""
     return F.linear(x.float(), quant.dequantize(quant.weight_format(weights), w_lm, x.shape[-1]))

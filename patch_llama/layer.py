@@ -28,7 +28,8 @@ from ..host_memory import release_free_heap
 from ..kernels import DEFAULT_MATMUL_PRECISION, quant
 from ..kernels.catalog import decode_attn_capacity
 from ..kernels.program import pad_rows
-from ..ops import (build_rope_lut, decode_attn, decode_attn_length, decode_attn_o_gemv_ffn_rms_gemv_rope, device_empty,
+from ..ops import (build_rope_lut, decode_attn, decode_attn_length, decode_attn_o_gemv_ffn_rms_gemv_rope,
+                   decode_attn_o_gemv_ffn_rms_gemv_rope_packed, device_empty,
                    device_written, flash_attn, lm_head_gemv, lm_head_gemv_packed, o_ffn, o_gemv_ffn, o_gemv_ffn_packed,
                    o_ffn_w8x2, o_gemv_ffn_rms_gemv_rope, o_gemv_ffn_rms_gemv_rope_packed, rms_gemms_rope,
                    rms_gemms_rope_w8x2, rms_gemv_rope, rms_gemv_rope_packed)
@@ -529,13 +530,12 @@ class NpuDecoderLayer:
             return _from_sequence_rows([ffn_op(a, wo, x, norm2_w, w_gate_up, w_down, eps, *packed)
                                         for a, x in zip(attn, inputs)])
         next_eps = following.eps_attn
-        if on_device is not None and self.packed is None:  # attention, this layer's rest and the next's QKV: one run
-            chained = [decode_attn_o_gemv_ffn_rms_gemv_rope(*a, wo, x, norm2_w, w_gate_up, w_down,
-                                                            *following.qkv_weights, lut, head_dim, eps, next_eps)
-                       for a, x, lut in zip(on_device, inputs, lut_rows)]
+        if on_device is not None:  # attention, this layer's rest and the next's QKV: one run
+            layer_op = (decode_attn_o_gemv_ffn_rms_gemv_rope if self.packed is None
+                        else decode_attn_o_gemv_ffn_rms_gemv_rope_packed)
+            chained = [layer_op(*a, wo, x, norm2_w, w_gate_up, w_down, *following.qkv_weights, lut, head_dim, eps,
+                                next_eps, *packed) for a, x, lut in zip(on_device, inputs, lut_rows)]
         else:
-            if on_device is not None:
-                attn = [decode_attn(*a, head_dim) for a in on_device]
             chain_op = o_gemv_ffn_rms_gemv_rope if self.packed is None else o_gemv_ffn_rms_gemv_rope_packed
             chained = [chain_op(a, wo, x, norm2_w, w_gate_up, w_down, *following.qkv_weights, lut, eps, next_eps,
                                 *packed) for a, x, lut in zip(attn, inputs, lut_rows)]

@@ -39,6 +39,11 @@ PROGRAMS.update({f"{model}-decode_attn-{capacity}": catalog.decode_attn_program(
 PROGRAMS["llama-decode_attn_o_gemv_ffn_rms_gemv_rope-2048"] = catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_program(
     LLAMA.hidden, LLAMA.q_dim, LLAMA.intermediate, LLAMA.eps, LLAMA.heads, LLAMA.kv_heads, LLAMA.head_dim, 2048,
     LLAMA.eps)
+# The same over packed Q4_1 weights (what the patched layers run with weights="q4_1").
+PROGRAMS["llama-decode_attn_o_gemv_ffn_rms_gemv_rope_packed-q4_1-2048"] = \
+    catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_packed_program(LLAMA.hidden, LLAMA.q_dim, LLAMA.intermediate,
+                                                                LLAMA.eps, LLAMA.heads, LLAMA.kv_heads, LLAMA.head_dim,
+                                                                2048, LLAMA.eps, "q4_1")
 
 # What aircc (mlir-air python/air/compiler/aircc/main.py at 0e3df89d) runs for `--device npu2` with its
 # defaults: written out here from that file, so a change to our replay has to be a deliberate one.

@@ -85,6 +85,9 @@ def packed_cases(config, g):
                                             reference.o_gemv_ffn_rms_gemv_rope_packed_reference),
         "lm_head_gemv_packed": ([torch.randn(hidden, generator=g).bfloat16(), w_lm], ("q4_1",),
                                 reference.lm_head_gemv_packed_reference),
+        "decode_attn_o_gemv_ffn_rms_gemv_rope_packed": (
+            decode_attn_args(heads, kv, hd, gen=g) + ffn_tensors[1:] + qkv[1:], (hd, EPS, 2 * EPS, "q4_1"),
+            reference.decode_attn_o_gemv_ffn_rms_gemv_rope_packed_reference),
     }
 
 
