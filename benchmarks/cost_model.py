@@ -22,7 +22,7 @@ from dataclasses import asdict
 from functools import lru_cache
 
 from torch_npu2.kernels import core_ops, timing
-from torch_npu2.kernels.catalog import DEFAULT_MATMUL_PRECISION, INTEGER_PRECISION
+from torch_npu2.kernels.catalog import DEFAULT_MATMUL_PRECISION, INTEGER_PRECISION, resolve_matmul_precision
 from torch_npu2.kernels.device import DEVICE
 from torch_npu2.kernels.timing import ENDS
 
@@ -88,6 +88,7 @@ def program(name: str, dims, seq: int | None = None, precision: str = "bf16", we
     from torch_npu2.kernels import catalog
 
     d = dims
+    precision = resolve_matmul_precision(precision, dims)
     if name in GEMM_PROGRAMS and precision == INTEGER_PRECISION:  # rms_gemms_rope_w8x2, o_ffn_w8x2
         return next(p for p in catalog.prefill_programs(d, seq, precision) if p.name == f"{name}_w8x2")
     build = {
@@ -445,7 +446,9 @@ def run(mode: str, out_dir, log=print) -> dict:
         "method": f"{timing.__doc__.strip()}\n\n{__doc__.strip()}",
         "constants": constants(),
         "headline": headline(),
-        "headline_note": f"Llama-3.2-1B, matmul precision {DEFAULT_MATMUL_PRECISION} (the default), NPU time only, "
+        "headline_note": f"Llama-3.2-1B, matmul precision "
+                         f"{resolve_matmul_precision(DEFAULT_MATMUL_PRECISION, llama_1b_dims())} (the default), NPU "
+                         "time only, "
                          f"[fast end, slow end] in seconds; decode at context {DECODE_CONTEXT} with its attention on the NPU "
                          "(host overhead comes on top)",
         "per_program": rows,

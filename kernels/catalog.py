@@ -46,7 +46,37 @@ DECODE_OPTIONS = CompileOptions(runtime_loop_tiling_sizes=(16, 16))
 BF16_WEIGHT_PRECISIONS = ("bf16", "bfp16", "bfp16_gate_up")
 INTEGER_PRECISION = "w8x2a16"
 MATMUL_PRECISIONS = (*BF16_WEIGHT_PRECISIONS, INTEGER_PRECISION)
-DEFAULT_MATMUL_PRECISION = "bf16"
+# The default, "auto" (``default_matmul_precision``): "w8x2a16" for a model with bf16 weights whose projections the
+# integer GEMMs take, as close to fp32 as HF's bf16 run on the precision benchmark and predicted several times
+# faster than exact bf16 (README, "Matmul precision"); otherwise "bf16" (with packed weights, whose bf16 originals
+# are not kept, prefill multiplies the host-dequantized rows exactly).
+AUTO_PRECISION = "auto"
+DEFAULT_MATMUL_PRECISION = AUTO_PRECISION
+DEFAULT_BF16_WEIGHT_PRECISION = "bf16"  # the bf16-weight ops' own default (rms_gemms_rope, o_ffn)
+
+
+def integer_gemm_misfit(dims: "ModelDims") -> str | None:
+    """Why the integer GEMMs cannot run this model's projections (None when they can)."""
+    projections = {"q_proj": (dims.q_dim, dims.hidden), "k_proj": (dims.kv_dim, dims.hidden),
+                   "o_proj": (dims.hidden, dims.q_dim), "gate_proj": (dims.intermediate, dims.hidden),
+                   "down_proj": (dims.hidden, dims.intermediate)}
+    for name, (out_features, in_features) in projections.items():
+        if in_features % int_gemm.CALL_K or out_features % int_gemm.TILE_GRANULE:
+            return (f"{INTEGER_PRECISION!r} needs projections whose in features are multiples of {int_gemm.CALL_K} "
+                    f"and out features multiples of {int_gemm.TILE_GRANULE}; this model's {name} is "
+                    f"{out_features} × {in_features}")
+    return None
+
+
+def default_matmul_precision(dims: "ModelDims", weights: str = "bf16") -> str:
+    """What "auto" means for a model of ``dims`` whose decode reads ``weights``."""
+    return INTEGER_PRECISION if weights == "bf16" and integer_gemm_misfit(dims) is None else DEFAULT_BF16_WEIGHT_PRECISION
+
+
+def resolve_matmul_precision(precision: str, dims: "ModelDims", weights: str = "bf16") -> str:
+    return default_matmul_precision(dims, weights) if precision == AUTO_PRECISION else precision
+
+
 # How the decode Programs hold their projection weights: "bf16", or packed block-quantized rows (kernels/quant.py:
 # "q4_0", "q4_1", "q8_0"), which the GEMVs dequantize in their panel loop. Prefill Programs take bf16 weights.
 DECODE_WEIGHTS = ("bf16", *FORMATS)
@@ -230,7 +260,7 @@ def _check_attention_dims(heads: int, kv_heads: int, head_dim: int) -> None:
 
 
 def rms_gemms_rope_program(hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float, seq: int,
-                   precision: str = DEFAULT_MATMUL_PRECISION) -> Program:
+                   precision: str = DEFAULT_BF16_WEIGHT_PRECISION) -> Program:
     _check_seq(seq)
     _check_precision(precision, BF16_WEIGHT_PRECISIONS)
     return _rms_qkv_rope("rms_gemms_rope", hidden, heads, kv_heads, head_dim, eps, seq, "gemm", lambda n: (seq, n),
@@ -238,7 +268,7 @@ def rms_gemms_rope_program(hidden: int, heads: int, kv_heads: int, head_dim: int
 
 
 def o_ffn_program(hidden: int, q_dim: int, intermediate: int, eps: float, seq: int,
-          precision: str = DEFAULT_MATMUL_PRECISION) -> Program:
+          precision: str = DEFAULT_BF16_WEIGHT_PRECISION) -> Program:
     _check_seq(seq)
     _check_precision(precision, BF16_WEIGHT_PRECISIONS)
     return _o_ffn("o_ffn", hidden, q_dim, intermediate, eps, seq, lambda n: (seq, n), PREFILL_OPTIONS, precision)
@@ -601,8 +631,9 @@ def lm_head_gemv_packed_program(hidden: int, vocab: int, weights: str) -> Progra
 
 def prefill_programs(dims: ModelDims, seq: int, matmul_precision: str = DEFAULT_MATMUL_PRECISION) -> list[Program]:
     """A prefill bucket's trio: rms_gemms_rope, flash_attn and o_ffn at ``seq`` rows (their integer-GEMM Programs
-    for "w8x2a16")."""
+    for "w8x2a16"; "auto" as for bf16 weights)."""
     d = dims
+    matmul_precision = resolve_matmul_precision(matmul_precision, dims)
     if matmul_precision == INTEGER_PRECISION:
         return [rms_gemms_rope_w8x2_program(d.hidden, d.heads, d.kv_heads, d.head_dim, d.eps, seq),
                 flash_attn_program(d.heads, d.kv_heads, d.head_dim, seq),
@@ -615,9 +646,10 @@ def prefill_programs(dims: ModelDims, seq: int, matmul_precision: str = DEFAULT_
 def programs_for_model(dims: ModelDims, prefill_buckets,
                        matmul_precision: str = DEFAULT_MATMUL_PRECISION, weights: str = "bf16",
                        lm_head_weights: str | None = None) -> list[Program]:
-    """Every Program a model needs: the prefill trio per bucket (its GEMMs in ``matmul_precision``), the
-    decode pair and their chain across a layer boundary (projection weights as ``weights``), and the LM head
-    (``lm_head_weights``, by default ``weights``)."""
+    """Every Program a model needs: the prefill trio per bucket (its GEMMs in ``matmul_precision``; "auto":
+    ``default_matmul_precision``), the decode pair and their chain across a layer boundary (projection weights as
+    ``weights``), and the LM head (``lm_head_weights``, by default ``weights``)."""
+    matmul_precision = resolve_matmul_precision(matmul_precision, dims, weights)
     _check_precision(matmul_precision)
     _check_weights(weights)
     d = dims

@@ -206,9 +206,9 @@ def _o_ffn_w8x2(shapes, eps):
 # Small dims that fix each op's argument names and ranks for its schema.
 _EX = dict(hidden=8, heads=2, kv_heads=1, head_dim=4, eps=1e-5)
 _EX_FFN = dict(hidden=8, q_dim=8, intermediate=16, eps=1e-5)
-# The prefill ops' matmul precision (one of catalog.MATMUL_PRECISIONS); optional, so calls without it keep the
-# default.
-_PRECISION = ("precision", "str", catalog.DEFAULT_MATMUL_PRECISION)
+# The bf16-weight prefill ops' matmul precision (one of catalog.BF16_WEIGHT_PRECISIONS); optional, so calls without
+# it keep their default.
+_PRECISION = ("precision", "str", catalog.DEFAULT_BF16_WEIGHT_PRECISION)
 # The packed decode ops' weight format (kernels/quant.py), a required argument.
 _WEIGHTS = ("weights", "str")
 _EX_PACKED = "q4_1"

@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 
 from ..host_memory import release_free_heap
-from ..kernels import DEFAULT_MATMUL_PRECISION, quant
-from ..kernels.catalog import decode_attn_capacity
+from ..kernels import quant
+from ..kernels.catalog import DEFAULT_BF16_WEIGHT_PRECISION, decode_attn_capacity
 from ..kernels.program import pad_rows
 from ..ops import (build_rope_lut, decode_attn, decode_attn_length, decode_attn_o_gemv_ffn_rms_gemv_rope,
                    decode_attn_o_gemv_ffn_rms_gemv_rope_packed, device_empty,
@@ -55,7 +55,7 @@ class SharedState:
     reused by every layer of a forward."""
 
     buckets: tuple[int, ...]
-    matmul_precision: str = DEFAULT_MATMUL_PRECISION
+    matmul_precision: str = DEFAULT_BF16_WEIGHT_PRECISION  # patch_llama sets the model's
     context: int | None = None  # the model's context (config.max_position_embeddings): longer prompts are refused
     lut_memo: tuple = (None, None, None)  # (cos tensor, its RoPE LUT, decode rows); holding cos keeps its id unique
     mask_memo: tuple = (None, None)  # (mask tensor, per-row first real token or None)

@@ -9,8 +9,9 @@ from torch import nn
 
 from .. import runtime as npu_runtime
 from ..host_memory import release_free_heap
-from ..kernels import DEFAULT_MATMUL_PRECISION, MATMUL_PRECISIONS, int_gemm, programs_for_model, quant
-from ..kernels.catalog import DECODE_WEIGHTS, INTEGER_PRECISION
+from ..kernels import MATMUL_PRECISIONS, int_gemm, programs_for_model, quant
+from ..kernels.catalog import (AUTO_PRECISION, DECODE_WEIGHTS, INTEGER_PRECISION, integer_gemm_misfit,
+                               resolve_matmul_precision)
 from ..kernels.stitch import npu2_build_problem
 from .kv_cache import NpuKVCache
 from .layer import NpuDecoderLayer, NpuLmHead, PackedProjections, PreparedProjections, SharedState
@@ -76,30 +77,18 @@ def _validate(model, buckets, matmul_precision, weights="bf16", from_file=frozen
         if param.device.type not in ("cpu", "meta"):
             raise _fail(f"parameter {name} is on {param.device}, expected cpu (the NPU shares host memory)")
     if matmul_precision not in MATMUL_PRECISIONS:
-        raise _fail(f"matmul_precision must be one of {', '.join(map(repr, MATMUL_PRECISIONS))}, "
+        raise _fail(f"matmul_precision must be {AUTO_PRECISION!r} or one of {', '.join(map(repr, MATMUL_PRECISIONS))}, "
                     f"got {matmul_precision!r}")
     if weights not in DECODE_WEIGHTS:
         raise _fail(f"weights must be one of {', '.join(map(repr, DECODE_WEIGHTS))}, got {weights!r}")
     if matmul_precision == INTEGER_PRECISION:
-        _check_integer_gemms(family.dims(config), weights)
+        if weights != "bf16":
+            raise _fail(f"matmul_precision={INTEGER_PRECISION!r} prepares its weights from the bf16 projections, which "
+                        f"weights={weights!r} does not keep on the NPU; use weights='bf16', or matmul_precision='bf16'")
+        misfit = integer_gemm_misfit(family.dims(config))
+        if misfit is not None:
+            raise _fail(f"matmul_precision={misfit}")
     return family
-
-
-def _check_integer_gemms(dims, weights: str) -> None:
-    """matmul_precision "w8x2a16" prepares integer copies of the bf16 projections: the model must keep bf16 weights,
-    and every projection's in features must be a multiple of the integer GEMM's call depth and its out features of
-    its tile granule."""
-    if weights != "bf16":
-        raise _fail(f"matmul_precision={INTEGER_PRECISION!r} prepares its weights from the bf16 projections, which "
-                    f"weights={weights!r} does not keep on the NPU; use weights='bf16', or matmul_precision='bf16'")
-    projections = {"q_proj": (dims.q_dim, dims.hidden), "k_proj": (dims.kv_dim, dims.hidden),
-                   "o_proj": (dims.hidden, dims.q_dim), "gate_proj": (dims.intermediate, dims.hidden),
-                   "down_proj": (dims.hidden, dims.intermediate)}
-    for name, (out_features, in_features) in projections.items():
-        if in_features % int_gemm.CALL_K or out_features % int_gemm.TILE_GRANULE:
-            raise _fail(f"matmul_precision={INTEGER_PRECISION!r} needs projections whose in features are multiples "
-                        f"of {int_gemm.CALL_K} and out features multiples of {int_gemm.TILE_GRANULE}; this model's "
-                        f"{name} is {out_features} × {in_features}")
 
 
 def _check_biases(model, family: ModelFamily) -> None:
@@ -268,7 +257,7 @@ def _bf16_whereabouts(module) -> str:
 
 
 def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS,
-                matmul_precision: str = DEFAULT_MATMUL_PRECISION, weights: str = "bf16", gguf=None,
+                matmul_precision: str = AUTO_PRECISION, weights: str = "bf16", gguf=None,
                 progress: bool = False):
     """Run ``model`` (a HF ``LlamaForCausalLM``, patched in place and returned) through the npu2 ops.
 
@@ -300,6 +289,9 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
     head_weights = weights
     if source is not None:
         weights, head_weights = _gguf_formats(model, source, weights)
+    family = family_of(model.config)
+    if matmul_precision == AUTO_PRECISION and family is not None:  # (an unknown family is refused by _validate)
+        matmul_precision = resolve_matmul_precision(matmul_precision, family.dims(model.config), weights)
     packed = weights != "bf16"
     packed_weights = _packed_weights(model) if packed else []
     family = _validate(model, buckets, matmul_precision, weights,

@@ -360,8 +360,8 @@ def test_bad_prefill_buckets_are_named_before_any_change(runtime, buckets, error
 def test_unknown_matmul_precision_is_rejected_before_any_change(runtime, precision):
     model = tiny_llama()
     snapshot = {n: p.detach().clone() for n, p in model.named_parameters()}
-    with pytest.raises(ValueError, match=r"matmul_precision must be one of 'bf16', 'bfp16', 'bfp16_gate_up', 'w8x2a16', "
-                                         r"got .*the model was not modified"):
+    with pytest.raises(ValueError, match=r"matmul_precision must be 'auto' or one of 'bf16', 'bfp16', 'bfp16_gate_up', "
+                                         r"'w8x2a16', got .*the model was not modified"):
         patch_llama(model, matmul_precision=precision)
     assert _unmodified(model, snapshot)
 
