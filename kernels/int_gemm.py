@@ -58,15 +58,15 @@ def activation_l1_budget(K: int) -> float:
 def quantize_weight_terms(w: torch.Tensor, terms: int = 2) -> tuple[torch.Tensor, ...]:
     """W (N × K) as the integer GEMMs hold it: ``(hi, scale)`` or, with two terms, ``(hi, lo, scale)``; int8 (N × K)
     terms, fp32 scales (N,)."""
-    x = w.float()
+    x = w.to(torch.float32, copy=True)  # scaled in place below (the weight's fp32 temporaries dominate the preparation's time)
     absmax = x.abs().amax(-1, keepdim=True)
     inverse = torch.where(absmax > 0, torch.tensor(float(WEIGHT_QMAX)) / absmax, torch.zeros_like(absmax))
-    scaled = x * inverse
-    hi = torch.clamp(torch.round(scaled), -WEIGHT_QMAX, WEIGHT_QMAX)
+    scaled = x.mul_(inverse)
+    hi = torch.round(scaled).clamp_(-WEIGHT_QMAX, WEIGHT_QMAX)
     scale = (absmax / WEIGHT_QMAX).reshape(-1)
     if terms == 1:
         return hi.to(torch.int8), scale
-    lo = torch.clamp(torch.round((scaled - hi) * 2.0 ** LO_SHIFT), -WEIGHT_QMAX, WEIGHT_QMAX)
+    lo = scaled.sub_(hi).mul_(2.0 ** LO_SHIFT).round_().clamp_(-WEIGHT_QMAX, WEIGHT_QMAX)
     return hi.to(torch.int8), lo.to(torch.int8), scale
 
 
