@@ -236,8 +236,8 @@ extern "C" void gemm_int_drain_bf16(const int32_t *acc, const float *row_scale, 
   for (int nb = 0; nb < kDrainN / kBlock; ++nb)
     for (int m = 0; m < kTileM; ++m)
       for (int n = 0; n < kBlock; ++n)
-        c[nb * kTermBlock + m * kBlock + n] =
-            float_to_bf16(rescale(acc + nb * 2 * kTermBlock + m * kBlock + n, row_scale[m], col_scale[nb * kBlock + n]));
+        c[nb * kTermBlock + m * kBlock + n] = float_to_bf16(
+            rescale(acc + nb * 2 * kTermBlock + m * kBlock + n, row_scale[m], col_scale[nb * kBlock + n]));
 }
 
 extern "C" void gemm_int_swiglu_drain_bf16(const int32_t *gate, const int32_t *up, const float *row_scale,

@@ -19,9 +19,10 @@
 // integer with the fp32 add's rounding; |x · inv| ≤ 32767 (1 + 2^-23), so no value needs a clamp.
 //
 // AIE path: fp32(x · inv) exactly as IEEE rounds it, without an fp32 multiplier (AIE2P has none; aie_api emulates
-// one): inv is split into three bf16 parts (hi + mid + lo = inv exactly: each takes the next 8 significant bits), x is
-// bf16, so x · hi, x · mid and x · lo are exact in the fp32 accumulator, x · (hi + mid) (8 × 16 bits) is too, and the
-// last multiply-accumulate rounds the exact product once. That holds if the core's bf16 multiply-accumulate rounds
+// one): inv is split into three bf16 parts at fixed positions (hi + mid + lo = inv exactly: its significand's top,
+// middle and last 8 bits), x is bf16, so x · hi is exact in the fp32 accumulator, x · hi + x · mid = x · (hi + mid)
+// (8 × 16 bits) is too, and the last multiply-accumulate rounds the exact product once (a split by significance
+// instead, mid taking rest's leading 8 bits, would leave x · (hi + mid) wider than fp32 when rest has leading zeros). That holds if the core's bf16 multiply-accumulate rounds
 // fp32(acc + x · lo) once, to nearest even, which this machine cannot check (no Peano, no NPU); nor for parts that
 // fall below fp32's normal range (|inv| < 2^-110, a row of |x| > 10^37). S is summed per lane in an int32 accumulator
 // from the int16 q, then across the lanes (exact: S < 32767 · K < 2^31). A group of 8 runs is 9 aligned
@@ -62,21 +63,26 @@ namespace {
 
 constexpr int kLanes = 32;  // bf16 values per 512-bit register, and q per run
 
-inline float bf16_head(float value) {  // the top 8 significant bits (the value's bf16 truncation)
-  uint32_t bits;
-  __builtin_memcpy(&bits, &value, sizeof bits);
-  bits &= 0xffff0000u;
-  float head;
-  __builtin_memcpy(&head, &bits, sizeof head);
-  return head;
+inline float from_bits(uint32_t bits) {
+  float value;
+  __builtin_memcpy(&value, &bits, sizeof value);
+  return value;
 }
 
 struct InverseParts {
   aie::vector<bfloat16, kLanes> hi, mid, lo;  // inv = hi + mid + lo exactly, broadcast
 };
 
+// inv cut at fixed bit positions of its significand: hi its top 8 bits (its bf16 truncation), mid the next 8, lo the
+// last 8. mid and lo are formed as (2^e + their bits) − 2^e, exact subtractions, so each is a bf16 value, and
+// hi + mid is inv's top 16 bits: x · (hi + mid) has at most 24 significant bits.
 inline InverseParts split(float inv) {
-  const float hi = bf16_head(inv), rest = inv - hi, mid = bf16_head(rest), lo = rest - mid;  // all exact
+  uint32_t bits;
+  __builtin_memcpy(&bits, &inv, sizeof bits);
+  const uint32_t power = bits & 0xff800000u;  // the sign and exponent: ±2^e
+  const float hi = from_bits(bits & 0xffff0000u);
+  const float mid = from_bits(power | (bits & 0xff00u)) - from_bits(power);
+  const float lo = from_bits(power | (bits & 0xffu)) - from_bits(power);
   return {aie::broadcast<bfloat16, kLanes>(bfloat16(hi)), aie::broadcast<bfloat16, kLanes>(bfloat16(mid)),
           aie::broadcast<bfloat16, kLanes>(bfloat16(lo))};
 }
@@ -131,7 +137,8 @@ extern "C" void quantize_rows_prepare(const bfloat16 *__restrict x, float *__res
   const InverseParts parts = split(inv);
   aie::accum<acc32, kLanes> spent = aie::zeros<acc32, kLanes>();  // per lane at most K / 32 · 32767: exact
   for (int k = 0; k < kK; k += kLanes) {
-    const aie::vector<int16_t, kLanes> q = aie::to_fixed<int16_t>(quantized(aie::load_v<kLanes>(x + k), parts, bias), 0);
+    const aie::vector<int16_t, kLanes> q =
+        aie::to_fixed<int16_t>(quantized(aie::load_v<kLanes>(x + k), parts, bias), 0);
     spent = aie::add(spent, aie::max(q, aie::sub(aie::zeros<int16_t, kLanes>(), q)));  // |q|
   }
   const int32_t total = aie::reduce_add(spent.to_vector<int32_t>());

@@ -32,6 +32,10 @@ the column tiles), tile_m the largest multiple of 16 up to 64 dividing M/herd_m,
 dividing tile_n that fits L1. At tile_m 64 and T 64 a tile holds 32 KiB of accumulators, two 4.5 KiB A windows
 and two 4.5 KiB W windows (ping-pong), 512 B of scales and an 8 KiB bf16 drain chunk: 59,904 B of the 61,440.
 
+Checked here with the real AIR (tests/kernels/test_air_pipeline.py, test_air_opt.py): every window as meant, the
+lowering to NPU instructions, each tile's L1 as this plan counts it; the IR run by the interpreter against the
+emulator bit for bit (test_interpret.py). Not checked: a Peano build of gemm_int8.cc and a run on the NPU.
+
 Constraints: M and N multiples of 16, K of 32; tile_n a multiple of 16 dividing N (and the weight's shape its);
 herd_m ≤ 8 and herd_n ≤ 4 dividing M and the column tiles; everything above fitting L1 and the memtile.
 """

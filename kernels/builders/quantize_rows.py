@@ -12,13 +12,16 @@ is packed.
 A row whose runs fit one chunk (K = 576: 1296 B) needs no chunk loop: the row loop then owns the row, the state and
 the runs, and AIR double-buffers all three (the next row streams in while this one is quantized).
 
-Why, with several chunks a row, the last row of a tile is peeled out of its row loop: AIR (0e3df89d) double-buffers a buffer in the innermost
-loop that holds all its uses. A row loop owning the row buffer would double it (2 × 16 KiB at K = 8192) and, with
-the chunk loop inside it owning the chunk buffers, label both loops for ping-pong, which this AIR's transform cannot
-do (mlir-air #1626, #1628 fix it later). The peeled row uses the same row and state buffers after the loop, so
-they stay single, allocated once per tile, and only the chunk loops (the loop's and the peeled row's, each with its
-own chunk buffer) are double-buffered. The row's DMA in therefore runs in sequence with the row's compute; its runs
-going out overlap the packing.
+Why, with several chunks a row, the last row of a tile is peeled out of its row loop: AIR (0e3df89d) double-buffers
+a buffer in the innermost loop that holds all its uses. A row loop owning the row buffer would double it (2 × 16 KiB
+at K = 8192) and, with the chunk loop inside it owning the chunk buffers, label both loops for ping-pong, which this
+AIR's transform cannot do (mlir-air #1626, #1628 fix it later). The peeled row uses the same row and state buffers
+after the loop, so they stay single, allocated once per tile, and only the chunk loops (the loop's and the peeled
+row's, each with its own chunk buffer) are double-buffered. The row's DMA in therefore runs in sequence with the
+row's compute; its runs going out overlap the packing.
+
+Checked with the real AIR (lowering, L1 placement, the ping-pong labels: tests/benchmarks/test_cost_model_pingpong.py)
+and by the interpreter against the emulator bit for bit; not checked: a Peano build of quantize_rows.cc, the NPU.
 
 Chunks: ``chunk`` values (a multiple of 64: the kernel packs runs in pairs) dividing K; by default the largest
 giving an even count of at least 4 chunks (AIR overlaps those) of at most 64 runs (4.5 KiB), else the whole row.
