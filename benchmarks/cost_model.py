@@ -96,6 +96,10 @@ def program(name: str, dims, seq: int | None = None, precision: str = "bf16", we
                                                                  precision),
         "flash_attn": lambda: catalog.flash_attn_program(d.heads, d.kv_heads, d.head_dim, seq),
         "o_ffn": lambda: catalog.o_ffn_program(d.hidden, d.q_dim, d.intermediate, d.eps, seq, precision),
+        # the integer-GEMM prefill Programs (matmul precision "w8x2a16")
+        "rms_gemms_rope_w8x2": lambda: catalog.rms_gemms_rope_w8x2_program(d.hidden, d.heads, d.kv_heads, d.head_dim,
+                                                                           d.eps, seq),
+        "o_ffn_w8x2": lambda: catalog.o_ffn_w8x2_program(d.hidden, d.q_dim, d.intermediate, d.eps, seq),
         "rms_gemv_rope": lambda: catalog.rms_gemv_rope_program(d.hidden, d.heads, d.kv_heads, d.head_dim, d.eps,
                                                                weights),
         "o_gemv_ffn": lambda: catalog.o_gemv_ffn_program(d.hidden, d.q_dim, d.intermediate, d.eps, weights),

@@ -268,22 +268,22 @@ def predicted_prefill_ms(seq: int) -> dict:
 
 
 def gemm_call_cycles(tile_m: int = 64, tile_k: int = 32, tile_n: int = 128) -> dict:
-    """Core cycles of one GEMM kernel call on a (tile_m × tile_k) · (tile_k × tile_n) tile, [fast end, slow end], per
-    GEMM precision, from what the call executes (kernels/core_ops.py's count of its AIE path, kernels/timing.py's
-    ends): gemm.cc's exact bf16 and BFP16 builds and gemm_int8.cc's W8A8, W8A16 and W8x2A16 (two weight terms, the
-    same MACs twice) builds. The tile is the one the GEMM builder picks for Llama-3.2-1B's prefill GEMMs at 2048 rows
-    (W8x2A16's two int32 accumulators of it would fill a core's 64 KiB alone: its builder would take half the N)."""
-    from torch_npu2.kernels import core_ops, timing
+    """Core cycles of one prefill GEMM kernel call, [fast end, slow end], per matmul precision that has a kernel, from
+    what the call executes (kernels/core_ops.py's count of its AIE path, kernels/timing.py's ends): gemm.cc's exact
+    bf16 and BFP16 builds on a (tile_m × tile_k) · (tile_k × tile_n) tile, the one the GEMM builder picks for
+    Llama-3.2-1B's prefill GEMMs at 2048 rows, and gemm_int8.cc's "w8x2a16" call (``gemm_int_w8x2``) on the tile its
+    builder picks there: tile_m rows of 64 accumulator columns, 32 K, two int8 weight terms, so the same MACs as the
+    bf16 call at the defaults (the int8 and w8a16 studies have the emulator's numerics only, no kernel)."""
+    from torch_npu2.kernels import core_ops, int_gemm, timing
 
     tile = {"GEMM_TILE_M": tile_m, "GEMM_TILE_K": tile_k, "GEMM_TILE_N": tile_n, "GEMM_DRAIN_N": 32}
-    calls = {"bf16": ("gemm_bf16_f32_wnk", {}, None),
-             "bfp16": ("gemm_bf16_f32_wnk", {core_ops.BFP16_DEFINE: 1}, None),
-             "int8": ("gemm_int_i32_wkn", {"GEMM_ACT_BITS": 8}, "gemm_int8.cc"),
-             "w8a16": ("gemm_int_i32_wkn", {"GEMM_ACT_BITS": 16}, "gemm_int8.cc"),
-             "w8x2a16": ("gemm_int_i32_wkn", {"GEMM_ACT_BITS": 16, "GEMM_WEIGHT_TERMS": 2}, "gemm_int8.cc")}
+    integer_tile = {"GEMM_TILE_M": tile_m, "GEMM_TILE_N": int_gemm.MAX_TILE_N, "GEMM_DRAIN_N": int_gemm.MAX_TILE_N}
+    calls = {"bf16": ("gemm_bf16_f32_wnk", tile),
+             "bfp16": ("gemm_bf16_f32_wnk", {**tile, core_ops.BFP16_DEFINE: 1}),
+             "w8x2a16": ("gemm_int_w8x2", integer_tile)}
     cycles = {}
-    for precision, (symbol, extra, source) in calls.items():
-        ops = core_ops.count_call(symbol, tuple(sorted({**tile, **extra}.items())), (), source=source)
+    for precision, (symbol, defines) in calls.items():
+        ops = core_ops.count_call(symbol, tuple(sorted(defines.items())), ())
         cycles[precision] = [timing.core_cycles(core_ops.instructions(ops, end.share_operands), end)
                              for end in timing.ENDS]
     return cycles

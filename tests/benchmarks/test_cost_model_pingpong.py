@@ -27,6 +27,7 @@ from torch_npu2.kernels.stitch import stitch
 
 LABEL_PASS, TRANSFORM_PASS = "air-label-scf-for-to-ping-pong", "air-ping-pong-transform"
 PROGRAMS = [("o_ffn", 16), ("o_ffn", 2048), ("rms_gemms_rope", 2048), ("flash_attn", 2048),
+            ("o_ffn_w8x2", 16), ("o_ffn_w8x2", 2048), ("rms_gemms_rope_w8x2", 2048),
             ("rms_gemv_rope", None), ("o_gemv_ffn", None), ("lm_head_gemv", None),
             *(pytest.param(name, 2048, marks=pytest.mark.xfail(strict=True, reason=(
                 "a known gap of the model: AIR hoists the L1 buffers of decode attention's tile herd (which has no "

@@ -24,12 +24,10 @@ def test_a_study_sets_every_prefill_gemm_and_only_inside():
 
 
 def test_per_call_cycles_rank_the_precisions():
-    """At both ends of the timing model, an integer call is cheaper than a BFP16 one, which is cheaper than exact
-    bf16 (aie_api's emulation of it); W8A16 issues twice W8A8's MACs (256-MAC instructions)."""
+    """At both ends of the timing model, for the same MACs a call (64 x 32 x 128 bf16; 64 x 64 x 32 with two int8
+    terms), the integer call is cheaper than a BFP16 one, which is cheaper than exact bf16 (aie_api's emulation)."""
     cycles = precision.gemm_call_cycles()
+    assert set(cycles) == {"bf16", "bfp16", "w8x2a16"}
     for end in (0, 1):
-        assert cycles["int8"][end] <= cycles["w8a16"][end] < cycles["bfp16"][end] < cycles["bf16"][end]
-    assert cycles["w8a16"][1] > cycles["int8"][1]
-    # two int8 weight terms: W8A16's instructions twice, still well under exact bf16's
-    assert cycles["w8x2a16"] == [2 * c for c in cycles["w8a16"]]
-    assert all(2 * cycles["w8x2a16"][end] < cycles["bf16"][end] for end in (0, 1))
+        assert cycles["w8x2a16"][end] < cycles["bfp16"][end] < cycles["bf16"][end]
+    assert cycles["w8x2a16"] == [1028, 3868]

@@ -26,6 +26,12 @@ PROGRAMS.update({f"{model}-o_ffn-bfp16_gate_up-{dict(p.params)['rows']}": p
                  for model, dims in (("smol", SMOL), ("llama", LLAMA))
                  for p in programs_for_model(dims, (16, 2048), "bfp16_gate_up") if p.name == "o_ffn"})
 
+# The integer-GEMM prefill Programs ("w8x2a16": quantize_rows, gemm_int, gemm_int_swiglu) at every bucket: the 32
+# lowered in 509 s here (2 shared cores), SmolLM2's in about 3 minutes; Llama-3.2-1B's o_ffn_w8x2 at 2048 took 91 s.
+PROGRAMS.update({f"{model}-{p.name}-{dict(p.params)['rows']}": p
+                 for model, dims in (("smol", SMOL), ("llama", LLAMA))
+                 for p in programs_for_model(dims, BUCKETS, "w8x2a16") if p.name.endswith("_w8x2")})
+
 # The decode Programs over packed Q4_1 weights (SmolLM2's LM head in its GGUF's Q8_0): W rows move as bytes.
 PROGRAMS.update({f"{model}-{p.name}-{weights}": p
                  for model, dims, weights, head in (("smol", SMOL, "q4_1", "q8_0"), ("llama", LLAMA, "q4_1", "q4_1"))
