@@ -94,12 +94,26 @@ def integer_product(q: torch.Tensor, scale_a: torch.Tensor, *weight: torch.Tenso
     """bf16 output of quantized activations (q (M, K) integers, scale_a (M, 1)) times int8 weight terms (each
     (N, K)) with their (N,) scales, as the definition above computes it."""
     *terms, scale_w = weight
-    # Integer sums below 2^31 are exact in fp64 (products and partial sums stay under 2^53), and fp64 → fp32 rounds
-    # to nearest even like the core's int32 → fp32 conversion.
-    acc = torch.matmul(q.double(), terms[0].double().T).float()
+    # fp32(acc) from the exact integer sum, rounded to nearest even like the core's int32 → fp32 conversion
+    acc = _integer_sum(q, terms[0]).float()
     if len(terms) == 2:
-        acc = acc + torch.matmul(q.double(), terms[1].double().T).float() * 2.0 ** -LO_SHIFT
+        acc = acc + _integer_sum(q, terms[1]).float() * 2.0 ** -LO_SHIFT
     return (acc * (scale_a * scale_w.reshape(1, -1))).to(torch.bfloat16)
+
+
+def _integer_sum(q: torch.Tensor, term: torch.Tensor) -> torch.Tensor:
+    """Σ_k q[m, k] · term[n, k], exactly, as float64 (|q| < 2^15 fits the split below and an exact fp64). torch's
+    int8 GEMM (``_int_mm``, int32 sums: |128 · 127 · K| < 2^31 for the K of any model here) takes q as two int8
+    digits, q = 256 · hi + (lo + 128); without it (a GEMM of 16 rows or fewer, K or N not a multiple of 8), fp64
+    sums, exact below 2^53."""
+    (M, K), N = q.shape, term.shape[0]
+    if M <= 16 or K % 8 or N % 8:
+        return torch.matmul(q.double(), term.double().T)
+    hi = torch.div(q, 256, rounding_mode="floor")
+    lo = q - 256 * hi - 128
+    b = term.T.contiguous()
+    sums = torch._int_mm(hi.to(torch.int8), b).double().mul_(256)  # exact: every partial sum stays below 2^53
+    return sums.add_(torch._int_mm(lo.to(torch.int8), b)).add_(128 * term.sum(1, dtype=torch.int64).double())
 
 
 def integer_gemm(a: torch.Tensor, w: torch.Tensor, precision: str) -> torch.Tensor:

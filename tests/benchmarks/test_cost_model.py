@@ -47,18 +47,22 @@ def test_decode_adds_the_host_time_the_host_section_measured(tmp_path):
 
 def test_prefill_is_predicted_for_every_matmul_precision():
     """BFP16 multiplies run faster than aie_api's exact bf16 emulation at both ends; "bfp16_gate_up" has only the
-    gate/up GEMM at BFP16; flash_attn has no GEMM precision, but a BFP16 variant for the comparison with upstream."""
+    gate/up GEMM at BFP16; the integer GEMMs (w8x2a16, their own Programs) faster than exact bf16; flash_attn has no
+    GEMM precision, but a BFP16 variant for the comparison with upstream."""
     (row,) = cost_model.predictions(prompts=(128,))["prefill"]
     for end in range(2):
         assert (row["predicted_ms_bfp16"][end] < row["predicted_ms_bfp16_gate_up"][end]
                 < row["predicted_ms_bf16"][end])
+        assert row["predicted_ms_w8x2a16"][end] < row["predicted_ms_bf16"][end]
     rows = {(r["program"], r["seq"]): r for r in cost_model.per_program(cost_model.llama_1b_dims())}
     o_ffn, qkv, attention = rows[("o_ffn", 2048)], rows[("rms_gemms_rope", 2048)], rows[("flash_attn", 2048)]
     for end in range(2):
         assert o_ffn["predicted_ms_bfp16"][end] < o_ffn["predicted_ms_bfp16_gate_up"][end] < o_ffn["predicted_ms"][end]
         assert attention["predicted_ms_bfp16"][end] < attention["predicted_ms"][end]
     assert qkv["predicted_ms_bfp16_gate_up"] == qkv["predicted_ms"]  # no gate/up GEMM in it
-    assert attention["predicted_ms_bfp16_gate_up"] is None
+    assert attention["predicted_ms_bfp16_gate_up"] is None and attention["predicted_ms_w8x2a16"] is None
+    for program in (o_ffn, qkv):
+        assert all(w < b for w, b in zip(program["predicted_ms_w8x2a16"], program["predicted_ms"]))
 
 
 def test_a_decode_token_pays_one_dispatch_per_layer_plus_the_first_layers_and_the_lm_heads():

@@ -153,3 +153,16 @@ def test_w8x2_programs_compute_the_definition_launch_by_launch():
     assert torch.equal(values["act"].reshape(M, F), act)
     expected = (res1.float() + _definition(act, wd, 2).float()).bfloat16()
     assert torch.equal(values["out"].reshape(M, H).view(torch.int16), expected.view(torch.int16))
+
+
+@pytest.mark.parametrize("M, K, N", [(64, 2048, 512), (17, 576, 192), (300, 8192, 64), (16, 64, 32), (40, 100, 12)])
+def test_integer_sums_are_exact_on_either_path(M, K, N):
+    """The emulator's integer sums (torch's int8 GEMM over two digits of q above 16 rows and K, N multiples of 8,
+    fp64 otherwise) equal the exact int64 sums, at the extremes the quantization allows."""
+    gen = torch.Generator().manual_seed(M + K)
+    q = torch.randint(-32767, 32768, (M, K), generator=gen, dtype=torch.int32)
+    q[0], q[1] = 32767, -32767
+    w = torch.randint(-127, 128, (N, K), generator=gen, dtype=torch.int8)
+    w[0], w[1] = 127, -127
+    exact = q.long() @ w.long().T
+    assert torch.equal(g._integer_sum(q, w), exact.double())
