@@ -629,6 +629,10 @@ def lm_head_gemv_packed_program(hidden: int, vocab: int, weights: str) -> Progra
     return lm_head_gemv_program(hidden, vocab, _packed_only(weights))
 
 
+# The Programs built per prefill bucket (the others, decode's and the LM head's, once per model).
+PREFILL_PROGRAM_NAMES = ("rms_gemms_rope", "flash_attn", "o_ffn", "rms_gemms_rope_w8x2", "o_ffn_w8x2")
+
+
 def prefill_programs(dims: ModelDims, seq: int, matmul_precision: str = DEFAULT_MATMUL_PRECISION) -> list[Program]:
     """A prefill bucket's trio: rms_gemms_rope, flash_attn and o_ffn at ``seq`` rows (their integer-GEMM Programs
     for "w8x2a16"; "auto" as for bf16 weights)."""

@@ -341,8 +341,10 @@ def _check_weights(parser, path, weights) -> None:
 
 
 def _program_label(program) -> str:
+    from .kernels.catalog import PREFILL_PROGRAM_NAMES
+
     rows = dict(program.params).get("rows", dict(program.params).get("seq"))
-    return f"{program.name}_{rows}" if program.name in ("rms_gemms_rope", "flash_attn", "o_ffn") else program.name
+    return f"{program.name}_{rows}" if program.name in PREFILL_PROGRAM_NAMES else program.name
 
 
 NPU_INSTS_HEADER = ("program", "result", "segments", "tiles", "memtiles", "L1 KiB", "L2 KiB", "DMA channels", "BDs",

@@ -18,7 +18,7 @@ def test_a_study_sets_every_prefill_gemm_and_only_inside():
         qkv = build()[0]
         assert [l.p["precision"] for l in qkv.launches if l.kind == "gemm"] == ["w8a16", "w8a16", "bf16"]
         assert [gemm_precisions(p) for p in build()[1:]] == [{"w8a16"}] * 2
-    assert [gemm_precisions(p) for p in build()] == [{catalog.DEFAULT_MATMUL_PRECISION}] * 3
+    assert [gemm_precisions(p) for p in build()] == [{catalog.DEFAULT_BF16_WEIGHT_PRECISION}] * 3
     assert "int8" not in catalog.MATMUL_PRECISIONS  # not a user's choice until its builder exists
     assert "w8x2a16" in catalog.MATMUL_PRECISIONS and "w8x2a16" not in precision.STUDIES  # its own Programs
 

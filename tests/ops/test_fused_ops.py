@@ -211,7 +211,8 @@ def test_bad_arguments_raise_naming_op_and_argument(runtime, name, index, arg, m
     ("rms_gemv_rope", (float("nan"),), "eps", "a finite float > 0, got nan"),
     ("o_gemv_ffn", (float("inf"),), "eps", "a finite float > 0, got inf"),
     ("o_gemv_ffn_rms_gemv_rope", (EPS, -1.0), "next_eps", "a finite float > 0, got -1.0"),
-    ("rms_gemms_rope", (EPS, "fp8"), "precision", "one of 'bf16', 'bfp16', 'bfp16_gate_up', got 'fp8'"),
+    ("rms_gemms_rope", (EPS, "fp8"), "precision", "one of 'bf16', 'bfp16', 'bfp16_gate_up' (for 'w8x2a16': the "
+                                                  "*_w8x2 ops, over prepared weights), got 'fp8'"),
     ("flash_attn", (0,), "head_dim", "a positive int, got 0"),
 ])
 def test_bad_scalars_raise_naming_op_and_argument(runtime, name, scalars, arg, expected):
