@@ -264,11 +264,13 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
     ``backend``: "auto" (NPU if present, else emulated), "npu2" or "emulator" — the process-wide runtime.
     ``prefill_buckets``: the sequence lengths prefill kernels are compiled for; prompts pad to the next
     bucket, and prompts longer than the largest are processed in chunks of it.
-    ``matmul_precision``: how the prefill GEMMs multiply on the NPU: "bf16" (the AIE API's exact bf16 mmul),
-    "bfp16" (operands converted to bfp16ebs8, blocks of 8 along K: faster, less accurate) or "bfp16_gate_up"
-    (BFP16 for the gate/up projection only, the others exact: between the two in speed and accuracy); the
-    emulator follows the choice. Decode and the LM head use bf16 in every mode. The default and why: README,
-    "Numerics".
+    ``matmul_precision``: how the prefill GEMMs multiply on the NPU: "w8x2a16" (integer GEMMs over weights prepared
+    here as two int8 terms under per-channel scales, kernels/int_gemm.py: as accurate as bf16, several times faster
+    than it, 2.25 bytes a projection weight more memory), "bf16" (the AIE API's exact bf16 mmul), "bfp16" (operands
+    converted to bfp16ebs8, blocks of 8 along K: fast, less accurate) or "bfp16_gate_up" (BFP16 for the gate/up
+    projection only); "auto", the default, is "w8x2a16" for bf16 weights whose projections the integer GEMMs take
+    and "bf16" otherwise. The emulator follows the choice. Decode and the LM head use bf16 (or packed weights) in
+    every mode. The default and why: README, "Matmul precision".
     ``weights``: how decode reads the projection weights (and the LM head): "bf16", or packed block-quantized
     rows, "q4_1" (GGUF's Q4_1, round to nearest per 32-element block, quantized here from the bf16 weights),
     "q4_0" or "q8_0"; the decode GEMVs dequantize each block as they go. Prefill dequantizes them on the host
