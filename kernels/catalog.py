@@ -48,8 +48,8 @@ INTEGER_PRECISION = "w8x2a16"
 MATMUL_PRECISIONS = (*BF16_WEIGHT_PRECISIONS, INTEGER_PRECISION)
 # The default, "auto" (``default_matmul_precision``): "w8x2a16" for a model with bf16 weights whose projections the
 # integer GEMMs take, as close to fp32 as HF's bf16 run on the precision benchmark and predicted several times
-# faster than exact bf16 (README, "Matmul precision"); otherwise "bf16" (with packed weights, whose bf16 originals
-# are not kept, prefill multiplies the host-dequantized rows exactly).
+# faster than exact bf16 (README, "Matmul precision"); otherwise "bf16" (with packed weights prefill multiplies the
+# host-dequantized rows exactly, keeping their memory at the packed bytes; "w8x2a16" can still be asked for).
 AUTO_PRECISION = "auto"
 DEFAULT_MATMUL_PRECISION = AUTO_PRECISION
 DEFAULT_BF16_WEIGHT_PRECISION = "bf16"  # the bf16-weight ops' own default (rms_gemms_rope, o_ffn)

@@ -400,8 +400,8 @@ class PackedProjections:
 @dataclass
 class PreparedProjections:
     """A decoder layer's projections prepared for the integer prefill GEMMs (matmul precision "w8x2a16":
-    kernels/int_gemm.py's tiles of two int8 terms and their scales, int32 words in NPU buffers), beside the bf16
-    weights decode reads. ``gate_up`` is the [gate | up] pair, tile by tile."""
+    kernels/int_gemm.py's tiles of two int8 terms and their scales, int32 words in NPU buffers), beside the weights
+    decode reads (bf16 or packed). ``gate_up`` is the [gate | up] pair, tile by tile."""
 
     wq: torch.Tensor
     wk: torch.Tensor
@@ -418,9 +418,9 @@ class NpuDecoderLayer:
                  packed: PackedProjections | None = None, prepared: PreparedProjections | None = None):
         """``signature``: the installed transformers' decoder-layer signature, whose names the layer takes its
         arguments by. Either ``gate_up``, the layer's gate and up weights side by side, [gate | up] (F × 2H), whose
-        halves its gate_proj.weight and up_proj.weight are (patch_llama lays them out so), with ``prepared``, the
-        projections prepared for integer prefill GEMMs when the model runs them; or ``packed``, the projections as
-        packed rows, when the model runs with quantized weights."""
+        halves its gate_proj.weight and up_proj.weight are (patch_llama lays them out so), or ``packed``, the
+        projections as packed rows, when the model runs with quantized weights; and ``prepared``, the projections
+        prepared for integer prefill GEMMs when the model runs them."""
         self.signature = signature
         self.hf_forward = functools.partial(type(layer).forward, layer)  # HF's own layer, for output_attentions
         attn, mlp = layer.self_attn, layer.mlp

@@ -82,9 +82,6 @@ def _validate(model, buckets, matmul_precision, weights="bf16", from_file=frozen
     if weights not in DECODE_WEIGHTS:
         raise _fail(f"weights must be one of {', '.join(map(repr, DECODE_WEIGHTS))}, got {weights!r}")
     if matmul_precision == INTEGER_PRECISION:
-        if weights != "bf16":
-            raise _fail(f"matmul_precision={INTEGER_PRECISION!r} prepares its weights from the bf16 projections, which "
-                        f"weights={weights!r} does not keep on the NPU; use weights='bf16', or matmul_precision='bf16'")
         misfit = integer_gemm_misfit(family.dims(config))
         if misfit is not None:
             raise _fail(f"matmul_precision={misfit}")
@@ -205,20 +202,28 @@ def _pin_gate_up(runtime, mlp) -> torch.Tensor:
     return gate_up
 
 
-def _prepare_integer(runtime, layer) -> PreparedProjections:
+def _prepare_integer(runtime, layer, packed: PackedProjections | None = None) -> PreparedProjections:
     """A decoder layer's projections prepared for the integer prefill GEMMs (kernels/int_gemm.py), each into an NPU
-    buffer of its own, beside the bf16 weights decode reads."""
+    buffer of its own, from its bf16 weights, or from the exact weights of its ``packed`` rows (rounded to bf16)."""
     attn, mlp = layer.self_attn, layer.mlp
+    hidden, q_dim, intermediate = attn.q_proj.in_features, attn.o_proj.in_features, mlp.down_proj.in_features
+
+    def bf16(module, name: str, in_features: int) -> torch.Tensor:
+        return module.weight.data if packed is None else packed.dequantized(name, in_features)
 
     def prepare(weight: torch.Tensor, halves: int = 1) -> torch.Tensor:
         out = runtime.empty(int_gemm.prepared_weight_shape(weight.shape[0] // halves, weight.shape[1], halves),
                             torch.int32)
         return int_gemm.prepare_weight(weight, halves, out)
 
-    return PreparedProjections(prepare(attn.q_proj.weight.data), prepare(attn.k_proj.weight.data),
-                               prepare(attn.v_proj.weight.data), prepare(attn.o_proj.weight.data),
-                               prepare(torch.cat((mlp.gate_proj.weight.data, mlp.up_proj.weight.data)), halves=2),
-                               prepare(mlp.down_proj.weight.data))
+    if packed is None:
+        gate_up = torch.cat((mlp.gate_proj.weight.data, mlp.up_proj.weight.data))
+    else:  # each packed row holds a gate row, then an up row
+        pairs = packed.dequantized("gate_up", hidden)
+        gate_up = torch.cat((pairs[:, :hidden], pairs[:, hidden:]))
+    return PreparedProjections(prepare(bf16(attn.q_proj, "wq", hidden)), prepare(bf16(attn.k_proj, "wk", hidden)),
+                               prepare(bf16(attn.v_proj, "wv", hidden)), prepare(bf16(attn.o_proj, "wo", q_dim)),
+                               prepare(gate_up, halves=2), prepare(bf16(mlp.down_proj, "down", intermediate)))
 
 
 # ---- packed weights ---------------------------------------------------------------------------------------------
@@ -319,8 +324,10 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
         for item in items:
             if isinstance(item, nn.Parameter):
                 item.data = runtime.pin(item.data)
-            elif packed:
-                per_layer.append(_pin_packed(state, runtime, item, weights, source))
+            elif packed:  # the projections packed (and prepared from the packed rows for integer prefill GEMMs)
+                rows = _pin_packed(state, runtime, item, weights, source)
+                integer = _prepare_integer(runtime, item, rows) if matmul_precision == INTEGER_PRECISION else None
+                per_layer.append((rows, integer))
                 _set_aside(state, [m.weight for m in _projections(item)])
             else:  # a decoder layer: its gate and up weights, as one buffer (and integer copies for prefill)
                 gate_up = _pin_gate_up(runtime, item.mlp)
@@ -334,7 +341,7 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
         if state.spill is not None:
             state.spill.abandon()
         raise
-    patched = [NpuDecoderLayer(layer, state.shared, signature, packed=mine) if packed else
+    patched = [NpuDecoderLayer(layer, state.shared, signature, packed=mine[0], prepared=mine[1]) if packed else
                NpuDecoderLayer(layer, state.shared, signature, gate_up=mine[0], prepared=mine[1])
                for layer, mine in zip(model.model.layers, per_layer)]
     for layer, forward, following in zip(model.model.layers, patched, patched[1:] + [None]):

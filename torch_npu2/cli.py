@@ -585,8 +585,8 @@ def _add_matmul_precision(parser) -> None:
                         help="how the prefill GEMMs multiply: bf16 (exact bf16 mmul), bfp16 (BFP16 emulation: "
                              "faster, less accurate), bfp16_gate_up (BFP16 for the gate/up projection only) or "
                              "w8x2a16 (integer GEMMs over weights prepared as two int8 terms: as accurate as bf16, "
-                             "2.25 bytes a weight more memory, bf16 weights only); default: %(default)s, w8x2a16 "
-                             "with bf16 weights, bf16 with packed ones")
+                             "2.25 bytes a weight more memory); default: %(default)s, w8x2a16 with bf16 weights, "
+                             "bf16 with packed ones")
 
 
 def _add_weights(parser) -> None:
