@@ -19,7 +19,7 @@ BUCKETS = [16, 32, 64, 128, 256, 512, 1024, 2048]
 # progress fails its test here instead of running into CI's time limit.
 LOWERING_TIMEOUT = "600"
 PROGRAMS = {f"{model}-{p.name}-{dict(p.params).get('rows', dict(p.params).get('seq'))}": p
-            for model, dims in (("smol", SMOL), ("llama", LLAMA)) for p in programs_for_model(dims, BUCKETS)}
+            for model, dims in (("smol", SMOL), ("llama", LLAMA)) for p in programs_for_model(dims, BUCKETS, "bf16")}
 # "bfp16_gate_up" changes only o_ffn (its gate/up GEMM becomes a second, BFP16-built variant of gemm.o); the
 # smallest and largest buckets lower with both variants in one Program.
 PROGRAMS.update({f"{model}-o_ffn-bfp16_gate_up-{dict(p.params)['rows']}": p
