@@ -22,7 +22,7 @@ from dataclasses import asdict
 from functools import lru_cache
 
 from torch_npu2.kernels import core_ops, timing
-from torch_npu2.kernels.catalog import DEFAULT_MATMUL_PRECISION
+from torch_npu2.kernels.catalog import DEFAULT_MATMUL_PRECISION, INTEGER_PRECISION, resolve_matmul_precision
 from torch_npu2.kernels.device import DEVICE
 from torch_npu2.kernels.timing import ENDS
 
@@ -39,7 +39,7 @@ PUBLISHED_MS = {  # upstream llama32_1b on Strix, per call (KERNELS.md)
     ("rms_gemv_rope", None): 0.9, ("o_gemv_ffn", None): 3.6, ("lm_head_gemv", None): 13.6,
 }
 GEMM_PROGRAMS = ("rms_gemms_rope", "o_ffn")  # the Programs whose GEMMs take a matmul precision
-PRECISIONS = ("bf16", "bfp16_gate_up", "bfp16")
+PRECISIONS = ("bf16", "bfp16_gate_up", "bfp16", INTEGER_PRECISION)
 PUBLISHED_PREFILL_2048_S = 1.21          # every prompt padded to 2048
 PUBLISHED_DECODE_TOKENS_PER_S = 12.2
 
@@ -88,6 +88,9 @@ def program(name: str, dims, seq: int | None = None, precision: str = "bf16", we
     from torch_npu2.kernels import catalog
 
     d = dims
+    precision = resolve_matmul_precision(precision, dims)
+    if name in GEMM_PROGRAMS and precision == INTEGER_PRECISION:  # rms_gemms_rope_w8x2, o_ffn_w8x2
+        return next(p for p in catalog.prefill_programs(d, seq, precision) if p.name == f"{name}_w8x2")
     build = {
         "rms_gemms_rope": lambda: catalog.rms_gemms_rope_program(d.hidden, d.heads, d.kv_heads, d.head_dim, d.eps, seq,
                                                                  precision),
@@ -151,29 +154,27 @@ def decode_with_attention_ms(dims, layers: int, context: int, weights: str = "bf
     return tuple(a + b for a, b in zip(decode_ms(dims, layers, weights), decode_attention_ms(dims, layers, context)))
 
 
-def decode_chained_ms(dims, layers: int, context: int) -> Range:
+def decode_chained_ms(dims, layers: int, context: int, weights: str = "bf16") -> Range:
     """A token whose layers each run as one dispatch from their attention on: rms_gemv_rope for the first layer,
     decode_attn_o_gemv_ffn_rms_gemv_rope for every layer but the last, decode_attn and o_gemv_ffn for the last,
-    then the LM head (bf16 weights)."""
+    then the LM head (projection weights and LM head as ``weights``)."""
     from torch_npu2.kernels import catalog
 
     d = dims
     capacity = catalog.decode_attn_capacity(context, DECODE_ATTN_MAX_LEN)
     chained = program_range(catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_program(
-        d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads, d.head_dim, capacity, d.eps))
+        d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads, d.head_dim, capacity, d.eps, weights))
     attention = program_range(catalog.decode_attn_program(d.heads, d.kv_heads, d.head_dim, capacity))
-    first, last, head = (_seconds(name, dims, None) for name in ("rms_gemv_rope", "o_gemv_ffn", "lm_head_gemv"))
+    first, last, head = (_seconds(name, dims, None, "bf16", weights)
+                         for name in ("rms_gemv_rope", "o_gemv_ffn", "lm_head_gemv"))
     return tuple((c.seconds * (layers - 1) + a.seconds + f + l + h) * 1e3
                  for c, a, f, l, h in zip(chained, attention, first, last, head))
 
 
 def token_ms(dims, layers: int, context: int, weights: str = "bf16") -> Range:
     """NPU time of the decode token a patched model runs at ``context``: each layer from its attention on as one
-    dispatch with bf16 weights (``decode_chained_ms``); with packed weights decode_attn is a dispatch of its own
-    (there is no packed chained Program), so ``decode_with_attention_ms``."""
-    if weights == "bf16":
-        return decode_chained_ms(dims, layers, context)
-    return decode_with_attention_ms(dims, layers, context, weights)
+    dispatch (``decode_chained_ms``), with bf16 or packed weights."""
+    return decode_chained_ms(dims, layers, context, weights)
 
 
 def decode_weight_bytes(dims, layers: int, weights: str = "bf16") -> int:
@@ -214,13 +215,14 @@ def _summary(costs: tuple[timing.ProgramCost, ...]) -> dict:
 
 def per_program(dims) -> list[dict]:
     """Each Program upstream publishes a time for, its range next to upstream's time; a prefill Program also with
-    its GEMMs at bfp16 (upstream's mode: its published times are of BFP16-emulated GEMMs) and with only its gate/up
-    GEMM at bfp16; flash_attn also with its multiplies through BFP16, as upstream's (ours are exact)."""
+    its GEMMs at bfp16 (upstream's mode: its published times are of BFP16-emulated GEMMs), with only its gate/up
+    GEMM at bfp16 and as its integer-GEMM Program (w8x2a16); flash_attn also with its multiplies through BFP16, as upstream's (ours are exact)."""
     rows = []
     for (name, seq), published in PUBLISHED_MS.items():
         prog = program(name, dims, seq)
         row = _summary(program_range(prog))
         gemms = name in GEMM_PROGRAMS
+        row["predicted_ms_w8x2a16"] = _scaled(_seconds(name, dims, seq, INTEGER_PRECISION), 1e3) if gemms else None
         row["predicted_ms_bfp16_gate_up"] = _scaled(_seconds(name, dims, seq, "bfp16_gate_up"), 1e3) if gemms else None
         row["predicted_ms_bfp16"] = (_scaled(_seconds(name, dims, seq, "bfp16"), 1e3) if gemms
                                      else list(_tuned_range(prog, precision="bfp16")) if name == "flash_attn" else None)
@@ -445,7 +447,9 @@ def run(mode: str, out_dir, log=print) -> dict:
         "method": f"{timing.__doc__.strip()}\n\n{__doc__.strip()}",
         "constants": constants(),
         "headline": headline(),
-        "headline_note": f"Llama-3.2-1B, matmul precision {DEFAULT_MATMUL_PRECISION} (the default), NPU time only, "
+        "headline_note": f"Llama-3.2-1B, matmul precision "
+                         f"{resolve_matmul_precision(DEFAULT_MATMUL_PRECISION, llama_1b_dims())} (the default), NPU "
+                         "time only, "
                          f"[fast end, slow end] in seconds; decode at context {DECODE_CONTEXT} with its attention on the NPU "
                          "(host overhead comes on top)",
         "per_program": rows,

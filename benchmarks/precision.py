@@ -1,5 +1,5 @@
-"""Accuracy of each prefill matmul precision ("bf16", "bfp16", "bfp16_gate_up") against an fp32 run of the same
-model (measured on the emulated NPU2), and the predicted prefill cost of each (a MODEL, not a measurement).
+"""Accuracy of each prefill matmul precision ("bf16", "bfp16", "bfp16_gate_up", "w8x2a16") against an fp32 run of
+the same model (measured on the emulated NPU2), and the predicted prefill cost of each (a MODEL, not a measurement).
 
 Per model and precision:
 - ``compare_layers`` against the fp32 model on one prompt: the worst decoder layer's and the logits' minimum
@@ -15,13 +15,14 @@ Which GEMM's BFP16 conversion costs the accuracy (``sensitivity``): SmolLM2 with
 with BFP16 and the others exact (the catalog's per-projection choice swapped for the study, so the Programs,
 their keys and the emulator's numerics are the real ones), ``compare_layers`` against fp32 on the same prompt.
 
-Integer GEMMs (``STUDIES``): "int8" (W8A8), "w8a16" (int8 weights, int16 activations) and "w8x2a16" (two int8
-terms per weight, int16 activations), whose numerics the
-emulator has (torch_npu2/emulator/int8.py) but whose GEMM builder does not exist yet, so they are not matmul
-precisions a user can pick: the catalog's per-projection choice is swapped for the study (as in ``sensitivity``)
-and the Programs carry the integer precision to the emulator; patch_llama warns that the NPU could not build them.
-``integer_distances`` measures SmolLM2's distance to fp32 per integer scheme (and per projection), and
-``gemm_call_cycles`` the core cycles of one GEMM kernel call per precision (counted, at the timing model's ends).
+"w8x2a16" (two int8 terms per weight, int16 activations: kernels/int_gemm.py) is a matmul precision with Programs
+of its own. The other integer schemes (``STUDIES``), "int8" (W8A8) and "w8a16" (one int8 term per weight), have
+the emulator's numerics but no builder, so they are not matmul precisions a user can pick: the catalog's
+per-projection choice is swapped for the study (as in ``sensitivity``) and the Programs carry the integer precision
+to the emulator, which quantizes the bf16 weights as prepared weights would be; patch_llama warns that the NPU could
+not build them. ``integer_distances`` measures SmolLM2's distance to fp32 per integer scheme (and per projection),
+and ``gemm_call_cycles`` the core cycles of one GEMM kernel call per precision (counted, at the timing model's
+ends).
 
 Predicted prefill cost: the timing model's range (``kernels/timing.py``) of each precision's Programs.
 """
@@ -29,19 +30,18 @@ from __future__ import annotations
 
 import copy
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
 
 from . import common, cost_model
 
-PRECISIONS = ("bf16", "bfp16", "bfp16_gate_up")
+PRECISIONS = ("bf16", "bfp16", "bfp16_gate_up", "w8x2a16")
 # Study name → the GEMM precision of each projection (kernels/catalog.py's names). "w8a16_v_bf16": the V
 # projection, the one whose integer GEMM alone costs SmolLM2 the most (README, "Integer GEMMs"), stays exact bf16;
-# "w8a16_v_down_bf16": V and down do. "w8x2a16": two int8 terms per weight (emulator/int8.py).
+# "w8a16_v_down_bf16": V and down do.
 STUDIES = {"int8": lambda projection: "int8", "w8a16": lambda projection: "w8a16",
-           "w8x2a16": lambda projection: "w8x2a16",
            "w8a16_v_bf16": lambda projection: "bf16" if projection == "v" else "w8a16",
            "w8a16_v_down_bf16": lambda projection: "bf16" if projection in ("v", "down") else "w8a16"}
 PROJECTIONS = ("q", "k", "v", "o", "gate_up", "down")  # the prefill GEMMs, as kernels/catalog.py names them
@@ -218,13 +218,15 @@ def _sensitivity(settings, log) -> dict:
 
 def integer_distances(log=print, names: tuple[str, ...] | None = None) -> dict:
     """SmolLM2's distance to fp32 (``compare_layers`` on the chat prompt ``sensitivity`` uses) with integer GEMMs:
-    exact bf16 GEMMs for reference, each study of ``STUDIES``, the integer W8A8 GEMM with V and down exact, and W8A16 in one projection at a time
-    (the others exact bf16); ``names``: just these schemes, by name. Runs on the emulated NPU2."""
+    exact bf16 GEMMs for reference, the "w8x2a16" matmul precision, each study of ``STUDIES``, the integer W8A8 GEMM
+    with V and down exact, and W8A16 in one projection at a time (the others exact bf16); ``names``: just these
+    schemes, by name. Runs on the emulated NPU2."""
     import torch_npu2
     from tests.patch_llama.test_smollm2 import chat_ids
     from torch_npu2.patch_llama.models import load_model
 
-    schemes = {"bf16": lambda projection: "bf16", **STUDIES, "int8_v_down_bf16": lambda projection: "bf16" if projection in ("v", "down") else "int8",
+    # None: a matmul precision of its own name; else each projection's precision in a study
+    schemes = {"bf16": None, "w8x2a16": None, **STUDIES, "int8_v_down_bf16": lambda projection: "bf16" if projection in ("v", "down") else "int8",
                **{f"w8a16_{only}_only": (lambda only: lambda projection: "w8a16" if projection == only else "bf16")(only)
                   for only in PROJECTIONS}}
     if names is not None:
@@ -236,8 +238,11 @@ def integer_distances(log=print, names: tuple[str, ...] | None = None) -> dict:
         fp32 = torch.nn.Module.float(copy.deepcopy(model))
         for name, scheme in schemes.items():
             candidate = copy.deepcopy(model)
-            with _studied_scheme(scheme):
-                torch_npu2.patch_llama(candidate, prefill_buckets=SETTINGS["quick"]["buckets"])
+            buckets = SETTINGS["quick"]["buckets"]
+            # a study's Programs are built while it is in force: patching and the run both inside
+            with nullcontext() if scheme is None else _studied_scheme(scheme):
+                torch_npu2.patch_llama(candidate, prefill_buckets=buckets,
+                                       **({"matmul_precision": name} if scheme is None else {}))
                 rows[name] = _distance(fp32, candidate, compare_ids)
             log(f"  SmolLM2-135M, {name}: worst layer {rows[name]['worst_layer_min_cosine']:.5f}, logits "
                 f"{rows[name]['logits_min_cosine']:.5f}")
@@ -263,22 +268,22 @@ def predicted_prefill_ms(seq: int) -> dict:
 
 
 def gemm_call_cycles(tile_m: int = 64, tile_k: int = 32, tile_n: int = 128) -> dict:
-    """Core cycles of one GEMM kernel call on a (tile_m × tile_k) · (tile_k × tile_n) tile, [fast end, slow end], per
-    GEMM precision, from what the call executes (kernels/core_ops.py's count of its AIE path, kernels/timing.py's
-    ends): gemm.cc's exact bf16 and BFP16 builds and gemm_int8.cc's W8A8, W8A16 and W8x2A16 (two weight terms, the
-    same MACs twice) builds. The tile is the one the GEMM builder picks for Llama-3.2-1B's prefill GEMMs at 2048 rows
-    (W8x2A16's two int32 accumulators of it would fill a core's 64 KiB alone: its builder would take half the N)."""
-    from torch_npu2.kernels import core_ops, timing
+    """Core cycles of one prefill GEMM kernel call, [fast end, slow end], per matmul precision that has a kernel, from
+    what the call executes (kernels/core_ops.py's count of its AIE path, kernels/timing.py's ends): gemm.cc's exact
+    bf16 and BFP16 builds on a (tile_m × tile_k) · (tile_k × tile_n) tile, the one the GEMM builder picks for
+    Llama-3.2-1B's prefill GEMMs at 2048 rows, and gemm_int8.cc's "w8x2a16" call (``gemm_int_w8x2``) on the tile its
+    builder picks there: tile_m rows of 64 accumulator columns, 32 K, two int8 weight terms, so the same MACs as the
+    bf16 call at the defaults (the int8 and w8a16 studies have the emulator's numerics only, no kernel)."""
+    from torch_npu2.kernels import core_ops, int_gemm, timing
 
     tile = {"GEMM_TILE_M": tile_m, "GEMM_TILE_K": tile_k, "GEMM_TILE_N": tile_n, "GEMM_DRAIN_N": 32}
-    calls = {"bf16": ("gemm_bf16_f32_wnk", {}, None),
-             "bfp16": ("gemm_bf16_f32_wnk", {core_ops.BFP16_DEFINE: 1}, None),
-             "int8": ("gemm_int_i32_wkn", {"GEMM_ACT_BITS": 8}, "gemm_int8.cc"),
-             "w8a16": ("gemm_int_i32_wkn", {"GEMM_ACT_BITS": 16}, "gemm_int8.cc"),
-             "w8x2a16": ("gemm_int_i32_wkn", {"GEMM_ACT_BITS": 16, "GEMM_WEIGHT_TERMS": 2}, "gemm_int8.cc")}
+    integer_tile = {"GEMM_TILE_M": tile_m, "GEMM_TILE_N": int_gemm.MAX_TILE_N, "GEMM_DRAIN_N": int_gemm.MAX_TILE_N}
+    calls = {"bf16": ("gemm_bf16_f32_wnk", tile),
+             "bfp16": ("gemm_bf16_f32_wnk", {**tile, core_ops.BFP16_DEFINE: 1}),
+             "w8x2a16": ("gemm_int_w8x2", integer_tile)}
     cycles = {}
-    for precision, (symbol, extra, source) in calls.items():
-        ops = core_ops.count_call(symbol, tuple(sorted({**tile, **extra}.items())), (), source=source)
+    for precision, (symbol, defines) in calls.items():
+        ops = core_ops.count_call(symbol, tuple(sorted(defines.items())), ())
         cycles[precision] = [timing.core_cycles(core_ops.instructions(ops, end.share_operands), end)
                              for end in timing.ENDS]
     return cycles

@@ -107,7 +107,8 @@ def _cost_model(r: dict) -> list[str]:
     for p in r["per_program"]:
         largest = max(p["compute_ms_by_class"].items(), key=lambda kv: kv[1][1])
         programs.append([p["program"], p["seq"] or "decode", _range(p["predicted_ms"]),
-                         _range(p["predicted_ms_bfp16_gate_up"]), _range(p["predicted_ms_bfp16"]),
+                         _range(p["predicted_ms_w8x2a16"]), _range(p["predicted_ms_bfp16_gate_up"]),
+                         _range(p["predicted_ms_bfp16"]),
                          p["upstream_published_ms"], p["upstream_against_range"], p["launch_iterations"],
                          f"{p['ddr_mb']:.0f}", f"{largest[0]} {_range(largest[1])}"])
     prefill = [[p["prompt_tokens"], "+".join(map(str, p["buckets"])),
@@ -140,12 +141,14 @@ def _cost_model(r: dict) -> list[str]:
              f"decode {_range([s * 1e3 for s in head['decode_token_s']], 1)} ms per token.", "",
              "Upstream: published per-call times on Strix (KERNELS.md), against the like-for-like range (bfp16 "
              "multiplies, upstream's; flash_attn's are exact in ours and BFP16 only in this column).", ""]
-            + _table(["program", "seq", "predicted ms (bf16 GEMMs, the default)", "predicted ms (bfp16 gate/up GEMM)",
-                      "predicted ms (bfp16 multiplies)", "upstream published ms (bfp16 multiplies)",
+            + _table(["program", "seq", "predicted ms (bf16 GEMMs)", "predicted ms (w8x2a16 GEMMs, the default)",
+                      "predicted ms (bfp16 gate/up GEMM)", "predicted ms (bfp16 multiplies)",
+                      "upstream published ms (bfp16 multiplies)",
                       "upstream against the like-for-like range",
                       "launch iterations", "DDR MB", "largest compute class (ms per tile)"], programs) + [""]
-            + _table(["prompt", "our buckets", "predicted prefill ms (bf16)", "predicted prefill ms (bfp16 gate/up)",
-                      "predicted prefill ms (bfp16)", "upstream published ms (pad to 2048)"], prefill)
+            + _table(["prompt", "our buckets", *(f"predicted prefill ms ({precision})" for precision in
+                                                   cost_model.PRECISIONS), "upstream published ms (pad to 2048)"],
+                     prefill)
             + ["", "Branches (`scf.if`), counted as the IR executes them: " + ("; ".join(evaluated) or "none")
                + ". Conditions the model could not evaluate (counted as always taken): "
                + ("; ".join(unevaluated) or "none") + "."]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import int_gemm
 from .program import Arg, CompileOptions, Launch, Program, Role
 from .quant import FORMATS, weight_format
 
@@ -36,11 +37,46 @@ DECODE_OPTIONS = CompileOptions(runtime_loop_tiling_sizes=(16, 16))
 # How the prefill GEMMs multiply: "bfp16" builds the GEMM kernel with AIE_API_EMULATE_BFLOAT16_MMUL_WITH_BFP16
 # (both operands converted to bfp16ebs8, blocks of 8 along K: fast), "bf16" with the AIE API's exact bf16 mmul
 # (slower); "bfp16_gate_up" builds the gate/up projection (over half of a layer's MACs, and the GEMM whose
-# conversion costs the least accuracy) with BFP16 and the others exact. Decode GEMVs and the LM head use bf16
-# MACs in every mode. The default and its reason: README, "Numerics". (The integer GEMMs, "int8", "w8a16" and
-# "w8x2a16", have the emulator's numerics and core kernels but no builder yet: benchmarks/precision.py studies them.)
-MATMUL_PRECISIONS = ("bf16", "bfp16", "bfp16_gate_up")
-DEFAULT_MATMUL_PRECISION = "bf16"
+# conversion costs the least accuracy) with BFP16 and the others exact. These three multiply the model's bf16
+# weights. "w8x2a16" multiplies integers (kernels/int_gemm.py): each weight as two int8 terms under a per-channel
+# scale, prepared once beside the bf16 weights, activations quantized per row to int16 on the device; its
+# Programs are rms_gemms_rope_w8x2 and o_ffn_w8x2. Decode GEMVs and the LM head use bf16 MACs in every mode. The
+# default and its reason: README, "Numerics". (The integer schemes "int8" (W8A8) and "w8a16" have the emulator's
+# numerics only: benchmarks/precision.py studies them.)
+BF16_WEIGHT_PRECISIONS = ("bf16", "bfp16", "bfp16_gate_up")
+INTEGER_PRECISION = "w8x2a16"
+MATMUL_PRECISIONS = (*BF16_WEIGHT_PRECISIONS, INTEGER_PRECISION)
+# The default, "auto" (``default_matmul_precision``): "w8x2a16" for a model with bf16 weights whose projections the
+# integer GEMMs take, as close to fp32 as HF's bf16 run on the precision benchmark and predicted several times
+# faster than exact bf16 (README, "Matmul precision"); otherwise "bf16" (with packed weights prefill multiplies the
+# host-dequantized rows exactly, keeping their memory at the packed bytes; "w8x2a16" can still be asked for).
+AUTO_PRECISION = "auto"
+DEFAULT_MATMUL_PRECISION = AUTO_PRECISION
+DEFAULT_BF16_WEIGHT_PRECISION = "bf16"  # the bf16-weight ops' own default (rms_gemms_rope, o_ffn)
+
+
+def integer_gemm_misfit(dims: "ModelDims") -> str | None:
+    """Why the integer GEMMs cannot run this model's projections (None when they can)."""
+    projections = {"q_proj": (dims.q_dim, dims.hidden), "k_proj": (dims.kv_dim, dims.hidden),
+                   "o_proj": (dims.hidden, dims.q_dim), "gate_proj": (dims.intermediate, dims.hidden),
+                   "down_proj": (dims.hidden, dims.intermediate)}
+    for name, (out_features, in_features) in projections.items():
+        if in_features % int_gemm.CALL_K or out_features % int_gemm.TILE_GRANULE:
+            return (f"{INTEGER_PRECISION!r} needs projections whose in features are multiples of {int_gemm.CALL_K} "
+                    f"and out features multiples of {int_gemm.TILE_GRANULE}; this model's {name} is "
+                    f"{out_features} × {in_features}")
+    return None
+
+
+def default_matmul_precision(dims: "ModelDims", weights: str = "bf16") -> str:
+    """What "auto" means for a model of ``dims`` whose decode reads ``weights``."""
+    return INTEGER_PRECISION if weights == "bf16" and integer_gemm_misfit(dims) is None else DEFAULT_BF16_WEIGHT_PRECISION
+
+
+def resolve_matmul_precision(precision: str, dims: "ModelDims", weights: str = "bf16") -> str:
+    return default_matmul_precision(dims, weights) if precision == AUTO_PRECISION else precision
+
+
 # How the decode Programs hold their projection weights: "bf16", or packed block-quantized rows (kernels/quant.py:
 # "q4_0", "q4_1", "q8_0"), which the GEMVs dequantize in their panel loop. Prefill Programs take bf16 weights.
 DECODE_WEIGHTS = ("bf16", *FORMATS)
@@ -109,10 +145,9 @@ def _launch(kind: str, reads, writes, **params) -> Launch:
     return Launch(kind, tuple(sorted(params.items())), tuple(reads), tuple(writes))
 
 
-def _check_precision(precision: str) -> None:
-    if precision not in MATMUL_PRECISIONS:
-        raise ValueError(f"matmul precision must be one of {', '.join(map(repr, MATMUL_PRECISIONS))}, "
-                         f"got {precision!r}")
+def _check_precision(precision: str, accepted=MATMUL_PRECISIONS) -> None:
+    if precision not in accepted:
+        raise ValueError(f"matmul precision must be one of {', '.join(map(repr, accepted))}, got {precision!r}")
 
 
 def _check_seq(seq: int) -> None:
@@ -225,18 +260,115 @@ def _check_attention_dims(heads: int, kv_heads: int, head_dim: int) -> None:
 
 
 def rms_gemms_rope_program(hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float, seq: int,
-                   precision: str = DEFAULT_MATMUL_PRECISION) -> Program:
+                   precision: str = DEFAULT_BF16_WEIGHT_PRECISION) -> Program:
     _check_seq(seq)
-    _check_precision(precision)
+    _check_precision(precision, BF16_WEIGHT_PRECISIONS)
     return _rms_qkv_rope("rms_gemms_rope", hidden, heads, kv_heads, head_dim, eps, seq, "gemm", lambda n: (seq, n),
                          PREFILL_OPTIONS, precision)
 
 
 def o_ffn_program(hidden: int, q_dim: int, intermediate: int, eps: float, seq: int,
-          precision: str = DEFAULT_MATMUL_PRECISION) -> Program:
+          precision: str = DEFAULT_BF16_WEIGHT_PRECISION) -> Program:
     _check_seq(seq)
-    _check_precision(precision)
+    _check_precision(precision, BF16_WEIGHT_PRECISIONS)
     return _o_ffn("o_ffn", hidden, q_dim, intermediate, eps, seq, lambda n: (seq, n), PREFILL_OPTIONS, precision)
+
+
+def prepared_weight_arg(name: str, out_features: int, in_features: int, halves: int = 1) -> Arg:
+    """A prefill weight as the integer GEMMs take it (kernels/int_gemm.py's tiles of two int8 terms and their
+    scales, as int32 words); ``halves`` 2: a [gate | up] pair of (out, in) weights, tile by tile."""
+    return Arg(name, int_gemm.prepared_weight_shape(out_features, in_features, halves), "i32", W)
+
+
+def quantized_rows_arg(name: str, rows: int, cols: int) -> Arg:
+    """Activations quantized per row for the integer GEMMs (int16 runs with their scales, as int32 words)."""
+    return Arg(name, (rows, int_gemm.activation_words(cols)), "i32", S)
+
+
+def _int_gemm(a: str, w: str, out: str, rows: int, k: int, n: int, swiglu: bool = False) -> Launch:
+    return _launch("gemm_int_swiglu" if swiglu else "gemm_int", [a, w], [out], M=rows, K=k, N=n,
+                   tile_n=int_gemm.weight_tile_n(n, 2 if swiglu else 1))
+
+
+def rms_gemms_rope_w8x2_program(hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float,
+                                seq: int) -> Program:
+    """rms_gemms_rope with integer GEMMs ("w8x2a16"): RMSNorm, the normed rows quantized per row to int16
+    (quantize_rows), the Q/K/V projections over prepared weights (gemm_int), RoPE. Host arguments are
+    rms_gemms_rope's, the projection weights prepared (``prepared_weight_arg``)."""
+    _check_seq(seq)
+    _check_attention_dims(heads, kv_heads, head_dim)
+    h, q, kv, hd = hidden, heads * head_dim, kv_heads * head_dim, head_dim
+    return Program(
+        name="rms_gemms_rope_w8x2",
+        params=(("hidden", hidden), ("heads", heads), ("kv_heads", kv_heads), ("head_dim", head_dim), ("eps", eps),
+                ("rows", seq)),
+        args=(
+            Arg("x", (seq, h), "bf16", I),
+            Arg("norm_w", (h,), "bf16", W),
+            Arg("normed", (seq, h), "bf16", S),
+            quantized_rows_arg("normed_q", seq, h),
+            prepared_weight_arg("wq", q, h),
+            prepared_weight_arg("wk", kv, h),
+            prepared_weight_arg("wv", kv, h),
+            Arg("rope_lut", (seq, hd), "bf16", I),
+            Arg("q", (seq, q), "bf16", S),
+            Arg("k", (seq, kv), "bf16", S),
+            Arg("v", (seq, kv), "bf16", O),
+            Arg("q_roped", (seq, q), "bf16", O),
+            Arg("k_roped", (seq, kv), "bf16", O),
+        ),
+        launches=(
+            _launch("rmsnorm", ["x", "norm_w"], ["normed"], rows=seq, cols=h, eps=eps),
+            _launch("quantize_rows", ["normed"], ["normed_q"], M=seq, K=h),
+            _int_gemm("normed_q", "wq", "q", seq, h, q),
+            _int_gemm("normed_q", "wk", "k", seq, h, kv),
+            _int_gemm("normed_q", "wv", "v", seq, h, kv),
+            _launch("rope", ["q", "rope_lut"], ["q_roped"], rows=seq, heads=heads, head_dim=hd),
+            _launch("rope", ["k", "rope_lut"], ["k_roped"], rows=seq, heads=kv_heads, head_dim=hd),
+        ),
+        compile_options=PREFILL_OPTIONS,
+    )
+
+
+def o_ffn_w8x2_program(hidden: int, q_dim: int, intermediate: int, eps: float, seq: int) -> Program:
+    """o_ffn with integer GEMMs ("w8x2a16"): each GEMM's input quantized per row (quantize_rows), the O, [gate | up]
+    (gemm_int_swiglu: both projections and SiLU·up in one launch) and down projections over prepared weights.
+    Host arguments are o_ffn's, the weights prepared (``prepared_weight_arg``; w_gate_up a [gate | up] pair)."""
+    _check_seq(seq)
+    h, q, f = hidden, q_dim, intermediate
+    return Program(
+        name="o_ffn_w8x2",
+        params=(("hidden", hidden), ("q_dim", q_dim), ("intermediate", intermediate), ("eps", eps), ("rows", seq)),
+        args=(
+            Arg("attn", (seq, q), "bf16", I),
+            quantized_rows_arg("attn_q", seq, q),
+            prepared_weight_arg("wo", h, q),
+            Arg("proj", (seq, h), "bf16", S),
+            Arg("x", (seq, h), "bf16", I),
+            Arg("res1", (seq, h), "bf16", S),
+            Arg("norm_w", (h,), "bf16", W),
+            Arg("normed", (seq, h), "bf16", S),
+            quantized_rows_arg("normed_q", seq, h),
+            prepared_weight_arg("w_gate_up", f, h, halves=2),
+            Arg("act", (seq, f), "bf16", S),
+            quantized_rows_arg("act_q", seq, f),
+            prepared_weight_arg("w_down", h, f),
+            Arg("down", (seq, h), "bf16", S),
+            Arg("out", (seq, h), "bf16", O),
+        ),
+        launches=(
+            _launch("quantize_rows", ["attn"], ["attn_q"], M=seq, K=q),
+            _int_gemm("attn_q", "wo", "proj", seq, q, h),
+            _launch("add", ["x", "proj"], ["res1"], rows=seq, cols=h),
+            _launch("rmsnorm", ["res1", "norm_w"], ["normed"], rows=seq, cols=h, eps=eps),
+            _launch("quantize_rows", ["normed"], ["normed_q"], M=seq, K=h),
+            _int_gemm("normed_q", "w_gate_up", "act", seq, h, f, swiglu=True),
+            _launch("quantize_rows", ["act"], ["act_q"], M=seq, K=f),
+            _int_gemm("act_q", "w_down", "down", seq, f, h),
+            _launch("add", ["res1", "down"], ["out"], rows=seq, cols=h),
+        ),
+        compile_options=PREFILL_OPTIONS,
+    )
 
 
 def _decode_name(name: str, weights: str) -> str:
@@ -486,13 +618,30 @@ def o_gemv_ffn_rms_gemv_rope_packed_program(hidden: int, q_dim: int, intermediat
                                             _packed_only(weights))
 
 
+def decode_attn_o_gemv_ffn_rms_gemv_rope_packed_program(hidden: int, q_dim: int, intermediate: int, eps: float,
+                                                        heads: int, kv_heads: int, head_dim: int, capacity: int,
+                                                        next_eps: float, weights: str) -> Program:
+    return decode_attn_o_gemv_ffn_rms_gemv_rope_program(hidden, q_dim, intermediate, eps, heads, kv_heads, head_dim,
+                                                        capacity, next_eps, _packed_only(weights))
+
+
 def lm_head_gemv_packed_program(hidden: int, vocab: int, weights: str) -> Program:
     return lm_head_gemv_program(hidden, vocab, _packed_only(weights))
 
 
+# The Programs built per prefill bucket (the others, decode's and the LM head's, once per model).
+PREFILL_PROGRAM_NAMES = ("rms_gemms_rope", "flash_attn", "o_ffn", "rms_gemms_rope_w8x2", "o_ffn_w8x2")
+
+
 def prefill_programs(dims: ModelDims, seq: int, matmul_precision: str = DEFAULT_MATMUL_PRECISION) -> list[Program]:
-    """A prefill bucket's trio: rms_gemms_rope, flash_attn and o_ffn at ``seq`` rows."""
+    """A prefill bucket's trio: rms_gemms_rope, flash_attn and o_ffn at ``seq`` rows (their integer-GEMM Programs
+    for "w8x2a16"; "auto" as for bf16 weights)."""
     d = dims
+    matmul_precision = resolve_matmul_precision(matmul_precision, dims)
+    if matmul_precision == INTEGER_PRECISION:
+        return [rms_gemms_rope_w8x2_program(d.hidden, d.heads, d.kv_heads, d.head_dim, d.eps, seq),
+                flash_attn_program(d.heads, d.kv_heads, d.head_dim, seq),
+                o_ffn_w8x2_program(d.hidden, d.q_dim, d.intermediate, d.eps, seq)]
     return [rms_gemms_rope_program(d.hidden, d.heads, d.kv_heads, d.head_dim, d.eps, seq, matmul_precision),
             flash_attn_program(d.heads, d.kv_heads, d.head_dim, seq),
             o_ffn_program(d.hidden, d.q_dim, d.intermediate, d.eps, seq, matmul_precision)]
@@ -501,9 +650,10 @@ def prefill_programs(dims: ModelDims, seq: int, matmul_precision: str = DEFAULT_
 def programs_for_model(dims: ModelDims, prefill_buckets,
                        matmul_precision: str = DEFAULT_MATMUL_PRECISION, weights: str = "bf16",
                        lm_head_weights: str | None = None) -> list[Program]:
-    """Every Program a model needs: the prefill trio per bucket (its GEMMs in ``matmul_precision``), the
-    decode pair and their chain across a layer boundary (projection weights as ``weights``), and the LM head
-    (``lm_head_weights``, by default ``weights``)."""
+    """Every Program a model needs: the prefill trio per bucket (its GEMMs in ``matmul_precision``; "auto":
+    ``default_matmul_precision``), the decode pair and their chain across a layer boundary (projection weights as
+    ``weights``), and the LM head (``lm_head_weights``, by default ``weights``)."""
+    matmul_precision = resolve_matmul_precision(matmul_precision, dims, weights)
     _check_precision(matmul_precision)
     _check_weights(weights)
     d = dims

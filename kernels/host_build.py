@@ -559,3 +559,86 @@ def gemm(a: torch.Tensor, w: torch.Tensor, *, tile_m: int, tile_k: int, tile_n: 
                     drain(acc[chunk].data_ptr(), out[mi, ni, chunk].data_ptr())
     # (M tile, N tile, N block, M block, m, n) -> (M tile, M block, m, N tile, N block, n)
     return out.permute(0, 3, 4, 1, 2, 5).reshape(m, n)
+
+
+# ---- the integer GEMMs ("w8x2a16", kernels/int_gemm.py): quantize_rows.cc and gemm_int8.cc ---------------------
+QUANT_STATE_FLOATS = 16  # quantize_rows.cc's state between its two calls
+
+
+def quantize_rows(x: torch.Tensor, *, chunk: int | None = None) -> torch.Tensor:
+    """``quantize_rows_prepare`` then ``quantize_rows_chunk`` per ``chunk`` values (default: the whole row) of each
+    row of x (M, K) bf16, as a tile of the quantize_rows launch walks them: (M, int_gemm.activation_words(K)) int32."""
+    from . import int_gemm
+
+    x = _require_bf16("x", x)
+    rows, depth = x.shape
+    chunk = chunk or depth
+    library = load("quantize_rows.cc", {"QUANT_K": depth, "QUANT_CHUNK": chunk})
+    prepare, pack = _function(library, "quantize_rows_prepare"), _function(library, "quantize_rows_chunk")
+    out = torch.empty(rows, int_gemm.activation_words(depth), dtype=torch.int32)
+    state = torch.empty(QUANT_STATE_FLOATS, dtype=torch.float32)
+    chunk_words = int_gemm.activation_words(chunk)
+    for r in range(rows):
+        prepare(x[r].data_ptr(), state.data_ptr())
+        for c in range(depth // chunk):
+            piece = torch.empty(chunk_words, dtype=torch.int32)
+            pack(x[r].data_ptr(), state.data_ptr(), piece.data_ptr(), c)
+            out[r, c * chunk_words:(c + 1) * chunk_words] = piece
+    return out
+
+
+def int_gemm_a_windows(a_words: torch.Tensor, K: int, tile_m: int) -> torch.Tensor:
+    """The quantized rows (M, activation_words(K)) cut as the L2 -> L1 DMA cuts them for gemm_int8.cc: per row tile
+    and call, [9 kb][tile_m m][2 words], indexed [row tile][call]."""
+    from . import int_gemm
+
+    rows = a_words.shape[0]
+    calls, run_words = K // int_gemm.CALL_K, int_gemm.CALL_COLS // 2
+    runs = a_words.reshape(rows // tile_m, tile_m, calls, run_words // 2, 2)  # [tile][m][call][kb][2 words]
+    return runs.permute(0, 2, 3, 1, 4).contiguous()
+
+
+def gemm_int(a_words: torch.Tensor, w_words: torch.Tensor, N: int, *, tile_n: int, tile_m: int = 64,
+             drain_n: int | None = None, swiglu: bool = False) -> torch.Tensor:
+    """gemm_int8.cc's calls as the gemm_int (or, ``swiglu``, gemm_int_swiglu) launch's herd makes them, per output
+    tile: ``gemm_int_zero_i32``, ``gemm_int_w8x2`` per call of 32 K (the A window cut from the quantized rows, the W
+    window one row of the prepared weight), and the drain per ``drain_n`` columns (default tile_n). a_words:
+    (M, activation_words(K)) int32 rows; w_words: the prepared weight (int_gemm.prepared_weight_shape)."""
+    from . import int_gemm
+
+    rows = a_words.shape[0]
+    K = a_words.shape[1] * 2 // int_gemm.CALL_COLS * int_gemm.CALL_K
+    halves = 2 if swiglu else 1
+    T, drain_n = halves * tile_n, drain_n or tile_n
+    calls = K // int_gemm.CALL_K
+    if rows % tile_m or N % tile_n or tile_n % drain_n or drain_n % GEMM_BLOCK:
+        raise ValueError(f"M={rows}, N={N}: expected multiples of tile_m={tile_m} and tile_n={tile_n}, and drain_n="
+                         f"{drain_n} a multiple of {GEMM_BLOCK} dividing tile_n")
+    if tuple(w_words.shape) != (N // tile_n * calls, int_gemm.window_bytes(T) // 4):
+        raise ValueError(f"w {tuple(w_words.shape)}: not a prepared weight of {N} columns, K={K}, tile_n={tile_n}")
+    library = load("gemm_int8.cc", {"GEMM_TILE_M": tile_m, "GEMM_TILE_N": T, "GEMM_DRAIN_N": drain_n})
+    zero, mac = _function(library, "gemm_int_zero_i32"), _function(library, "gemm_int_w8x2")
+    drain = _function(library, "gemm_int_swiglu_drain_bf16" if swiglu else "gemm_int_drain_bf16")
+    a_tiles = int_gemm_a_windows(a_words.contiguous(), K, tile_m)
+    w_tiles = w_words.contiguous().reshape(N // tile_n, calls, -1)
+    b, chunks = GEMM_BLOCK, tile_n // drain_n
+    chunk_elements = drain_n // b * 2 * tile_m * b
+    acc = torch.empty(halves * chunks, chunk_elements, dtype=torch.int32)
+    row_scale, col_scale = torch.empty(tile_m), torch.empty(halves * chunks, drain_n)
+    out = torch.empty(rows // tile_m, N // tile_n, chunks, drain_n // b, tile_m // b, b, b, dtype=torch.bfloat16)
+    for mi in range(rows // tile_m):
+        for ni in range(N // tile_n):
+            zero(acc.data_ptr())
+            for call in range(calls):
+                mac(a_tiles[mi, call].data_ptr(), w_tiles[ni, call].data_ptr(), acc.data_ptr(), row_scale.data_ptr(),
+                    col_scale.data_ptr())
+            for chunk in range(chunks):
+                if swiglu:
+                    drain(acc[chunk].data_ptr(), acc[chunks + chunk].data_ptr(), row_scale.data_ptr(),
+                          col_scale[chunk].data_ptr(), col_scale[chunks + chunk].data_ptr(),
+                          out[mi, ni, chunk].data_ptr())
+                else:
+                    drain(acc[chunk].data_ptr(), row_scale.data_ptr(), col_scale[chunk].data_ptr(),
+                          out[mi, ni, chunk].data_ptr())
+    # (M tile, N tile, chunk, N block, M block, m, n) -> (M tile, M block, m, N tile, chunk, N block, n)
+    return out.permute(0, 4, 5, 1, 2, 3, 6).reshape(rows, N)

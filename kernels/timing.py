@@ -547,7 +547,7 @@ class _Parser:
         elif cost.work == (LAST_OPERAND,):
             work = _numel(shapes[-1])
         else:
-            work = math.prod(self.defines[symbol][macro] for macro in cost.work)
+            work = cost.factor * math.prod(self.defines[symbol][macro] for macro in cost.work)
         defines = dict(self.defines[symbol])
         if self.precision == "bfp16" and cost.kind == "mmul_bf16":  # the launch's precision, if its build does not say
             defines[core_ops.BFP16_DEFINE] = 1

@@ -9,7 +9,7 @@ from collections import Counter
 
 import torch
 
-from ..kernels import catalog
+from ..kernels import catalog, int_gemm
 from .registry import BadArgument, FusedOp, register
 
 
@@ -156,17 +156,59 @@ def _o_gemv_ffn_rms_gemv_rope_packed(shapes, eps, next_eps, weights):
                                                            weights)
 
 
+def _decode_attn_o_gemv_ffn_rms_gemv_rope_packed(shapes, head_dim, eps, next_eps, weights):
+    """decode_attn's four tensors, then o_gemv_ffn_rms_gemv_rope_packed's without attn."""
+    attention = _decode_attn(shapes[:4], head_dim)
+    heads, kv_heads, capacity = (dict(attention.params)[n] for n in ("heads", "kv_heads", "capacity"))
+    hidden, q_dim, intermediate = _ffn_dims_packed((shapes[0],) + tuple(shapes[4:9]))
+    _, wq, wk, _, lut = shapes[9:]
+    try:
+        _rope_head_dim(lut, wq, wk)
+    except BadArgument as exc:
+        raise BadArgument("next_" + exc.arg, exc.expected, exc.given) from None
+    return catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_packed_program(hidden, q_dim, intermediate, eps, heads,
+                                                                       kv_heads, head_dim, capacity, next_eps, weights)
+
+
 def _lm_head_gemv_packed(shapes, weights):
     x, w_lm = shapes
     return catalog.lm_head_gemv_packed_program(x[0], w_lm[0], weights)
 
 
+# Integer GEMMs ("w8x2a16"): a prepared weight's shape is (windows, window words) of its tiles, so the in features
+# come from the vectors and the out features from each weight at them; the registry's shape check then holds each
+# weight to the shape the Program gives it.
+def _prepared_out(name: str, shape, in_features: int, halves: int = 1) -> int:
+    out = int_gemm.prepared_out_features(shape, in_features, halves)
+    if out is None:
+        raise BadArgument(name, f"a weight prepared for the integer GEMMs at {in_features} input features "
+                          f"(kernels/int_gemm.py: prepare_weight)", f"shape {shape}")
+    return out
+
+
+def _rms_gemms_rope_w8x2(shapes, eps):
+    x, norm_w, wq, wk, wv, lut = shapes
+    hidden, head_dim = _agreed(norm_w[0], x[-1]), lut[-1]
+    q_dim, kv_dim = _prepared_out("wq", wq, hidden), _prepared_out("wk", wk, hidden)
+    if head_dim <= 0 or head_dim % 2 or q_dim % head_dim or kv_dim % head_dim:
+        raise BadArgument("rope_lut", f"an even width (head_dim) dividing wq's ({q_dim}) and wk's ({kv_dim}) out "
+                          "features", f"shape {lut}")
+    return catalog.rms_gemms_rope_w8x2_program(hidden, q_dim // head_dim, kv_dim // head_dim, head_dim, eps, x[0])
+
+
+def _o_ffn_w8x2(shapes, eps):
+    attn, wo, x, norm_w, w_gate_up, w_down = shapes
+    hidden = _agreed(norm_w[0], x[-1])
+    return catalog.o_ffn_w8x2_program(hidden, attn[-1], _prepared_out("w_gate_up", w_gate_up, hidden, halves=2), eps,
+                                      x[0])
+
+
 # Small dims that fix each op's argument names and ranks for its schema.
 _EX = dict(hidden=8, heads=2, kv_heads=1, head_dim=4, eps=1e-5)
 _EX_FFN = dict(hidden=8, q_dim=8, intermediate=16, eps=1e-5)
-# The prefill ops' matmul precision (one of catalog.MATMUL_PRECISIONS); optional, so calls without it keep the
-# default.
-_PRECISION = ("precision", "str", catalog.DEFAULT_MATMUL_PRECISION)
+# The bf16-weight prefill ops' matmul precision (one of catalog.BF16_WEIGHT_PRECISIONS); optional, so calls without
+# it keep their default.
+_PRECISION = ("precision", "str", catalog.DEFAULT_BF16_WEIGHT_PRECISION)
 # The packed decode ops' weight format (kernels/quant.py), a required argument.
 _WEIGHTS = ("weights", "str")
 _EX_PACKED = "q4_1"
@@ -195,8 +237,16 @@ FUSED_OPS = {op.name: op for op in (
             _o_gemv_ffn_rms_gemv_rope_packed,
             catalog.o_gemv_ffn_rms_gemv_rope_program(**_EX_PACKED_FFN, heads=2, kv_heads=1, head_dim=32,
                                                      next_eps=1e-5, weights=_EX_PACKED)),
+    FusedOp("decode_attn_o_gemv_ffn_rms_gemv_rope_packed",
+            (("head_dim", "int"), ("eps", "float"), ("next_eps", "float"), _WEIGHTS),
+            _decode_attn_o_gemv_ffn_rms_gemv_rope_packed,
+            catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_program(64, 64, 128, 1e-5, 2, 1, 32, 64, 1e-5,
+                                                                 weights=_EX_PACKED)),
     FusedOp("lm_head_gemv_packed", (_WEIGHTS,), _lm_head_gemv_packed,
             catalog.lm_head_gemv_program(64, 16, weights=_EX_PACKED)),
+    FusedOp("rms_gemms_rope_w8x2", (("eps", "float"),), _rms_gemms_rope_w8x2,
+            catalog.rms_gemms_rope_w8x2_program(**_EX_PACKED_DIMS, seq=2)),
+    FusedOp("o_ffn_w8x2", (("eps", "float"),), _o_ffn_w8x2, catalog.o_ffn_w8x2_program(**_EX_PACKED_FFN, seq=2)),
 )}
 
 ALL_OPS = {name: register(op) for name, op in FUSED_OPS.items()}
@@ -207,3 +257,5 @@ decode_attn_o_gemv_ffn_rms_gemv_rope = ALL_OPS["decode_attn_o_gemv_ffn_rms_gemv_
 rms_gemv_rope_packed, o_gemv_ffn_packed = ALL_OPS["rms_gemv_rope_packed"], ALL_OPS["o_gemv_ffn_packed"]
 o_gemv_ffn_rms_gemv_rope_packed, lm_head_gemv_packed = (ALL_OPS["o_gemv_ffn_rms_gemv_rope_packed"],
                                                         ALL_OPS["lm_head_gemv_packed"])
+decode_attn_o_gemv_ffn_rms_gemv_rope_packed = ALL_OPS["decode_attn_o_gemv_ffn_rms_gemv_rope_packed"]
+rms_gemms_rope_w8x2, o_ffn_w8x2 = ALL_OPS["rms_gemms_rope_w8x2"], ALL_OPS["o_ffn_w8x2"]

@@ -13,7 +13,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..kernels import quant
+from ..kernels import int_gemm, quant
 from ..kernels.catalog import decode_attn_length_value
 
 
@@ -141,6 +141,42 @@ def o_gemv_ffn_rms_gemv_rope_packed_reference(attn, wo, x, norm_w, w_gate_up, w_
                                                  next_eps, weights))
 
 
+def decode_attn_o_gemv_ffn_rms_gemv_rope_packed_reference(q, k_cache, v_cache, length, wo, x, norm_w, w_gate_up,
+                                                          w_down, next_norm_w, next_wq, next_wk, next_wv,
+                                                          next_rope_lut, head_dim, eps, next_eps, weights):
+    """Reference of npu2.decode_attn_o_gemv_ffn_rms_gemv_rope_packed."""
+    attn = decode_attn_reference(q, k_cache, v_cache, length, head_dim)
+    return o_gemv_ffn_rms_gemv_rope_packed_reference(attn, wo, x, norm_w, w_gate_up, w_down, next_norm_w, next_wq,
+                                                     next_wk, next_wv, next_rope_lut, eps, next_eps, weights)
+
+
 def lm_head_gemv_packed_reference(x, w_lm, weights):
     """fp32 logits of one row over a packed LM-head weight."""
     return F.linear(x.float(), quant.dequantize(quant.weight_format(weights), w_lm, x.shape[-1]))
+
+
+# ---- the integer-GEMM prefill ops ("w8x2a16"): kernels/int_gemm.py's numerics, HF's rounding points between -------
+def _linear_w8x2(x, words, halves: int = 1):
+    """bf16 outputs of x (rows, K) times a prepared weight (a pair gives (gate, up))."""
+    K = x.shape[-1]
+    C = halves * int_gemm.prepared_out_features(tuple(words.shape), K, halves)
+    hi, lo, scale = int_gemm.untile_weights(words, C, K, int_gemm.weight_tile_n(C // halves, halves), halves)
+    q, scale_a = int_gemm.quantize_activations(x.reshape(-1, K), int_gemm.ACTIVATION_QMAX["w8x2a16"])
+    outs = [int_gemm.integer_product(q, scale_a, hi[h], lo[h], scale[h]).reshape(*x.shape[:-1], -1)
+            for h in (slice(i * C // halves, (i + 1) * C // halves) for i in range(halves))]
+    return outs[0] if halves == 1 else outs
+
+
+def rms_gemms_rope_w8x2_reference(x, norm_w, wq, wk, wv, rope_lut, eps):
+    """Reference of npu2.rms_gemms_rope_w8x2: (v, q_roped, k_roped)."""
+    head_dim = rope_lut.shape[-1]
+    normed = rms_norm(x, norm_w, eps)
+    q, k, v = (_linear_w8x2(normed, w) for w in (wq, wk, wv))
+    return v, rope_half_split(q, rope_lut, head_dim), rope_half_split(k, rope_lut, head_dim)
+
+
+def o_ffn_w8x2_reference(attn, wo, x, norm_w, w_gate_up, w_down, eps):
+    """Reference of npu2.o_ffn_w8x2 (w_gate_up a prepared [gate | up] pair)."""
+    res1 = x + _linear_w8x2(attn, wo)
+    normed = rms_norm(res1, norm_w, eps)
+    return res1 + _linear_w8x2(silu_mul(*_linear_w8x2(normed, w_gate_up, halves=2)), w_down)

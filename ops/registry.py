@@ -15,7 +15,7 @@ from typing import Callable
 
 import torch
 
-from ..kernels.catalog import MATMUL_PRECISIONS
+from ..kernels.catalog import BF16_WEIGHT_PRECISIONS, INTEGER_PRECISION
 from ..kernels.quant import FORMATS
 from ..kernels.program import TORCH_DTYPES, Program
 from ..runtime import get_runtime
@@ -103,7 +103,9 @@ _POSITIVE_FLOAT = (lambda v: math.isfinite(v) and v > 0, "a finite float > 0")
 SCALAR_CHECKS = {
     "eps": _POSITIVE_FLOAT,
     "next_eps": _POSITIVE_FLOAT,
-    "precision": (lambda v: v in MATMUL_PRECISIONS, f"one of {', '.join(map(repr, MATMUL_PRECISIONS))}"),
+    "precision": (lambda v: v in BF16_WEIGHT_PRECISIONS,
+                  f"one of {', '.join(map(repr, BF16_WEIGHT_PRECISIONS))} (for {INTEGER_PRECISION!r}: the *_w8x2 ops, "
+                  "over prepared weights)"),
     "head_dim": (lambda v: v > 0, "a positive int"),
     "weights": (lambda v: v in FORMATS, f"one of {', '.join(map(repr, FORMATS))} (a packed weight format)"),
 }

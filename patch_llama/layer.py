@@ -25,13 +25,14 @@ import torch
 import torch.nn.functional as F
 
 from ..host_memory import release_free_heap
-from ..kernels import DEFAULT_MATMUL_PRECISION, quant
-from ..kernels.catalog import decode_attn_capacity
+from ..kernels import quant
+from ..kernels.catalog import DEFAULT_BF16_WEIGHT_PRECISION, decode_attn_capacity
 from ..kernels.program import pad_rows
-from ..ops import (build_rope_lut, decode_attn, decode_attn_length, decode_attn_o_gemv_ffn_rms_gemv_rope, device_empty,
+from ..ops import (build_rope_lut, decode_attn, decode_attn_length, decode_attn_o_gemv_ffn_rms_gemv_rope,
+                   decode_attn_o_gemv_ffn_rms_gemv_rope_packed, device_empty,
                    device_written, flash_attn, lm_head_gemv, lm_head_gemv_packed, o_ffn, o_gemv_ffn, o_gemv_ffn_packed,
-                   o_gemv_ffn_rms_gemv_rope, o_gemv_ffn_rms_gemv_rope_packed, rms_gemms_rope, rms_gemv_rope,
-                   rms_gemv_rope_packed)
+                   o_ffn_w8x2, o_gemv_ffn_rms_gemv_rope, o_gemv_ffn_rms_gemv_rope_packed, rms_gemms_rope,
+                   rms_gemms_rope_w8x2, rms_gemv_rope, rms_gemv_rope_packed)
 from .kv_cache import NpuKVCache
 from .transformers_compat import LayerSignature
 
@@ -54,7 +55,7 @@ class SharedState:
     reused by every layer of a forward."""
 
     buckets: tuple[int, ...]
-    matmul_precision: str = DEFAULT_MATMUL_PRECISION
+    matmul_precision: str = DEFAULT_BF16_WEIGHT_PRECISION  # patch_llama sets the model's
     context: int | None = None  # the model's context (config.max_position_embeddings): longer prompts are refused
     lut_memo: tuple = (None, None, None)  # (cos tensor, its RoPE LUT, decode rows); holding cos keeps its id unique
     mask_memo: tuple = (None, None)  # (mask tensor, per-row first real token or None)
@@ -396,15 +397,30 @@ class PackedProjections:
         return out.reshape(packed.shape[0], -1)
 
 
+@dataclass
+class PreparedProjections:
+    """A decoder layer's projections prepared for the integer prefill GEMMs (matmul precision "w8x2a16":
+    kernels/int_gemm.py's tiles of two int8 terms and their scales, int32 words in NPU buffers), beside the weights
+    decode reads (bf16 or packed). ``gate_up`` is the [gate | up] pair, tile by tile."""
+
+    wq: torch.Tensor
+    wk: torch.Tensor
+    wv: torch.Tensor
+    wo: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+
+
 class NpuDecoderLayer:
     """Callable that replaces one ``LlamaDecoderLayer.forward`` (bound per instance)."""
 
-    def __init__(self, layer, shared: SharedState, gate_up: torch.Tensor | None, signature: LayerSignature,
-                 packed: PackedProjections | None = None):
-        """``gate_up``: the layer's gate and up weights side by side, [gate | up] (F × 2H), whose halves its
-        gate_proj.weight and up_proj.weight are (patch_llama lays them out so). ``signature``: the installed
-        transformers' decoder-layer signature, whose names the layer takes its arguments by. ``packed``: the
-        projections as packed rows, when the model runs with quantized weights (then ``gate_up`` is None)."""
+    def __init__(self, layer, shared: SharedState, signature: LayerSignature, *, gate_up: torch.Tensor | None = None,
+                 packed: PackedProjections | None = None, prepared: PreparedProjections | None = None):
+        """``signature``: the installed transformers' decoder-layer signature, whose names the layer takes its
+        arguments by. Either ``gate_up``, the layer's gate and up weights side by side, [gate | up] (F × 2H), whose
+        halves its gate_proj.weight and up_proj.weight are (patch_llama lays them out so), or ``packed``, the
+        projections as packed rows, when the model runs with quantized weights; and ``prepared``, the projections
+        prepared for integer prefill GEMMs when the model runs them."""
         self.signature = signature
         self.hf_forward = functools.partial(type(layer).forward, layer)  # HF's own layer, for output_attentions
         attn, mlp = layer.self_attn, layer.mlp
@@ -415,7 +431,7 @@ class NpuDecoderLayer:
         self.kv_heads = attn.k_proj.weight.shape[0] // self.head_dim
         # the norms themselves, not their eps: a variance_epsilon changed after patching still applies
         self.input_norm, self.post_attention_norm = layer.input_layernorm, layer.post_attention_layernorm
-        self.packed = packed
+        self.packed, self.prepared = packed, prepared
         if packed is None:
             self.qkv_weights = (layer.input_layernorm.weight, attn.q_proj.weight, attn.k_proj.weight,
                                 attn.v_proj.weight)
@@ -514,13 +530,12 @@ class NpuDecoderLayer:
             return _from_sequence_rows([ffn_op(a, wo, x, norm2_w, w_gate_up, w_down, eps, *packed)
                                         for a, x in zip(attn, inputs)])
         next_eps = following.eps_attn
-        if on_device is not None and self.packed is None:  # attention, this layer's rest and the next's QKV: one run
-            chained = [decode_attn_o_gemv_ffn_rms_gemv_rope(*a, wo, x, norm2_w, w_gate_up, w_down,
-                                                            *following.qkv_weights, lut, head_dim, eps, next_eps)
-                       for a, x, lut in zip(on_device, inputs, lut_rows)]
+        if on_device is not None:  # attention, this layer's rest and the next's QKV: one run
+            layer_op = (decode_attn_o_gemv_ffn_rms_gemv_rope if self.packed is None
+                        else decode_attn_o_gemv_ffn_rms_gemv_rope_packed)
+            chained = [layer_op(*a, wo, x, norm2_w, w_gate_up, w_down, *following.qkv_weights, lut, head_dim, eps,
+                                next_eps, *packed) for a, x, lut in zip(on_device, inputs, lut_rows)]
         else:
-            if on_device is not None:
-                attn = [decode_attn(*a, head_dim) for a in on_device]
             chain_op = o_gemv_ffn_rms_gemv_rope if self.packed is None else o_gemv_ffn_rms_gemv_rope_packed
             chained = [chain_op(a, wo, x, norm2_w, w_gate_up, w_down, *following.qkv_weights, lut, eps, next_eps,
                                 *packed) for a, x, lut in zip(attn, inputs, lut_rows)]
@@ -553,9 +568,23 @@ class NpuDecoderLayer:
         return [_decode_attention(r[1], k_slab[b], v_slab[b], starts[b], length, self.head_dim, self.scale)
                 for b, r in enumerate(rows)], None
 
+    def _qkv(self, x, norm_w, wq, wk, wv, lut):
+        if self.prepared is not None:
+            return rms_gemms_rope_w8x2(x, norm_w, wq, wk, wv, lut, self.eps_attn)
+        return rms_gemms_rope(x, norm_w, wq, wk, wv, lut, self.eps_attn, self.shared.matmul_precision)
+
+    def _ffn(self, attn, wo, x, norm_w, w_gate_up, w_down):
+        if self.prepared is not None:
+            return o_ffn_w8x2(attn, wo, x, norm_w, w_gate_up, w_down, self.eps_mlp)
+        return o_ffn(attn, wo, x, norm_w, w_gate_up, w_down, self.eps_mlp, self.shared.matmul_precision)
+
     def _prefill_weights(self, which: str):
-        """The bf16 weights prefill's GEMMs take: the layer's own, or its packed projections dequantized on the host
-        (the prefill GEMMs do not read packed rows yet)."""
+        """The weights prefill's GEMMs take: the layer's own bf16 ones, those prepared for integer GEMMs, or its
+        packed projections dequantized on the host (the prefill GEMMs do not read packed rows yet)."""
+        if self.prepared is not None:
+            p = self.prepared
+            return (self.qkv_weights[0], p.wq, p.wk, p.wv) if which == "qkv" else \
+                (p.wo, self.ffn_weights[1], p.gate_up, p.down)
         if self.packed is None:
             return self.qkv_weights if which == "qkv" else self.ffn_weights
         p, h = self.packed, self.hidden_size
@@ -580,9 +609,8 @@ class NpuDecoderLayer:
             chunks = []
             for start, stop, padded in self.shared.chunks(last - first):
                 lo, hi = first + start, first + stop
-                v, q, k = rms_gemms_rope(pad_rows(hidden[b, lo:hi], padded), norm_w, wq, wk, wv,
-                                         pad_rows(lut[b, lo:hi], padded), self.eps_attn,
-                                         self.shared.matmul_precision)
+                v, q, k = self._qkv(pad_rows(hidden[b, lo:hi], padded), norm_w, wq, wk, wv,
+                                    pad_rows(lut[b, lo:hi], padded))
                 k_new[b, lo:hi], v_new[b, lo:hi] = k[: hi - lo], v[: hi - lo]
                 chunks.append(PrefillChunk(lo, hi, padded, v, q, k))
             chunks_per_row.append(chunks)
@@ -603,8 +631,7 @@ class NpuDecoderLayer:
                 lo, hi = c.start, c.stop
                 attn = (flash_attn(c.q_roped, c.k_roped, c.v, self.head_dim) if on_npu
                         else pad_rows(attn_all[b, lo:hi], c.padded))
-                out = o_ffn(attn, wo, pad_rows(hidden[b, lo:hi], c.padded), norm2_w, w_gate_up, w_down,
-                            self.eps_mlp, self.shared.matmul_precision)
+                out = self._ffn(attn, wo, pad_rows(hidden[b, lo:hi], c.padded), norm2_w, w_gate_up, w_down)
                 if batch == 1 and hi - lo == seq == c.padded:
                     return out.view(1, seq, -1)  # the op's output is the layer's output: no copy
                 if result is None:

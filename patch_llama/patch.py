@@ -9,11 +9,12 @@ from torch import nn
 
 from .. import runtime as npu_runtime
 from ..host_memory import release_free_heap
-from ..kernels import DEFAULT_MATMUL_PRECISION, MATMUL_PRECISIONS, programs_for_model, quant
-from ..kernels.catalog import DECODE_WEIGHTS
+from ..kernels import MATMUL_PRECISIONS, int_gemm, programs_for_model, quant
+from ..kernels.catalog import (AUTO_PRECISION, DECODE_WEIGHTS, INTEGER_PRECISION, integer_gemm_misfit,
+                               resolve_matmul_precision)
 from ..kernels.stitch import npu2_build_problem
 from .kv_cache import NpuKVCache
-from .layer import NpuDecoderLayer, NpuLmHead, PackedProjections, SharedState
+from .layer import NpuDecoderLayer, NpuLmHead, PackedProjections, PreparedProjections, SharedState
 from .gguf_file import PROJECTIONS, GgufFile
 from .spill import WeightSpill
 from .families import ModelFamily, family_of, supported
@@ -76,10 +77,14 @@ def _validate(model, buckets, matmul_precision, weights="bf16", from_file=frozen
         if param.device.type not in ("cpu", "meta"):
             raise _fail(f"parameter {name} is on {param.device}, expected cpu (the NPU shares host memory)")
     if matmul_precision not in MATMUL_PRECISIONS:
-        raise _fail(f"matmul_precision must be one of {', '.join(map(repr, MATMUL_PRECISIONS))}, "
+        raise _fail(f"matmul_precision must be {AUTO_PRECISION!r} or one of {', '.join(map(repr, MATMUL_PRECISIONS))}, "
                     f"got {matmul_precision!r}")
     if weights not in DECODE_WEIGHTS:
         raise _fail(f"weights must be one of {', '.join(map(repr, DECODE_WEIGHTS))}, got {weights!r}")
+    if matmul_precision == INTEGER_PRECISION:
+        misfit = integer_gemm_misfit(family.dims(config))
+        if misfit is not None:
+            raise _fail(f"matmul_precision={misfit}")
     return family
 
 
@@ -197,6 +202,30 @@ def _pin_gate_up(runtime, mlp) -> torch.Tensor:
     return gate_up
 
 
+def _prepare_integer(runtime, layer, packed: PackedProjections | None = None) -> PreparedProjections:
+    """A decoder layer's projections prepared for the integer prefill GEMMs (kernels/int_gemm.py), each into an NPU
+    buffer of its own, from its bf16 weights, or from the exact weights of its ``packed`` rows (rounded to bf16)."""
+    attn, mlp = layer.self_attn, layer.mlp
+    hidden, q_dim, intermediate = attn.q_proj.in_features, attn.o_proj.in_features, mlp.down_proj.in_features
+
+    def bf16(module, name: str, in_features: int) -> torch.Tensor:
+        return module.weight.data if packed is None else packed.dequantized(name, in_features)
+
+    def prepare(weight: torch.Tensor, halves: int = 1) -> torch.Tensor:
+        out = runtime.empty(int_gemm.prepared_weight_shape(weight.shape[0] // halves, weight.shape[1], halves),
+                            torch.int32)
+        return int_gemm.prepare_weight(weight, halves, out)
+
+    if packed is None:
+        gate_up = torch.cat((mlp.gate_proj.weight.data, mlp.up_proj.weight.data))
+    else:  # each packed row holds a gate row, then an up row
+        pairs = packed.dequantized("gate_up", hidden)
+        gate_up = torch.cat((pairs[:, :hidden], pairs[:, hidden:]))
+    return PreparedProjections(prepare(bf16(attn.q_proj, "wq", hidden)), prepare(bf16(attn.k_proj, "wk", hidden)),
+                               prepare(bf16(attn.v_proj, "wv", hidden)), prepare(bf16(attn.o_proj, "wo", q_dim)),
+                               prepare(gate_up, halves=2), prepare(bf16(mlp.down_proj, "down", intermediate)))
+
+
 # ---- packed weights ---------------------------------------------------------------------------------------------
 QUANTIZE_ROWS = 1024  # rows quantized at a time: a 128256-row LM head's fp32 temporaries would take GiBs (4096: 0.17 GiB)
 
@@ -233,18 +262,20 @@ def _bf16_whereabouts(module) -> str:
 
 
 def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS,
-                matmul_precision: str = DEFAULT_MATMUL_PRECISION, weights: str = "bf16", gguf=None,
+                matmul_precision: str = AUTO_PRECISION, weights: str = "bf16", gguf=None,
                 progress: bool = False):
     """Run ``model`` (a HF ``LlamaForCausalLM``, patched in place and returned) through the npu2 ops.
 
     ``backend``: "auto" (NPU if present, else emulated), "npu2" or "emulator" — the process-wide runtime.
     ``prefill_buckets``: the sequence lengths prefill kernels are compiled for; prompts pad to the next
     bucket, and prompts longer than the largest are processed in chunks of it.
-    ``matmul_precision``: how the prefill GEMMs multiply on the NPU: "bf16" (the AIE API's exact bf16 mmul),
-    "bfp16" (operands converted to bfp16ebs8, blocks of 8 along K: faster, less accurate) or "bfp16_gate_up"
-    (BFP16 for the gate/up projection only, the others exact: between the two in speed and accuracy); the
-    emulator follows the choice. Decode and the LM head use bf16 in every mode. The default and why: README,
-    "Numerics".
+    ``matmul_precision``: how the prefill GEMMs multiply on the NPU: "w8x2a16" (integer GEMMs over weights prepared
+    here as two int8 terms under per-channel scales, kernels/int_gemm.py: as accurate as bf16, several times faster
+    than it, 2.25 bytes a projection weight more memory), "bf16" (the AIE API's exact bf16 mmul), "bfp16" (operands
+    converted to bfp16ebs8, blocks of 8 along K: fast, less accurate) or "bfp16_gate_up" (BFP16 for the gate/up
+    projection only); "auto", the default, is "w8x2a16" for bf16 weights whose projections the integer GEMMs take
+    and "bf16" otherwise. The emulator follows the choice. Decode and the LM head use bf16 (or packed weights) in
+    every mode. The default and why: README, "Matmul precision".
     ``weights``: how decode reads the projection weights (and the LM head): "bf16", or packed block-quantized
     rows, "q4_1" (GGUF's Q4_1, round to nearest per 32-element block, quantized here from the bf16 weights),
     "q4_0" or "q8_0"; the decode GEMVs dequantize each block as they go. Prefill dequantizes them on the host
@@ -265,6 +296,9 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
     head_weights = weights
     if source is not None:
         weights, head_weights = _gguf_formats(model, source, weights)
+    family = family_of(model.config)
+    if matmul_precision == AUTO_PRECISION and family is not None:  # (an unknown family is refused by _validate)
+        matmul_precision = resolve_matmul_precision(matmul_precision, family.dims(model.config), weights)
     packed = weights != "bf16"
     packed_weights = _packed_weights(model) if packed else []
     family = _validate(model, buckets, matmul_precision, weights,
@@ -290,11 +324,15 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
         for item in items:
             if isinstance(item, nn.Parameter):
                 item.data = runtime.pin(item.data)
-            elif packed:
-                per_layer.append(_pin_packed(state, runtime, item, weights, source))
+            elif packed:  # the projections packed (and prepared from the packed rows for integer prefill GEMMs)
+                rows = _pin_packed(state, runtime, item, weights, source)
+                integer = _prepare_integer(runtime, item, rows) if matmul_precision == INTEGER_PRECISION else None
+                per_layer.append((rows, integer))
                 _set_aside(state, [m.weight for m in _projections(item)])
-            else:  # a decoder layer: its gate and up weights, as one buffer
-                per_layer.append(_pin_gate_up(runtime, item.mlp))
+            else:  # a decoder layer: its gate and up weights, as one buffer (and integer copies for prefill)
+                gate_up = _pin_gate_up(runtime, item.mlp)
+                prepared = _prepare_integer(runtime, item) if matmul_precision == INTEGER_PRECISION else None
+                per_layer.append((gate_up, prepared))
         if packed:
             head = (head_weights, _pack_linear(state, runtime, model.lm_head, "lm_head", head_weights, source))
             _set_aside(state, [model.lm_head.weight])
@@ -303,7 +341,8 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
         if state.spill is not None:
             state.spill.abandon()
         raise
-    patched = [NpuDecoderLayer(layer, state.shared, None if packed else mine, signature, mine if packed else None)
+    patched = [NpuDecoderLayer(layer, state.shared, signature, packed=mine[0], prepared=mine[1]) if packed else
+               NpuDecoderLayer(layer, state.shared, signature, gate_up=mine[0], prepared=mine[1])
                for layer, mine in zip(model.model.layers, per_layer)]
     for layer, forward, following in zip(model.model.layers, patched, patched[1:] + [None]):
         forward.next_layer = following

@@ -341,8 +341,10 @@ def _check_weights(parser, path, weights) -> None:
 
 
 def _program_label(program) -> str:
+    from .kernels.catalog import PREFILL_PROGRAM_NAMES
+
     rows = dict(program.params).get("rows", dict(program.params).get("seq"))
-    return f"{program.name}_{rows}" if program.name in ("rms_gemms_rope", "flash_attn", "o_ffn") else program.name
+    return f"{program.name}_{rows}" if program.name in PREFILL_PROGRAM_NAMES else program.name
 
 
 NPU_INSTS_HEADER = ("program", "result", "segments", "tiles", "memtiles", "L1 KiB", "L2 KiB", "DMA channels", "BDs",
@@ -576,12 +578,15 @@ def _load_config(path):
 
 
 def _add_matmul_precision(parser) -> None:
-    from .kernels import DEFAULT_MATMUL_PRECISION, MATMUL_PRECISIONS
+    from .kernels import MATMUL_PRECISIONS
+    from .kernels.catalog import AUTO_PRECISION
 
-    parser.add_argument("--matmul-precision", choices=MATMUL_PRECISIONS, default=DEFAULT_MATMUL_PRECISION,
+    parser.add_argument("--matmul-precision", choices=(AUTO_PRECISION, *MATMUL_PRECISIONS), default=AUTO_PRECISION,
                         help="how the prefill GEMMs multiply: bf16 (exact bf16 mmul), bfp16 (BFP16 emulation: "
-                             "faster, less accurate) or bfp16_gate_up (BFP16 for the gate/up projection only); "
-                             "default: %(default)s")
+                             "faster, less accurate), bfp16_gate_up (BFP16 for the gate/up projection only) or "
+                             "w8x2a16 (integer GEMMs over weights prepared as two int8 terms: as accurate as bf16, "
+                             "2.25 bytes a weight more memory); default: %(default)s, w8x2a16 with bf16 weights, "
+                             "bf16 with packed ones")
 
 
 def _add_weights(parser) -> None:

@@ -1,5 +1,5 @@
-// The GEMM kernels' tile sizes (gemm.cc, gemm_int8.cc): the builders pass them as -D macros; these defaults are
-// what a build without them (a standalone type check) sees.
+// The bf16 GEMM kernel's tile sizes (gemm.cc; gemm_int8.cc defaults its own): the builders pass them as -D macros;
+// these defaults are what a build without them (a standalone type check) sees.
 #pragma once
 
 #ifndef GEMM_TILE_M

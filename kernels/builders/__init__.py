@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..program import Launch, Program
-from . import add, attention, decode_attention, gemm, gemv, gemv_fused, rmsnorm, rope, silu_mul, stack
+from . import (add, attention, decode_attention, gemm, gemm_int, gemv, gemv_fused, quantize_rows, rmsnorm, rope,
+               silu_mul, stack)
 from .externs import EXTERNAL_KERNELS, KERNEL_OBJECTS, KernelObject
 from .ir import LaunchIR, MemRef
 from .npu2 import LaunchConstraintError, check_params, check_tuning
@@ -52,6 +53,9 @@ BUILDERS = {builder.kind: builder for builder in (
     _module_builder("attention", attention),
     _module_builder("stack", stack),
     _module_builder("decode_attention", decode_attention),
+    _module_builder("quantize_rows", quantize_rows),
+    _module_builder("gemm_int", gemm_int, gemm_class=True),
+    _module_builder("gemm_int_swiglu", gemm_int, gemm_int.build_swiglu, gemm_class=True),
 )}
 
 

@@ -41,6 +41,17 @@ first (``-D<symbol>=<symbol>_v<n>``). A memref reaches C as a bare pointer to it
   ``gemm_zero_f32(float *acc)``, ``gemm_bf16_f32_wnk(const bf16 *a, const bf16 *w, float *acc)`` (acc += A·Wᵀ,
   W in (N, K) layout), ``gemm_f32_to_bf16(const float *acc, bf16 *c)``; every operand pre-tiled into 8×8 blocks
   (A [k/8][m/8][8][8], W [k/8][n/8][8][8], acc and c [n/8][m/8][8][8])
+* quantize_rows.o (quantize_rows.cc), configured by QUANT_K, QUANT_CHUNK: the integer GEMMs' activations
+  (kernels/int_gemm.py), a row at a time: ``quantize_rows_prepare(const bf16 *x, float *state)`` (the row's scale
+  and inverse), ``quantize_rows_chunk(const bf16 *x, const float *state, int32_t *q, int32_t chunk)`` (QUANT_CHUNK
+  values of the row as int_gemm's runs)
+* gemm_int8.o (gemm_int8.cc), configured by GEMM_TILE_M, GEMM_TILE_N (the accumulator columns: tile_n, or
+  2·tile_n for a [gate | up] tile), GEMM_DRAIN_N: ``gemm_int_zero_i32(int32_t *acc)``,
+  ``gemm_int_w8x2(const int16_t *a, const int8_t *w, int32_t *acc, float *row_scale, float *col_scale)`` (32 K of
+  int16 activations times two int8 weight terms into two int32 accumulators; the windows' scale blocks copied out),
+  ``gemm_int_drain_bf16(const int32_t *acc, const float *row_scale, const float *col_scale, bf16 *c)`` and
+  ``gemm_int_swiglu_drain_bf16(const int32_t *gate, const int32_t *up, const float *row_scale, const float
+  *gate_scale, const float *up_scale, bf16 *c)``; windows and accumulators in the layouts of the source's header
 """
 from __future__ import annotations
 
@@ -53,7 +64,7 @@ from typing import Callable
 MATMUL_OPERANDS = "matmul operands"  # A, B, C: the first three memrefs; MACs = sqrt(|A|·|B|·|C|), any layout
 LAST_OPERAND = "last operand"        # elements of the last memref operand (what the call writes)
 # the kinds of work a report sums separately (a bf16 mmul call is reported as mmul_bfp16 under BFP16 emulation)
-CALL_KINDS = ("vector_elementwise", "vector_transcendental", "vector_mac", "mmul_bf16")
+CALL_KINDS = ("vector_elementwise", "vector_transcendental", "vector_mac", "mmul_bf16", "mmul_int")
 
 
 @dataclass(frozen=True)
@@ -63,6 +74,7 @@ class CallCost:
 
     kind: str
     work: tuple[str, ...]  # -D macro names whose product is the work, or (MATMUL_OPERANDS,) / (LAST_OPERAND,)
+    factor: int = 1        # the work of one unit of that product (e.g. MACs per output of a call of fixed K)
 
 
 # A kernel symbol's C arguments, one letter each in order. A memref (a pointer to its L1 buffer): "r" reads it
@@ -95,8 +107,8 @@ class KernelSymbol:
         return "".join(a for a in self.arguments if a in MEMREF_ACCESS)
 
 
-def _symbol(name: str, arguments: str, kind: str, *work: str, work_arguments=None) -> KernelSymbol:
-    return KernelSymbol(name, arguments, CallCost(kind, work), work_arguments)
+def _symbol(name: str, arguments: str, kind: str, *work: str, work_arguments=None, factor: int = 1) -> KernelSymbol:
+    return KernelSymbol(name, arguments, CallCost(kind, work, factor), work_arguments)
 
 
 @dataclass(frozen=True)
@@ -186,6 +198,19 @@ EXTERNAL_KERNELS = (
         _symbol("gemm_f32_to_bf16", "rw", "vector_elementwise", LAST_OPERAND),
         _symbol("gemm_f32_swiglu_to_bf16", "rrw", "vector_transcendental", LAST_OPERAND),  # silu_mul.h's aie::tanh
     ), ("GEMM_TILE_M", "GEMM_TILE_K", "GEMM_TILE_N"), ("GEMM_DRAIN_N", "AIE_API_EMULATE_BFLOAT16_MMUL_WITH_BFP16")),
+    # the integer GEMMs ("w8x2a16", kernels/int_gemm.py): activations quantized a row at a time, then int16 x int8
+    # mmuls (aie::mmul<8, 4, 8, int16, int8>) over two weight terms: a call's MACs are GEMM_TILE_M x GEMM_TILE_N x
+    # 32 K x 2 terms
+    KernelObject("quantize_rows.o", "quantize_rows.cc", (
+        _symbol("quantize_rows_prepare", "rw", "vector_elementwise", "QUANT_K"),
+        _symbol("quantize_rows_chunk", "rrwi", "vector_elementwise", "QUANT_CHUNK"),
+    ), ("QUANT_K", "QUANT_CHUNK")),
+    KernelObject("gemm_int8.o", "gemm_int8.cc", (
+        _symbol("gemm_int_zero_i32", "w", "vector_elementwise", LAST_OPERAND),
+        _symbol("gemm_int_w8x2", "rrmww", "mmul_int", "GEMM_TILE_M", "GEMM_TILE_N", factor=64),
+        _symbol("gemm_int_drain_bf16", "rrrw", "vector_elementwise", LAST_OPERAND),
+        _symbol("gemm_int_swiglu_drain_bf16", "rrrrrw", "vector_transcendental", LAST_OPERAND),
+    ), ("GEMM_TILE_M", "GEMM_TILE_N", "GEMM_DRAIN_N")),
 )
 
 KERNEL_OBJECTS = {k.object: k for k in EXTERNAL_KERNELS}

@@ -47,18 +47,22 @@ def test_decode_adds_the_host_time_the_host_section_measured(tmp_path):
 
 def test_prefill_is_predicted_for_every_matmul_precision():
     """BFP16 multiplies run faster than aie_api's exact bf16 emulation at both ends; "bfp16_gate_up" has only the
-    gate/up GEMM at BFP16; flash_attn has no GEMM precision, but a BFP16 variant for the comparison with upstream."""
+    gate/up GEMM at BFP16; the integer GEMMs (w8x2a16, their own Programs) faster than exact bf16; flash_attn has no
+    GEMM precision, but a BFP16 variant for the comparison with upstream."""
     (row,) = cost_model.predictions(prompts=(128,))["prefill"]
     for end in range(2):
         assert (row["predicted_ms_bfp16"][end] < row["predicted_ms_bfp16_gate_up"][end]
                 < row["predicted_ms_bf16"][end])
+        assert row["predicted_ms_w8x2a16"][end] < row["predicted_ms_bf16"][end]
     rows = {(r["program"], r["seq"]): r for r in cost_model.per_program(cost_model.llama_1b_dims())}
     o_ffn, qkv, attention = rows[("o_ffn", 2048)], rows[("rms_gemms_rope", 2048)], rows[("flash_attn", 2048)]
     for end in range(2):
         assert o_ffn["predicted_ms_bfp16"][end] < o_ffn["predicted_ms_bfp16_gate_up"][end] < o_ffn["predicted_ms"][end]
         assert attention["predicted_ms_bfp16"][end] < attention["predicted_ms"][end]
     assert qkv["predicted_ms_bfp16_gate_up"] == qkv["predicted_ms"]  # no gate/up GEMM in it
-    assert attention["predicted_ms_bfp16_gate_up"] is None
+    assert attention["predicted_ms_bfp16_gate_up"] is None and attention["predicted_ms_w8x2a16"] is None
+    for program in (o_ffn, qkv):
+        assert all(w < b for w, b in zip(program["predicted_ms_w8x2a16"], program["predicted_ms"]))
 
 
 def test_a_decode_token_pays_one_dispatch_per_layer_plus_the_first_layers_and_the_lm_heads():
@@ -89,8 +93,8 @@ def test_the_headline_is_the_default_precisions_prefill_and_decode_range():
 
 
 def test_the_decode_token_charges_the_attention_the_patched_model_runs_on_the_npu():
-    """bf16 weights: each layer one dispatch from its attention on; packed weights: decode_attn a dispatch of its own.
-    Either way the token costs more than its GEMVs alone, and more at a longer context."""
+    """Bf16 or packed weights, each layer one dispatch from its attention on: the token costs more than its GEMVs
+    alone, and more at a longer context; the chained dispatch costs less than decode_attn run as its own."""
     dims = cost_model.llama_1b_dims()
     gemvs = cost_model.decode_ms(dims, 16)
     bf16 = cost_model.token_ms(dims, 16, 1024)
@@ -98,8 +102,9 @@ def test_the_decode_token_charges_the_attention_the_patched_model_runs_on_the_np
     assert all(t > g for t, g in zip(bf16, gemvs))
     assert all(long > short for long, short in zip(cost_model.token_ms(dims, 16, 8192), bf16))
     packed = cost_model.token_ms(dims, 16, 1024, "q4_1")
-    assert packed == cost_model.decode_with_attention_ms(dims, 16, 1024, "q4_1")
+    assert packed == cost_model.decode_chained_ms(dims, 16, 1024, "q4_1")
     assert all(t > g for t, g in zip(packed, cost_model.decode_ms(dims, 16, "q4_1")))
+    assert all(t < apart for t, apart in zip(packed, cost_model.decode_with_attention_ms(dims, 16, 1024, "q4_1")))
 
 
 def test_each_replay_row_says_where_the_measurement_lies():

@@ -27,6 +27,7 @@ from torch_npu2.kernels.stitch import stitch
 
 LABEL_PASS, TRANSFORM_PASS = "air-label-scf-for-to-ping-pong", "air-ping-pong-transform"
 PROGRAMS = [("o_ffn", 16), ("o_ffn", 2048), ("rms_gemms_rope", 2048), ("flash_attn", 2048),
+            ("o_ffn_w8x2", 16), ("o_ffn_w8x2", 2048), ("rms_gemms_rope_w8x2", 2048),
             ("rms_gemv_rope", None), ("o_gemv_ffn", None), ("lm_head_gemv", None),
             *(pytest.param(name, 2048, marks=pytest.mark.xfail(strict=True, reason=(
                 "a known gap of the model: AIR hoists the L1 buffers of decode attention's tile herd (which has no "
@@ -183,7 +184,10 @@ def model_pingpong(program) -> dict[str, set[PingPongBuffer]]:
 
 @pytest.mark.parametrize("name,seq", PROGRAMS)
 def test_the_model_double_buffers_exactly_what_air_does(air_tools, name, seq):
-    program = cost_model.program(name, cost_model.llama_1b_dims(), seq)
+    integer = name.endswith("_w8x2")  # the prefill Programs at matmul precision w8x2a16
+    program = cost_model.program(name.removesuffix("_w8x2"), cost_model.llama_1b_dims(), seq,
+                                 "w8x2a16" if integer else "bf16")
+    assert program.name == name
     after_label, final = run_to_pingpong(air_tools, stitch(program).text, program.compile_options)
     air = air_pingpong(after_label)
     assert model_pingpong(program) == air

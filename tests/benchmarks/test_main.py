@@ -84,10 +84,10 @@ def test_the_cost_model_table_renders_every_prediction_as_a_range():
     text = "\n".join(dispatcher.report._cost_model(result))
     o_ffn = next(r for r in rows if r["program"] == "o_ffn")
     gemv = next(r for r in rows if r["program"] == "lm_head_gemv")
-    keys = ("predicted_ms", "predicted_ms_bfp16_gate_up", "predicted_ms_bfp16")
+    keys = ("predicted_ms", "predicted_ms_w8x2a16", "predicted_ms_bfp16_gate_up", "predicted_ms_bfp16")
     spans = [cost_model.span(o_ffn[key], 2) for key in keys]
     assert "| " + " | ".join(spans) + " |" in text
-    assert f"| {cost_model.span(gemv['predicted_ms'], 2)} | — | — |" in text
+    assert f"| {cost_model.span(gemv['predicted_ms'], 2)} | — | — | — |" in text
     assert f"prefill of 2048 tokens {cost_model.span(result['headline']['prefill_2048_s'], 2)} s" in text
     for end in ("fast", "slow"):
         assert f"- **{end}**: {result['constants']['ends'][end]['assumption']}." in text

@@ -11,7 +11,9 @@ SHAPE = dict(num_hidden_layers=2, hidden_size=1024, intermediate_size=4096, num_
 
 @pytest.mark.filterwarnings("ignore:patch_llama. LlamaForCausalLM runs here on the emulated NPU2:UserWarning")
 def test_the_q4_1_scenario_keeps_less_resident_than_the_bf16_one():
-    results = {kind: memory.measure(kind, 16, 2, SHAPE) for kind in ("patched", "patched_q4_1")}
+    """... and the default integer prefill GEMMs hold their prepared copies beside the bf16 weights: 2.25 bytes a
+    projection weight more after patching, and nothing prepared in the other scenarios."""
+    results = {kind: memory.measure(kind, 16, 2, SHAPE) for kind in ("patched", "patched_q4_1", "patched_w8x2a16")}
     for kind, result in results.items():
         assert [p["phase"] for p in result["phases"]] == ["imports", "model built", "patched", "generated 2 tokens"]
         assert result["peak_after_build_bytes"] is not None and result["peak_bytes"] >= result["peak_after_build_bytes"]
@@ -19,6 +21,10 @@ def test_the_q4_1_scenario_keeps_less_resident_than_the_bf16_one():
     after = {kind: result["phases"][2]["rss_bytes"] for kind, result in results.items()}
     # bf16: the weights stay (now in NPU buffers); Q4_1: about 0.31 of the projections' bytes stay
     assert after["patched"] - after["patched_q4_1"] > 0.4 * weights, (after, weights)
+    prepared = results["patched_w8x2a16"]["prepared_bytes"]
+    projections = SHAPE["num_hidden_layers"] * (2 * 1024 * 1024 + 2 * 256 * 1024 + 3 * 4096 * 1024)  # q o, k v, mlp
+    assert prepared == 2.25 * projections and results["patched"]["prepared_bytes"] == 0
+    assert 0.9 * prepared < after["patched_w8x2a16"] - after["patched"] < 1.1 * prepared + 0.05 * weights
 
 
 @pytest.mark.filterwarnings("ignore:patch_llama. LlamaForCausalLM runs here on the emulated NPU2:UserWarning")

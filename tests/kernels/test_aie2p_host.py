@@ -235,7 +235,7 @@ GEMM_SWIGLU_TILE_CONFIGS = [(16, 32, 64, 64), (32, 32, 64, 64), (64, 32, 64, 16)
 def builder_gemm_tile_configs(kind: str = "gemm") -> set[tuple[int, int, int]]:
     configs = set()
     for dims in (SMOLLM2_DIMS, LLAMA32_1B_DIMS):
-        for program in programs_for_model(dims, PREFILL_BUCKETS):
+        for program in programs_for_model(dims, PREFILL_BUCKETS, "bf16"):  # gemm.cc's GEMMs (bf16 weights)
             for launch in (l for l in program.launches if l.kind == kind):
                 defines = dict(build_launch(program, launch).externs[0].defines)
                 configs.add((defines["GEMM_TILE_M"], defines["GEMM_TILE_K"], defines["GEMM_TILE_N"],
@@ -327,7 +327,7 @@ def test_gemm_random_within_fp32_summation_bounds(tile_m, tile_k, tile_n, drain_
 
 def test_gemm_model_shape_with_the_builders_tiles():
     """SmolLM2's k/v projection at the 16-row bucket, tiled as the builder tiles it (K=576: 18 K steps)."""
-    program = next(p for p in programs_for_model(SMOLLM2_DIMS, (16,)) if p.name == "rms_gemms_rope")
+    program = next(p for p in programs_for_model(SMOLLM2_DIMS, (16,), "bf16") if p.name == "rms_gemms_rope")
     launch = next(l for l in program.launches if l.kind == "gemm" and l.p["N"] == 192)
     defines = dict(build_launch(program, launch).externs[0].defines)
     generator = torch.Generator().manual_seed(576)

@@ -23,6 +23,9 @@ LLAMA = ModelDims(2048, 32, 8, 64, 8192, 128256, 1e-5)
 BUCKETS = [16, 32, 64, 128, 256, 512, 1024, 2048]
 PROGRAMS = {f"{model}-{p.name}-{dict(p.params).get('rows', dict(p.params).get('seq'))}": p
             for model, dims in (("smol", SMOL), ("llama", LLAMA)) for p in programs_for_model(dims, BUCKETS)}
+# the integer-GEMM prefill Programs ("w8x2a16"): their A windows cut the activation rows' runs in 3-D patterns
+W8X2 = {f"{model}-{p.name}-{dict(p.params)['rows']}": p for model, dims in (("smol", SMOL), ("llama", LLAMA))
+        for p in programs_for_model(dims, BUCKETS, "w8x2a16") if p.name.endswith("_w8x2")}
 DECODE_ATTENTION = {f"{model}-decode_attn-{capacity}": decode_attn_program(dims.heads, dims.kv_heads, dims.head_dim,
                                                                            capacity)
                     for model, dims in (("smol", SMOL), ("llama", LLAMA)) for capacity in (256, 2048)}
@@ -36,9 +39,9 @@ def test_every_model_program_is_covered():
     assert len(PROGRAMS) == 2 * (3 * len(BUCKETS) + 4)
 
 
-@pytest.mark.parametrize("name", [*PROGRAMS, *DECODE_ATTENTION])
+@pytest.mark.parametrize("name", [*PROGRAMS, *W8X2, *DECODE_ATTENTION])
 def test_module_parses_and_every_window_survives(air_tools, name):
-    stitched = stitch({**PROGRAMS, **DECODE_ATTENTION}[name])
+    stitched = stitch({**PROGRAMS, **W8X2, **DECODE_ATTENTION}[name])
     result = air_opt(air_tools, stitched.text)
     assert result.returncode == 0, result.stderr[-3000:]
     assert window_mismatches(stitched.dmas, result.stdout) == []

@@ -19,12 +19,18 @@ BUCKETS = [16, 32, 64, 128, 256, 512, 1024, 2048]
 # progress fails its test here instead of running into CI's time limit.
 LOWERING_TIMEOUT = "600"
 PROGRAMS = {f"{model}-{p.name}-{dict(p.params).get('rows', dict(p.params).get('seq'))}": p
-            for model, dims in (("smol", SMOL), ("llama", LLAMA)) for p in programs_for_model(dims, BUCKETS)}
+            for model, dims in (("smol", SMOL), ("llama", LLAMA)) for p in programs_for_model(dims, BUCKETS, "bf16")}
 # "bfp16_gate_up" changes only o_ffn (its gate/up GEMM becomes a second, BFP16-built variant of gemm.o); the
 # smallest and largest buckets lower with both variants in one Program.
 PROGRAMS.update({f"{model}-o_ffn-bfp16_gate_up-{dict(p.params)['rows']}": p
                  for model, dims in (("smol", SMOL), ("llama", LLAMA))
                  for p in programs_for_model(dims, (16, 2048), "bfp16_gate_up") if p.name == "o_ffn"})
+
+# The integer-GEMM prefill Programs ("w8x2a16": quantize_rows, gemm_int, gemm_int_swiglu) at every bucket: the 32
+# lowered in 509 s here (2 shared cores), SmolLM2's in about 3 minutes; Llama-3.2-1B's o_ffn_w8x2 at 2048 took 91 s.
+PROGRAMS.update({f"{model}-{p.name}-{dict(p.params)['rows']}": p
+                 for model, dims in (("smol", SMOL), ("llama", LLAMA))
+                 for p in programs_for_model(dims, BUCKETS, "w8x2a16") if p.name.endswith("_w8x2")})
 
 # The decode Programs over packed Q4_1 weights (SmolLM2's LM head in its GGUF's Q8_0): W rows move as bytes.
 PROGRAMS.update({f"{model}-{p.name}-{weights}": p
@@ -39,6 +45,11 @@ PROGRAMS.update({f"{model}-decode_attn-{capacity}": catalog.decode_attn_program(
 PROGRAMS["llama-decode_attn_o_gemv_ffn_rms_gemv_rope-2048"] = catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_program(
     LLAMA.hidden, LLAMA.q_dim, LLAMA.intermediate, LLAMA.eps, LLAMA.heads, LLAMA.kv_heads, LLAMA.head_dim, 2048,
     LLAMA.eps)
+# The same over packed Q4_1 weights (what the patched layers run with weights="q4_1").
+PROGRAMS["llama-decode_attn_o_gemv_ffn_rms_gemv_rope_packed-q4_1-2048"] = \
+    catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_packed_program(LLAMA.hidden, LLAMA.q_dim, LLAMA.intermediate,
+                                                                LLAMA.eps, LLAMA.heads, LLAMA.kv_heads, LLAMA.head_dim,
+                                                                2048, LLAMA.eps, "q4_1")
 
 # What aircc (mlir-air python/air/compiler/aircc/main.py at 0e3df89d) runs for `--device npu2` with its
 # defaults: written out here from that file, so a change to our replay has to be a deliberate one.

@@ -8,7 +8,7 @@ from torch_npu2.kernels.builders import (BUILDERS, EXTERNAL_KERNELS, KERNEL_OBJE
                                          build_launch)
 from torch_npu2.kernels.builders.ir import L1, LaunchBuilder, Window, rows_window
 from torch_npu2.kernels.builders.npu2 import L1_AVAILABLE
-from torch_npu2.kernels import host_build
+from torch_npu2.kernels import host_build, int_gemm
 from torch_npu2.kernels.compile import KERNEL_SOURCE_DIR
 from torch_npu2.kernels.program import Arg, Launch, Program, Role
 from torch_npu2.kernels.catalog import o_ffn_program, o_gemv_ffn_program, rms_gemms_rope_program
@@ -50,6 +50,14 @@ def operand_types(kind, p):
         return bf16(*[row(p["rows"], p["cols"])] * 3)
     if kind == "stack":
         return bf16((p["rows"], p["cols"]), (p["rows"], p["cols"]), (2, p["rows"], p["cols"]))
+    words = p.get("K", 0) // int_gemm.CALL_K * int_gemm.CALL_COLS // 2  # a quantized row (K a multiple of 32)
+    if kind == "quantize_rows":
+        return [MemRef((p["M"], p["K"]), BF16), MemRef((p["M"], words), "i32")]
+    if kind in ("gemm_int", "gemm_int_swiglu"):  # the prepared weight cut in tiles of the launch's tile_n
+        T = (2 if kind == "gemm_int_swiglu" else 1) * p["tile_n"]
+        windows = p["N"] // p["tile_n"] * (p["K"] // int_gemm.CALL_K) if p["N"] % p["tile_n"] == 0 else 1
+        return [MemRef((p["M"], words), "i32"),
+                MemRef((windows, int_gemm.window_bytes(T) // 4), "i32"), MemRef((p["M"], p["N"]), BF16)]
     if kind == "decode_attention":
         q, kv = (p["heads"] * p["head_dim"],), (p["capacity"], p["kv_heads"] * p["head_dim"])
         return bf16(q, kv, kv, (4,), q)
@@ -73,6 +81,10 @@ EXAMPLES = {
     "attention": dict(seq=2048, heads=32, kv_heads=8, head_dim=64, causal=True),
     "stack": dict(rows=2048, cols=512),
     "decode_attention": dict(capacity=2048, heads=32, kv_heads=8, head_dim=64, tile_kv=64),
+    # the integer GEMMs' kinds ("w8x2a16"): the down projection's input quantized, the O and gate/up projections
+    "quantize_rows": dict(M=2048, K=8192),
+    "gemm_int": dict(M=2048, K=2048, N=2048, tile_n=64),
+    "gemm_int_swiglu": dict(M=2048, K=2048, N=8192, tile_n=32),
 }
 
 
@@ -111,7 +123,8 @@ def test_herds_fit_the_array_and_link_the_objects_they_call(kind):
 
 
 def test_external_kernel_contract_names_and_objects():
-    assert set(KERNEL_OBJECTS) == {"rope.o", "silu_mul.o", "gemv.o", "attention.o", "gemm.o", "decode_attention.o"}
+    assert set(KERNEL_OBJECTS) == {"rope.o", "silu_mul.o", "gemv.o", "attention.o", "gemm.o", "decode_attention.o",
+                                   "quantize_rows.o", "gemm_int8.o"}
     assert {d.symbol for d in build("decode_attention").externs} == set(KERNEL_OBJECTS["decode_attention.o"].symbols)
     assert {"rope_half_split_bf16", "silu_mul_bf16", "gemv_bf16"} <= set(KERNEL_OBJECTS_BY_SYMBOL)
     assert [d.symbol for d in build("rope").externs] == ["rope_half_split_bf16"]
@@ -127,6 +140,11 @@ def test_external_kernel_contract_names_and_objects():
     assert [d.symbol for d in build("rms_gemv").externs] == ["rmsnorm_bf16", "gemv_rows_bf16"]
     assert [d.symbol for d in build("swiglu_gemv_add").externs] == ["swiglu_bf16", "gemv_partial_f32",
                                                                     "gemv_add_bf16"]
+    assert [d.symbol for d in build("quantize_rows").externs] == ["quantize_rows_prepare", "quantize_rows_chunk"]
+    assert [d.symbol for d in build("gemm_int").externs] == ["gemm_int_zero_i32", "gemm_int_w8x2",
+                                                             "gemm_int_drain_bf16"]
+    assert [d.symbol for d in build("gemm_int_swiglu").externs] == ["gemm_int_zero_i32", "gemm_int_w8x2",
+                                                                    "gemm_int_swiglu_drain_bf16"]
 
 
 def test_calls_state_the_kernel_configuration_they_were_tiled_for():
@@ -406,11 +424,63 @@ def test_builders_are_deterministic():
     ("attention", dict(causal=False), None, r"attention launch: causal=False: .*only causal=True"),
     ("attention", {}, {"herd_heads": 3}, r"attention launch: herd_heads=3: must divide the group of 4"),
     ("gemm", {}, {"tile_x": 8}, r"gemm launch: tile_x=8: unknown tuning parameter"),
+    ("quantize_rows", dict(M=16, K=96), None, r"quantize_rows launch: K=96: must be a multiple of 64"),
+    ("quantize_rows", {}, {"herd": 3}, r"quantize_rows launch: herd=3: must divide M=2048"),
+    ("quantize_rows", {}, {"herd": 16}, r"quantize_rows launch: herd=16: a row-parallel herd spans at most 8"),
+    ("quantize_rows", {}, {"chunk": 96}, r"quantize_rows launch: chunk=96: must be a multiple of 64 dividing K=8192"),
+    ("quantize_rows", dict(K=32768), None, r"quantize_rows launch: L1 bytes=\d+: exceeds .*x row 65536 B"),
+    ("gemm_int", dict(K=2000), None, r"gemm_int launch: K=2000: must be a multiple of 32"),
+    ("gemm_int", dict(M=40), None, r"gemm_int launch: M=40: must be a multiple of 16"),
+    ("gemm_int", dict(tile_n=24), None, r"gemm_int launch: tile_n=24: must be a multiple of 16"),
+    ("gemm_int", dict(tile_n=48), None, r"gemm_int launch: tile_n=48: must divide N=2048"),
+    ("gemm_int", {}, {"herd_n": 3}, r"gemm_int launch: herd_n=3: must divide the 32 column tiles of 64"),
+    ("gemm_int", {}, {"herd_m": 16}, r"gemm_int launch: herd_m=16: the herd spans at most 8 columns"),
+    ("gemm_int", {}, {"tile_m": 24}, r"gemm_int launch: tile_m=24: must divide M/herd_m=256 and be a multiple of 16"),
+    ("gemm_int", {}, {"tile_m": 128}, r"gemm_int launch: L1 bytes=\d+: exceeds .*int32 accumulators \(hi, lo\) "
+                                      r"65536 B"),
+    ("gemm_int", {}, {"tile_k_l2": 96}, r"gemm_int launch: tile_k_l2=96: must divide K=2048"),
+    ("gemm_int", {}, {"tile_k_l2": 2048}, r"gemm_int launch: L2 bytes=\d+: exceeds 524288 B of one memtile"),
+    ("gemm_int", {}, {"tile_n": 32}, r"gemm_int launch: tile_n=32: unknown tuning parameter"),
+    ("gemm_int_swiglu", {}, {"drain_n": 12}, r"gemm_int_swiglu launch: drain_n=12: must divide tile_n=32"),
 ])
 def test_constraint_violations_raise(kind, overrides, tuning, message):
     with pytest.raises(LaunchConstraintError, match=message) as info:
         build(kind, tuning=tuning, **overrides)
     assert isinstance(info.value, ValueError)
+
+
+def test_integer_gemm_windows_cut_the_kernels_layouts():
+    """gemm_int's DMAs: per column tile one contiguous run of prepared-weight windows (DDR → memtile) and one window a
+    call (memtile → L1); per call the A window [9 kb][tile_m m][2 words] read out of the rows' runs of the memtile
+    slice (kb strides 2 words, m a row); the drain's un-tiling is gemm.py's."""
+    ir = build("gemm_int")  # herd 8x4, m64 n64, tile_k_l2 256: 8 calls a slice
+    slice_words = 8 * int_gemm.CALL_COLS // 2
+    window_words = int_gemm.window_bytes(64) // 4
+    calls = 2048 // int_gemm.CALL_K
+    sizes = [(d.dst.sizes, d.dst.strides, d.src.sizes, d.src.strides) for d in ir.dmas]
+    assert ((), (), (512, slice_words), (calls * int_gemm.CALL_COLS // 2, 1)) in sizes  # the block's rows, a slice
+    assert ((), (), (4, 8, window_words), (calls * window_words, window_words, 1)) in sizes  # 4 column tiles' windows
+    assert ((), (), (1, 9, 64, 2), (64 * slice_words, 2, slice_words, 1)) in sizes  # a call's A window
+    assert ((), (), (1, 1, window_words), (8 * window_words, window_words, 1)) in sizes  # a call's W window
+    text = ir.text
+    assert "memref<8x4x1x8192xi32, 2 : i32>" in text  # per tile: [T/8][2 terms][64 rows x 8], one drain chunk
+    assert "memref<8x4x64xf32, 2 : i32>" in text and "memref<8x4x1x64xf32, 2 : i32>" in text  # row, column scales
+
+
+def test_integer_kinds_plan_llama_sizes():
+    """Their L1 per tile at Llama-3.2-1B's 2048 rows, AIR's ping-pong copies counted (the lowering tests hold each
+    plan to what aiecc places): gemm_int and gemm_int_swiglu fill a tile with 32 KiB of accumulators, doubled A and W
+    windows and one drain chunk; quantize_rows keeps an 8192-value row once and streams its runs out in chunks."""
+    plans = {kind: dict(build(kind).l1_buffers) for kind in ("quantize_rows", "gemm_int", "gemm_int_swiglu")}
+    assert plans["gemm_int"] == {"int32 accumulators (hi, lo)": 32768, "A window x2 (ping-pong)": 9216,
+                                 "W window x2": 9216, "row scales": 256, "column scales": 256,
+                                 "bf16 drain chunk x1": 8192}
+    assert plans["gemm_int_swiglu"] == {"int32 accumulators (hi, lo)": 32768, "A window x2 (ping-pong)": 9216,
+                                        "W window x2": 9216, "row scales": 256, "column scales": 256,
+                                        "bf16 drain chunk x1": 4096}
+    assert plans["quantize_rows"] == {"x row": 16384, "state": 64, "q chunk x2 (ping-pong)": 9216,
+                                      "the row loop's q chunk x2": 9216}
+    assert all(sum(plan.values()) <= L1_AVAILABLE for plan in plans.values())
 
 
 def test_operand_shapes_must_match_params():

@@ -141,14 +141,14 @@ def test_every_call_our_programs_make_is_counted_and_its_multiplies_are_its_work
         known = {name: constants[o] for name, o in operands.items() if o in constants}
         for ops in core_ops.call_ops(decl.symbol, dict(decl.defines), known):
             assert sum(ops.counts.values()) > 0, decl
-            if cost.kind != "mmul_bf16":
+            if cost.kind not in ("mmul_bf16", "mmul_int"):
                 assert ops.mmul == (), decl
                 continue
             if cost.work == (MATMUL_OPERANDS,):
                 work = math.sqrt(math.prod(math.prod(s) for s in shapes[:3]))
             else:
                 assert cost.work != (LAST_OPERAND,)
-                work = math.prod(dict(decl.defines)[m] for m in cost.work)
+                work = cost.factor * math.prod(dict(decl.defines)[m] for m in cost.work)
             assert sum(use.macs for use in ops.mmul) == work, decl
 
 

@@ -1,155 +1,106 @@
-"""The integer GEMM's host build (kernels/aie2p/gemm_int8.cc and quantize_rows.cc, the ``#else`` paths), driven
-tile by tile in the layouts the kernels state, against the emulator's definition (torch_npu2/emulator/int8.py):
-bit for bit, W8A8, W8A16 and W8x2A16 (two weight terms), with the plain and the SwiGLU drain."""
+"""The integer GEMMs' host builds (kernels/aie2p/quantize_rows.cc and gemm_int8.cc, the ``#else`` paths), driven tile
+by tile as their launches' herds drive them (kernels/host_build.py's quantize_rows and gemm_int), against
+kernels/int_gemm.py bit for bit: activation rows (a row that takes the rescale branch among them) at the models' K,
+in one chunk and in several, and the GEMM with the plain and the SwiGLU drain over prepared weights."""
 from __future__ import annotations
-
-import ctypes
 
 import pytest
 import torch
 
-from torch_npu2.emulator import int8
-from torch_npu2.emulator.launches import silu_mul
-from torch_npu2.kernels import host_build
+from torch_npu2.emulator.launches import gemm_int, gemm_int_swiglu, silu_mul
+from torch_npu2.kernels import host_build, int_gemm
 
 pytestmark = pytest.mark.skipif(host_build.host_compiler() is None, reason="no host C++ compiler (g++)")
 
-ACT_DTYPE = {8: torch.int8, 16: torch.int16}
-PRECISION_BITS = {"int8": 8, "w8a16": 16, "w8x2a16": 16}
+QMAX = int_gemm.ACTIVATION_QMAX["w8x2a16"]
 
 
-def ptr(t: torch.Tensor) -> ctypes.c_void_p:
-    return ctypes.c_void_p(t.data_ptr())
-
-
-def host_quantize(x: torch.Tensor, qmax: int, bits: int, rows_per_call: int = 4):
-    M, K = x.shape
-    lib = host_build.load("quantize_rows.cc", {"QUANT_ROWS": rows_per_call, "QUANT_K": K, "QUANT_QMAX": qmax,
-                                               "QUANT_ACT_BITS": bits})
-    q = torch.empty(M, K, dtype=ACT_DTYPE[bits])
-    scale = torch.empty(M, dtype=torch.float32)
-    for r in range(0, M, rows_per_call):
-        lib.quantize_rows_bf16(ptr(x[r:]), ptr(q[r:]), ptr(scale[r:]))
-    return q, scale
-
-
-def host_gemm(qa, scale_a, qw_kn, scale_w, bits, tile_m=32, tile_k=32, tile_n=32, drain_n=16, up=None):
-    """C = rescaled qa · qw_kn over (tile_m × tile_n) tiles, each accumulated over K in tile_k calls and drained in
-    drain_n chunks; qw_kn: the (K × N) int8 weight, or a list of its terms (hi, lo); ``up``: (qw_kn, scale_w) of the
-    up projection, drained through SwiGLU with the first as gate."""
-    M, K = qa.shape
-    terms = len(qw_kn) if isinstance(qw_kn, list) else 1
-    N = (qw_kn[0] if terms > 1 else qw_kn).shape[1]
-    km = 8 if bits == 8 else 4
-    defines = {"GEMM_TILE_M": tile_m, "GEMM_TILE_K": tile_k, "GEMM_TILE_N": tile_n, "GEMM_DRAIN_N": drain_n,
-               "GEMM_ACT_BITS": bits, **({"GEMM_WEIGHT_TERMS": terms} if terms > 1 else {})}
-    lib = host_build.load("gemm_int8.cc", defines)
-    out = torch.empty(M, N, dtype=torch.bfloat16)
-    for m0 in range(0, M, tile_m):
-        for n0 in range(0, N, tile_n):
-            accs = []
-            for w_kn in ([qw_kn] if up is None else [qw_kn, up[0]]):
-                w_terms = w_kn if terms > 1 else [w_kn]
-                acc = torch.empty(terms, tile_n // 8, tile_m // 8, 8, 8, dtype=torch.int32)
-                lib.gemm_zero_i32(ptr(acc))
-                for k0 in range(0, K, tile_k):
-                    # A [KB][MB][8 m][KM k], W [T][KB][NB][KM k][8 n]
-                    a_t = qa[m0:m0 + tile_m, k0:k0 + tile_k].reshape(tile_m // 8, 8, tile_k // km, km)
-                    a_t = a_t.permute(2, 0, 1, 3).contiguous()
-                    w_t = torch.stack([t[k0:k0 + tile_k, n0:n0 + tile_n].reshape(tile_k // km, km, tile_n // 8, 8)
-                                       .permute(0, 2, 1, 3) for t in w_terms]).contiguous()
-                    lib.gemm_int_i32_wkn(ptr(a_t), ptr(w_t), ptr(acc))
-                accs.append(acc)
-            rows = scale_a[m0:m0 + tile_m].contiguous()
-            for c0 in range(0, tile_n, drain_n):
-                chunk = torch.empty(drain_n // 8, tile_m // 8, 8, 8, dtype=torch.bfloat16)
-                # a drain reads the chunk's blocks in place: term t's at t · tile_m · tile_n further
-                pieces = [acc[0, c0 // 8] for acc in accs]
-                if up is None:
-                    lib.gemm_i32_to_bf16(ptr(pieces[0]), ptr(rows), ptr(scale_w[n0 + c0:].contiguous()), ptr(chunk))
-                else:
-                    lib.gemm_i32_swiglu_to_bf16(ptr(pieces[0]), ptr(pieces[1]), ptr(rows),
-                                                ptr(scale_w[n0 + c0:].contiguous()),
-                                                ptr(up[1][n0 + c0:].contiguous()), ptr(chunk))
-                # [n/8][m/8][8 m][8 n] → (m, n)
-                out[m0:m0 + tile_m, n0 + c0:n0 + c0 + drain_n] = chunk.permute(1, 2, 0, 3).reshape(tile_m, drain_n)
-    return out
-
-
-def operands(M, K, N, seed):
+def activations(M: int, K: int, seed: int) -> torch.Tensor:
+    """Rows of mixed scales with an outlier channel, a zero row, and a row whose values are spread evenly (its Σ|q| at
+    32767 / absmax overflows 127 · Σ|q| ≤ 2³¹ − 1 for K ≥ 517: the rescale branch)."""
     g = torch.Generator().manual_seed(seed)
     a = torch.randn(M, K, generator=g) * torch.exp2(torch.randint(-6, 6, (M, 1), generator=g).float())
-    a[:, 5] *= 200  # an outlier channel
-    a[7] = 0        # a zero row
-    w = torch.randn(N, K, generator=g) * 0.04
+    a[:, 5] *= 200
+    a[7] = 0
+    a[3] = torch.where(torch.rand(K, generator=g) < 0.5, -0.75, 0.75)
+    a[3, :K // 3] *= 1.0078125  # not all equal: the rescaled inverse still rounds values both ways
+    return a.bfloat16()
+
+
+def weight(N: int, K: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(N, K, generator=g) * K ** -0.5
     w[3] = 0
-    return a.bfloat16(), w.bfloat16()
+    return w.bfloat16()
 
 
-@pytest.mark.parametrize("precision", ["int8", "w8a16"])
-def test_quantize_rows_matches_the_definition(precision):
-    a, _ = operands(16, 256, 16, 1)
-    qmax = int8.activation_qmax(precision, 256)
-    q, scale = host_quantize(a, qmax, PRECISION_BITS[precision])
-    q_ref, scale_ref = int8.quantize_rows(a, qmax)
-    assert torch.equal(q.to(torch.int32), q_ref)
-    assert torch.equal(scale.view(torch.int32), scale_ref.reshape(-1).view(torch.int32))
+@pytest.mark.parametrize("K, chunk", [(576, 576), (1536, 384), (2048, 512), (8192, 2048), (8192, 8192)])
+def test_quantize_rows_matches_the_definition(K, chunk):
+    a = activations(16, K, 1)
+    spent = int_gemm.quantize_activations(a, QMAX)[0].abs().sum(-1)
+    q, scale = int_gemm.quantize_activations(a[3:4], QMAX)
+    first = torch.round(a[3].float() * (QMAX / a[3].float().abs().max())).abs().sum()
+    assert first * 127 > 2 ** 31 - 1 and (spent * 127 <= 2 ** 31 - 1).all()  # row 3 took the rescale branch
+    got = host_build.quantize_rows(a, chunk=chunk)
+    assert torch.equal(got, int_gemm.pack_activations(*int_gemm.quantize_activations(a, QMAX)))
 
 
-def weight_kn(w, precision):
-    """(the kernel's (K, N) weight or its terms, the scales, the definition's prepared weight)"""
-    *terms, scale = prepared = int8.prepared_weight(w, precision)
-    kn = [t.T.contiguous() for t in terms]
-    return (kn if len(kn) > 1 else kn[0]), scale, prepared
+def test_a_row_in_the_rescale_branch_is_rescaled_by_the_kernel_too():
+    """Row 3 quantized by the kernel: the scale is the rescaled one, not 32767 / absmax's reciprocal."""
+    a = activations(16, 2048, 2)
+    q, scale = int_gemm.unpack_activations(host_build.quantize_rows(a), 2048)
+    plain = torch.reciprocal(torch.tensor(QMAX) / a[3].float().abs().max())
+    assert scale[3, 0] > plain and q[3].abs().max() < QMAX
 
 
-@pytest.mark.parametrize("precision", ["int8", "w8a16", "w8x2a16"])
-def test_gemm_matches_the_emulator_bit_for_bit(precision):
-    M, K, N = 64, 128, 64
-    a, w = operands(M, K, N, 2)
-    bits = PRECISION_BITS[precision]
-    qa, scale_a = host_quantize(a, int8.activation_qmax(precision, K), bits)
-    kn, scale_w, prepared = weight_kn(w, precision)
-    out = host_gemm(qa, scale_a, kn, scale_w, bits)
-    expected = int8.integer_gemm(a, *prepared, precision=precision)
+@pytest.mark.parametrize("M, K, N, tile_m, drain_n", [(64, 576, 576, 64, None), (32, 2048, 128, 16, 16),
+                                                      (64, 256, 192, 32, 8)])
+def test_gemm_matches_the_emulator_bit_for_bit(M, K, N, tile_m, drain_n):
+    a, w = activations(M, K, 3), weight(N, K, 4)
+    tile_n = int_gemm.weight_tile_n(N)
+    aq, prepared = int_gemm.pack_activations(*int_gemm.quantize_activations(a, QMAX)), int_gemm.prepare_weight(w)
+    out = host_build.gemm_int(aq, prepared, N, tile_n=tile_n, tile_m=tile_m, drain_n=drain_n)
+    expected = gemm_int(dict(M=M, K=K, N=N, tile_n=tile_n), aq, prepared)
     assert torch.equal(out.view(torch.int16), expected.view(torch.int16))
+
+
+@pytest.mark.parametrize("M, K, N, tile_m, drain_n", [(64, 576, 1536, 64, None), (32, 256, 192, 16, 8)])
+def test_swiglu_drain_matches_the_emulator_bit_for_bit(M, K, N, tile_m, drain_n):
+    a, gate, up = activations(M, K, 5), weight(N, K, 6), weight(N, K, 7)
+    tile_n = int_gemm.weight_tile_n(N, 2)
+    aq = int_gemm.pack_activations(*int_gemm.quantize_activations(a, QMAX))
+    prepared = int_gemm.prepare_weight(torch.cat([gate, up]), halves=2)
+    out = host_build.gemm_int(aq, prepared, N, tile_n=tile_n, tile_m=tile_m, drain_n=drain_n, swiglu=True)
+    expected = gemm_int_swiglu(dict(M=M, K=K, N=N, tile_n=tile_n), aq, prepared)
+    assert torch.equal(out.view(torch.int16), expected.view(torch.int16))
+    # and that is silu_mul of the two integer projections
+    projections = [int_gemm.integer_gemm(a, half, "w8x2a16") for half in (gate, up)]
+    assert torch.equal(expected.view(torch.int16), silu_mul({}, *projections).view(torch.int16))
 
 
 def test_the_second_weight_term_counts():
-    """W8x2A16's drain adds the lo accumulator: dropping it (lo = 0) changes the result, and the result is closer to
-    the bf16 GEMM than W8A16's."""
-    M, K, N = 32, 128, 32
-    a, w = operands(M, K, N, 6)
-    qa, scale_a = host_quantize(a, int8.activation_qmax("w8x2a16", K), 16)
-    (hi, lo), scale_w, _ = weight_kn(w, "w8x2a16")
-    out = host_gemm(qa, scale_a, [hi, lo], scale_w, 16)
-    without_lo = host_gemm(qa, scale_a, [hi, torch.zeros_like(lo)], scale_w, 16)
-    assert torch.equal(without_lo.view(torch.int16),
-                       int8.integer_gemm(a, *int8.prepared_weight(w, "w8a16"), precision="w8a16").view(torch.int16))
+    """The drain adds the lo accumulator: without it (lo = 0) the result changes, and is further from the bf16 GEMM."""
+    M, K, N = 32, 256, 64
+    a, w = activations(M, K, 8), weight(N, K, 9)
+    aq = int_gemm.pack_activations(*int_gemm.quantize_activations(a, QMAX))
+    hi, lo, scale = int_gemm.quantize_weight_terms(w)
+    tile_n = int_gemm.weight_tile_n(N)
+    out = host_build.gemm_int(aq, int_gemm.tile_weights(hi, lo, scale, tile_n), N, tile_n=tile_n, tile_m=32)
+    without_lo = host_build.gemm_int(aq, int_gemm.tile_weights(hi, torch.zeros_like(lo), scale, tile_n), N,
+                                     tile_n=tile_n, tile_m=32)
     exact = torch.nn.functional.linear(a.float(), w.float())
     error = lambda c: ((c.float() - exact).norm() / exact.norm()).item()  # noqa: E731
-    assert error(out) * 2 < error(without_lo)
-
-
-@pytest.mark.parametrize("precision", ["w8a16", "w8x2a16"])
-def test_swiglu_drain_matches_the_emulator_bit_for_bit(precision):
-    M, K, N = 32, 64, 32
-    a, wg = operands(M, K, N, 3)
-    _, wu = operands(M, K, N, 4)
-    qa, scale_a = host_quantize(a, int8.activation_qmax(precision, K), 16)
-    (g_kn, sg, g), (u_kn, su, u) = weight_kn(wg, precision), weight_kn(wu, precision)
-    out = host_gemm(qa, scale_a, g_kn, sg, 16, up=(u_kn, su))
-    expected = silu_mul({}, int8.integer_gemm(a, *g, precision=precision),
-                        int8.integer_gemm(a, *u, precision=precision))
-    assert torch.equal(out.view(torch.int16), expected.view(torch.int16))
+    assert error(out) * 2 < error(without_lo)  # the lo term: error down to the bf16 output's rounding
 
 
 def test_a_wrong_layout_is_seen():
-    """The comparison can fail: W's blocks handed over (n, k) instead of (k, n) change the result."""
-    M, K, N = 32, 64, 32
-    a, w = operands(M, K, N, 5)
-    qa, scale_a = host_quantize(a, 127, 8)
-    qw, scale_w = int8.quantize_weight(w)
-    wrong = host_gemm(qa, scale_a, qw[:, :N].contiguous() if K == N else qw.T.flip(0).contiguous(), scale_w, 8)
-    expected = int8.integer_gemm(a, qw, scale_w, precision="int8")
+    """The comparison can fail: the A windows cut with the rows' scale block moved first change the result."""
+    M, K, N = 32, 256, 64
+    a, w = activations(M, K, 10), weight(N, K, 11)
+    aq = int_gemm.pack_activations(*int_gemm.quantize_activations(a, QMAX))
+    runs = aq.view(torch.int16).reshape(M, K // 32, 36)
+    shifted = torch.cat([runs[..., 32:], runs[..., :32]], -1).reshape(M, -1).view(torch.int32)
+    prepared, tile_n = int_gemm.prepare_weight(w), int_gemm.weight_tile_n(N)
+    expected = gemm_int(dict(M=M, K=K, N=N, tile_n=tile_n), aq, prepared)
+    wrong = host_build.gemm_int(shifted.contiguous(), prepared, N, tile_n=tile_n, tile_m=32)
     assert not torch.equal(wrong.view(torch.int16), expected.view(torch.int16))

@@ -12,13 +12,18 @@ import subprocess
 import pytest
 import torch
 
+from torch_npu2.emulator.ir_check import compare, emulate, random_inputs
 from torch_npu2.emulator.ir_check import check_program_ir
-from torch_npu2.kernels import ModelDims, host_build, programs_for_model
+from torch_npu2.emulator.launches import LAUNCH_KINDS
+from torch_npu2.kernels import ModelDims, host_build, int_gemm, programs_for_model
+from torch_npu2.kernels.interpret import run_program_ir
+from torch_npu2.kernels.program import TORCH_DTYPES
 from torch_npu2.kernels.interpret import (Interpreter, KernelOverrun, OutOfBounds,
                                           TileAliasing, TileRace, UninitializedRead, UnsupportedOp,
                                           UnwrittenOutput, canonical_text)
-from torch_npu2.kernels.catalog import (flash_attn_program, lm_head_gemv_program, o_ffn_program, o_gemv_ffn_program,
-                                        o_gemv_ffn_rms_gemv_rope_program, rms_gemms_rope_program)
+from torch_npu2.kernels.catalog import (flash_attn_program, lm_head_gemv_program, o_ffn_program, o_ffn_w8x2_program,
+                                        o_gemv_ffn_program, o_gemv_ffn_rms_gemv_rope_program, rms_gemms_rope_program,
+                                        rms_gemms_rope_w8x2_program)
 from torch_npu2.kernels.stitch import ObjectBuild, stitch
 
 needs_host_compiler = pytest.mark.skipif(host_build.host_compiler() is None,
@@ -39,7 +44,7 @@ def _label(program, tuning=None) -> str:
 # The model's Programs at buckets 16 and 32, plus tunings that reach what the defaults do not at these dims:
 # GEMM launch grids, K loops and drain chunk loops longer than one step, attention rounds and causally skipped blocks, rows cut
 # into several chunks, GEMV panels over several launch steps, and the BFP16 GEMM.
-CASES = [(p, None) for p in programs_for_model(SMALL, (16, 32))] + [
+CASES = [(p, None) for p in programs_for_model(SMALL, (16, 32)) if not p.name.endswith("_w8x2")] + [
     (rms_gemms_rope_program(256, 4, 2, 64, EPS, 64),
      {1: dict(herd_m=2, herd_n=2, tile_m=16, tile_n=32, tile_k_l2=64, tile_k_l1=32, drain_n=8)}),
     (flash_attn_program(4, 2, 64, 128), {1: dict(herd_q=2, tile_q=16, tile_kv=32)}),
@@ -202,6 +207,57 @@ def test_program_ir_matches_the_emulator(air_tools, program, tuning):
     check = check_program_ir(program, seed=1, tuning=tuning)
     assert check.passed, check.failures()
     assert {c.name for c in check.comparisons} == {l.writes[0] for l in program.launches}
+
+
+# The integer-GEMM Programs ("w8x2a16") at buckets 16 and 32, and tunings that reach what the defaults do not at these
+# dims: gemm_int launch grids of several steps along M and N, K loops of several slices (of 2 and 4 calls), drain
+# chunk loops; quantize_rows with several rows per tile in chunks (the last row peeled) and in one chunk a row.
+INTEGER_KINDS = ("quantize_rows", "gemm_int", "gemm_int_swiglu")
+W8X2_CASES = [(p, None) for p in programs_for_model(SMALL, (16, 32), "w8x2a16") if p.name.endswith("_w8x2")] + [
+    (rms_gemms_rope_w8x2_program(256, 4, 2, 64, EPS, 64),
+     {1: dict(herd=2, chunk=64), 2: dict(herd_m=2, herd_n=2, tile_m=16, tile_k_l2=64, drain_n=16),
+      3: dict(herd_m=2, herd_n=1, tile_m=32, tile_k_l2=128)}),
+    (o_ffn_w8x2_program(256, 256, 512, EPS, 64),
+     {0: dict(herd=4, chunk=256), 5: dict(herd_m=1, herd_n=2, tile_m=32, tile_k_l2=64, drain_n=16),
+      6: dict(herd=8, chunk=128)}),
+]
+
+
+def w8x2_inputs(program, seed: int = 1) -> dict:
+    """random_inputs, with each integer GEMM's weight a prepared one (int_gemm.prepare_weight of a Linear's size)."""
+    inputs = random_inputs(program, seed)
+    generator = torch.Generator().manual_seed(seed + 1)
+    for launch in program.launches:
+        if launch.kind in ("gemm_int", "gemm_int_swiglu"):
+            halves = 2 if launch.kind == "gemm_int_swiglu" else 1
+            N, K = launch.p["N"], launch.p["K"]
+            weight = (torch.randn(halves * N, K, generator=generator) * K ** -0.5).bfloat16()
+            inputs[launch.reads[1]] = int_gemm.prepare_weight(weight, halves)
+    return inputs
+
+
+@needs_host_compiler
+@pytest.mark.parametrize("program,tuning", W8X2_CASES, ids=[_label(p, t) for p, t in W8X2_CASES])
+def test_integer_program_ir_matches_the_emulator_bit_for_bit(air_tools, program, tuning):
+    """Each integer launch's output, as the IR computes it, equals the emulator's launch on the same inputs (what the
+    IR's own earlier launches wrote) bit for bit; every written argument is within the op tests' tolerances of the
+    emulated Program (the IR's RMSNorm rounds its statistic to bf16, the emulator's does not)."""
+    inputs = w8x2_inputs(program)
+    interpreted = run_program_ir(program, inputs, stitched=stitch(program, tuning))
+    for launch in program.launches:
+        if launch.kind not in INTEGER_KINDS:
+            continue
+        out = program.arg(launch.writes[0])
+        expected = LAUNCH_KINDS[launch.kind](launch.p, *(interpreted[n] for n in launch.reads))
+        expected = expected.reshape(out.shape).to(TORCH_DTYPES[out.dtype])
+        got = interpreted[out.name]
+        if out.dtype == "bf16":
+            got, expected = got.view(torch.int16), expected.view(torch.int16)
+        assert torch.equal(got, expected), f"{launch.kind} → {out.name}"
+    emulated = emulate(program, inputs)
+    for arg in program.args:
+        if arg.role.value in ("scratch", "output") and arg.dtype == "bf16":
+            assert compare(arg.name, interpreted[arg.name], emulated[arg.name]).within(torch.bfloat16), arg.name
 
 
 # ---- broken modules ---------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from torch_npu2.kernels.lint import GEMM_CLASS_KINDS
 from .test_builders import EXAMPLES, build
 
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
-MATMUL_COSTS = ("mmul_bf16", "vector_mac")
+MATMUL_COSTS = ("mmul_bf16", "mmul_int", "vector_mac")
 
 
 def _letter(parameter: str) -> str:
@@ -125,4 +125,4 @@ def test_every_launch_kind_has_an_emulator_launch_and_gemm_class_kinds_multiply(
     for kind in GEMM_CLASS_KINDS:
         assert any(kernel_symbol(d.symbol).cost.kind in MATMUL_COSTS for d in build(kind).externs), kind
     assert set(GEMM_CLASS_KINDS) == {"gemm", "gemm_swiglu", "gemv", "gemv_f32", "gemv_add", "rms_gemv",
-                                     "swiglu_gemv_add"}
+                                     "swiglu_gemv_add", "gemm_int", "gemm_int_swiglu"}

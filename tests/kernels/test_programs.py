@@ -19,12 +19,17 @@ def test_rms_gemms_rope_abi_and_index_sets():
 
 
 def test_prefill_and_decode_share_weight_layouts():
+    """With bf16-weight GEMMs one buffer per weight serves prefill and decode; the integer GEMMs (the default for
+    bf16 weights) take prepared copies of the projections instead, and share only the norms."""
     d = SMOL
-    for prefill, decode in [(0, 3), (2, 4)]:
-        progs = programs_for_model(d, [64])
-        weights_p = {a.name: a.shape for a in progs[prefill].args if a.role is Role.WEIGHT}
-        weights_d = {a.name: a.shape for a in progs[decode].args if a.role is Role.WEIGHT}
-        assert weights_p == weights_d  # one buffer per weight serves both
+    for precision in ("bf16", "bfp16", "w8x2a16"):
+        progs = programs_for_model(d, [64], precision)
+        for prefill, decode in [(0, 3), (2, 4)]:
+            weights_p = {a.name: (a.shape, a.dtype) for a in progs[prefill].args if a.role is Role.WEIGHT}
+            weights_d = {a.name: (a.shape, a.dtype) for a in progs[decode].args if a.role is Role.WEIGHT}
+            assert weights_p.keys() == weights_d.keys()
+            shared = {n for n in weights_p if weights_p[n] == weights_d[n]}
+            assert shared == (set(weights_p) if precision != "w8x2a16" else {"norm_w"})
 
 
 def test_lm_head_is_one_gemv_keeping_fp32_logits():
@@ -41,9 +46,14 @@ def test_json_round_trip_and_stable_key():
 
 
 def test_programs_for_model_covers_buckets():
-    names = [p.name for p in programs_for_model(SMOL, [16, 32])]
-    assert names == ["rms_gemms_rope", "flash_attn", "o_ffn"] * 2 + ["rms_gemv_rope", "o_gemv_ffn",
-                                                                   "o_gemv_ffn_rms_gemv_rope", "lm_head_gemv"]
+    decode = ["rms_gemv_rope", "o_gemv_ffn", "o_gemv_ffn_rms_gemv_rope", "lm_head_gemv"]
+    names = [p.name for p in programs_for_model(SMOL, [16, 32], "bf16")]
+    assert names == ["rms_gemms_rope", "flash_attn", "o_ffn"] * 2 + decode
+    # "auto", the default: the integer GEMMs' Programs for bf16 weights, the bf16 ones beside packed decode weights
+    assert [p.name for p in programs_for_model(SMOL, [16])] == ["rms_gemms_rope_w8x2", "flash_attn", "o_ffn_w8x2",
+                                                               *decode]
+    assert [p.name for p in programs_for_model(SMOL, [16], weights="q4_1")][:3] == ["rms_gemms_rope", "flash_attn",
+                                                                                   "o_ffn"]
 
 
 def test_prefill_programs_are_one_buckets_trio():

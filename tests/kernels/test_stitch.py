@@ -21,8 +21,11 @@ BUCKETS = [16, 32, 64, 128, 256, 512, 1024, 2048]
 
 
 def all_programs():
+    """Every Program of both models, and the integer-GEMM prefill Programs ("w8x2a16") at every bucket."""
     return [(f"{model}-{p.name}-{dict(p.params).get('rows', dict(p.params).get('seq', 1))}", p)
-            for model, dims in (("smol", SMOL), ("llama", LLAMA)) for p in programs_for_model(dims, BUCKETS)]
+            for model, dims in (("smol", SMOL), ("llama", LLAMA))
+            for p in [*programs_for_model(dims, BUCKETS),
+                      *(p for p in programs_for_model(dims, BUCKETS, "w8x2a16") if p.name.endswith("_w8x2"))]]
 
 
 PROGRAMS = all_programs()

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import torch_npu2  # noqa: F401  (registers torch.ops.npu2)
-from torch_npu2.kernels import quant
+from torch_npu2.kernels import int_gemm, quant
 from torch_npu2.ops import ALL_OPS, decode_attn_length, reference
 from torch_npu2.ops.fused import FUSED_OPS
 from torch_npu2.ops.registry import program_of
@@ -50,6 +50,7 @@ def op_cases(config):
             + qkv_args(hidden, heads, kv, hd, seq, decode=True, gen=g)[1:], (hd, EPS, 2 * EPS),
             reference.decode_attn_o_gemv_ffn_rms_gemv_rope_reference),
         **packed_cases(config, g),
+        **w8x2_cases(config, g),
     }
 
 
@@ -84,6 +85,25 @@ def packed_cases(config, g):
                                             reference.o_gemv_ffn_rms_gemv_rope_packed_reference),
         "lm_head_gemv_packed": ([torch.randn(hidden, generator=g).bfloat16(), w_lm], ("q4_1",),
                                 reference.lm_head_gemv_packed_reference),
+        "decode_attn_o_gemv_ffn_rms_gemv_rope_packed": (
+            decode_attn_args(heads, kv, hd, gen=g) + ffn_tensors[1:] + qkv[1:], (hd, EPS, 2 * EPS, "q4_1"),
+            reference.decode_attn_o_gemv_ffn_rms_gemv_rope_packed_reference),
+    }
+
+
+def w8x2_cases(config, g):
+    """The prefill ops over weights prepared for the integer GEMMs (the intermediate size rounded up to a multiple
+    of 32, the integer GEMMs' K granule), against their references."""
+    hidden, heads, kv, hd, ffn, vocab, seq = CONFIGS[config]
+    ffn = -(-ffn // int_gemm.CALL_K) * int_gemm.CALL_K
+    x, norm_w, wq, wk, wv, lut = qkv_args(hidden, heads, kv, hd, seq, gen=g)
+    attn, wo, x2, norm2, w_gate_up, w_down = ffn_args(hidden, heads, hd, ffn, seq, gen=g)
+    pair = int_gemm.prepare_weight(torch.cat((w_gate_up[:, :hidden], w_gate_up[:, hidden:])), halves=2)
+    return {
+        "rms_gemms_rope_w8x2": ([x, norm_w, *map(int_gemm.prepare_weight, (wq, wk, wv)), lut], (EPS,),
+                                reference.rms_gemms_rope_w8x2_reference),
+        "o_ffn_w8x2": ([attn, int_gemm.prepare_weight(wo), x2, norm2, pair, int_gemm.prepare_weight(w_down)], (EPS,),
+                       reference.o_ffn_w8x2_reference),
     }
 
 
@@ -191,7 +211,8 @@ def test_bad_arguments_raise_naming_op_and_argument(runtime, name, index, arg, m
     ("rms_gemv_rope", (float("nan"),), "eps", "a finite float > 0, got nan"),
     ("o_gemv_ffn", (float("inf"),), "eps", "a finite float > 0, got inf"),
     ("o_gemv_ffn_rms_gemv_rope", (EPS, -1.0), "next_eps", "a finite float > 0, got -1.0"),
-    ("rms_gemms_rope", (EPS, "fp8"), "precision", "one of 'bf16', 'bfp16', 'bfp16_gate_up', got 'fp8'"),
+    ("rms_gemms_rope", (EPS, "fp8"), "precision", "one of 'bf16', 'bfp16', 'bfp16_gate_up' (for 'w8x2a16': the "
+                                                  "*_w8x2 ops, over prepared weights), got 'fp8'"),
     ("flash_attn", (0,), "head_dim", "a positive int, got 0"),
 ])
 def test_bad_scalars_raise_naming_op_and_argument(runtime, name, scalars, arg, expected):

@@ -144,6 +144,8 @@ def test_unknown_precision_is_refused(make):
 
 
 def test_op_refuses_an_unknown_precision(runtime):
-    with pytest.raises(ValueError, match="npu2.rms_gemms_rope: argument 'precision' expected one of 'bf16', 'bfp16', "
-                                         "'bfp16_gate_up', got 'fp8'"):
-        rms_gemms_rope_op(*hand_made_qkv((SEQ,)), 1e-5, "fp8")
+    for precision in ("fp8", "w8x2a16"):  # the integer GEMMs have ops of their own, over prepared weights
+        with pytest.raises(ValueError, match=r"npu2.rms_gemms_rope: argument 'precision' expected one of 'bf16', "
+                                             r"'bfp16', 'bfp16_gate_up' \(for 'w8x2a16': the \*_w8x2 ops, over prepared "
+                                             rf"weights\), got '{precision}'"):
+            rms_gemms_rope_op(*hand_made_qkv((SEQ,)), 1e-5, precision)

@@ -128,3 +128,53 @@ def test_a_failed_packing_leaves_the_bf16_weights_in_place(runtime, monkeypatch)
         patch_llama(model, prefill_buckets=(16,), weights="q4_1")
     for name, p in model.named_parameters():
         assert torch.equal(p.detach().view(torch.int16), before[name]), name
+
+
+@pytest.mark.parametrize("layers", [2, 3])
+def test_a_packed_decode_token_is_one_dispatch_per_layer(runtime, layers):
+    """With packed weights and the NpuKVCache a decode token runs as the bf16 one does (ARCHITECTURE.md, "One decode
+    token"): L+3 dispatches, each layer but the last one dispatch from its attention on
+    (decode_attn_o_gemv_ffn_rms_gemv_rope_packed), and the logits those of the unchained ops."""
+    model = tiny_llama(**DIMS, num_hidden_layers=layers)
+    patch_llama(model, prefill_buckets=(16,), weights="q4_1")
+    ids = torch.tensor([[1, 5, 7, 9, 11, 3]])
+
+    def runs(new_tokens):
+        before = runtime.xrt.counters.copy()
+        out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                             output_logits=True, return_dict_in_generate=True)
+        return runtime.xrt.counters - before, out
+
+    runs(2)  # loads every Program
+    (two, _), (three, chained) = runs(2), runs(3)
+    token = {k: three[k] - two[k] for k in three if k.startswith("runs")}
+    assert token["runs"] == layers + 3
+    assert (token["runs:rms_gemv_rope_packed"], token["runs:decode_attn_o_gemv_ffn_rms_gemv_rope_packed"],
+            token["runs:decode_attn"], token["runs:o_gemv_ffn_packed"], token["runs:lm_head_gemv_packed"]) == \
+        (1, layers - 1, 1, 1, 1)
+    for layer in model.model.layers:  # unchained: every layer rms_gemv_rope → decode_attn → o_gemv_ffn
+        layer.forward.next_layer = None
+    _, unchained = runs(3)
+    assert torch.equal(torch.stack(chained.logits), torch.stack(unchained.logits))
+
+
+def test_packed_weights_with_integer_prefill_gemms(runtime, monkeypatch):
+    """weights="q4_1" with matmul_precision="w8x2a16": decode reads the packed rows, prefill runs the integer GEMMs
+    over copies prepared from the packed rows' exact weights (no bf16 weight is kept), and greedy decoding passes the
+    top-5 gate against HF on the dequantized weights; "auto" keeps bf16 prefill GEMMs for packed weights."""
+    from torch_npu2.emulator import launches
+
+    kinds = []
+    for kind in ("gemm", "gemm_int_swiglu", "gemv"):
+        def spy(p, *tensors, kind=kind, run=launches.LAUNCH_KINDS[kind]):
+            kinds.append((kind, "weights" in p))
+            return run(p, *tensors)
+        monkeypatch.setitem(launches.LAUNCH_KINDS, kind, spy)
+    reference = _dequantized_copy(tiny_llama(**DIMS), "q4_1")
+    model = patch_llama(tiny_llama(**DIMS), prefill_buckets=(16,), weights="q4_1", matmul_precision="w8x2a16")
+    assert model.model.layers[0].forward.prepared is not None
+    ids = torch.tensor([[1, 5, 7, 9, 11, 3]])
+    check_topk_gate(*greedy_with_topk(reference, ids, 8), *greedy_with_topk(model, ids, 8), label="q4_1 + w8x2a16")
+    assert ("gemm_int_swiglu", False) in kinds and ("gemv", True) in kinds and all(k != "gemm" for k, _ in kinds)
+    default = patch_llama(tiny_llama(**DIMS), prefill_buckets=(16,), weights="q4_1")
+    assert default.model.layers[0].forward.prepared is None

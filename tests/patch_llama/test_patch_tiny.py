@@ -360,8 +360,8 @@ def test_bad_prefill_buckets_are_named_before_any_change(runtime, buckets, error
 def test_unknown_matmul_precision_is_rejected_before_any_change(runtime, precision):
     model = tiny_llama()
     snapshot = {n: p.detach().clone() for n, p in model.named_parameters()}
-    with pytest.raises(ValueError, match=r"matmul_precision must be one of 'bf16', 'bfp16', 'bfp16_gate_up', got .*the model was not "
-                                         r"modified"):
+    with pytest.raises(ValueError, match=r"matmul_precision must be 'auto' or one of 'bf16', 'bfp16', 'bfp16_gate_up', "
+                                         r"'w8x2a16', got .*the model was not modified"):
         patch_llama(model, matmul_precision=precision)
     assert _unmodified(model, snapshot)
 
@@ -392,6 +392,45 @@ def test_matmul_precision_reaches_the_prefill_gemms_only(runtime, pair, monkeypa
     assert not torch.equal(logits["bf16"], logits["bfp16"])
     assert not torch.equal(logits["bfp16_gate_up"], logits["bf16"])
     assert not torch.equal(logits["bfp16_gate_up"], logits["bfp16"])
+
+
+def test_integer_gemms_run_prefill_on_prepared_weights_and_keep_hf_tokens(runtime, pair, monkeypatch):
+    """matmul_precision="w8x2a16": prefill quantizes each GEMM input and multiplies prepared integer weights
+    (rms_gemms_rope_w8x2 and o_ffn_w8x2: no bf16-weight GEMM runs), decode keeps its bf16 GEMVs, and greedy
+    decoding passes HF's top-5 gate, with prompts in two buckets and one over the largest (host attention)."""
+    from torch_npu2.emulator import launches
+
+    kinds = []
+    for kind in ("gemm", "gemm_int", "gemm_int_swiglu", "quantize_rows", "gemv"):
+        def spy(p, *tensors, kind=kind, run=launches.LAUNCH_KINDS[kind]):
+            kinds.append(kind)
+            return run(p, *tensors)
+        monkeypatch.setitem(launches.LAUNCH_KINDS, kind, spy)
+    reference, model = pair(tiny_llama(**NPU2_BUILDABLE))
+    patch_llama(model, matmul_precision="w8x2a16", prefill_buckets=(16, 32))
+    layer = model.model.layers[0].forward
+    assert layer.prepared is not None and layer.prepared.gate_up.dtype == torch.int32
+    for length in (12, 30, 45):
+        ids = prompt(length)
+        kinds.clear()
+        with torch.no_grad():
+            model(ids)
+        assert "gemm" not in kinds and {"gemm_int", "gemm_int_swiglu", "quantize_rows"} <= set(kinds)
+        check_topk_gate(*greedy_with_topk(reference, ids, 6), *greedy_with_topk(model, ids, 6), label=f"{length}")
+    assert "gemv" in kinds  # decode
+    unpatch_llama(model)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), reference.parameters()))
+
+
+def test_integer_gemms_refuse_dims_they_cannot_run_before_any_change(runtime):
+    model = tiny_llama()  # intermediate 200
+    snapshot = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with pytest.raises(ValueError, match=r"needs projections whose in features are multiples of 32 .* gate_proj is "
+                                         r"200 × 96.*the model was not modified"):
+        patch_llama(model, matmul_precision="w8x2a16")
+    assert _unmodified(model, snapshot)
+    patch_llama(model)  # "auto" takes bf16 GEMMs for it
+    assert model.model.layers[0].forward.prepared is None
 
 
 def test_model_stays_usable_after_a_rejected_patch(runtime):

@@ -120,7 +120,7 @@ def test_compile_buckets_are_checked_against_the_builders(tmp_path, capsys):
         "argument --buckets: expected a positive int, got 0")
     line = _usage_error(capsys, ["compile", *model, "--emit-mlir", str(tmp_path / "out"), "--buckets", "16", "17"])
     assert line.endswith("argument --buckets: the model's prefill Programs at 17 cannot be built for NPU2 "
-                         "(rms_gemms_rope: gemm launch: M=17: must be a multiple of 16)")
+                         "(rms_gemms_rope_w8x2: gemm_int launch: M=17: must be a multiple of 16)")
     assert not (tmp_path / "out").exists()  # refused before anything was written
     assert "at 24 cannot be built" in _usage_error(capsys, ["lint", *model, "--buckets", "24"])
     assert cli.main(["compile", *model, "--emit-mlir", str(tmp_path / "out"), "--buckets", "32"]) == 0
@@ -133,11 +133,11 @@ def test_unknown_backend_is_refused(capsys):
 
 def test_compile_emit_mlir_needs_no_toolchain(tmp_path, capsys, smollm2_loaded):
     assert cli.main(["compile", "--emit-mlir", str(tmp_path), "--buckets", "16", "64"]) == 0
-    names = sorted(p.name for p in tmp_path.glob("*.mlir"))
-    assert names == ["flash_attn_16.mlir", "flash_attn_64.mlir", "lm_head_gemv.mlir", "o_ffn_16.mlir", "o_ffn_64.mlir",
-                     "o_gemv_ffn.mlir", "o_gemv_ffn_rms_gemv_rope.mlir", "rms_gemms_rope_16.mlir",
-                     "rms_gemms_rope_64.mlir", "rms_gemv_rope.mlir"]
-    assert "func.func @o_ffn(" in (tmp_path / "o_ffn_64.mlir").read_text()
+    names = sorted(p.name for p in tmp_path.glob("*.mlir"))  # the default "auto" precision: integer GEMMs
+    assert names == ["flash_attn_16.mlir", "flash_attn_64.mlir", "lm_head_gemv.mlir", "o_ffn_w8x2_16.mlir",
+                     "o_ffn_w8x2_64.mlir", "o_gemv_ffn.mlir", "o_gemv_ffn_rms_gemv_rope.mlir",
+                     "rms_gemms_rope_w8x2_16.mlir", "rms_gemms_rope_w8x2_64.mlir", "rms_gemv_rope.mlir"]
+    assert "func.func @o_ffn_w8x2(" in (tmp_path / "o_ffn_w8x2_64.mlir").read_text()
     assert "wrote 10 modules" in capsys.readouterr().out
 
 
@@ -152,7 +152,7 @@ def test_matmul_precision_option_reaches_the_programs(tmp_path, monkeypatch, smo
     assert {l.p["precision"] for p in made[0] for l in p.launches if l.kind == "gemm"} == {"bfp16"}
     args = cli.build_parser().parse_args(["generate", "--matmul-precision", "bfp16"])
     assert args.matmul_precision == "bfp16"
-    assert cli.build_parser().parse_args(["compile"]).matmul_precision == "bf16"
+    assert cli.build_parser().parse_args(["compile"]).matmul_precision == "auto"
     with pytest.raises(SystemExit):
         cli.main(["compile", "--matmul-precision", "fp8"])
 

@@ -12,10 +12,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..kernels import host_build, quant
+from ..kernels import host_build, int_gemm, quant
 from ..kernels.catalog import decode_attn_length_value
 from .bfp16 import quantize_bf16_to_bfp16
-from .int8 import ACTIVATION_BITS, integer_gemm, prepared_weight
 
 
 def rmsnorm(p, x, weight):
@@ -42,10 +41,9 @@ def matmul(p, a, w):
         return packed_matvec(p, a, w).to(torch.bfloat16)
     K, col0 = p["K"], p.get("w_col0", 0)
     a, w = a.reshape(-1, K), w.reshape(p["N"], p.get("w_cols", K))[:, col0:col0 + K]
-    if p.get("precision") in ACTIVATION_BITS:
-        # int8 weights (quantized when the weights are prepared: a function of W alone, so quantizing here gives
-        # the same values), activations quantized per row on the device: emulator/int8.py defines both.
-        return integer_gemm(a, *prepared_weight(w, p["precision"]), precision=p["precision"])
+    if p.get("precision") in int_gemm.WEIGHT_TERMS:
+        # an integer precision studied over bf16 weights (benchmarks/precision.py): kernels/int_gemm.py's numerics
+        return int_gemm.integer_gemm(a, w, p["precision"])
     if p.get("precision") == "bfp16":
         # A GEMM built with BFP16 emulation first converts both operands to bfp16ebs8 (blocks of 8 along K);
         # the converted values are bf16 values and their products exact, so the bf16 matmul then matches.
@@ -61,6 +59,30 @@ def gemv_add(p, x, w, residual):
 def gemm_swiglu(p, a, w):
     # W is [Wg | Wu] (N × 2K); gate and up rounded to bf16, then silu_mul's rounding: gemm, gemm → silu_mul.
     gate, up = (matmul(dict(p, w_cols=2 * p["K"], w_col0=col0), a, w) for col0 in (0, p["K"]))
+    return silu_mul(p, gate, up)
+
+
+def quantize_rows(p, x):
+    """Each row quantized to int16 for the integer GEMMs, written as their runs (kernels/int_gemm.py)."""
+    q, scale = int_gemm.quantize_activations(x.reshape(p["M"], p["K"]), int_gemm.ACTIVATION_QMAX["w8x2a16"])
+    return int_gemm.pack_activations(q, scale)
+
+
+def _integer_projection(p, a, terms):
+    q, scale = int_gemm.unpack_activations(a.reshape(p["M"], -1), p["K"])
+    return int_gemm.integer_product(q, scale, *terms)
+
+
+def gemm_int(p, a, w):
+    """bf16 output of quantized activations times prepared two-term weights (kernels/int_gemm.py's numerics)."""
+    return _integer_projection(p, a, int_gemm.untile_weights(w, p["N"], p["K"], p["tile_n"]))
+
+
+def gemm_int_swiglu(p, a, w):
+    # a [gate | up] pair: both projections rounded to bf16, then silu_mul's rounding, as gemm_swiglu
+    hi, lo, scale = int_gemm.untile_weights(w, 2 * p["N"], p["K"], p["tile_n"], halves=2)
+    gate, up = (_integer_projection(p, a, (hi[half], lo[half], scale[half]))
+                for half in (slice(0, p["N"]), slice(p["N"], None)))
     return silu_mul(p, gate, up)
 
 
@@ -191,4 +213,7 @@ LAUNCH_KINDS = {
     "gemv_add": gemv_add,
     "rms_gemv": rms_gemv,
     "swiglu_gemv_add": swiglu_gemv_add,
+    "quantize_rows": quantize_rows,
+    "gemm_int": gemm_int,
+    "gemm_int_swiglu": gemm_int_swiglu,
 }

@@ -172,6 +172,10 @@ template <typename T, unsigned N> struct vector {
     count(Kind::Move);
     return T{};
   }
+  void set(const T &, unsigned) {  // a scalar into one lane
+    count(Kind::Move);
+    id = aie_count::fresh();
+  }
   // a reinterpretation of the same bits: no instruction
   template <typename U> vector<U, N * aie_count::element_bits<T> / aie_count::element_bits<U>> cast_to() const {
     return {};
@@ -214,9 +218,9 @@ template <typename T, unsigned N, typename U> vector<T, N> broadcast(const U &) 
 }
 
 template <typename T, unsigned N> auto zeros() {
-  if constexpr (std::is_same_v<T, accfloat>) {
+  if constexpr (std::is_same_v<T, accfloat> || std::is_same_v<T, acc32>) {
     count(Kind::Move, aie_count::registers<decltype(0.0f)>(N));
-    return accum<accfloat, N>{};
+    return accum<T, N>{};
   } else {
     count(Kind::Move, aie_count::registers<T>(N));
     return vector<T, N>{};
@@ -250,6 +254,16 @@ template <typename Tag, unsigned N, typename B> accum<Tag, N> sub(const accum<Ta
 
 template <typename A, typename B, unsigned N> accum<accfloat, N> mul(const vector<A, N> &, const vector<B, N> &) {
   count(Kind::Mac, aie_count::lane_ops(N));
+  return {};
+}
+
+// fp32 x fp32: AIE2P has no fp32 multiplier; aie_api emulates one with bf16 products (__AIE_API_FP32_EMULATION__).
+// Counted as the fewest passes that takes, per 16 lanes (llvm-aie's mul_elem_16_accuracy_low): each operand split
+// into a bf16 head and tail (two conversions and a multiply-subtract per operand), then three bf16 multiplies.
+template <unsigned N> accum<accfloat, N> mul(const vector<counted_float, N> &, const vector<counted_float, N> &) {
+  const unsigned long long passes = aie_count::ceil_div(N, aie_count::kNonlinearLanes);
+  count(Kind::Mac, 5 * passes);
+  count(Kind::Vector, 4 * passes);
   return {};
 }
 
@@ -295,6 +309,26 @@ template <typename T, unsigned N> vector<T, N> add(const vector<T, N> &, const v
 }
 template <typename T, unsigned N> vector<T, N> sub(const vector<T, N> &, const vector<T, N> &) {
   count(Kind::Vector, aie_count::lane_ops(N));
+  return {};
+}
+
+template <typename T, unsigned N> vector<T, N> abs(const vector<T, N> &) {
+  count(Kind::Vector, aie_count::lane_ops(N));
+  return {};
+}
+
+// Lanes shifted, the vacated ones filled from a second vector (or left undefined): one shift per 512-bit register
+// (aie_api's AIE2P shuffle_up_fill / shuffle_down_fill / shuffle_down: a shift of the two vectors' concatenation).
+template <typename T, unsigned N> vector<T, N> shuffle_up_fill(const vector<T, N> &, const vector<T, N> &, unsigned) {
+  count(Kind::Vector, aie_count::registers<T>(N));
+  return {};
+}
+template <typename T, unsigned N> vector<T, N> shuffle_down_fill(const vector<T, N> &, const vector<T, N> &, unsigned) {
+  count(Kind::Vector, aie_count::registers<T>(N));
+  return {};
+}
+template <typename T, unsigned N> vector<T, N> shuffle_down(const vector<T, N> &, unsigned) {
+  count(Kind::Vector, aie_count::registers<T>(N));
   return {};
 }
 
