@@ -371,17 +371,24 @@ class _PositionedCache:
 
 
 @dataclass
-class PackedProjections:
-    """A decoder layer's projections as packed block-quantized rows (kernels/quant.py), int32 words in NPU buffers:
-    what its decode ops read. ``gate_up`` holds each row's packed gate row, then its packed up row."""
+class Projections:
+    """A decoder layer's projection weights in NPU buffers, in a form its ops read; ``gate_up`` holds the gate and up
+    projections together."""
 
-    format: str
     wq: torch.Tensor
     wk: torch.Tensor
     wv: torch.Tensor
     wo: torch.Tensor
     gate_up: torch.Tensor
     down: torch.Tensor
+
+
+@dataclass
+class PackedProjections(Projections):
+    """The projections as packed block-quantized rows (kernels/quant.py), int32 words: what the decode ops read.
+    ``gate_up`` holds each row's packed gate row, then its packed up row."""
+
+    format: str = field(kw_only=True)
 
     DEQUANTIZE_ROWS = 256  # rows widened to fp32 at a time: a whole [gate | up]'s fp32 temporaries take GiBs
 
@@ -397,18 +404,10 @@ class PackedProjections:
         return out.reshape(packed.shape[0], -1)
 
 
-@dataclass
-class PreparedProjections:
-    """A decoder layer's projections prepared for the integer prefill GEMMs (matmul precision "w8x2a16":
-    kernels/int_gemm.py's tiles of two int8 terms and their scales, int32 words in NPU buffers), beside the weights
-    decode reads (bf16 or packed). ``gate_up`` is the [gate | up] pair, tile by tile."""
-
-    wq: torch.Tensor
-    wk: torch.Tensor
-    wv: torch.Tensor
-    wo: torch.Tensor
-    gate_up: torch.Tensor
-    down: torch.Tensor
+class PreparedProjections(Projections):
+    """The projections prepared for the integer prefill GEMMs (matmul precision "w8x2a16": kernels/int_gemm.py's
+    tiles of two int8 terms and their scales, int32 words), beside the weights decode reads (bf16 or packed).
+    ``gate_up`` is the [gate | up] pair, tile by tile."""
 
 
 class NpuDecoderLayer:

@@ -449,9 +449,9 @@ def _pin_packed(state, runtime, layer, fmt: str, source) -> PackedProjections:
         _set_instance_attr(state, module, "extra_repr", _describe_linear(module, fmt))
         width = gate_up.shape[1] // 2
         _remember_unloaded(state, module, fmt, gate_up[:, half * width:(half + 1) * width])
-    return PackedProjections(fmt, pack(attn.q_proj, "self_attn.q_proj"), pack(attn.k_proj, "self_attn.k_proj"),
+    return PackedProjections(pack(attn.q_proj, "self_attn.q_proj"), pack(attn.k_proj, "self_attn.k_proj"),
                              pack(attn.v_proj, "self_attn.v_proj"), pack(attn.o_proj, "self_attn.o_proj"),
-                             gate_up, pack(mlp.down_proj, "mlp.down_proj"))
+                             gate_up, pack(mlp.down_proj, "mlp.down_proj"), format=fmt)
 
 
 def unpatch_llama(model):
