@@ -235,9 +235,9 @@ def per_program(dims) -> list[dict]:
 def predictions(prompts=PROMPTS, host: dict | None = None) -> dict:
     """Prefill ranges per matmul precision and the decode range; ``host`` is the host-overhead section's
     measurement (``host_measurement``), added to the predicted NPU time of a decode token when given."""
-    from .work import shared_state
+    from .work import prefill_settings
 
-    dims, layers, state = llama_1b_dims(), LLAMA_1B_LAYERS, shared_state()
+    dims, layers, state = llama_1b_dims(), LLAMA_1B_LAYERS, prefill_settings()
     prefill = []
     for length in prompts:
         chunks = state.chunks(length)

@@ -31,9 +31,11 @@ def preload_programs(model, runtime, lengths) -> None:
     from torch_npu2.kernels.catalog import ModelDims, programs_for_model
     from torch_npu2.patch_llama.patch import STATE_ATTR
 
-    shared = getattr(model, STATE_ATTR).shared
-    buckets = sorted({padded for length in lengths for _, _, padded in shared.chunks(length)})
-    for program in programs_for_model(ModelDims.from_config(model.config), buckets):
+    state = getattr(model, STATE_ATTR)
+    settings, (weights, head_weights) = state.shared.settings, state.weights
+    buckets = sorted({padded for length in lengths for _, _, padded in settings.chunks(length)})
+    for program in programs_for_model(ModelDims.from_config(model.config), buckets, settings.matmul_precision,
+                                      weights, head_weights):
         runtime.load(program)
 
 

@@ -1,6 +1,6 @@
 """Work executed by prefill: rows the kernels process over the prompt's rows, for prompts of 1…4096 tokens.
 
-Ours: the bucket logic of ``patch_llama`` itself (``SharedState.chunks`` with the default buckets): a
+Ours: the bucket logic of ``patch_llama`` itself (``PrefillSettings.chunks`` with the default buckets): a
 prompt pads to the next bucket, longer prompts split into chunks of the largest bucket; a 1-token prompt
 takes the decode path (one GEMV row). Reference (mlir-air llama32_1b): every prompt padded to 2048
 (beyond 2048 it has no path; counted here as 2048-row chunks).
@@ -23,11 +23,11 @@ CROSS_CHECK = {"quick": (1, 5, 16, 17, 100, 2049), "full": (1, 5, 16, 17, 33, 10
 PREFILL_PROGRAMS = ("rms_gemms_rope", "rms_gemv_rope")
 
 
-def shared_state(buckets=None):
-    from torch_npu2.patch_llama.layer import SharedState
+def prefill_settings(buckets=None):
+    from torch_npu2.patch_llama.layer import PrefillSettings
     from torch_npu2.patch_llama.patch import DEFAULT_BUCKETS
 
-    return SharedState(tuple(sorted(set(buckets or DEFAULT_BUCKETS))))
+    return PrefillSettings(tuple(sorted(set(buckets or DEFAULT_BUCKETS))))
 
 
 def our_rows(prompt_tokens: int, state) -> int:
@@ -42,7 +42,7 @@ def reference_rows(prompt_tokens: int, seq: int = REFERENCE_SEQ) -> int:
 
 
 def ratios(max_prompt: int = MAX_PROMPT, buckets=None) -> dict:
-    state = shared_state(buckets)
+    state = prefill_settings(buckets)
     lengths = list(range(1, max_prompt + 1))
     ours = [our_rows(n, state) / n for n in lengths]
     reference = [reference_rows(n) / n for n in lengths]
@@ -78,7 +78,7 @@ def cross_check(lengths, log=print) -> list[dict]:
     from tests.patch_llama.tiny import tiny_llama
 
     model = tiny_llama()
-    layers, state = model.config.num_hidden_layers, shared_state()
+    layers, state = model.config.num_hidden_layers, prefill_settings()
     rows = []
     with common.emulated_runtime(compute=True) as runtime:
         recorder = LaunchRecorder(runtime.xrt)

@@ -49,23 +49,14 @@ class ChainedQkv(NamedTuple):
     rows: list  # per sequence, (v, q_roped, k_roped)
 
 
-@dataclass
-class SharedState:
-    """Per-model state the layers share: prefill buckets, the prefill GEMMs' precision and one-entry memos
-    reused by every layer of a forward."""
+@dataclass(frozen=True)
+class PrefillSettings:
+    """What patch_llama chose for a model's prompts, fixed until it is unpatched: the compiled bucket lengths, the
+    prefill GEMMs' precision and the model's context (config.max_position_embeddings: longer prompts are refused)."""
 
     buckets: tuple[int, ...]
-    matmul_precision: str = DEFAULT_BF16_WEIGHT_PRECISION  # patch_llama sets the model's
-    context: int | None = None  # the model's context (config.max_position_embeddings): longer prompts are refused
-    lut_memo: tuple = (None, None, None)  # (cos tensor, its RoPE LUT, decode rows); holding cos keeps its id unique
-    mask_memo: tuple = (None, None)  # (mask tensor, per-row first real token or None)
-    decode_mask_memo: tuple = (None, None)  # (decode mask tensor, per-row first key it may see, or None)
-    chained: ChainedQkv | None = None  # handed from one decode layer to the next within a forward
-    warned_attentions: bool = False  # output_attentions=True ran HF's layers, and the user was told once
-    # a decode step's inputs every layer reads (the LUT rows, the attention length), each in an NPU buffer of its
-    # own that is rewritten once per step (the runs of a step end before the next step writes): bound, not copied
-    step_inputs: dict = field(default_factory=dict)
-    length_memo: tuple = (None, None)  # (length, its digits in step_inputs)
+    matmul_precision: str = DEFAULT_BF16_WEIGHT_PRECISION
+    context: int | None = None
 
     def bucket(self, rows: int) -> int:
         # a scan rather than bisect: dynamo cannot trace the C bisect, and there are few buckets
@@ -79,6 +70,21 @@ class SharedState:
             out.append((start, stop, self.bucket(stop - start)))
             start = stop
         return out
+
+
+@dataclass
+class ForwardMemos:
+    """What every layer of one forward derives alike from the same inputs HF hands each of them (the RoPE tables,
+    the mask, the attention length), worked out by the first layer and kept one entry deep, keyed by the input's
+    identity; and the decode step's inputs in NPU buffers every layer binds."""
+
+    lut_memo: tuple = (None, None, None)  # (cos tensor, its RoPE LUT, decode rows); holding cos keeps its id unique
+    mask_memo: tuple = (None, None)  # (mask tensor, per-row first real token or None)
+    decode_mask_memo: tuple = (None, None)  # (decode mask tensor, per-row first key it may see, or None)
+    # a decode step's inputs every layer reads (the LUT rows, the attention length), each in an NPU buffer of its
+    # own that is rewritten once per step (the runs of a step end before the next step writes): bound, not copied
+    step_inputs: dict = field(default_factory=dict)
+    length_memo: tuple = (None, None)  # (length, its digits in step_inputs)
 
     def rope_lut(self, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():  # a memo would make dynamo guard on it and recompile every step
@@ -138,6 +144,17 @@ class SharedState:
         if self.decode_mask_memo[0] is not mask:
             self.decode_mask_memo = (mask, _decode_starts(mask, batch, kv_len))
         return self.decode_mask_memo[1]
+
+
+@dataclass
+class SharedState:
+    """What the layers of one patched model share: its prefill settings, the memos of a forward, and what one
+    decode layer hands the next within a forward."""
+
+    settings: PrefillSettings
+    memos: ForwardMemos = field(default_factory=ForwardMemos)
+    chained: ChainedQkv | None = None  # the next layer's rms_gemv_rope results, computed by the layer before it
+    warned_attentions: bool = False  # output_attentions=True ran HF's layers, and the user was told once
 
 
 def _decode_starts(mask: torch.Tensor, batch: int, kv_len: int):
@@ -475,9 +492,9 @@ class NpuDecoderLayer:
     def _forward(self, hidden, mask, cache, position_embeddings):
         batch = hidden.shape[0]
         if hidden.shape[1] == 1:
-            return self._decode(hidden, self.shared.decode_lut_rows(*position_embeddings, batch), mask, cache)
+            return self._decode(hidden, self.shared.memos.decode_lut_rows(*position_embeddings, batch), mask, cache)
         # cos/sin have batch 1 when every row shares its positions
-        lut = self.shared.rope_lut(*position_embeddings).expand(batch, -1, -1)
+        lut = self.shared.memos.rope_lut(*position_embeddings).expand(batch, -1, -1)
         return self._prefill(hidden, lut, mask, cache)
 
     def _update_cache(self, cache, k, v):
@@ -555,11 +572,11 @@ class NpuDecoderLayer:
         for b, (v, _, k) in enumerate(rows):
             slabs.write(b, position, k, v)
         slabs.length = length = position + 1
-        starts = self.shared.decode_starts(mask, batch, length)
+        starts = self.shared.memos.decode_starts(mask, batch, length)
         if starts is None:
             q = torch.stack([r[1] for r in rows]).view(batch, self.heads, 1, self.head_dim)
             return list(_sequence_rows(_host_attention(q, slabs.keys, slabs.values, mask, self.scale))), None
-        digits = self.shared.length_digits(length)
+        digits = self.shared.memos.length_digits(length)
         on_device = [_on_device_attention(r[1], k_slab[b], v_slab[b], starts[b], length, self.head_dim, self.scale,
                                           digits) for b, r in enumerate(rows)]
         if all(a is not None for a in on_device):
@@ -570,12 +587,12 @@ class NpuDecoderLayer:
     def _qkv(self, x, norm_w, wq, wk, wv, lut):
         if self.prepared is not None:
             return rms_gemms_rope_w8x2(x, norm_w, wq, wk, wv, lut, self.eps_attn)
-        return rms_gemms_rope(x, norm_w, wq, wk, wv, lut, self.eps_attn, self.shared.matmul_precision)
+        return rms_gemms_rope(x, norm_w, wq, wk, wv, lut, self.eps_attn, self.shared.settings.matmul_precision)
 
     def _ffn(self, attn, wo, x, norm_w, w_gate_up, w_down):
         if self.prepared is not None:
             return o_ffn_w8x2(attn, wo, x, norm_w, w_gate_up, w_down, self.eps_mlp)
-        return o_ffn(attn, wo, x, norm_w, w_gate_up, w_down, self.eps_mlp, self.shared.matmul_precision)
+        return o_ffn(attn, wo, x, norm_w, w_gate_up, w_down, self.eps_mlp, self.shared.settings.matmul_precision)
 
     def _prefill_weights(self, which: str):
         """The weights prefill's GEMMs take: the layer's own bf16 ones, those prepared for integer GEMMs, or its
@@ -595,9 +612,9 @@ class NpuDecoderLayer:
     def _prefill(self, hidden, lut, mask, cache):
         batch, seq, _ = hidden.shape
         past = cache.get_seq_length(self.layer_idx) if cache is not None else 0
-        if self.shared.context is not None and past + seq > self.shared.context:
-            raise PromptTooLongError(past + seq, self.shared.context, cached=past)
-        starts = self.shared.first_real_tokens(mask, batch, seq) if past == 0 else None
+        if self.shared.settings.context is not None and past + seq > self.shared.settings.context:
+            raise PromptTooLongError(past + seq, self.shared.settings.context, cached=past)
+        starts = self.shared.memos.first_real_tokens(mask, batch, seq) if past == 0 else None
         # Rows to compute per sequence: its real tokens when the mask is plain causal + left padding.
         spans = [(s, seq) for s in starts] if starts is not None else [(0, seq)] * batch
         norm_w, wq, wk, wv = self._prefill_weights("qkv")
@@ -606,7 +623,7 @@ class NpuDecoderLayer:
         v_new = torch.zeros_like(k_new)
         for b, (first, last) in enumerate(spans):
             chunks = []
-            for start, stop, padded in self.shared.chunks(last - first):
+            for start, stop, padded in self.shared.settings.chunks(last - first):
                 lo, hi = first + start, first + stop
                 v, q, k = self._qkv(pad_rows(hidden[b, lo:hi], padded), norm_w, wq, wk, wv,
                                     pad_rows(lut[b, lo:hi], padded))

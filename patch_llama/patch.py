@@ -14,7 +14,7 @@ from ..kernels.catalog import (AUTO_PRECISION, DECODE_WEIGHTS, INTEGER_PRECISION
                                resolve_matmul_precision)
 from ..kernels.stitch import npu2_build_problem
 from .kv_cache import NpuKVCache
-from .layer import NpuDecoderLayer, NpuLmHead, PackedProjections, PreparedProjections, SharedState
+from .layer import NpuDecoderLayer, NpuLmHead, PackedProjections, PrefillSettings, PreparedProjections, SharedState
 from .gguf_file import PROJECTIONS, GgufFile
 from .spill import WeightSpill
 from .families import ModelFamily, family_of, supported
@@ -306,8 +306,8 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
     signature = check_transformers(model)
     runtime = npu_runtime.runtime_for(backend)
     _check_npu2_builds(model, family, buckets, matmul_precision, runtime.backend, weights, head_weights)
-    state = PatchState(SharedState(buckets, matmul_precision,
-                                   context=getattr(model.config, "max_position_embeddings", None)),
+    state = PatchState(SharedState(PrefillSettings(buckets, matmul_precision,
+                                                   context=getattr(model.config, "max_position_embeddings", None))),
                        weights=(weights, head_weights))
     paired = {id(p) for layer in model.model.layers for p in (layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight)}
     paired |= {id(p) for p in packed_weights}  # packed: their bf16 weights go to the spill file, not to the NPU

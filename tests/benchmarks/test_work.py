@@ -22,7 +22,7 @@ pytestmark = pytest.mark.filterwarnings(
     (4096, 2 * 2048),
 ])
 def test_our_rows_follow_the_default_buckets(prompt, rows):
-    assert work.our_rows(prompt, work.shared_state()) == rows
+    assert work.our_rows(prompt, work.prefill_settings()) == rows
 
 
 @pytest.mark.parametrize("prompt, rows", [(1, 2048), (30, 2048), (2048, 2048), (2049, 4096), (4096, 4096)])
@@ -40,7 +40,7 @@ def test_ratios_hand_computed():
 
 
 def test_custom_buckets_chunk_at_the_largest():
-    state = work.shared_state((8, 32))
+    state = work.prefill_settings((8, 32))
     assert work.our_rows(9, state) == 32
     assert work.our_rows(40, state) == 32 + 8
 

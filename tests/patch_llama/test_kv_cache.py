@@ -107,7 +107,7 @@ def test_a_cache_passed_back_prefills_only_the_new_tokens_and_matches_a_fresh_ru
         again = model.generate(follow, max_new_tokens=6, do_sample=False, past_key_values=cache)
     new_tokens = follow.shape[1] - cached
     assert rows and len(rows) == model.config.num_hidden_layers  # one prefill chunk per layer ...
-    assert all(r == model._torch_npu2_patch.shared.bucket(new_tokens) for r in rows)  # ... of the new tokens only (padded to their bucket), not the whole history
+    assert all(r == model._torch_npu2_patch.shared.settings.bucket(new_tokens) for r in rows)  # ... of the new tokens only (padded to their bucket), not the whole history
     fresh = model.generate(follow, max_new_tokens=6, do_sample=False)
     assert torch.equal(again, fresh)
 
