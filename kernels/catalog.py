@@ -491,8 +491,10 @@ def decode_attn_length_value(digits) -> int:
     """The length decode attention's input digits hold (what the kernel decodes)."""
     return int(digits[0]) + 256 * int(digits[1]) + 65536 * int(digits[2])
 
-# A cache's rows (its maximum length) must be a multiple of this, so a capacity clamped to them is whole tiles.
-DECODE_ATTN_ROWS_MULTIPLE = 64
+# A cache's rows (its maximum length), and so every capacity, are a multiple of this: an even number of tiles
+# (decode_attn_tile: 64 or 32 positions). AIR gives the K/V tile of a loop with an odd trip count a third ping-pong
+# copy; at Llama-3.2-1B's heads, 3 tiles (192 rows) lowered with aiecc fill a core's L1 to its last byte, no headroom.
+DECODE_ATTN_ROWS_MULTIPLE = 128
 
 
 def decode_attn_tile(head_dim: int) -> int:
@@ -524,9 +526,9 @@ def decode_attn_program(heads: int, kv_heads: int, head_dim: int, capacity: int)
     """
     _check_attention_dims(heads, kv_heads, head_dim)
     tile = decode_attn_tile(head_dim)
-    if not isinstance(capacity, int) or capacity <= 0 or capacity % tile:
-        raise ValueError(f"decode attention capacity must be a positive multiple of {tile} positions, "
-                         f"got {capacity!r}")
+    if not isinstance(capacity, int) or capacity <= 0 or capacity % DECODE_ATTN_ROWS_MULTIPLE:
+        raise ValueError(f"decode attention capacity must be a positive multiple of {DECODE_ATTN_ROWS_MULTIPLE} "
+                         f"positions (an even number of {tile}-position tiles), got {capacity!r}")
     q, kv = heads * head_dim, kv_heads * head_dim
     return Program(
         name="decode_attn",
@@ -664,3 +666,22 @@ def programs_for_model(dims: ModelDims, prefill_buckets,
             o_gemv_ffn_rms_gemv_rope_program(*ffn, d.heads, d.kv_heads, d.head_dim, d.eps, weights),
             lm_head_gemv_program(d.hidden, d.vocab, lm_head_weights or weights)]
     return out
+
+
+def decode_attn_programs(dims: ModelDims, context: int, weights: str = "bf16") -> list[Program]:
+    """Decode attention's Programs, alone and chained into a layer (projection weights as ``weights``), at the
+    shortest cache and the longest of a ``context``-position model. A patched model builds them at each capacity
+    bucket it meets (any multiple of DECODE_ATTN_ROWS_MULTIPLE up to its context); they differ only in the cache's
+    rows and the herd's trip count, always even, so a tile holds the same buffers at every capacity and the kernel's
+    configuration is the same: these two stand for the rest."""
+    _check_weights(weights)
+    d = dims
+    longest = context // DECODE_ATTN_ROWS_MULTIPLE * DECODE_ATTN_ROWS_MULTIPLE
+    if longest < DECODE_ATTN_ROWS_MULTIPLE:
+        raise ValueError(f"a model's context holds at least {DECODE_ATTN_ROWS_MULTIPLE} positions for decode "
+                         f"attention, got context={context!r}")
+    capacities = sorted({DECODE_ATTN_ROWS_MULTIPLE, longest})
+    return [program for capacity in capacities for program in (
+        decode_attn_program(d.heads, d.kv_heads, d.head_dim, capacity),
+        decode_attn_o_gemv_ffn_rms_gemv_rope_program(d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads,
+                                                     d.head_dim, capacity, d.eps, weights))]

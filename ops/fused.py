@@ -94,10 +94,9 @@ def _decode_attn(shapes, head_dim):
     heads, kv_heads = q[-1] // head_dim, k[-1] // head_dim
     if heads % kv_heads:
         raise BadArgument("k_cache", f"{kv_heads} KV heads dividing q's {heads} heads", f"shape {k}")
-    tile = catalog.decode_attn_tile(head_dim)
-    if k[0] % tile:
-        raise BadArgument("k_cache", f"rows a multiple of {tile} (a capacity bucket, catalog.decode_attn_capacity)",
-                          f"shape {k}")
+    if k[0] % catalog.DECODE_ATTN_ROWS_MULTIPLE:
+        raise BadArgument("k_cache", f"rows a multiple of {catalog.DECODE_ATTN_ROWS_MULTIPLE} (a capacity bucket, "
+                          "catalog.decode_attn_capacity)", f"shape {k}")
     return catalog.decode_attn_program(heads, kv_heads, head_dim, k[0])
 
 
@@ -224,10 +223,10 @@ FUSED_OPS = {op.name: op for op in (
     FusedOp("o_gemv_ffn", (("eps", "float"),), _o_gemv_ffn, catalog.o_gemv_ffn_program(**_EX_FFN)),
     FusedOp("o_gemv_ffn_rms_gemv_rope", (("eps", "float"), ("next_eps", "float")), _o_gemv_ffn_rms_gemv_rope,
             catalog.o_gemv_ffn_rms_gemv_rope_program(**_EX_FFN, heads=2, kv_heads=1, head_dim=4, next_eps=1e-5)),
-    FusedOp("decode_attn", (("head_dim", "int"),), _decode_attn, catalog.decode_attn_program(2, 1, 32, 64)),
+    FusedOp("decode_attn", (("head_dim", "int"),), _decode_attn, catalog.decode_attn_program(2, 1, 32, 128)),
     FusedOp("decode_attn_o_gemv_ffn_rms_gemv_rope", (("head_dim", "int"), ("eps", "float"), ("next_eps", "float")),
             _decode_attn_o_gemv_ffn_rms_gemv_rope,
-            catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_program(64, 64, 128, 1e-5, 2, 1, 32, 64, 1e-5)),
+            catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_program(64, 64, 128, 1e-5, 2, 1, 32, 128, 1e-5)),
     FusedOp("lm_head_gemv", (), _lm_head_gemv, catalog.lm_head_gemv_program(8, 16)),
     FusedOp("rms_gemv_rope_packed", (("eps", "float"), _WEIGHTS), _rms_gemv_rope_packed,
             catalog.rms_gemv_rope_program(**_EX_PACKED_DIMS, weights=_EX_PACKED)),
@@ -240,7 +239,7 @@ FUSED_OPS = {op.name: op for op in (
     FusedOp("decode_attn_o_gemv_ffn_rms_gemv_rope_packed",
             (("head_dim", "int"), ("eps", "float"), ("next_eps", "float"), _WEIGHTS),
             _decode_attn_o_gemv_ffn_rms_gemv_rope_packed,
-            catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_program(64, 64, 128, 1e-5, 2, 1, 32, 64, 1e-5,
+            catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_program(64, 64, 128, 1e-5, 2, 1, 32, 128, 1e-5,
                                                                  weights=_EX_PACKED)),
     FusedOp("lm_head_gemv_packed", (_WEIGHTS,), _lm_head_gemv_packed,
             catalog.lm_head_gemv_program(64, 16, weights=_EX_PACKED)),

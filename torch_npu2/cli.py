@@ -444,6 +444,7 @@ def cmd_lint(args) -> int:
     kernel variant; exit 1 when there are any."""
     from .kernels import ModelDims, programs_for_model
     from .kernels.builders.npu2 import L1_HEADROOM
+    from .kernels.catalog import decode_attn_programs
     from .kernels.device import DEVICE
     from .kernels.lint import lint_program, lower_and_lint, worst_l1_tile
     from .patch_llama import DEFAULT_BUCKETS
@@ -456,9 +457,10 @@ def cmd_lint(args) -> int:
     config = _load_config(args.model)
     _check_buckets(args.parser, config, args.buckets)
     buckets = tuple(args.buckets) if args.buckets else DEFAULT_BUCKETS
+    dims, context = ModelDims.from_config(config), config.max_position_embeddings
     if args.aie_source:
-        return _lint_aie_source(ModelDims.from_config(config), buckets, args.kernel_dir)
-    programs = programs_for_model(ModelDims.from_config(config), buckets)
+        return _lint_aie_source(dims, buckets, context, args.kernel_dir)
+    programs = programs_for_model(dims, buckets) + decode_attn_programs(dims, context)
     total = 0
     for program in programs:
         if args.lowered:
@@ -478,14 +480,14 @@ def cmd_lint(args) -> int:
     return 1 if total else 0
 
 
-def _lint_aie_source(dims, buckets, kernel_dir) -> int:
-    """Every -D variant Peano would build for the model's Programs, in every matmul precision and decode weight
-    format, type-checked in its AIE path (kernels/aie_source_check.py); exit 1 on a rejection, 2 when the check
-    cannot run here."""
+def _lint_aie_source(dims, buckets, context, kernel_dir) -> int:
+    """Every -D variant Peano would build for the model's Programs (decode attention's for a ``context``-position
+    cache included), in every matmul precision and decode weight format, type-checked in its AIE path
+    (kernels/aie_source_check.py); exit 1 on a rejection, 2 when the check cannot run here."""
     import textwrap
 
     from .kernels import MATMUL_PRECISIONS, programs_for_model
-    from .kernels.catalog import DECODE_WEIGHTS
+    from .kernels.catalog import DECODE_WEIGHTS, decode_attn_programs
     from .kernels.aie_source_check import CLANG, AieSourceChecker, kernel_variants, missing_tools
     from .kernels.toolchain import KERNEL_SOURCE_DIR
 
@@ -496,7 +498,8 @@ def _lint_aie_source(dims, buckets, kernel_dir) -> int:
     kernel_dir = Path(kernel_dir) if kernel_dir else KERNEL_SOURCE_DIR
     variants = kernel_variants(
         [program for precision in MATMUL_PRECISIONS for program in programs_for_model(dims, buckets, precision)]
-        + [program for weights in DECODE_WEIGHTS[1:] for program in programs_for_model(dims, (), weights=weights)])
+        + [program for weights in DECODE_WEIGHTS[1:] for program in programs_for_model(dims, (), weights=weights)]
+        + [program for weights in DECODE_WEIGHTS for program in decode_attn_programs(dims, context, weights)])
     started = time.perf_counter()
     with AieSourceChecker() as checker:
         results = checker.check_variants(variants, kernel_dir)

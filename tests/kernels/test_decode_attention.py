@@ -92,7 +92,7 @@ def test_capacity_buckets():
     cap = catalog.decode_attn_capacity
     assert [cap(n, 8192) for n in (1, 256, 257, 1024, 1025, 1280, 1281, 2048, 2049, 8000)] == \
         [256, 256, 512, 1024, 1280, 1280, 1536, 2048, 2560, 8192]
-    assert cap(300, 320) == 320  # clamped to the cache's rows
+    assert cap(300, 384) == 384  # clamped to the cache's rows
     buckets = {cap(n, 8192) for n in range(1, 8193)}
     assert len(buckets) == 16
     for n in range(1, 8193, 37):
@@ -126,7 +126,7 @@ def test_the_op_names_the_argument_at_fault(runtime):
     k, v = cache(256, kv_heads * head_dim, 256, seed=1)
     q = torch.randn(heads * head_dim).bfloat16()
     length = decode_attn_length(10)
-    with pytest.raises(ValueError, match=r"npu2.decode_attn: argument 'k_cache' expected rows a multiple of 64"):
+    with pytest.raises(ValueError, match=r"npu2.decode_attn: argument 'k_cache' expected rows a multiple of 128"):
         decode_attn(q, k[:100], v[:100], length, head_dim)
     with pytest.raises(ValueError, match=r"argument 'v_cache' expected shape \(256, 512\)"):
         decode_attn(q, k, v[:128], length, head_dim)
@@ -144,6 +144,8 @@ def test_the_builder_refuses_what_the_kernel_cannot_run():
         build_launch(program, program.launches[0], {"herd": 3})
     with pytest.raises(ValueError, match="capacity"):
         catalog.decode_attn_program(4, 2, 64, 100)
+    with pytest.raises(ValueError, match="an even number of 64-position tiles"):
+        catalog.decode_attn_program(4, 2, 64, 192)  # a third ping-pong copy: no L1 headroom once placed at 1B
 
 
 @pytest.mark.parametrize("dims,capacity", [((6, 2, 16), 128), (LLAMA, 256)])

@@ -260,7 +260,7 @@ def test_cli_prints_findings_per_program_and_exits_1(capsys, monkeypatch):
     from torch_npu2 import cli
 
     config = SimpleNamespace(hidden_size=576, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
-                             intermediate_size=1536, vocab_size=49152, rms_norm_eps=1e-5)
+                             intermediate_size=1536, vocab_size=49152, rms_norm_eps=1e-5, max_position_embeddings=8192)
     monkeypatch.setattr(cli, "_load_config", lambda path: config)
     assert cli.main(["lint", "--buckets", "1024"]) == 1
     out = capsys.readouterr().out.splitlines()
@@ -269,4 +269,7 @@ def test_cli_prints_findings_per_program_and_exits_1(capsys, monkeypatch):
                          "herd @attention_herd (8x3) (45,440 B buffers + 3,072 B stack + 1,024 B headroom)")
     assert any(line.startswith("lm_head_gemv: no findings; L1 ") for line in out)
     assert any(line.startswith("  [dma-wrap] launch 1 (attention): src of") for line in out)
-    assert out[-1] == "2 findings in 7 Programs"
+    # decode attention, alone and chained, at the shortest cache and the context's
+    assert len([line for line in out if line.startswith("decode_attn: no findings; L1 ")]) == 2
+    assert len([line for line in out if line.startswith("decode_attn_o_gemv_ffn_rms_gemv_rope: no findings")]) == 2
+    assert out[-1] == "2 findings in 11 Programs"

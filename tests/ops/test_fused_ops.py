@@ -55,10 +55,10 @@ def op_cases(config):
 
 
 def decode_attn_args(heads, kv_heads, head_dim, gen):
-    """One query row against a cache of 192 rows (a capacity of whole tiles) holding 150 valid positions; the rows
-    past them are NaN, which the kernel never reads."""
+    """One query row against a cache of 256 rows (a capacity of whole pairs of tiles) holding 150 valid positions;
+    the rows past them are NaN, which the kernel never reads."""
     q = torch.randn(heads * head_dim, generator=gen).bfloat16()
-    k, v = (torch.randn(192, kv_heads * head_dim, generator=gen).bfloat16() for _ in range(2))
+    k, v = (torch.randn(256, kv_heads * head_dim, generator=gen).bfloat16() for _ in range(2))
     k[150:], v[150:] = float("nan"), float("nan")
     return [q, k, v, decode_attn_length(150)]
 

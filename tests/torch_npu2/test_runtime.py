@@ -325,9 +325,9 @@ def test_a_view_into_an_op_output_at_an_offset_is_staged_not_bound_as_its_bo(run
 
 
 def _decode_attn_over_a_state_cache(runtime, sync_rows):
-    """A 64-row empty_state cache whose first 10 rows the host writes; then row 10 (the new token's) is written
+    """A 128-row empty_state cache whose first 10 rows the host writes; then row 10 (the new token's) is written
     and ``sync_rows(k, v)`` decides what reaches the device; returns decode_attn's output and its reference."""
-    heads, kv_heads, head_dim, capacity = 2, 1, 64, 64
+    heads, kv_heads, head_dim, capacity = 2, 1, 64, 128
     gen = torch.Generator().manual_seed(3)
     k, v = (runtime.empty_state((capacity, kv_heads * head_dim), torch.bfloat16) for _ in range(2))
     q = torch.randn(heads * head_dim, generator=gen).bfloat16()
