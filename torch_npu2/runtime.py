@@ -59,7 +59,7 @@ class _Buffer:
 
 @dataclass(eq=False)
 class _Staging:
-    """A Program's own buffer for an argument given as a host tensor (not BO-backed), and a view over it."""
+    """A buffer for an argument given as a host tensor (not BO-backed), and a view over it."""
 
     buffer: _Buffer
     view: torch.Tensor
@@ -92,7 +92,6 @@ class LoadedProgram:
     output_plan: tuple[tuple[int, tuple, torch.dtype, int, int, int], ...]  # (arg index, shape, dtype, nbytes,
     #                                                                           numel, pool size)
     bound: list = field(default_factory=list)
-    staging: dict[int, _Staging] = field(default_factory=dict)  # arg index → its buffer, for non-BO-backed args
     scratch: dict[int, object] = field(default_factory=dict)  # arg index → its BO
     bindings: dict[tuple, _Binding] = field(default_factory=dict)  # weights' host addresses → their binding
 
@@ -109,6 +108,10 @@ class Runtime:
         self._resident: dict[int, _Buffer] = {}  # host address of a BO mapping → its buffer
         self._pool: dict[int, list[_Buffer]] = defaultdict(list)
         self._leases: dict[int, weakref.ref] = {}  # address → weakref to the lease of a pooled buffer in use
+        # (arg index, shape, dtype) → the staging buffer of every Program with such an argument: a model's prefill
+        # buckets share one per weight given as a host tensor (packed weights dequantized per call) instead of each
+        # keeping a copy. Safe because runs are one at a time and each copies its host arguments in first.
+        self._staging: dict[tuple, _Staging] = {}
         self._weight_epoch = 0  # moves when a weight is refreshed: every binding syncs its weights again
         self.stats: Counter = Counter()
 
@@ -258,12 +261,13 @@ class Runtime:
             buffer.weight_synced = True
 
     def _stage(self, loaded: LoadedProgram, index: int, nbytes: int, tensor: torch.Tensor) -> None:
-        """Bind the Program's own buffer for a host tensor argument and copy the tensor in."""
-        staged = loaded.staging.get(index)
+        """Bind the staging buffer of a host tensor argument and copy the tensor in."""
+        arg = loaded.program.args[index]
+        key = (index, arg.shape, arg.dtype)
+        staged = self._staging.get(key)
         if staged is None:
-            arg = loaded.program.args[index]
             buffer = self._new_buffer(nbytes)
-            staged = loaded.staging[index] = _Staging(buffer, buffer.tensor(arg.shape, TORCH_DTYPES[arg.dtype])[0])
+            staged = self._staging[key] = _Staging(buffer, buffer.tensor(arg.shape, TORCH_DTYPES[arg.dtype])[0])
         self._bind(loaded, index, staged.buffer.bo)
         staged.view.copy_(tensor)
         staged.buffer.bo.sync(self._sync_to, nbytes, 0)
@@ -325,15 +329,15 @@ class Runtime:
 
     def close(self) -> None:
         """Release the driver objects this runtime holds in reverse order of creation, as pyxrt asks: first the
-        BOs (pooled outputs, each Program's staging and scratch buffers), then, newest Program first, its run,
+        BOs (pooled outputs, staging buffers, each Program's scratch buffers), then, newest Program first, its run,
         kernel, hw_context and ELF. Each is dropped explicitly rather than left to the order in which Python
         happens to free them. BOs behind live tensors (pinned weights, outputs still held) go when those
         tensors die. The runtime stays usable: a later run loads its Program again."""
         self._pool.clear()
+        self._staging.clear()
         newest_first = list(reversed(self._loaded.values()))
         self._loaded.clear()
         for loaded in newest_first:
-            loaded.staging.clear()
             loaded.scratch.clear()
             for bound in [b.bound for b in loaded.bindings.values()]:
                 bound[:] = [None] * len(bound)

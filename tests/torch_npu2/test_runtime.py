@@ -53,6 +53,25 @@ def test_a_host_input_is_copied_every_run_even_when_written_behind_torch(runtime
         torch.testing.assert_close(got, want, atol=3e-2, rtol=2e-2)
 
 
+def test_programs_share_the_staging_buffer_of_a_host_weight(runtime):
+    """Two prefill buckets given the same host (not BO-backed) weights, as packed weights' dequantized rows are: the
+    second bucket's Program stages them into the first one's buffers, so memory does not grow with the buckets used;
+    each run still copies them in."""
+    gen = torch.Generator().manual_seed(2)
+    weights = qkv_args(HIDDEN, HEADS, KV_HEADS, HEAD_DIM, SEQ, gen=gen)[1:5]
+    weight_bytes = sum(w.nbytes for w in weights)
+    allocated = []
+    for seq in (SEQ, SEQ + 9):
+        x, _, _, _, _, lut = qkv_args(HIDDEN, HEADS, KV_HEADS, HEAD_DIM, seq, gen=gen)
+        before, copies = runtime.stats["bo_bytes"], runtime.stats["host_copy_bytes"]
+        out = torch.ops.npu2.rms_gemms_rope(x, *weights, lut, EPS)
+        allocated.append(runtime.stats["bo_bytes"] - before)
+        assert runtime.stats["host_copy_bytes"] - copies == weight_bytes + x.nbytes + lut.nbytes
+        for got, want in zip(out, reference.rms_gemms_rope_reference(x, *weights, lut, EPS)):
+            torch.testing.assert_close(got, want, atol=3e-2, rtol=2e-2)
+    assert allocated[0] >= weight_bytes > allocated[1]  # the second bucket allocated its inputs and outputs only
+
+
 def test_output_handed_to_next_op_is_bound_as_its_bo_without_a_host_copy(runtime):
     v, q, k = torch.ops.npu2.rms_gemms_rope(*pinned_qkv(runtime), EPS)
     before_to_device = runtime.xrt.counters["bytes_to_device"]
