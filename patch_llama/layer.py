@@ -155,6 +155,15 @@ class SharedState:
     memos: ForwardMemos = field(default_factory=ForwardMemos)
     chained: ChainedQkv | None = None  # the next layer's rms_gemv_rope results, computed by the layer before it
     warned_attentions: bool = False  # output_attentions=True ran HF's layers, and the user was told once
+    # packed projections' bf16 copies for prefill: per projection one NPU buffer, which each layer's prefill
+    # dequantizes its own rows into before its ops run (a layer's runs end before the next layer writes)
+    dequantized: dict = field(default_factory=dict)
+
+    def dequantized_buffer(self, name: str, shape: tuple[int, int]) -> torch.Tensor:
+        buffer = self.dequantized.get(name)
+        if buffer is None or tuple(buffer.shape) != shape:
+            buffer = self.dequantized[name] = device_empty(shape, torch.bfloat16)
+        return buffer
 
 
 def _decode_starts(mask: torch.Tensor, batch: int, kv_len: int):
@@ -409,16 +418,19 @@ class PackedProjections(Projections):
 
     DEQUANTIZE_ROWS = 256  # rows widened to fp32 at a time: a whole [gate | up]'s fp32 temporaries take GiBs
 
-    def dequantized(self, name: str, in_features: int) -> torch.Tensor:
-        """A projection as bf16, GGUF's exact weights rounded once (what prefill's bf16 GEMMs take for now)."""
+    def dequantized(self, name: str, in_features: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        """A projection as bf16, GGUF's exact weights rounded once (what prefill's bf16 GEMMs take for now), written
+        into ``out`` when given (its shape: the packed rows', each ``in_features`` wide; gate_up's twice)."""
         fmt = quant.weight_format(self.format)
         packed = getattr(self, name)
         rows = packed.reshape(2 * packed.shape[0], -1) if name == "gate_up" else packed  # each half packed alone
-        out = torch.empty(rows.shape[0], in_features, dtype=torch.bfloat16)
+        if out is None:
+            out = torch.empty(packed.shape[0], rows.shape[0] // packed.shape[0] * in_features, dtype=torch.bfloat16)
+        flat = out.view(rows.shape[0], in_features)
         for start in range(0, rows.shape[0], self.DEQUANTIZE_ROWS):
             chunk = rows[start:start + self.DEQUANTIZE_ROWS]
-            out[start:start + chunk.shape[0]] = quant.dequantize(fmt, chunk, in_features)
-        return out.reshape(packed.shape[0], -1)
+            flat[start:start + chunk.shape[0]] = quant.dequantize(fmt, chunk, in_features)
+        return out
 
 
 class PreparedProjections(Projections):
@@ -603,11 +615,23 @@ class NpuDecoderLayer:
                 (p.wo, self.ffn_weights[1], p.gate_up, p.down)
         if self.packed is None:
             return self.qkv_weights if which == "qkv" else self.ffn_weights
-        p, h = self.packed, self.hidden_size
+        h = self.hidden_size
         if which == "qkv":
-            return (self.qkv_weights[0], p.dequantized("wq", h), p.dequantized("wk", h), p.dequantized("wv", h))
-        return (p.dequantized("wo", self.q_dim), self.ffn_weights[1], p.dequantized("gate_up", h),
-                p.dequantized("down", self.intermediate))
+            return (self.qkv_weights[0], self._dequantized("wq", h), self._dequantized("wk", h),
+                    self._dequantized("wv", h))
+        return (self._dequantized("wo", self.q_dim), self.ffn_weights[1], self._dequantized("gate_up", h),
+                self._dequantized("down", self.intermediate))
+
+    def _dequantized(self, name: str, in_features: int) -> torch.Tensor:
+        """Packed projection ``name`` as bf16 for prefill, in the model's NPU buffer for it: every layer rewrites the
+        same buffers, so the copies cost one layer's bf16 weights and ops bind them without staging a host copy."""
+        if torch.compiler.is_compiling():  # a buffer shared across calls would be a graph input mutated in place
+            return self.packed.dequantized(name, in_features)
+        packed = getattr(self.packed, name)
+        shape = (packed.shape[0], (2 if name == "gate_up" else 1) * in_features)
+        buffer = self.packed.dequantized(name, in_features, self.shared.dequantized_buffer(name, shape))
+        device_written(buffer)
+        return buffer
 
     def _prefill(self, hidden, lut, mask, cache):
         batch, seq, _ = hidden.shape

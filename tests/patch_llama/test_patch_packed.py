@@ -41,6 +41,29 @@ def test_generates_what_hf_generates_on_the_dequantized_weights(runtime, fmt):
     assert torch.nn.functional.cosine_similarity(out[1][0, 0].float(), expected[1][0, 0].float(), dim=0) > 0.999
 
 
+def test_prefill_dequantizes_every_layer_into_the_same_npu_buffers(runtime):
+    """Packed prefill's bf16 weights are written into one NPU buffer per projection that every layer reuses: the
+    ops bind them (no host copy of a weight is staged) and they cost one layer's bf16 weights, however many layers
+    and prefill buckets run."""
+    model = tiny_llama(**DIMS, num_hidden_layers=3)
+    patch_llama(model, prefill_buckets=(16, 32), weights="q4_1")
+    shared = model._torch_npu2_patch.shared
+    layer = model.model.layers[0].forward
+    one_layer = sum(getattr(layer.packed, n).shape[0] * k for n, k in (
+        ("wq", 128), ("wk", 128), ("wv", 128), ("wo", 128), ("gate_up", 256), ("down", 256))) * 2
+    copied = runtime.stats["host_copy_bytes"]
+    with torch.no_grad():
+        model(torch.tensor([[1, 5, 7, 9, 11, 3]]))
+        model(torch.arange(1, 21).unsqueeze(0))  # the second bucket
+    buffers = {name: t.data_ptr() for name, t in shared.dequantized.items()}
+    assert sorted(buffers) == ["down", "gate_up", "wk", "wo", "wq", "wv"]
+    assert sum(t.nbytes for t in shared.dequantized.values()) == one_layer
+    assert runtime.stats["host_copy_bytes"] - copied < one_layer  # activations only: the weights were bound
+    # and their bytes are the last layer's, exactly
+    last = model.model.layers[-1].forward.packed
+    assert torch.equal(shared.dequantized["down"], last.dequantized("down", 256))
+
+
 def test_unpatch_restores_the_bf16_weights_and_repr(runtime):
     model = tiny_llama(**DIMS)
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
