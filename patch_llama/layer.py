@@ -106,10 +106,8 @@ class ForwardMemos:
         return rows
 
     def step_input(self, name, host: torch.Tensor) -> torch.Tensor:
-        """``host`` written into the step input buffer ``name`` (made on first use or when its shape changes)."""
-        buffer = self.step_inputs.get(name)
-        if buffer is None or buffer.shape != host.shape:
-            buffer = self.step_inputs[name] = device_empty(tuple(host.shape), host.dtype)
+        """``host`` written into the step input buffer ``name``."""
+        buffer = _npu_buffer(self.step_inputs, name, tuple(host.shape), host.dtype)
         buffer.copy_(host)
         device_written(buffer)
         return buffer
@@ -159,11 +157,13 @@ class SharedState:
     # dequantizes its own rows into before its ops run (a layer's runs end before the next layer writes)
     dequantized: dict = field(default_factory=dict)
 
-    def dequantized_buffer(self, name: str, shape: tuple[int, int]) -> torch.Tensor:
-        buffer = self.dequantized.get(name)
-        if buffer is None or tuple(buffer.shape) != shape:
-            buffer = self.dequantized[name] = device_empty(shape, torch.bfloat16)
-        return buffer
+
+def _npu_buffer(buffers: dict, name, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+    """``buffers[name]``, an NPU buffer (``device_empty``) made on first use or when its shape or dtype changes."""
+    buffer = buffers.get(name)
+    if buffer is None or tuple(buffer.shape) != shape or buffer.dtype != dtype:
+        buffer = buffers[name] = device_empty(shape, dtype)
+    return buffer
 
 
 def _decode_starts(mask: torch.Tensor, batch: int, kv_len: int):
@@ -629,7 +629,8 @@ class NpuDecoderLayer:
             return self.packed.dequantized(name, in_features)
         packed = getattr(self.packed, name)
         shape = (packed.shape[0], (2 if name == "gate_up" else 1) * in_features)
-        buffer = self.packed.dequantized(name, in_features, self.shared.dequantized_buffer(name, shape))
+        buffer = self.packed.dequantized(name, in_features, _npu_buffer(self.shared.dequantized, name, shape,
+                                                                         torch.bfloat16))
         device_written(buffer)
         return buffer
 
