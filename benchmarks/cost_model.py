@@ -93,19 +93,20 @@ def program(name: str, dims, seq: int | None = None, precision: str = "bf16", we
         return next(p for p in catalog.prefill_programs(d, seq, precision) if p.name == f"{name}_w8x2")
     build = {
         "rms_gemms_rope": lambda: catalog.rms_gemms_rope_program(d.hidden, d.heads, d.kv_heads, d.head_dim, d.eps, seq,
-                                                                 precision),
+                                                                 precision, d.qkv_bias),
         "flash_attn": lambda: catalog.flash_attn_program(d.heads, d.kv_heads, d.head_dim, seq),
         "o_ffn": lambda: catalog.o_ffn_program(d.hidden, d.q_dim, d.intermediate, d.eps, seq, precision),
         "rms_gemv_rope": lambda: catalog.rms_gemv_rope_program(d.hidden, d.heads, d.kv_heads, d.head_dim, d.eps,
-                                                               weights),
+                                                               weights, d.qkv_bias),
         "o_gemv_ffn": lambda: catalog.o_gemv_ffn_program(d.hidden, d.q_dim, d.intermediate, d.eps, weights),
         "o_gemv_ffn_rms_gemv_rope": lambda: catalog.o_gemv_ffn_rms_gemv_rope_program(
-            d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads, d.head_dim, d.eps, weights),
-        "lm_head_gemv": lambda: catalog.lm_head_gemv_program(d.hidden, d.vocab, weights),
+            d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads, d.head_dim, d.eps, weights, d.qkv_bias),
+        "lm_head_gemv": lambda: catalog.lm_head_gemv_program(d.hidden, catalog.lm_head_rows(d.vocab), weights),
         # decode attention at a capacity of ``seq`` positions
         "decode_attn": lambda: catalog.decode_attn_program(d.heads, d.kv_heads, d.head_dim, seq),
         "decode_attn_o_gemv_ffn_rms_gemv_rope": lambda: catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_program(
-            d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads, d.head_dim, seq, d.eps),
+            d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads, d.head_dim, seq, d.eps,
+            qkv_bias=d.qkv_bias),
     }
     return build[name]()
 
@@ -163,7 +164,8 @@ def decode_chained_ms(dims, layers: int, context: int, weights: str = "bf16") ->
     d = dims
     capacity = catalog.decode_attn_capacity(context, DECODE_ATTN_MAX_LEN)
     chained = program_range(catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_program(
-        d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads, d.head_dim, capacity, d.eps, weights))
+        d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads, d.head_dim, capacity, d.eps, weights,
+        d.qkv_bias))
     attention = program_range(catalog.decode_attn_program(d.heads, d.kv_heads, d.head_dim, capacity))
     first, last, head = (_seconds(name, dims, None, "bf16", weights)
                          for name in ("rms_gemv_rope", "o_gemv_ffn", "lm_head_gemv"))

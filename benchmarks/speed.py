@@ -28,13 +28,14 @@ MODELS = {
 
 def preload_programs(model, runtime, lengths) -> None:
     """Write and load every Program the runs will use, so that one-time costs stay out of the timings."""
-    from torch_npu2.kernels.catalog import ModelDims, programs_for_model
+    from torch_npu2.kernels.catalog import programs_for_model
+    from torch_npu2.patch_llama.families import model_dims
     from torch_npu2.patch_llama.patch import STATE_ATTR
 
     state = getattr(model, STATE_ATTR)
     settings, (weights, head_weights) = state.shared.settings, state.weights
     buckets = sorted({padded for length in lengths for _, _, padded in settings.chunks(length)})
-    for program in programs_for_model(ModelDims.from_config(model.config), buckets, settings.matmul_precision,
+    for program in programs_for_model(model_dims(model.config), buckets, settings.matmul_precision,
                                       weights, head_weights):
         runtime.load(program)
 

@@ -171,16 +171,48 @@ def _matmul_params(matmul: str, rows: int, mode: str | None, weights: str = "bf1
     return lambda k, n, projection: dict(K=k, N=n, **packed)
 
 
+def _qkv_params(hidden, heads, kv_heads, head_dim, eps, rows, qkv_bias) -> tuple:
+    return ((("hidden", hidden), ("heads", heads), ("kv_heads", kv_heads), ("head_dim", head_dim), ("eps", eps),
+             ("rows", rows)) + ((("qkv_bias", 1),) if qkv_bias else ()))
+
+
+def _qkv_tail(projections, rows, heads, kv_heads, head_dim, row_shape, qkv_bias: bool):
+    """The Q/K/V projections (``projections(output, weight)`` gives each one's launch), their biases when the model
+    has them, then half-split RoPE on Q and K: (the bias args, the outputs and scratch, the launches). A biased
+    projection writes ``<name>_proj`` and bias_add writes ``<name>`` from it (builders/bias_add.py says why it is a
+    launch of its own); unbiased, the launches and arguments are those of a model without the field."""
+    q, kv = heads * head_dim, kv_heads * head_dim
+    width = {"q": q, "k": kv, "v": kv}
+    biases = tuple(Arg(f"b{n}", (width[n],), "bf16", W) for n in "qkv") if qkv_bias else ()
+    raw = tuple(Arg(f"{n}_proj", row_shape(width[n]), "bf16", S) for n in "qkv") if qkv_bias else ()
+    launches = tuple(projections(f"{n}_proj" if qkv_bias else n, f"w{n}") for n in "qkv")
+    if qkv_bias:
+        launches += tuple(_launch("bias_add", [f"{n}_proj", f"b{n}"], [n], rows=rows, cols=width[n]) for n in "qkv")
+    outputs = (*raw,
+               Arg("q", row_shape(q), "bf16", S),
+               Arg("k", row_shape(kv), "bf16", S),
+               Arg("v", row_shape(kv), "bf16", O),
+               Arg("q_roped", row_shape(q), "bf16", O),
+               Arg("k_roped", row_shape(kv), "bf16", O))
+    launches += (_launch("rope", ["q", "rope_lut"], ["q_roped"], rows=rows, heads=heads, head_dim=head_dim),
+                 _launch("rope", ["k", "rope_lut"], ["k_roped"], rows=rows, heads=kv_heads, head_dim=head_dim))
+    return biases, outputs, launches
+
+
 def _rms_qkv_rope(name, hidden, heads, kv_heads, head_dim, eps, rows, matmul, row_shape, options,
-                  precision=None, weights="bf16") -> Program:
-    """RMSNorm → Q/K/V projections → half-split RoPE on Q and K (prefill GEMM or decode GEMV)."""
+                  precision=None, weights="bf16", qkv_bias=False) -> Program:
+    """RMSNorm → Q/K/V projections (+ their biases) → half-split RoPE on Q and K (prefill GEMM or decode GEMV).
+    Host arguments: x, norm_w, wq, wk, wv, then bq, bk, bv when ``qkv_bias``, then rope_lut."""
     _check_attention_dims(heads, kv_heads, head_dim)
     h, q, kv, hd = hidden, heads * head_dim, kv_heads * head_dim, head_dim
     mm = _matmul_params(matmul, rows, precision, weights)
+    out_features = {"wq": q, "wk": kv, "wv": kv}
+    biases, outputs, launches = _qkv_tail(
+        lambda out, w: _launch(matmul, ["normed", w], [out], **mm(h, out_features[w], w[1:])),
+        rows, heads, kv_heads, hd, row_shape, qkv_bias)
     return Program(
         name=name,
-        params=(("hidden", hidden), ("heads", heads), ("kv_heads", kv_heads), ("head_dim", head_dim), ("eps", eps),
-                ("rows", rows)),
+        params=_qkv_params(hidden, heads, kv_heads, head_dim, eps, rows, qkv_bias),
         args=(
             Arg("x", row_shape(h), "bf16", I),
             Arg("norm_w", (h,), "bf16", W),
@@ -188,21 +220,11 @@ def _rms_qkv_rope(name, hidden, heads, kv_heads, head_dim, eps, rows, matmul, ro
             weight_arg("wq", q, h, weights),
             weight_arg("wk", kv, h, weights),
             weight_arg("wv", kv, h, weights),
+            *biases,
             Arg("rope_lut", row_shape(hd), "bf16", I),
-            Arg("q", row_shape(q), "bf16", S),
-            Arg("k", row_shape(kv), "bf16", S),
-            Arg("v", row_shape(kv), "bf16", O),
-            Arg("q_roped", row_shape(q), "bf16", O),
-            Arg("k_roped", row_shape(kv), "bf16", O),
+            *outputs,
         ),
-        launches=(
-            _launch("rmsnorm", ["x", "norm_w"], ["normed"], rows=rows, cols=h, eps=eps),
-            _launch(matmul, ["normed", "wq"], ["q"], **mm(h, q, "q")),
-            _launch(matmul, ["normed", "wk"], ["k"], **mm(h, kv, "k")),
-            _launch(matmul, ["normed", "wv"], ["v"], **mm(h, kv, "v")),
-            _launch("rope", ["q", "rope_lut"], ["q_roped"], rows=rows, heads=heads, head_dim=hd),
-            _launch("rope", ["k", "rope_lut"], ["k_roped"], rows=rows, heads=kv_heads, head_dim=hd),
-        ),
+        launches=(_launch("rmsnorm", ["x", "norm_w"], ["normed"], rows=rows, cols=h, eps=eps), *launches),
         compile_options=options,
     )
 
@@ -260,11 +282,11 @@ def _check_attention_dims(heads: int, kv_heads: int, head_dim: int) -> None:
 
 
 def rms_gemms_rope_program(hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float, seq: int,
-                   precision: str = DEFAULT_BF16_WEIGHT_PRECISION) -> Program:
+                   precision: str = DEFAULT_BF16_WEIGHT_PRECISION, qkv_bias: bool = False) -> Program:
     _check_seq(seq)
     _check_precision(precision, BF16_WEIGHT_PRECISIONS)
     return _rms_qkv_rope("rms_gemms_rope", hidden, heads, kv_heads, head_dim, eps, seq, "gemm", lambda n: (seq, n),
-                         PREFILL_OPTIONS, precision)
+                         PREFILL_OPTIONS, precision, qkv_bias=qkv_bias)
 
 
 def o_ffn_program(hidden: int, q_dim: int, intermediate: int, eps: float, seq: int,
@@ -291,17 +313,19 @@ def _int_gemm(a: str, w: str, out: str, rows: int, k: int, n: int, swiglu: bool 
 
 
 def rms_gemms_rope_w8x2_program(hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float,
-                                seq: int) -> Program:
+                                seq: int, qkv_bias: bool = False) -> Program:
     """rms_gemms_rope with integer GEMMs ("w8x2a16"): RMSNorm, the normed rows quantized per row to int16
     (quantize_rows), the Q/K/V projections over prepared weights (gemm_int), RoPE. Host arguments are
     rms_gemms_rope's, the projection weights prepared (``prepared_weight_arg``)."""
     _check_seq(seq)
     _check_attention_dims(heads, kv_heads, head_dim)
     h, q, kv, hd = hidden, heads * head_dim, kv_heads * head_dim, head_dim
+    out_features = {"wq": q, "wk": kv, "wv": kv}
+    biases, outputs, launches = _qkv_tail(lambda out, w: _int_gemm("normed_q", w, out, seq, h, out_features[w]),
+                                          seq, heads, kv_heads, hd, lambda n: (seq, n), qkv_bias)
     return Program(
         name="rms_gemms_rope_w8x2",
-        params=(("hidden", hidden), ("heads", heads), ("kv_heads", kv_heads), ("head_dim", head_dim), ("eps", eps),
-                ("rows", seq)),
+        params=_qkv_params(hidden, heads, kv_heads, head_dim, eps, seq, qkv_bias),
         args=(
             Arg("x", (seq, h), "bf16", I),
             Arg("norm_w", (h,), "bf16", W),
@@ -310,21 +334,14 @@ def rms_gemms_rope_w8x2_program(hidden: int, heads: int, kv_heads: int, head_dim
             prepared_weight_arg("wq", q, h),
             prepared_weight_arg("wk", kv, h),
             prepared_weight_arg("wv", kv, h),
+            *biases,
             Arg("rope_lut", (seq, hd), "bf16", I),
-            Arg("q", (seq, q), "bf16", S),
-            Arg("k", (seq, kv), "bf16", S),
-            Arg("v", (seq, kv), "bf16", O),
-            Arg("q_roped", (seq, q), "bf16", O),
-            Arg("k_roped", (seq, kv), "bf16", O),
+            *outputs,
         ),
         launches=(
             _launch("rmsnorm", ["x", "norm_w"], ["normed"], rows=seq, cols=h, eps=eps),
             _launch("quantize_rows", ["normed"], ["normed_q"], M=seq, K=h),
-            _int_gemm("normed_q", "wq", "q", seq, h, q),
-            _int_gemm("normed_q", "wk", "k", seq, h, kv),
-            _int_gemm("normed_q", "wv", "v", seq, h, kv),
-            _launch("rope", ["q", "rope_lut"], ["q_roped"], rows=seq, heads=heads, head_dim=hd),
-            _launch("rope", ["k", "rope_lut"], ["k_roped"], rows=seq, heads=kv_heads, head_dim=hd),
+            *launches,
         ),
         compile_options=PREFILL_OPTIONS,
     )
@@ -376,10 +393,10 @@ def _decode_name(name: str, weights: str) -> str:
 
 
 def rms_gemv_rope_program(hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float,
-                          weights: str = "bf16") -> Program:
+                          weights: str = "bf16", qkv_bias: bool = False) -> Program:
     _check_weights(weights)
     return _rms_qkv_rope(_decode_name("rms_gemv_rope", weights), hidden, heads, kv_heads, head_dim, eps, 1, "gemv",
-                         lambda n: (n,), DECODE_OPTIONS, weights=weights)
+                         lambda n: (n,), DECODE_OPTIONS, weights=weights, qkv_bias=qkv_bias)
 
 
 def o_gemv_ffn_program(hidden: int, q_dim: int, intermediate: int, eps: float, weights: str = "bf16") -> Program:
@@ -419,7 +436,8 @@ def o_gemv_ffn_program(hidden: int, q_dim: int, intermediate: int, eps: float, w
 
 
 def o_gemv_ffn_rms_gemv_rope_program(hidden: int, q_dim: int, intermediate: int, eps: float, heads: int,
-                                     kv_heads: int, head_dim: int, next_eps: float, weights: str = "bf16") -> Program:
+                                     kv_heads: int, head_dim: int, next_eps: float, weights: str = "bf16",
+                                     qkv_bias: bool = False) -> Program:
     """One decode layer's o_gemv_ffn, then the next layer's rms_gemv_rope on its output, in one dispatch: the
     boundary between two decoder layers has no host work, so a token pays one dispatch per layer instead of two.
 
@@ -427,7 +445,7 @@ def o_gemv_ffn_rms_gemv_rope_program(hidden: int, q_dim: int, intermediate: int,
     ``out``); outputs are ``out`` and the next layer's ``next_v``, ``next_q_roped``, ``next_k_roped``.
     """
     first = o_gemv_ffn_program(hidden, q_dim, intermediate, eps, weights)
-    second = rms_gemv_rope_program(hidden, heads, kv_heads, head_dim, next_eps, weights)
+    second = rms_gemv_rope_program(hidden, heads, kv_heads, head_dim, next_eps, weights, qkv_bias)
     rename = {a.name: "next_" + a.name for a in second.args}
     rename["x"] = "out"  # the next layer reads this layer's output
     return Program(
@@ -550,7 +568,7 @@ def decode_attn_program(heads: int, kv_heads: int, head_dim: int, capacity: int)
 
 def decode_attn_o_gemv_ffn_rms_gemv_rope_program(hidden: int, q_dim: int, intermediate: int, eps: float, heads: int,
                                                  kv_heads: int, head_dim: int, capacity: int, next_eps: float,
-                                                 weights: str = "bf16") -> Program:
+                                                 weights: str = "bf16", qkv_bias: bool = False) -> Program:
     """A decode layer from its attention on: decode attention over the layer's cache, o_gemv_ffn on its output,
     and the next layer's rms_gemv_rope, in one dispatch (nothing on the host sits between them).
 
@@ -562,7 +580,7 @@ def decode_attn_o_gemv_ffn_rms_gemv_rope_program(hidden: int, q_dim: int, interm
         raise ValueError(f"q_dim ({q_dim}) must be heads*head_dim ({heads}*{head_dim})")
     attention = decode_attn_program(heads, kv_heads, head_dim, capacity)
     rest = o_gemv_ffn_rms_gemv_rope_program(hidden, q_dim, intermediate, eps, heads, kv_heads, head_dim, next_eps,
-                                            weights)
+                                            weights, qkv_bias)
     attn = rest.arg("attn")
     return Program(
         name=_decode_name("decode_attn_o_gemv_ffn_rms_gemv_rope", weights),
@@ -573,6 +591,18 @@ def decode_attn_o_gemv_ffn_rms_gemv_rope_program(hidden: int, q_dim: int, interm
                          ("attn",)), *rest.launches),
         compile_options=DECODE_OPTIONS,
     )
+
+
+# A patched model's LM head holds its weight rows padded with zero rows to a multiple of this (``lm_head_rows``), so
+# that its GEMV's tiles walk few panels: Qwen2's 151936 rows (2^7 * 1187) give each of 8 tiles 18992 rows, in panels
+# of at most 16 rows (1187 of them); 152064 rows (2^9 * 297) go in 132 panels of 144. Llama-3.2's 128256 and SmolLM2's
+# 49152 are multiples already.
+LM_HEAD_ROWS_MULTIPLE = 256
+
+
+def lm_head_rows(vocab: int) -> int:
+    """The rows of a patched model's LM-head weight buffer (and of lm_head_gemv's logits) for ``vocab`` tokens."""
+    return -(-vocab // LM_HEAD_ROWS_MULTIPLE) * LM_HEAD_ROWS_MULTIPLE
 
 
 def lm_head_gemv_program(hidden: int, vocab: int, weights: str = "bf16") -> Program:
@@ -606,8 +636,8 @@ def _packed_only(weights: str) -> str:
 
 
 def rms_gemv_rope_packed_program(hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float,
-                                 weights: str) -> Program:
-    return rms_gemv_rope_program(hidden, heads, kv_heads, head_dim, eps, _packed_only(weights))
+                                 weights: str, qkv_bias: bool = False) -> Program:
+    return rms_gemv_rope_program(hidden, heads, kv_heads, head_dim, eps, _packed_only(weights), qkv_bias)
 
 
 def o_gemv_ffn_packed_program(hidden: int, q_dim: int, intermediate: int, eps: float, weights: str) -> Program:
@@ -615,16 +645,18 @@ def o_gemv_ffn_packed_program(hidden: int, q_dim: int, intermediate: int, eps: f
 
 
 def o_gemv_ffn_rms_gemv_rope_packed_program(hidden: int, q_dim: int, intermediate: int, eps: float, heads: int,
-                                            kv_heads: int, head_dim: int, next_eps: float, weights: str) -> Program:
+                                            kv_heads: int, head_dim: int, next_eps: float, weights: str,
+                                            qkv_bias: bool = False) -> Program:
     return o_gemv_ffn_rms_gemv_rope_program(hidden, q_dim, intermediate, eps, heads, kv_heads, head_dim, next_eps,
-                                            _packed_only(weights))
+                                            _packed_only(weights), qkv_bias)
 
 
 def decode_attn_o_gemv_ffn_rms_gemv_rope_packed_program(hidden: int, q_dim: int, intermediate: int, eps: float,
                                                         heads: int, kv_heads: int, head_dim: int, capacity: int,
-                                                        next_eps: float, weights: str) -> Program:
+                                                        next_eps: float, weights: str,
+                                                        qkv_bias: bool = False) -> Program:
     return decode_attn_o_gemv_ffn_rms_gemv_rope_program(hidden, q_dim, intermediate, eps, heads, kv_heads, head_dim,
-                                                        capacity, next_eps, _packed_only(weights))
+                                                        capacity, next_eps, _packed_only(weights), qkv_bias)
 
 
 def lm_head_gemv_packed_program(hidden: int, vocab: int, weights: str) -> Program:
@@ -641,10 +673,11 @@ def prefill_programs(dims: ModelDims, seq: int, matmul_precision: str = DEFAULT_
     d = dims
     matmul_precision = resolve_matmul_precision(matmul_precision, dims)
     if matmul_precision == INTEGER_PRECISION:
-        return [rms_gemms_rope_w8x2_program(d.hidden, d.heads, d.kv_heads, d.head_dim, d.eps, seq),
+        return [rms_gemms_rope_w8x2_program(d.hidden, d.heads, d.kv_heads, d.head_dim, d.eps, seq, d.qkv_bias),
                 flash_attn_program(d.heads, d.kv_heads, d.head_dim, seq),
                 o_ffn_w8x2_program(d.hidden, d.q_dim, d.intermediate, d.eps, seq)]
-    return [rms_gemms_rope_program(d.hidden, d.heads, d.kv_heads, d.head_dim, d.eps, seq, matmul_precision),
+    return [rms_gemms_rope_program(d.hidden, d.heads, d.kv_heads, d.head_dim, d.eps, seq, matmul_precision,
+                                   d.qkv_bias),
             flash_attn_program(d.heads, d.kv_heads, d.head_dim, seq),
             o_ffn_program(d.hidden, d.q_dim, d.intermediate, d.eps, seq, matmul_precision)]
 
@@ -662,9 +695,9 @@ def programs_for_model(dims: ModelDims, prefill_buckets,
     attn = (d.hidden, d.heads, d.kv_heads, d.head_dim, d.eps)
     ffn = (d.hidden, d.q_dim, d.intermediate, d.eps)
     out = [program for seq in prefill_buckets for program in prefill_programs(d, seq, matmul_precision)]
-    out += [rms_gemv_rope_program(*attn, weights), o_gemv_ffn_program(*ffn, weights),
-            o_gemv_ffn_rms_gemv_rope_program(*ffn, d.heads, d.kv_heads, d.head_dim, d.eps, weights),
-            lm_head_gemv_program(d.hidden, d.vocab, lm_head_weights or weights)]
+    out += [rms_gemv_rope_program(*attn, weights, d.qkv_bias), o_gemv_ffn_program(*ffn, weights),
+            o_gemv_ffn_rms_gemv_rope_program(*ffn, d.heads, d.kv_heads, d.head_dim, d.eps, weights, d.qkv_bias),
+            lm_head_gemv_program(d.hidden, lm_head_rows(d.vocab), lm_head_weights or weights)]
     return out
 
 
@@ -684,4 +717,4 @@ def decode_attn_programs(dims: ModelDims, context: int, weights: str = "bf16") -
     return [program for capacity in capacities for program in (
         decode_attn_program(d.heads, d.kv_heads, d.head_dim, capacity),
         decode_attn_o_gemv_ffn_rms_gemv_rope_program(d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads,
-                                                     d.head_dim, capacity, d.eps, weights))]
+                                                     d.head_dim, capacity, d.eps, weights, d.qkv_bias))]

@@ -45,12 +45,12 @@ def _qkv_dims(shapes):
     return hidden, wq[0] // head_dim, _agreed(wk[0], wv[0]) // head_dim, head_dim
 
 
-def _rms_gemms_rope(shapes, eps, precision):
-    return catalog.rms_gemms_rope_program(*_qkv_dims(shapes), eps, shapes[0][0], precision)
+def _rms_gemms_rope(shapes, eps, precision, qkv_bias=False):
+    return catalog.rms_gemms_rope_program(*_qkv_dims(shapes), eps, shapes[0][0], precision, qkv_bias)
 
 
-def _rms_gemv_rope(shapes, eps):
-    return catalog.rms_gemv_rope_program(*_qkv_dims(shapes), eps)
+def _rms_gemv_rope(shapes, eps, qkv_bias=False):
+    return catalog.rms_gemv_rope_program(*_qkv_dims(shapes), eps, qkv_bias=qkv_bias)
 
 
 def _ffn_dims(shapes):
@@ -68,7 +68,7 @@ def _o_gemv_ffn(shapes, eps):
     return catalog.o_gemv_ffn_program(*_ffn_dims(shapes), eps)
 
 
-def _o_gemv_ffn_rms_gemv_rope(shapes, eps, next_eps):
+def _o_gemv_ffn_rms_gemv_rope(shapes, eps, next_eps, qkv_bias=False):
     """o_gemv_ffn's arguments, then the next layer's rms_gemv_rope weights and LUT (its input is this op's out)."""
     hidden, q_dim, intermediate = _ffn_dims(shapes[:6])
     try:
@@ -76,7 +76,7 @@ def _o_gemv_ffn_rms_gemv_rope(shapes, eps, next_eps):
     except BadArgument as exc:
         raise BadArgument("next_" + exc.arg, exc.expected, exc.given) from None
     return catalog.o_gemv_ffn_rms_gemv_rope_program(hidden, q_dim, intermediate, eps, heads, kv_heads, head_dim,
-                                                    next_eps)
+                                                    next_eps, qkv_bias=qkv_bias)
 
 
 def _flash_attn(shapes, head_dim):
@@ -100,7 +100,7 @@ def _decode_attn(shapes, head_dim):
     return catalog.decode_attn_program(heads, kv_heads, head_dim, k[0])
 
 
-def _decode_attn_o_gemv_ffn_rms_gemv_rope(shapes, head_dim, eps, next_eps):
+def _decode_attn_o_gemv_ffn_rms_gemv_rope(shapes, head_dim, eps, next_eps, qkv_bias=False):
     """decode_attn's four tensors, then o_gemv_ffn_rms_gemv_rope's without attn (decode attention's output)."""
     attention = _decode_attn(shapes[:4], head_dim)
     heads, kv_heads, capacity = (dict(attention.params)[n] for n in ("heads", "kv_heads", "capacity"))
@@ -110,7 +110,7 @@ def _decode_attn_o_gemv_ffn_rms_gemv_rope(shapes, head_dim, eps, next_eps):
     except BadArgument as exc:
         raise BadArgument("next_" + exc.arg, exc.expected, exc.given) from None
     return catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_program(hidden, q_dim, intermediate, eps, heads, kv_heads,
-                                                                head_dim, capacity, next_eps)
+                                                                head_dim, capacity, next_eps, qkv_bias=qkv_bias)
 
 
 def decode_attn_length(length: int) -> torch.Tensor:
@@ -127,11 +127,11 @@ def _lm_head_gemv(shapes):
 # Packed weights: a weight's second dimension is its packed row bytes, so the model dims come from the vectors
 # (x, norm_w, attn, the LUT) and the weights' row counts; the registry's shape check then holds each weight to the
 # row bytes its format gives.
-def _rms_gemv_rope_packed(shapes, eps, weights):
+def _rms_gemv_rope_packed(shapes, eps, weights, qkv_bias=False):
     x, norm_w, wq, wk, wv, lut = shapes
     head_dim = _rope_head_dim(lut, wq, wk)
     return catalog.rms_gemv_rope_packed_program(_agreed(norm_w[0], x[-1]), wq[0] // head_dim,
-                                                _agreed(wk[0], wv[0]) // head_dim, head_dim, eps, weights)
+                                                _agreed(wk[0], wv[0]) // head_dim, head_dim, eps, weights, qkv_bias)
 
 
 def _ffn_dims_packed(shapes):
@@ -143,7 +143,7 @@ def _o_gemv_ffn_packed(shapes, eps, weights):
     return catalog.o_gemv_ffn_packed_program(*_ffn_dims_packed(shapes), eps, weights)
 
 
-def _o_gemv_ffn_rms_gemv_rope_packed(shapes, eps, next_eps, weights):
+def _o_gemv_ffn_rms_gemv_rope_packed(shapes, eps, next_eps, weights, qkv_bias=False):
     hidden, q_dim, intermediate = _ffn_dims_packed(shapes[:6])
     norm_w, wq, wk, wv, lut = shapes[6:]
     try:
@@ -152,10 +152,10 @@ def _o_gemv_ffn_rms_gemv_rope_packed(shapes, eps, next_eps, weights):
         raise BadArgument("next_" + exc.arg, exc.expected, exc.given) from None
     return catalog.o_gemv_ffn_rms_gemv_rope_packed_program(hidden, q_dim, intermediate, eps, wq[0] // head_dim,
                                                            _agreed(wk[0], wv[0]) // head_dim, head_dim, next_eps,
-                                                           weights)
+                                                           weights, qkv_bias)
 
 
-def _decode_attn_o_gemv_ffn_rms_gemv_rope_packed(shapes, head_dim, eps, next_eps, weights):
+def _decode_attn_o_gemv_ffn_rms_gemv_rope_packed(shapes, head_dim, eps, next_eps, weights, qkv_bias=False):
     """decode_attn's four tensors, then o_gemv_ffn_rms_gemv_rope_packed's without attn."""
     attention = _decode_attn(shapes[:4], head_dim)
     heads, kv_heads, capacity = (dict(attention.params)[n] for n in ("heads", "kv_heads", "capacity"))
@@ -166,7 +166,8 @@ def _decode_attn_o_gemv_ffn_rms_gemv_rope_packed(shapes, head_dim, eps, next_eps
     except BadArgument as exc:
         raise BadArgument("next_" + exc.arg, exc.expected, exc.given) from None
     return catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_packed_program(hidden, q_dim, intermediate, eps, heads,
-                                                                       kv_heads, head_dim, capacity, next_eps, weights)
+                                                                       kv_heads, head_dim, capacity, next_eps, weights,
+                                                                       qkv_bias)
 
 
 def _lm_head_gemv_packed(shapes, weights):
@@ -185,14 +186,15 @@ def _prepared_out(name: str, shape, in_features: int, halves: int = 1) -> int:
     return out
 
 
-def _rms_gemms_rope_w8x2(shapes, eps):
+def _rms_gemms_rope_w8x2(shapes, eps, qkv_bias=False):
     x, norm_w, wq, wk, wv, lut = shapes
     hidden, head_dim = _agreed(norm_w[0], x[-1]), lut[-1]
     q_dim, kv_dim = _prepared_out("wq", wq, hidden), _prepared_out("wk", wk, hidden)
     if head_dim <= 0 or head_dim % 2 or q_dim % head_dim or kv_dim % head_dim:
         raise BadArgument("rope_lut", f"an even width (head_dim) dividing wq's ({q_dim}) and wk's ({kv_dim}) out "
                           "features", f"shape {lut}")
-    return catalog.rms_gemms_rope_w8x2_program(hidden, q_dim // head_dim, kv_dim // head_dim, head_dim, eps, x[0])
+    return catalog.rms_gemms_rope_w8x2_program(hidden, q_dim // head_dim, kv_dim // head_dim, head_dim, eps, x[0],
+                                               qkv_bias)
 
 
 def _o_ffn_w8x2(shapes, eps):
@@ -214,37 +216,64 @@ _EX_PACKED = "q4_1"
 _EX_PACKED_DIMS = dict(hidden=64, heads=2, kv_heads=1, head_dim=32, eps=1e-5)
 _EX_PACKED_FFN = dict(hidden=64, q_dim=64, intermediate=128, eps=1e-5)
 
+def _qkv_op(name: str, scalars, program_for, example, qkv_bias: bool) -> FusedOp:
+    """An op that projects Q/K/V; with ``qkv_bias``, its twin ``<name>_qkv_bias`` (Qwen2's biases), which takes bq, bk
+    and bv after wv (next_bq, next_bk, next_bv after next_wv in the chained ops). ``example(qkv_bias)`` builds the
+    op's example Program; the registry's shape check holds the biases to the Program's (q_dim,) and (kv_dim,)."""
+    if not qkv_bias:
+        return FusedOp(name, scalars, program_for, example(False))
+    biased = example(True)
+    at = next(i for i, arg in enumerate(biased.host_args) if arg.name.endswith("bq"))
+
+    def biased_program_for(shapes, *values):
+        return program_for(shapes[:at] + shapes[at + 3:], *values, qkv_bias=True)
+
+    return FusedOp(name + "_qkv_bias", scalars, biased_program_for, biased)
+
+
+def _qkv_ops(qkv_bias: bool) -> tuple[FusedOp, ...]:
+    return (
+        _qkv_op("rms_gemms_rope", (("eps", "float"), _PRECISION), _rms_gemms_rope,
+                lambda b: catalog.rms_gemms_rope_program(**_EX, seq=2, qkv_bias=b), qkv_bias),
+        _qkv_op("rms_gemv_rope", (("eps", "float"),), _rms_gemv_rope,
+                lambda b: catalog.rms_gemv_rope_program(**_EX, qkv_bias=b), qkv_bias),
+        _qkv_op("o_gemv_ffn_rms_gemv_rope", (("eps", "float"), ("next_eps", "float")), _o_gemv_ffn_rms_gemv_rope,
+                lambda b: catalog.o_gemv_ffn_rms_gemv_rope_program(**_EX_FFN, heads=2, kv_heads=1, head_dim=4,
+                                                                   next_eps=1e-5, qkv_bias=b), qkv_bias),
+        _qkv_op("decode_attn_o_gemv_ffn_rms_gemv_rope", (("head_dim", "int"), ("eps", "float"), ("next_eps", "float")),
+                _decode_attn_o_gemv_ffn_rms_gemv_rope,
+                lambda b: catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_program(64, 64, 128, 1e-5, 2, 1, 32, 128, 1e-5,
+                                                                               qkv_bias=b), qkv_bias),
+        _qkv_op("rms_gemv_rope_packed", (("eps", "float"), _WEIGHTS), _rms_gemv_rope_packed,
+                lambda b: catalog.rms_gemv_rope_program(**_EX_PACKED_DIMS, weights=_EX_PACKED, qkv_bias=b), qkv_bias),
+        _qkv_op("o_gemv_ffn_rms_gemv_rope_packed", (("eps", "float"), ("next_eps", "float"), _WEIGHTS),
+                _o_gemv_ffn_rms_gemv_rope_packed,
+                lambda b: catalog.o_gemv_ffn_rms_gemv_rope_program(**_EX_PACKED_FFN, heads=2, kv_heads=1, head_dim=32,
+                                                                   next_eps=1e-5, weights=_EX_PACKED, qkv_bias=b),
+                qkv_bias),
+        _qkv_op("decode_attn_o_gemv_ffn_rms_gemv_rope_packed",
+                (("head_dim", "int"), ("eps", "float"), ("next_eps", "float"), _WEIGHTS),
+                _decode_attn_o_gemv_ffn_rms_gemv_rope_packed,
+                lambda b: catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_program(64, 64, 128, 1e-5, 2, 1, 32, 128, 1e-5,
+                                                                               weights=_EX_PACKED, qkv_bias=b),
+                qkv_bias),
+        _qkv_op("rms_gemms_rope_w8x2", (("eps", "float"),), _rms_gemms_rope_w8x2,
+                lambda b: catalog.rms_gemms_rope_w8x2_program(**_EX_PACKED_DIMS, seq=2, qkv_bias=b), qkv_bias),
+    )
+
+
 FUSED_OPS = {op.name: op for op in (
-    FusedOp("rms_gemms_rope", (("eps", "float"), _PRECISION), _rms_gemms_rope,
-            catalog.rms_gemms_rope_program(**_EX, seq=2)),
+    *_qkv_ops(False),
+    *_qkv_ops(True),
     FusedOp("flash_attn", (("head_dim", "int"),), _flash_attn, catalog.flash_attn_program(2, 1, 4, 2)),
     FusedOp("o_ffn", (("eps", "float"), _PRECISION), _o_ffn, catalog.o_ffn_program(**_EX_FFN, seq=2)),
-    FusedOp("rms_gemv_rope", (("eps", "float"),), _rms_gemv_rope, catalog.rms_gemv_rope_program(**_EX)),
     FusedOp("o_gemv_ffn", (("eps", "float"),), _o_gemv_ffn, catalog.o_gemv_ffn_program(**_EX_FFN)),
-    FusedOp("o_gemv_ffn_rms_gemv_rope", (("eps", "float"), ("next_eps", "float")), _o_gemv_ffn_rms_gemv_rope,
-            catalog.o_gemv_ffn_rms_gemv_rope_program(**_EX_FFN, heads=2, kv_heads=1, head_dim=4, next_eps=1e-5)),
     FusedOp("decode_attn", (("head_dim", "int"),), _decode_attn, catalog.decode_attn_program(2, 1, 32, 128)),
-    FusedOp("decode_attn_o_gemv_ffn_rms_gemv_rope", (("head_dim", "int"), ("eps", "float"), ("next_eps", "float")),
-            _decode_attn_o_gemv_ffn_rms_gemv_rope,
-            catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_program(64, 64, 128, 1e-5, 2, 1, 32, 128, 1e-5)),
     FusedOp("lm_head_gemv", (), _lm_head_gemv, catalog.lm_head_gemv_program(8, 16)),
-    FusedOp("rms_gemv_rope_packed", (("eps", "float"), _WEIGHTS), _rms_gemv_rope_packed,
-            catalog.rms_gemv_rope_program(**_EX_PACKED_DIMS, weights=_EX_PACKED)),
     FusedOp("o_gemv_ffn_packed", (("eps", "float"), _WEIGHTS), _o_gemv_ffn_packed,
             catalog.o_gemv_ffn_program(**_EX_PACKED_FFN, weights=_EX_PACKED)),
-    FusedOp("o_gemv_ffn_rms_gemv_rope_packed", (("eps", "float"), ("next_eps", "float"), _WEIGHTS),
-            _o_gemv_ffn_rms_gemv_rope_packed,
-            catalog.o_gemv_ffn_rms_gemv_rope_program(**_EX_PACKED_FFN, heads=2, kv_heads=1, head_dim=32,
-                                                     next_eps=1e-5, weights=_EX_PACKED)),
-    FusedOp("decode_attn_o_gemv_ffn_rms_gemv_rope_packed",
-            (("head_dim", "int"), ("eps", "float"), ("next_eps", "float"), _WEIGHTS),
-            _decode_attn_o_gemv_ffn_rms_gemv_rope_packed,
-            catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_program(64, 64, 128, 1e-5, 2, 1, 32, 128, 1e-5,
-                                                                 weights=_EX_PACKED)),
     FusedOp("lm_head_gemv_packed", (_WEIGHTS,), _lm_head_gemv_packed,
             catalog.lm_head_gemv_program(64, 16, weights=_EX_PACKED)),
-    FusedOp("rms_gemms_rope_w8x2", (("eps", "float"),), _rms_gemms_rope_w8x2,
-            catalog.rms_gemms_rope_w8x2_program(**_EX_PACKED_DIMS, seq=2)),
     FusedOp("o_ffn_w8x2", (("eps", "float"),), _o_ffn_w8x2, catalog.o_ffn_w8x2_program(**_EX_PACKED_FFN, seq=2)),
 )}
 
@@ -258,3 +287,5 @@ o_gemv_ffn_rms_gemv_rope_packed, lm_head_gemv_packed = (ALL_OPS["o_gemv_ffn_rms_
                                                         ALL_OPS["lm_head_gemv_packed"])
 decode_attn_o_gemv_ffn_rms_gemv_rope_packed = ALL_OPS["decode_attn_o_gemv_ffn_rms_gemv_rope_packed"]
 rms_gemms_rope_w8x2, o_ffn_w8x2 = ALL_OPS["rms_gemms_rope_w8x2"], ALL_OPS["o_ffn_w8x2"]
+# Each Q/K/V-projecting op → its biased twin (families with q/k/v biases, patch_llama/families.py).
+QKV_BIASED = {ALL_OPS[name]: ALL_OPS[name + "_qkv_bias"] for name in ALL_OPS if name + "_qkv_bias" in ALL_OPS}

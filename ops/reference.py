@@ -54,12 +54,18 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def rms_gemms_rope_reference(x, norm_w, wq, wk, wv, rope_lut, eps):
-    """Reference of npu2.rms_gemms_rope and npu2.rms_gemv_rope: returns (v, q_roped, k_roped)."""
+def rms_gemms_rope_reference(x, norm_w, wq, wk, wv, rope_lut, eps, biases=(None, None, None)):
+    """Reference of npu2.rms_gemms_rope and npu2.rms_gemv_rope: returns (v, q_roped, k_roped). ``biases``: the
+    projections' (bq, bk, bv), as HF's biased ``F.linear``."""
     head_dim = rope_lut.shape[-1]
     normed = rms_norm(x, norm_w, eps)
-    q, k, v = F.linear(normed, wq), F.linear(normed, wk), F.linear(normed, wv)
+    q, k, v = (F.linear(normed, w, b) for w, b in zip((wq, wk, wv), biases))
     return v, rope_half_split(q, rope_lut, head_dim), rope_half_split(k, rope_lut, head_dim)
+
+
+def _plus_biases(projections, biases):
+    """Projections already rounded to bf16, plus their biases (if any), rounded again."""
+    return tuple(y if b is None else y + b for y, b in zip(projections, biases))
 
 
 def o_ffn_reference(attn, wo, x, norm_w, w_gate_up, w_down, eps):
@@ -72,10 +78,11 @@ def o_ffn_reference(attn, wo, x, norm_w, w_gate_up, w_down, eps):
 
 
 def o_gemv_ffn_rms_gemv_rope_reference(attn, wo, x, norm_w, w_gate_up, w_down, next_norm_w, next_wq, next_wk,
-                                       next_wv, next_rope_lut, eps, next_eps):
+                                       next_wv, next_rope_lut, eps, next_eps, biases=(None, None, None)):
     """Reference of npu2.o_gemv_ffn_rms_gemv_rope: (out, next layer's v, q_roped, k_roped)."""
     out = o_ffn_reference(attn, wo, x, norm_w, w_gate_up, w_down, eps)
-    return (out, *rms_gemms_rope_reference(out, next_norm_w, next_wq, next_wk, next_wv, next_rope_lut, next_eps))
+    return (out, *rms_gemms_rope_reference(out, next_norm_w, next_wq, next_wk, next_wv, next_rope_lut, next_eps,
+                                           biases))
 
 
 def flash_attn_reference(q, k, v, head_dim):
@@ -98,11 +105,11 @@ def decode_attn_reference(q, k_cache, v_cache, length, head_dim):
 
 def decode_attn_o_gemv_ffn_rms_gemv_rope_reference(q, k_cache, v_cache, length, wo, x, norm_w, w_gate_up, w_down,
                                                    next_norm_w, next_wq, next_wk, next_wv, next_rope_lut, head_dim,
-                                                   eps, next_eps):
+                                                   eps, next_eps, biases=(None, None, None)):
     """Reference of npu2.decode_attn_o_gemv_ffn_rms_gemv_rope: decode attention, then o_gemv_ffn_rms_gemv_rope."""
     attn = decode_attn_reference(q, k_cache, v_cache, length, head_dim)
     return o_gemv_ffn_rms_gemv_rope_reference(attn, wo, x, norm_w, w_gate_up, w_down, next_norm_w, next_wq, next_wk,
-                                              next_wv, next_rope_lut, eps, next_eps)
+                                              next_wv, next_rope_lut, eps, next_eps, biases)
 
 
 def lm_head_gemv_reference(x, w_lm):
@@ -116,11 +123,11 @@ def _linear_packed(x, w, weights):
     return F.linear(x.float(), quant.dequantize(quant.weight_format(weights), w, x.shape[-1])).to(torch.bfloat16)
 
 
-def rms_gemv_rope_packed_reference(x, norm_w, wq, wk, wv, rope_lut, eps, weights):
+def rms_gemv_rope_packed_reference(x, norm_w, wq, wk, wv, rope_lut, eps, weights, biases=(None, None, None)):
     """Reference of npu2.rms_gemv_rope_packed: (v, q_roped, k_roped)."""
     head_dim = rope_lut.shape[-1]
     normed = rms_norm(x, norm_w, eps)
-    q, k, v = (_linear_packed(normed, w, weights) for w in (wq, wk, wv))
+    q, k, v = _plus_biases((_linear_packed(normed, w, weights) for w in (wq, wk, wv)), biases)
     return v, rope_half_split(q, rope_lut, head_dim), rope_half_split(k, rope_lut, head_dim)
 
 
@@ -134,20 +141,22 @@ def o_gemv_ffn_packed_reference(attn, wo, x, norm_w, w_gate_up, w_down, eps, wei
 
 
 def o_gemv_ffn_rms_gemv_rope_packed_reference(attn, wo, x, norm_w, w_gate_up, w_down, next_norm_w, next_wq, next_wk,
-                                              next_wv, next_rope_lut, eps, next_eps, weights):
+                                              next_wv, next_rope_lut, eps, next_eps, weights,
+                                              biases=(None, None, None)):
     """Reference of npu2.o_gemv_ffn_rms_gemv_rope_packed: (out, next layer's v, q_roped, k_roped)."""
     out = o_gemv_ffn_packed_reference(attn, wo, x, norm_w, w_gate_up, w_down, eps, weights)
     return (out, *rms_gemv_rope_packed_reference(out, next_norm_w, next_wq, next_wk, next_wv, next_rope_lut,
-                                                 next_eps, weights))
+                                                 next_eps, weights, biases))
 
 
 def decode_attn_o_gemv_ffn_rms_gemv_rope_packed_reference(q, k_cache, v_cache, length, wo, x, norm_w, w_gate_up,
                                                           w_down, next_norm_w, next_wq, next_wk, next_wv,
-                                                          next_rope_lut, head_dim, eps, next_eps, weights):
+                                                          next_rope_lut, head_dim, eps, next_eps, weights,
+                                                          biases=(None, None, None)):
     """Reference of npu2.decode_attn_o_gemv_ffn_rms_gemv_rope_packed."""
     attn = decode_attn_reference(q, k_cache, v_cache, length, head_dim)
     return o_gemv_ffn_rms_gemv_rope_packed_reference(attn, wo, x, norm_w, w_gate_up, w_down, next_norm_w, next_wq,
-                                                     next_wk, next_wv, next_rope_lut, eps, next_eps, weights)
+                                                     next_wk, next_wv, next_rope_lut, eps, next_eps, weights, biases)
 
 
 def lm_head_gemv_packed_reference(x, w_lm, weights):
@@ -167,11 +176,11 @@ def _linear_w8x2(x, words, halves: int = 1):
     return outs[0] if halves == 1 else outs
 
 
-def rms_gemms_rope_w8x2_reference(x, norm_w, wq, wk, wv, rope_lut, eps):
+def rms_gemms_rope_w8x2_reference(x, norm_w, wq, wk, wv, rope_lut, eps, biases=(None, None, None)):
     """Reference of npu2.rms_gemms_rope_w8x2: (v, q_roped, k_roped)."""
     head_dim = rope_lut.shape[-1]
     normed = rms_norm(x, norm_w, eps)
-    q, k, v = (_linear_w8x2(normed, w) for w in (wq, wk, wv))
+    q, k, v = _plus_biases((_linear_w8x2(normed, w) for w in (wq, wk, wv)), biases)
     return v, rope_half_split(q, rope_lut, head_dim), rope_half_split(k, rope_lut, head_dim)
 
 
@@ -180,3 +189,21 @@ def o_ffn_w8x2_reference(attn, wo, x, norm_w, w_gate_up, w_down, eps):
     res1 = x + _linear_w8x2(attn, wo)
     normed = rms_norm(res1, norm_w, eps)
     return res1 + _linear_w8x2(silu_mul(*_linear_w8x2(normed, w_gate_up, halves=2)), w_down)
+
+
+# ---- the biased twins (``<op>_qkv_bias``): bq, bk, bv follow wv (next_wv) in the op's arguments ------------------
+def _qkv_biased(reference, at: int):
+    def biased(*args):
+        return reference(*args[:at], *args[at + 3:], biases=tuple(args[at:at + 3]))
+    return biased
+
+
+rms_gemms_rope_qkv_bias_reference = _qkv_biased(rms_gemms_rope_reference, 5)
+rms_gemv_rope_packed_qkv_bias_reference = _qkv_biased(rms_gemv_rope_packed_reference, 5)
+rms_gemms_rope_w8x2_qkv_bias_reference = _qkv_biased(rms_gemms_rope_w8x2_reference, 5)
+o_gemv_ffn_rms_gemv_rope_qkv_bias_reference = _qkv_biased(o_gemv_ffn_rms_gemv_rope_reference, 10)
+o_gemv_ffn_rms_gemv_rope_packed_qkv_bias_reference = _qkv_biased(o_gemv_ffn_rms_gemv_rope_packed_reference, 10)
+decode_attn_o_gemv_ffn_rms_gemv_rope_qkv_bias_reference = _qkv_biased(
+    decode_attn_o_gemv_ffn_rms_gemv_rope_reference, 13)
+decode_attn_o_gemv_ffn_rms_gemv_rope_packed_qkv_bias_reference = _qkv_biased(
+    decode_attn_o_gemv_ffn_rms_gemv_rope_packed_reference, 13)

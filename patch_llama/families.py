@@ -35,12 +35,19 @@ class ModelFamily:
 
 FAMILIES = {family.model_type: family for family in (
     ModelFamily("llama", "LlamaForCausalLM", "Llama 2/3.x, SmolLM2, TinyLlama"),
+    ModelFamily("qwen2", "Qwen2ForCausalLM", "Qwen2, Qwen2.5", qkv_bias=True),
 )}
 
 
 def family_of(config) -> ModelFamily | None:
     """The family of a HF config, or None when patch_llama does not run its model_type."""
     return FAMILIES.get(getattr(config, "model_type", None))
+
+
+def model_dims(config) -> ModelDims:
+    """The catalogue's dims of a HF config: its family's, or Llama's reading of it for a model_type not in the
+    table (what the commands that only build Programs, such as ``torch-npu2 lint``, take it for)."""
+    return (family_of(config) or FAMILIES["llama"]).dims(config)
 
 
 def supported() -> str:

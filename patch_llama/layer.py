@@ -28,7 +28,7 @@ from ..host_memory import release_free_heap
 from ..kernels import quant
 from ..kernels.catalog import DEFAULT_BF16_WEIGHT_PRECISION, decode_attn_capacity
 from ..kernels.program import pad_rows
-from ..ops import (build_rope_lut, decode_attn, decode_attn_length, decode_attn_o_gemv_ffn_rms_gemv_rope,
+from ..ops import (QKV_BIASED, build_rope_lut, decode_attn, decode_attn_length, decode_attn_o_gemv_ffn_rms_gemv_rope,
                    decode_attn_o_gemv_ffn_rms_gemv_rope_packed, device_empty,
                    device_written, flash_attn, lm_head_gemv, lm_head_gemv_packed, o_ffn, o_gemv_ffn, o_gemv_ffn_packed,
                    o_ffn_w8x2, o_gemv_ffn_rms_gemv_rope, o_gemv_ffn_rms_gemv_rope_packed, rms_gemms_rope,
@@ -460,13 +460,16 @@ class NpuDecoderLayer:
         # the norms themselves, not their eps: a variance_epsilon changed after patching still applies
         self.input_norm, self.post_attention_norm = layer.input_layernorm, layer.post_attention_layernorm
         self.packed, self.prepared = packed, prepared
+        # Q/K/V biases (a family with them, patch_llama/families.py): bf16 in every weight format, taken by the ops'
+        # _qkv_bias twins after wv
+        self.qkv_biases = tuple(p.bias for p in (attn.q_proj, attn.k_proj, attn.v_proj) if p.bias is not None)
         if packed is None:
             self.qkv_weights = (layer.input_layernorm.weight, attn.q_proj.weight, attn.k_proj.weight,
-                                attn.v_proj.weight)
+                                attn.v_proj.weight, *self.qkv_biases)
             self.ffn_weights = (attn.o_proj.weight, layer.post_attention_layernorm.weight, gate_up,
                                 mlp.down_proj.weight)
         else:
-            self.qkv_weights = (layer.input_layernorm.weight, packed.wq, packed.wk, packed.wv)
+            self.qkv_weights = (layer.input_layernorm.weight, packed.wq, packed.wk, packed.wv, *self.qkv_biases)
             self.ffn_weights = (packed.wo, layer.post_attention_layernorm.weight, packed.gate_up, packed.down)
         self.hidden_size, self.q_dim = attn.q_proj.weight.shape[1], attn.q_proj.weight.shape[0]
         self.intermediate = mlp.down_proj.weight.shape[1]
@@ -520,6 +523,10 @@ class NpuDecoderLayer:
     def eps_mlp(self) -> float:
         return float(self.post_attention_norm.variance_epsilon)
 
+    def _projecting(self, op):
+        """``op``, an op computing this layer's Q/K/V, or its _qkv_bias twin when the projections have biases."""
+        return QKV_BIASED[op] if self.qkv_biases else op
+
     def _chained_rows(self, hidden, lut_rows, eps):
         """The rms_gemv_rope results the previous layer computed for this one, if they are of ``hidden``."""
         chained, self.shared.chained = self.shared.chained, None
@@ -530,15 +537,14 @@ class NpuDecoderLayer:
 
     def _decode(self, hidden, lut_rows, mask, cache):
         batch, heads, kv_heads, head_dim = hidden.shape[0], self.heads, self.kv_heads, self.head_dim
-        norm_w, wq, wk, wv = self.qkv_weights
         inputs, eps = _sequence_rows(hidden), self.eps_attn
         # under torch.compile the layers do not chain: identity checks on a side channel would make dynamo guard
         compiling = torch.compiler.is_compiling()
         rows = None if compiling else self._chained_rows(hidden, lut_rows, eps)
         packed = () if self.packed is None else (self.packed.format,)
-        qkv_op = rms_gemv_rope if self.packed is None else rms_gemv_rope_packed
+        qkv_op = self._projecting(rms_gemv_rope if self.packed is None else rms_gemv_rope_packed)
         if rows is None:
-            rows = [qkv_op(x, norm_w, wq, wk, wv, lut, eps, *packed) for x, lut in zip(inputs, lut_rows)]
+            rows = [qkv_op(x, *self.qkv_weights, lut, eps, *packed) for x, lut in zip(inputs, lut_rows)]
         on_device = None
         if type(cache) is NpuKVCache and not compiling:
             attn, on_device = self._attend_over_slabs(cache.layers[self.layer_idx], rows, mask)
@@ -559,12 +565,13 @@ class NpuDecoderLayer:
                                         for a, x in zip(attn, inputs)])
         next_eps = following.eps_attn
         if on_device is not None:  # attention, this layer's rest and the next's QKV: one run
-            layer_op = (decode_attn_o_gemv_ffn_rms_gemv_rope if self.packed is None
-                        else decode_attn_o_gemv_ffn_rms_gemv_rope_packed)
+            layer_op = following._projecting(decode_attn_o_gemv_ffn_rms_gemv_rope if self.packed is None
+                                             else decode_attn_o_gemv_ffn_rms_gemv_rope_packed)
             chained = [layer_op(*a, wo, x, norm2_w, w_gate_up, w_down, *following.qkv_weights, lut, head_dim, eps,
                                 next_eps, *packed) for a, x, lut in zip(on_device, inputs, lut_rows)]
         else:
-            chain_op = o_gemv_ffn_rms_gemv_rope if self.packed is None else o_gemv_ffn_rms_gemv_rope_packed
+            chain_op = following._projecting(o_gemv_ffn_rms_gemv_rope if self.packed is None
+                                             else o_gemv_ffn_rms_gemv_rope_packed)
             chained = [chain_op(a, wo, x, norm2_w, w_gate_up, w_down, *following.qkv_weights, lut, eps, next_eps,
                                 *packed) for a, x, lut in zip(attn, inputs, lut_rows)]
         result = _from_sequence_rows([c[0] for c in chained])
@@ -596,10 +603,11 @@ class NpuDecoderLayer:
         return [_decode_attention(r[1], k_slab[b], v_slab[b], starts[b], length, self.head_dim, self.scale)
                 for b, r in enumerate(rows)], None
 
-    def _qkv(self, x, norm_w, wq, wk, wv, lut):
+    def _qkv(self, x, weights, lut):
+        """rms_gemms_rope (integer GEMMs or bf16 weights) on ``weights``: _prefill_weights("qkv")."""
         if self.prepared is not None:
-            return rms_gemms_rope_w8x2(x, norm_w, wq, wk, wv, lut, self.eps_attn)
-        return rms_gemms_rope(x, norm_w, wq, wk, wv, lut, self.eps_attn, self.shared.settings.matmul_precision)
+            return self._projecting(rms_gemms_rope_w8x2)(x, *weights, lut, self.eps_attn)
+        return self._projecting(rms_gemms_rope)(x, *weights, lut, self.eps_attn, self.shared.settings.matmul_precision)
 
     def _ffn(self, attn, wo, x, norm_w, w_gate_up, w_down):
         if self.prepared is not None:
@@ -608,17 +616,18 @@ class NpuDecoderLayer:
 
     def _prefill_weights(self, which: str):
         """The weights prefill's GEMMs take: the layer's own bf16 ones, those prepared for integer GEMMs, or its
-        packed projections dequantized on the host (the prefill GEMMs do not read packed rows yet)."""
+        packed projections dequantized on the host (the prefill GEMMs do not read packed rows yet); "qkv": the
+        norm weight, the three projections and their biases if any."""
         if self.prepared is not None:
             p = self.prepared
-            return (self.qkv_weights[0], p.wq, p.wk, p.wv) if which == "qkv" else \
+            return (self.qkv_weights[0], p.wq, p.wk, p.wv, *self.qkv_biases) if which == "qkv" else \
                 (p.wo, self.ffn_weights[1], p.gate_up, p.down)
         if self.packed is None:
             return self.qkv_weights if which == "qkv" else self.ffn_weights
         h = self.hidden_size
         if which == "qkv":
             return (self.qkv_weights[0], self._dequantized("wq", h), self._dequantized("wk", h),
-                    self._dequantized("wv", h))
+                    self._dequantized("wv", h), *self.qkv_biases)
         return (self._dequantized("wo", self.q_dim), self.ffn_weights[1], self._dequantized("gate_up", h),
                 self._dequantized("down", self.intermediate))
 
@@ -642,7 +651,7 @@ class NpuDecoderLayer:
         starts = self.shared.memos.first_real_tokens(mask, batch, seq) if past == 0 else None
         # Rows to compute per sequence: its real tokens when the mask is plain causal + left padding.
         spans = [(s, seq) for s in starts] if starts is not None else [(0, seq)] * batch
-        norm_w, wq, wk, wv = self._prefill_weights("qkv")
+        qkv_weights = self._prefill_weights("qkv")
         chunks_per_row: list[list[PrefillChunk]] = []
         k_new = hidden.new_zeros(batch, seq, self.kv_heads * self.head_dim)
         v_new = torch.zeros_like(k_new)
@@ -650,8 +659,7 @@ class NpuDecoderLayer:
             chunks = []
             for start, stop, padded in self.shared.settings.chunks(last - first):
                 lo, hi = first + start, first + stop
-                v, q, k = self._qkv(pad_rows(hidden[b, lo:hi], padded), norm_w, wq, wk, wv,
-                                    pad_rows(lut[b, lo:hi], padded))
+                v, q, k = self._qkv(pad_rows(hidden[b, lo:hi], padded), qkv_weights, pad_rows(lut[b, lo:hi], padded))
                 k_new[b, lo:hi], v_new[b, lo:hi] = k[: hi - lo], v[: hi - lo]
                 chunks.append(PrefillChunk(lo, hi, padded, v, q, k))
             chunks_per_row.append(chunks)
@@ -690,10 +698,13 @@ class NpuLmHead:
 
     VOCAB_CHUNK = 8192  # weight rows widened to fp32 at a time: bounds the host path's extra memory
 
-    def __init__(self, lm_head, packed: tuple[str, torch.Tensor] | None = None):
-        """``packed``: (format, int32 words of packed rows) when the LM head runs on quantized weights."""
+    def __init__(self, lm_head, rows: tuple[str | None, torch.Tensor]):
+        """``rows``: (None, the bf16 weight's NPU buffer) or (format, its int32 words of packed rows) when the LM head
+        runs on quantized weights; either buffer holds catalog.lm_head_rows(vocab) rows, zero past the vocabulary."""
         self.weight = lm_head.weight
-        self.packed = packed
+        fmt, buffer = rows
+        self.packed = None if fmt is None else rows
+        self.rows = buffer
 
     def __call__(self, hidden):
         if torch.is_grad_enabled():
@@ -703,18 +714,20 @@ class NpuLmHead:
 
     def _logits(self, hidden):
         if hidden.dim() == 3 and hidden.shape[1] == 1:
+            vocab = self.weight.shape[0]
             if self.packed is not None:
                 fmt, words = self.packed
-                return _from_sequence_rows([lm_head_gemv_packed(x, words, fmt) for x in _sequence_rows(hidden)])
-            return _from_sequence_rows([lm_head_gemv(x, self.weight) for x in _sequence_rows(hidden)])
+                return _from_sequence_rows([lm_head_gemv_packed(x, words, fmt)[:vocab] for x in _sequence_rows(hidden)])
+            return _from_sequence_rows([lm_head_gemv(x, self.rows)[:vocab] for x in _sequence_rows(hidden)])
         rows = hidden.float()
         logits = rows.new_empty(*hidden.shape[:-1], self.weight.shape[0])
-        for start in range(0, self.weight.shape[0], self.VOCAB_CHUNK):
+        vocab = self.weight.shape[0]
+        for start in range(0, vocab, self.VOCAB_CHUNK):
+            stop = min(start + self.VOCAB_CHUNK, vocab)
             if self.packed is None:
-                chunk = self.weight[start:start + self.VOCAB_CHUNK].float()
+                chunk = self.weight[start:stop].float()
             else:  # the same exact weights the packed GEMV multiplies by
                 fmt, words = self.packed
-                chunk = quant.dequantize(quant.weight_format(fmt), words[start:start + self.VOCAB_CHUNK],
-                                         self.weight.shape[1])
+                chunk = quant.dequantize(quant.weight_format(fmt), words[start:stop], self.weight.shape[1])
             logits[..., start:start + chunk.shape[0]] = F.linear(rows, chunk)
         return logits

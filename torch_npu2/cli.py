@@ -118,11 +118,12 @@ def _prepare_decode_kernels(model, runtime) -> None:
     """Load (and build if needed) the Programs every generated token uses, with a progress bar."""
     from tqdm import tqdm
 
-    from .kernels import ModelDims, programs_for_model
+    from .kernels import programs_for_model
+    from .patch_llama.families import model_dims
     from .patch_llama.patch import decode_weights
 
     weights, head_weights = decode_weights(model)
-    programs = programs_for_model(ModelDims.from_config(model.config), prefill_buckets=(), weights=weights,
+    programs = programs_for_model(model_dims(model.config), prefill_buckets=(), weights=weights,
                                   lm_head_weights=head_weights)  # no prefill: decode's
     for program in tqdm(programs, desc="preparing kernels", unit="program", file=sys.stderr):
         runtime.load(program)
@@ -402,7 +403,8 @@ def cmd_compile(args) -> int:
 
     from tqdm import tqdm
 
-    from .kernels import ModelDims, programs_for_model
+    from .kernels import programs_for_model
+    from .patch_llama.families import model_dims
     from .kernels import compile as pipeline
     from .kernels.stitch import emit_mlir
     from .patch_llama import DEFAULT_BUCKETS
@@ -411,7 +413,7 @@ def cmd_compile(args) -> int:
     config = _load_config(args.model)
     _check_buckets(args.parser, config, args.buckets, args.matmul_precision)
     buckets = tuple(args.buckets) if args.buckets else DEFAULT_BUCKETS
-    programs = programs_for_model(ModelDims.from_config(config), buckets, args.matmul_precision)
+    programs = programs_for_model(model_dims(config), buckets, args.matmul_precision)
     if args.emit_mlir:
         out_dir = Path(args.emit_mlir)
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -442,7 +444,8 @@ def cmd_compile(args) -> int:
 def cmd_lint(args) -> int:
     """Findings of the IR lint per Program (kernels/lint.py), or with --aie-source the AIE-path source check of every
     kernel variant; exit 1 when there are any."""
-    from .kernels import ModelDims, programs_for_model
+    from .kernels import programs_for_model
+    from .patch_llama.families import model_dims
     from .kernels.builders.npu2 import L1_HEADROOM
     from .kernels.catalog import decode_attn_programs
     from .kernels.device import DEVICE
@@ -457,7 +460,7 @@ def cmd_lint(args) -> int:
     config = _load_config(args.model)
     _check_buckets(args.parser, config, args.buckets)
     buckets = tuple(args.buckets) if args.buckets else DEFAULT_BUCKETS
-    dims, context = ModelDims.from_config(config), config.max_position_embeddings
+    dims, context = model_dims(config), config.max_position_embeddings
     if args.aie_source:
         return _lint_aie_source(dims, buckets, context, args.kernel_dir)
     programs = programs_for_model(dims, buckets) + decode_attn_programs(dims, context)
@@ -489,6 +492,7 @@ def _lint_aie_source(dims, buckets, context, kernel_dir) -> int:
     from .kernels import MATMUL_PRECISIONS, programs_for_model
     from .kernels.catalog import DECODE_WEIGHTS, decode_attn_programs
     from .kernels.aie_source_check import CLANG, AieSourceChecker, kernel_variants, missing_tools
+    from .kernels.stitch import npu2_build_problem
     from .kernels.toolchain import KERNEL_SOURCE_DIR
 
     missing = missing_tools()
@@ -496,10 +500,17 @@ def _lint_aie_source(dims, buckets, context, kernel_dir) -> int:
         print("cannot check the kernels' AIE path; missing:\n  " + "\n  ".join(missing), file=sys.stderr)
         return 2
     kernel_dir = Path(kernel_dir) if kernel_dir else KERNEL_SOURCE_DIR
-    variants = kernel_variants(
-        [program for precision in MATMUL_PRECISIONS for program in programs_for_model(dims, buckets, precision)]
-        + [program for weights in DECODE_WEIGHTS[1:] for program in programs_for_model(dims, (), weights=weights)]
-        + [program for weights in DECODE_WEIGHTS for program in decode_attn_programs(dims, context, weights)])
+    programs = ([program for precision in MATMUL_PRECISIONS for program in programs_for_model(dims, buckets, precision)]
+                + [program for weights in DECODE_WEIGHTS[1:] for program in programs_for_model(dims, (), weights=weights)]
+                + [program for weights in DECODE_WEIGHTS for program in decode_attn_programs(dims, context, weights)])
+    buildable = []
+    for program in programs:
+        problem = npu2_build_problem(program)
+        if problem:  # patch_llama refuses such a model on the NPU; `torch-npu2 lint` and the build name the problem
+            print(f"{_program_label(program)}: cannot be built for NPU2 ({problem}); its kernels are not checked")
+        else:
+            buildable.append(program)
+    variants = kernel_variants(buildable)
     started = time.perf_counter()
     with AieSourceChecker() as checker:
         results = checker.check_variants(variants, kernel_dir)
@@ -521,7 +532,8 @@ def cmd_check_kernels(args) -> int:
     """Every Program's IR run by the AIR interpreter against the emulated NPU2 (torch_npu2/emulator/ir_check.py):
     one row per Program with its worst-matching argument; exit 1 when any is out of tolerance or fails to run."""
     from .emulator.ir_check import check_program_ir
-    from .kernels import ModelDims, programs_for_model
+    from .kernels import programs_for_model
+    from .patch_llama.families import model_dims
     from .kernels.interpret import InterpretError
     from .kernels.toolchain import missing_lowering_tools
 
@@ -533,7 +545,7 @@ def cmd_check_kernels(args) -> int:
         print("cannot check kernels: the interpreter reads air-opt's print of each module; missing:\n  "
               + "\n  ".join(missing), file=sys.stderr)
         return 2
-    programs = programs_for_model(ModelDims.from_config(config), tuple(args.buckets), args.matmul_precision)
+    programs = programs_for_model(model_dims(config), tuple(args.buckets), args.matmul_precision)
     print(f"{'program':<24} {'worst argument':<16} {'max abs diff / max':>18} {'cosine':>10} {'time':>8}  result")
     failed = 0
     for program in programs:
@@ -555,12 +567,12 @@ def cmd_check_kernels(args) -> int:
 def _check_buckets(parser, config, buckets, matmul_precision: str = "bf16") -> None:
     """Each requested bucket's prefill Programs against the NPU2 builders, before any Program is emitted,
     lowered or compiled (a bucket that is not a multiple of the GEMM tile fails there, late)."""
-    from .kernels import ModelDims
+    from .patch_llama.families import model_dims
     from .kernels.catalog import prefill_programs
     from .kernels.stitch import npu2_build_problem
 
     for bucket in buckets or ():
-        prefill = prefill_programs(ModelDims.from_config(config), bucket, matmul_precision)
+        prefill = prefill_programs(model_dims(config), bucket, matmul_precision)
         problems = [f"{program.name}: {problem}" for program in prefill if (problem := npu2_build_problem(program))]
         if problems:
             parser.error(f"argument --buckets: the model's prefill Programs at {bucket} cannot be built for NPU2 "

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..program import Launch, Program
-from . import (add, attention, decode_attention, gemm, gemm_int, gemv, gemv_fused, quantize_rows, rmsnorm, rope,
+from . import (add, attention, bias_add, decode_attention, gemm, gemm_int, gemv, gemv_fused, quantize_rows, rmsnorm, rope,
                silu_mul, stack)
 from .externs import EXTERNAL_KERNELS, KERNEL_OBJECTS, KernelObject
 from .ir import LaunchIR, MemRef
@@ -50,6 +50,7 @@ BUILDERS = {builder.kind: builder for builder in (
     _module_builder("rope", rope),
     _module_builder("silu_mul", silu_mul),
     _module_builder("add", add),
+    _module_builder("bias_add", bias_add),
     _module_builder("attention", attention),
     _module_builder("stack", stack),
     _module_builder("decode_attention", decode_attention),

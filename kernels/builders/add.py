@@ -16,7 +16,7 @@ PARAMS = ("rows", "cols")
 TUNING = ("herd", "chunk")
 
 
-def _add_chunk(b: LaunchBuilder, plan: ChunkPlan, lhs: Value, rhs: Value, out: Value) -> None:
+def add_chunk(b: LaunchBuilder, plan: ChunkPlan, lhs: Value, rhs: Value, out: Value) -> None:
     vec = f"vector<{DEVICE.vector_lanes}xbf16>"
     with b.loop(0, plan.chunk, DEVICE.vector_lanes, "j") as j:
         av = b.vector_read(lhs, j, DEVICE.vector_lanes, "av")
@@ -26,4 +26,4 @@ def _add_chunk(b: LaunchBuilder, plan: ChunkPlan, lhs: Value, rhs: Value, out: V
 
 
 def build(params: dict, operands, tuning: dict) -> LaunchIR:
-    return build_binary(KIND, ("a", "b", "out"), params, operands, tuning, _add_chunk)
+    return build_binary(KIND, ("a", "b", "out"), params, operands, tuning, add_chunk)

@@ -205,6 +205,11 @@ def plan_gemv(kind: str, K: int, N: int, out_dtype: str, tuning: dict, weights: 
     tile_n, rows_per_call = next((c for c in candidates if fits(*c)), candidates[-1])
     check_budget(kind, "L1", _l1_bytes(K, tile_n, rows_per_call, out_dtype, weights), "K is too long for one tile")
     check_budget(kind, "L2", _l2_bytes(K, tile_n, rows_per_tile // tile_n, out_dtype, weights), "lower tile_n")
+    # AIR folds the panel loop into a shim BD's wraps: at K=896, 1021 panels of 16 lower in 1 s, 1031 ran past 2 minutes
+    # and 1187 (Qwen2's 151936-row LM head) past 8 in air-opt-shim-dma-bds before they were stopped
+    require(rows_per_tile // tile_n <= DEVICE.shim_wrap_max, kind, "N", N,
+            f"a tile walks its {rows_per_tile} rows per step in {rows_per_tile // tile_n} panels of {tile_n}, more "
+            f"than a shim BD's {DEVICE.shim_wrap_max} wraps: pad N (an LM head: catalog.lm_head_rows) or raise steps")
     return GemvPlan(herd, steps, rows_per_tile, tile_n, rows_per_call)
 
 

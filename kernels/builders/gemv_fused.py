@@ -64,9 +64,10 @@ PARAMS = ("K", "N")
 TUNING = ("herd", "steps", "tile_n", "rows_per_call", "k_chunk")
 RMS_PARAMS = ("K", "N", "eps")
 RMS_TUNING = ("herd", "steps", "tile_n", "rows_per_call")
-# A split chunk row is one DMA dimension: at most 1023 4-byte words per BD dimension, so 1024 bf16 fits.
-MAX_SPLIT_K_CHUNK = 1024
-MAX_CHUNK_WORDS = 1023
+# A split chunk's row is one dimension of a memtile BD, which aie.dma_bd holds to the device's limit in elements of
+# its memref: bf16 elements for bf16 rows, 4-byte words for packed rows.
+MAX_SPLIT_K_CHUNK = DEVICE.bd_dim_max_elements
+MAX_CHUNK_WORDS = DEVICE.bd_dim_max_elements
 PACKED_CHUNK = GROUP_BLOCKS * BLOCK  # a packed row splits only between its groups
 MAX_WHOLE_K = 2048  # up to here a row is one chunk (a contiguous window: no per-dimension limit applies)
 SHIM_MM2S_CHANNELS = DEVICE.shim_channels_per_direction * DEVICE.columns  # DDR → array streams

@@ -92,13 +92,18 @@ ChunkCompute = Callable[[LaunchBuilder, ChunkPlan, Value, Value, Value], None]
 
 
 def build_binary(kind: str, roles: tuple[str, str, str], params: dict, operands, tuning: dict,
-                 compute: ChunkCompute, link_with: str | None = None) -> LaunchIR:
+                 compute: ChunkCompute, link_with: str | None = None, row_rhs: bool = False) -> LaunchIR:
     """``out = f(lhs, rhs)`` over (rows, cols) bf16 operands named ``roles``: each chunk of lhs and rhs goes
-    DDR → L1, ``compute`` writes the out chunk, which goes back to DDR."""
+    DDR → L1, ``compute`` writes the out chunk, which goes back to DDR.
+
+    ``row_rhs``: rhs is one (cols,) row applied to every row of lhs (a bias). When a row is one chunk, each tile
+    loads it once, before its row loop, as one broadcast stream for the herd; otherwise its chunk comes with lhs's."""
     rows, cols = params["rows"], params["cols"]
     shapes = row_shapes(rows, cols)
-    check_operands(kind, operands, [(role, shapes, "bf16") for role in roles])
+    check_operands(kind, operands, [(role, {(cols,)} if row_rhs and role == roles[1] else shapes, "bf16")
+                                    for role in roles])
     plan = plan_chunks(kind, rows, cols, tuning, live_buffers=3)
+    rhs_once = row_rhs and plan.rows_per_tile > 0 and plan.chunks_per_row == 1
 
     b = LaunchBuilder(kind, operands, roles)
     b.comment(f"{kind} rows={rows} cols={cols}: herd {plan.herd}x1, {plan.chunks_per_tile} chunks of "
@@ -109,10 +114,15 @@ def build_binary(kind: str, roles: tuple[str, str, str], params: dict, operands,
                     (tx, _), _, (lhs, rhs, out)):
                 chunk_type = MemRef((plan.chunk,), "bf16", L1)
                 lhs_buf, rhs_buf, out_buf = (b.alloc(chunk_type, f"{role}_l1") for role in roles)
+                if rhs_once:
+                    b.broadcast_dma(rhs_buf, WHOLE, rhs, rows_window(rhs.type, 0, 1, 0, plan.chunk))
                 with chunk_loop(b, plan, tx) as (row, col):
                     b.dma(lhs_buf, WHOLE, lhs, rows_window(lhs.type, row, 1, col, plan.chunk))
-                    b.dma(rhs_buf, WHOLE, rhs, rows_window(rhs.type, row, 1, col, plan.chunk))
+                    if not rhs_once:
+                        b.dma(rhs_buf, WHOLE, rhs, rows_window(rhs.type, 0 if row_rhs else row, 1, col, plan.chunk))
                     compute(b, plan, lhs_buf, rhs_buf, out_buf)
                     b.dma(out, rows_window(out.type, row, 1, col, plan.chunk), out_buf, WHOLE)
                 b.dealloc(lhs_buf, rhs_buf, out_buf)
-    return b.finish(l1_bytes(plan, live_buffers=3))
+    if not rhs_once:
+        return b.finish(l1_bytes(plan, live_buffers=3))
+    return b.finish({**l1_bytes(plan, live_buffers=2), "row_rhs chunk": nbytes((plan.chunk,), "bf16")})

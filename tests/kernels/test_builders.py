@@ -48,6 +48,8 @@ def operand_types(kind, p):
         return bf16(row(p["rows"], width), row(p["rows"], p["head_dim"]), row(p["rows"], width))
     if kind in ("silu_mul", "add"):
         return bf16(*[row(p["rows"], p["cols"])] * 3)
+    if kind == "bias_add":
+        return bf16(row(p["rows"], p["cols"]), (p["cols"],), row(p["rows"], p["cols"]))
     if kind == "stack":
         return bf16((p["rows"], p["cols"]), (p["rows"], p["cols"]), (2, p["rows"], p["cols"]))
     words = p.get("K", 0) // int_gemm.CALL_K * int_gemm.CALL_COLS // 2  # a quantized row (K a multiple of 32)
@@ -78,6 +80,7 @@ EXAMPLES = {
     "rope": dict(rows=2048, heads=32, head_dim=64),
     "silu_mul": dict(rows=1, cols=8192),
     "add": dict(rows=2048, cols=2048),
+    "bias_add": dict(rows=2048, cols=896),  # Qwen2.5-0.5B's q projection at 2048 tokens
     "attention": dict(seq=2048, heads=32, kv_heads=8, head_dim=64, causal=True),
     "stack": dict(rows=2048, cols=512),
     "decode_attention": dict(capacity=2048, heads=32, kv_heads=8, head_dim=64, tile_kv=64),
@@ -135,7 +138,7 @@ def test_external_kernel_contract_names_and_objects():
     assert [d.symbol for d in build("gemm").externs] == ["gemm_zero_f32", "gemm_bf16_f32_wnk", "gemm_f32_to_bf16"]
     assert [d.symbol for d in build("gemm_swiglu").externs] == ["gemm_zero_f32", "gemm_bf16_f32_wnk",
                                                                 "gemm_f32_swiglu_to_bf16"]
-    assert not any(build(kind).externs for kind in ("rmsnorm", "add", "stack"))
+    assert not any(build(kind).externs for kind in ("rmsnorm", "add", "bias_add", "stack"))
     assert [d.symbol for d in build("gemv_add").externs] == ["gemv_partial_f32", "gemv_add_bf16"]
     assert [d.symbol for d in build("rms_gemv").externs] == ["rmsnorm_bf16", "gemv_rows_bf16"]
     assert [d.symbol for d in build("swiglu_gemv_add").externs] == ["swiglu_bf16", "gemv_partial_f32",
@@ -407,7 +410,9 @@ def test_builders_are_deterministic():
     ("gemv", {}, {"herd": 3}, r"gemv launch: herd=3: must divide N=2048"),
     ("gemv_f32", dict(K=2040), None, r"gemv_f32 launch: K=2040: must be a multiple of 32"),
     ("gemv_add", dict(K=8192), {"k_chunk": 2048}, r"gemv_add launch: k_chunk=2048: a split chunk spans at most"),
-    ("swiglu_gemv_add", {}, {"k_chunk": 1024, "tile_n": 16}, r"swiglu_gemv_add launch: L1 bytes=\d+: exceeds"),
+    ("swiglu_gemv_add", {}, {"k_chunk": 512, "tile_n": 32}, r"swiglu_gemv_add launch: L1 bytes=\d+: exceeds"),
+    ("swiglu_gemv_add", {}, {"k_chunk": 1024},
+     r"swiglu_gemv_add launch: k_chunk=1024: a split chunk spans at most 512 elements \(one DMA dimension\)"),
     ("swiglu_gemv_add", {}, {"rows_per_call": 4, "tile_n": 8}, r"rows_per_call=4: .*must equal tile_n"),
     ("rms_gemv", dict(K=8192), None, r"rms_gemv launch: L1 bytes=\d+: exceeds"),
     ("rms_gemv", {}, {"herd": 3}, r"rms_gemv launch: herd=3: must divide N=8192"),
@@ -569,3 +574,31 @@ def test_emitter_invariants_that_bad_input_can_break_are_value_errors():
             b.call("silu_mul_bf16", [small, small, small], {})
     with pytest.raises(ValueError, match="rows_window: expected a 2-D operand, or a 1-D one with nrows=1"):
         rows_window(MemRef((32,), "bf16"), 0, 2, 0, 16)
+
+
+def test_a_split_down_projection_chunk_fits_one_memtile_bd_dimension(monkeypatch):
+    """Qwen2.5-0.5B's down projection, K = 4864 = 2^8 * 19: its largest divisor under the old 1024-element cap, 608,
+    made a memtile BD dimension that air-to-aie refuses ("Size may not exceed 1023": aie.dma_bd holds each dimension to
+    512 elements of its memref); the chunk is now the device record's limit at most, and the lint agrees."""
+    from torch_npu2.kernels.builders import gemv_fused
+    from torch_npu2.kernels.lint import check_windows
+
+    ir = build("swiglu_gemv_add", K=4864, N=896)
+    assert "K in chunks of 256" in ir.text.splitlines()[0]
+    assert check_windows(ir.text) == []
+    monkeypatch.setattr(gemv_fused, "MAX_SPLIT_K_CHUNK", 1024)  # the old cap
+    old = build("swiglu_gemv_add", K=4864, N=896)
+    assert "K in chunks of 608" in old.text.splitlines()[0]
+    assert any("size 608 on L2 (memtile) exceeds 512 elements" in p for p in check_windows(old.text))
+
+
+def test_an_lm_head_of_more_panels_than_a_shim_bd_wraps_is_refused_and_its_padded_rows_are_not():
+    """Qwen2's 151936 rows (2^7 * 1187) leave each tile 1187 panels of 16 rows, more than a shim BD's 1023 wraps
+    (air-opt-shim-dma-bds did not finish); a patched model pads them to catalog.lm_head_rows' 152064: 132 panels."""
+    from torch_npu2.kernels.catalog import lm_head_rows
+
+    with pytest.raises(LaunchConstraintError, match=r"gemv_f32 launch: N=151936: .* 1187 panels of 16, more than a "
+                                                    r"shim BD's 1023 wraps"):
+        build("gemv_f32", K=896, N=151936)
+    assert lm_head_rows(151936) == 152064 and lm_head_rows(128256) == 128256 and lm_head_rows(49152) == 49152
+    assert "in 132 panels of 144" in build("gemv_f32", K=896, N=152064).text.splitlines()[0]

@@ -6,6 +6,7 @@ kernels' host builds, and compare every argument a launch writes with the emulat
 torch_npu2/emulator/ir_check.py). Measured: about 40 s for the whole file on this machine (2 shared cores, host
 kernels already built).
 """
+import dataclasses
 import re
 import subprocess
 
@@ -33,12 +34,13 @@ needs_host_compiler = pytest.mark.skipif(host_build.host_compiler() is None,
 # of 32 (RoPE) and 16 (attention), K a multiple of 32 (GEMV).
 SMALL = ModelDims(hidden=256, heads=4, kv_heads=2, head_dim=64, intermediate=512, vocab=2048, eps=1e-5)
 EPS = SMALL.eps
+SMALL_BIASED = dataclasses.replace(SMALL, qkv_bias=True)
 
 
 def _label(program, tuning=None) -> str:
     params = dict(program.params)
     size = params.get("rows", params.get("seq", params.get("vocab")))
-    return f"{program.name}-{size}" + ("-tuned" if tuning else "")
+    return f"{program.name}-{size}" + ("-qkv_bias" if params.get("qkv_bias") or params.get("next_qkv_bias") else "") + ("-tuned" if tuning else "")
 
 
 # The model's Programs at buckets 16 and 32, plus tunings that reach what the defaults do not at these dims:
@@ -62,6 +64,11 @@ CASES = [(p, None) for p in programs_for_model(SMALL, (16, 32)) if not p.name.en
     *[(o_gemv_ffn_rms_gemv_rope_program(1024, 1024, 1024, EPS, 16, 8, 64, EPS, weights), None)
       for weights in ("q4_0", "q4_1", "q8_0")],
     (lm_head_gemv_program(1024, 512, "q4_1"), None),
+    # Q/K/V biases (Qwen2): the biased Programs' bias_add launches, a bias row loaded once per tile for prefill rows
+    # and chunk by chunk for a decode row
+    *[(p, None) for p in programs_for_model(SMALL_BIASED, (16,), "bf16")
+      if {("qkv_bias", 1), ("next_qkv_bias", 1)} & set(p.params)],
+    *[(p, None) for p in programs_for_model(SMALL_BIASED, (), weights="q4_1") if p.name == "rms_gemv_rope_packed"],
 ]
 
 
@@ -214,6 +221,7 @@ def test_program_ir_matches_the_emulator(air_tools, program, tuning):
 # chunk loops; quantize_rows with several rows per tile in chunks (the last row peeled) and in one chunk a row.
 INTEGER_KINDS = ("quantize_rows", "gemm_int", "gemm_int_swiglu")
 W8X2_CASES = [(p, None) for p in programs_for_model(SMALL, (16, 32), "w8x2a16") if p.name.endswith("_w8x2")] + [
+    (rms_gemms_rope_w8x2_program(256, 4, 2, 64, EPS, 16, qkv_bias=True), None),
     (rms_gemms_rope_w8x2_program(256, 4, 2, 64, EPS, 64),
      {1: dict(herd=2, chunk=64), 2: dict(herd_m=2, herd_n=2, tile_m=16, tile_k_l2=64, drain_n=16),
       3: dict(herd_m=2, herd_n=1, tile_m=32, tile_k_l2=128)}),

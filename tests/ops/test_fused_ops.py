@@ -29,8 +29,30 @@ def assert_close(out, ref):
 
 
 def op_cases(config):
-    hidden, heads, kv, hd, ffn, vocab, seq = CONFIGS[config]
     g = torch.Generator().manual_seed(zlib.crc32(config.encode()))  # hash() of a str changes every process
+    cases = unbiased_cases(config, g)
+    return {**cases, **qkv_bias_cases(cases, g)}
+
+
+def qkv_bias_cases(cases, g):
+    """Each Q/K/V-projecting op's ``_qkv_bias`` twin on its case's tensors, random biases (of a bias's size in Qwen2)
+    inserted where the twin takes them, against the biased reference."""
+    out = {}
+    for name in (name for name in FUSED_OPS if name + "_qkv_bias" in FUSED_OPS):
+        tensors, scalars, ref_fn = cases[name]
+        unbiased = FUSED_OPS[name]
+        program = unbiased.program_for(tuple(tuple(t.shape) for t in tensors), *unbiased.with_defaults(scalars),
+                                       qkv_bias=True)
+        names = [a.name for a in program.host_args]
+        at = next(i for i, n in enumerate(names) if n.endswith("bq"))
+        biases = [torch.randn(program.host_args[at + i].shape, generator=g).bfloat16() for i in range(3)]
+        out[name + "_qkv_bias"] = (list(tensors[:at]) + biases + list(tensors[at:]), scalars,
+                                   getattr(reference, ref_fn.__name__.replace("_reference", "_qkv_bias_reference")))
+    return out
+
+
+def unbiased_cases(config, g):
+    hidden, heads, kv, hd, ffn, vocab, seq = CONFIGS[config]
     return {
         "rms_gemms_rope": (qkv_args(hidden, heads, kv, hd, seq, gen=g), (EPS,), reference.rms_gemms_rope_reference),
         "rms_gemv_rope": (qkv_args(hidden, heads, kv, hd, seq, decode=True, gen=g), (EPS,),
@@ -107,8 +129,12 @@ def w8x2_cases(config, g):
     }
 
 
-@pytest.mark.parametrize("config", list(CONFIGS))
-@pytest.mark.parametrize("name", list(ALL_OPS))
+# The _qkv_bias twins differ from their ops only by the biases: at the small configs (Llama-3.2-1B has none).
+CASES = [(name, config) for name in ALL_OPS for config in CONFIGS
+         if not (name.endswith("_qkv_bias") and config == "llama32_1b")]
+
+
+@pytest.mark.parametrize("name,config", CASES)
 def test_op_matches_reference(runtime, config, name):
     tensors, scalars, ref_fn = op_cases(config)[name]
     out = ALL_OPS[name](*tensors, *scalars)

@@ -115,10 +115,14 @@ def test_missing_files_and_configs_that_are_not_a_supported_llama_are_refused(tm
     for file in directory.glob("*.moved"):
         file.rename(file.with_suffix(".safetensors"))
     (directory / "config.json").write_text(json.dumps({**config, "attention_bias": True}))
-    with pytest.raises(ValueError, match="has attention_bias=True; the fused ops run Llama models without biases"):
+    with pytest.raises(ValueError, match="has attention_bias=True; the fused ops run llama models with no biases"):
         load_checkpoint_packed(directory, "q4_1")
-    (directory / "config.json").write_text(json.dumps({**config, "model_type": "qwen2"}))
-    with pytest.raises(ValueError, match="describes a 'qwen2' model"):
+    (directory / "config.json").write_text(json.dumps({**config, "model_type": "mistral"}))
+    with pytest.raises(ValueError, match="describes a 'mistral' model; torch_npu2 runs the model types 'llama'"):
+        load_checkpoint_packed(directory, "q4_1")
+    (directory / "config.json").write_text(json.dumps({**config, "model_type": "qwen2"}))  # a Qwen2 has q/k/v biases
+    with pytest.raises(ValueError, match=r"does not hold the model its config.json describes: tensor "
+                                         r"model.layers.0.self_attn.q_proj.bias is missing \(expected shape \[128\]\)"):
         load_checkpoint_packed(directory, "q4_1")
 
 

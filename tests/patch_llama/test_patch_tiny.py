@@ -9,6 +9,7 @@ import torch_npu2
 from torch_npu2 import compare_layers, create_runtime, patch_llama, unpatch_llama, use_runtime
 from torch_npu2.emulator import EmulatedXrt
 from torch_npu2.kernels import ModelDims, programs_for_model
+from torch_npu2.kernels.catalog import lm_head_rows
 
 from .tiny import tiny_llama
 from .gate import check_topk_gate, greedy_with_topk
@@ -268,6 +269,8 @@ def test_weights_become_bo_backed_views_held_once(runtime):
     model = tiny_llama(tie_word_embeddings=True)
     weights = {id(p): p for p in model.parameters()}
     weight_bytes = sum(p.numel() * 2 for p in weights.values() if p is not model.model.norm.weight)
+    vocab, hidden = model.lm_head.weight.shape  # the LM head's buffer pads the vocabulary to whole 256-row groups
+    weight_bytes += (lm_head_rows(vocab) - vocab) * hidden * 2
     patch_llama(model)
     assert model.lm_head.weight is model.model.embed_tokens.weight
     npu_params = [p for p in model.parameters() if p is not model.model.norm.weight]

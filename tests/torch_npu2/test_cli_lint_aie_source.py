@@ -69,3 +69,19 @@ def test_argument_errors(argv, message, capsys):
         main(["lint", *argv])
     assert exited.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith(message)
+
+
+def test_programs_the_npu_cannot_build_are_named_and_the_rest_checked(aie_source_checker, tmp_path, capsys):
+    """A Qwen2 whose down projection (K = 2080, not whole 1024-element groups) cannot be built in packed rows: those
+    Programs are named with the builder's reason, every other variant (the q/k/v biases' Programs among them) is
+    checked."""
+    from transformers import Qwen2Config
+
+    Qwen2Config(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, intermediate_size=2080,
+                vocab_size=1024, max_position_embeddings=256).save_pretrained(tmp_path / "qwen2")
+    assert main(["lint", "--aie-source", "--model", str(tmp_path / "qwen2"), "--buckets", "16"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^o_gemv_ffn_packed: cannot be built for NPU2 \(swiglu_gemv_add launch: K=2080: no K chunk of "
+                     r"whole groups fits one DMA dimension\); its kernels are not checked$", out, re.M), out
+    summary = re.search(r"^(\d+) of (\d+) variants of \d+ kernels type-check in their AIE path", out, re.M)
+    assert summary and summary[1] == summary[2] and int(summary[2]) > 20, out

@@ -118,6 +118,11 @@ def add(p, a, b):
     return a.float() + b.float()
 
 
+def bias_add(p, x, bias):
+    # the projection's bf16 result plus the bias, rounded once more (builders/bias_add.py)
+    return x.reshape(p["rows"], p["cols"]).float() + bias.float()
+
+
 ATTENTION_QUERY_BLOCK = 256
 
 
@@ -206,6 +211,7 @@ LAUNCH_KINDS = {
     "rope": rope,
     "silu_mul": silu_mul,
     "add": add,
+    "bias_add": bias_add,
     "attention": attention,
     "stack": stack,
     "decode_attention": decode_attention,
