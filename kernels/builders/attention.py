@@ -9,12 +9,17 @@ queries and outputs column block by column block by the memtile's 3-D pattern, t
 shim's (a 3-D pattern thanks to stack's layout), so the kernel loads each operand block whole.
 
 Schedule: one launch step per (KV head, ``herd_heads`` query heads of its group); the step's herd spans the
-array: ``herd_q`` columns × ``herd_heads`` rows (8 × 4 = 32 tiles for Llama-3.2-1B's groups of 4).
+array: ``herd_q`` columns × ``herd_heads`` rows (8 × 4 = 32 tiles for Llama-3.2-1B's groups of 4). A group that
+no 2 to 4 rows divide (1: multi-head attention; 7: Qwen2.5-0.5B's) takes one head per step, and its ``q_rows``
+rows take parts of the sequence instead: the step's L2 buffer holds part y as its column block y, where the heads
+would be, so every core reads it as it reads a head (rows that read other rows of one column block crashed
+air-split-l2-memref).
 
 * DDR → memtiles: the step's queries (all positions, its heads' columns), once per step; AIR splits the
   buffer across the memtiles by the columns that read it. The outputs go back the same way.
 * Core (x, y) owns query head ``y`` of the step and, in round r (an ``scf.for`` in the core), the
-  ``tile_q`` query rows starting at ``r*block_q + x*tile_q`` (``block_q = herd_q*tile_q``). Its causal
+  ``tile_q`` query rows starting at ``r*block_q + x*tile_q`` (``block_q = herd_q*tile_q``). With ``q_rows``, row y
+  owns part y of the step's one head: in round r, the positions from ``(r*q_rows + y)*block_q + x*tile_q``. Its causal
   position comes from its herd coordinates and its own loop indices: no value derived from a launch index
   reaches a core (aircc would turn it into a host-written runtime parameter, read behind a lock once per
   launch step).
@@ -52,7 +57,7 @@ BLOCK = 8  # attention.cc's buffers are pre-tiled into 8x8 blocks, each row-majo
 
 KIND = "attention"
 PARAMS = ("seq", "heads", "kv_heads", "head_dim", "causal")
-TUNING = ("herd_q", "herd_heads", "tile_q", "tile_kv")
+TUNING = ("herd_q", "herd_heads", "q_rows", "tile_q", "tile_kv")
 OBJECT = "attention.o"
 TILE_Q_CANDIDATES = (32, 16, 8)
 TILE_KV_CANDIDATES = (64, 32, 16)  # attention.cc's AIE path needs multiples of 16
@@ -95,6 +100,14 @@ def build(params: dict, operands, tuning: dict) -> LaunchIR:
     require(herd_heads <= DEVICE.rows and group % herd_heads == 0, KIND, "herd_heads", herd_heads,
             f"must divide the group of {group} query heads per KV head and be at most {DEVICE.rows} (the array's rows)")
     block_q = herd_q * tile_q
+    # parts of the sequence on the rows: AIR leaves the step's L2 buffers whole, in one memtile (their windows are
+    # 4-D), so only while a head's queries and outputs fit one (up to 2048 positions of 64)
+    whole_step = {"the step's queries": nbytes((seq, head_dim), "bf16"), "its outputs": nbytes((seq, head_dim), "bf16")}
+    parts = herd_heads == 1 and sum(whole_step.values()) <= DEVICE.l2_bytes
+    q_rows = tuning.get("q_rows", divisors_descending(seq // block_q, DEVICE.rows)[0] if parts else 1)
+    require(q_rows == 1 or (herd_heads == 1 and q_rows <= DEVICE.rows and seq % (q_rows * block_q) == 0), KIND,
+            "q_rows", q_rows, f"parts of the sequence on the rows need herd_heads=1, at most {DEVICE.rows} rows and "
+            f"q_rows*herd_q*tile_q dividing seq={seq}")
     dividing = [t for t in TILE_KV_CANDIDATES if seq % t == 0] or [KV_GRANULE]
     tile_kv = tuning.get("tile_kv") or next(
         (t for t in dividing if sum(_l1_bytes(tile_q, t, head_dim).values()) <= L1_AVAILABLE), dividing[-1])
@@ -102,15 +115,18 @@ def build(params: dict, operands, tuning: dict) -> LaunchIR:
             f"must divide seq={seq} and be a multiple of {KV_GRANULE}")
     l1 = _l1_bytes(tile_q, tile_kv, head_dim)
     check_budget(KIND, "L1", l1, "lower tile_q or tile_kv")
-    # AIR splits the step's query and output buffers across the memtiles of the herd's columns.
+    # AIR splits the step's query and output buffers across the memtiles of the herd's columns (not with q_rows).
+    rows, l2_rows = herd_heads * q_rows, seq // q_rows
     column_share = (seq // herd_q, herd_heads * head_dim)
-    check_budget(KIND, "L2", {"a column's queries": nbytes(column_share, "bf16"),
-                              "a column's outputs": nbytes(column_share, "bf16")}, "lower herd_heads")
+    check_budget(KIND, "L2", whole_step if q_rows > 1 else {"a column's queries": nbytes(column_share, "bf16"),
+                                                           "a column's outputs": nbytes(column_share, "bf16")},
+                 "lower q_rows to 1" if q_rows > 1 else "lower herd_heads")
 
     b = LaunchBuilder(KIND, operands, ("q", "kv", "out"))
     steps = (kv_heads, group // herd_heads)
     b.comment(f"attention seq={seq} heads={heads} kv_heads={kv_heads} head_dim={head_dim} causal={causal}: "
-              f"herd {herd_q}x{herd_heads}, tile_q {tile_q}, tile_kv {tile_kv}, {seq // block_q} rounds per core, "
+              f"herd {herd_q}x{rows}" + (f" (the sequence in {q_rows} parts)" if q_rows > 1 else "")
+              + f", tile_q {tile_q}, tile_kv {tile_kv}, {l2_rows // block_q} rounds per core, "
               f"{steps[0]}x{steps[1]} launch steps")
     with b.launch("attention", steps, b.operands) as ((kv_head, head_block), _, (q, kv, out)):
         indices = [Value(i, "index") for i in (kv_head, head_block)]
@@ -119,16 +135,24 @@ def build(params: dict, operands, tuning: dict) -> LaunchIR:
                                   "first_head")
             q_col = b.affine(f"s0 * {head_dim}", [first_head], "q_col")
             kv_col = b.affine(f"s0 * {head_dim}", [s_kv_head.ssa], "kv_col")
-            block_width = herd_heads * head_dim
+            block_width = rows * head_dim
             # The step's queries and outputs, all rounds: AIR splits each across the memtiles by column.
-            q_l2 = b.alloc(MemRef((seq, block_width), "bf16", L2), "q_l2")
-            o_l2 = b.alloc(MemRef((seq, block_width), "bf16", L2), "o_l2")
-            step_window = Window((0, q_col), (seq, block_width), (q_dim, 1))
-            b.dma(q_l2, WHOLE, sq, step_window)
-            with b.herd("attention_herd", (herd_q, herd_heads), [Value(kv_col, "index"), skv, q_l2, o_l2],
+            q_l2 = b.alloc(MemRef((l2_rows, block_width), "bf16", L2), "q_l2")
+            o_l2 = b.alloc(MemRef((l2_rows, block_width), "bf16", L2), "o_l2")
+            if q_rows == 1:
+                step_window, l2_window = Window((0, q_col), (seq, block_width), (q_dim, 1)), WHOLE
+            else:  # round r's part y (block_q positions) into column block y of L2 rows r*block_q…
+                rounds = l2_rows // block_q
+                step_window = Window((0, 0, 0, q_col), (rounds, q_rows, block_q, head_dim),
+                                     (q_rows * block_q * q_dim, block_q * q_dim, q_dim, 1))
+                l2_window = Window((0, 0, 0, 0), (rounds, q_rows, block_q, head_dim),
+                                   (block_q * block_width, head_dim, block_width, 1))
+            b.dma(q_l2, l2_window, sq, step_window)
+            with b.herd("attention_herd", (herd_q, rows), [Value(kv_col, "index"), skv, q_l2, o_l2],
                         link_with=OBJECT) as ((tx, ty), _, (h_kv_col, hkv, hq, ho)):
-                _emit_core(b, tx, ty, h_kv_col.ssa, hkv, hq, ho, _Tiling(seq, head_dim, tile_q, tile_kv, block_q))
-            b.dma(so, step_window, o_l2, WHOLE)
+                _emit_core(b, tx, ty, h_kv_col.ssa, hkv, hq, ho,
+                           _Tiling(seq, head_dim, tile_q, tile_kv, block_q, q_rows))
+            b.dma(so, step_window, o_l2, l2_window)
             b.dealloc(q_l2, o_l2)
     return b.finish(l1)
 
@@ -140,6 +164,7 @@ class _Tiling:
     tile_q: int
     tile_kv: int
     block_q: int
+    q_rows: int  # >1: row y of the herd holds part y of the sequence (column block y of the step's L2), not a head
 
 
 def _emit_core(b: LaunchBuilder, tx, ty, kv_col, kv, q_step, o_step, t: _Tiling) -> None:
@@ -157,14 +182,20 @@ def _emit_core(b: LaunchBuilder, tx, ty, kv_col, kv, q_step, o_step, t: _Tiling)
     config = {"ATTN_TQ": tile_q, "ATTN_TK": tile_kv, "ATTN_HEAD_DIM": head_dim}
     # the core's head: its columns of the step's queries and outputs, in 8-column blocks
     local_col_block = b.affine(f"s0 * {head_dim // BLOCK}", [ty], "local_col_block")
-    with b.loop(0, seq, t.block_q, "round") as first_row:
-        q_row = b.affine(f"s0 + s1 * {tile_q}", [first_row, tx], "q_row")
-        last_row = b.affine(f"s0 + s1 * {tile_q} + {tile_q - 1}", [first_row, tx], "last_row")
+    with b.loop(0, seq // t.q_rows, t.block_q, "round") as first_row:
+        q_row = b.affine(f"s0 + s1 * {tile_q}", [first_row, tx], "q_row")  # in the step's L2 buffer
+        if t.q_rows == 1:  # the L2 row is the position
+            first_query = q_row
+            last_row = b.affine(f"s0 + s1 * {tile_q} + {tile_q - 1}", [first_row, tx], "last_row")
+        else:  # part y of round first_row / block_q
+            first_query = b.affine(f"s0 * {t.q_rows} + s2 * {t.block_q} + s1 * {tile_q}", [first_row, tx, ty],
+                                   "first_query")
+            last_row = b.affine(f"s0 + {tile_q - 1}", [first_query], "last_row")
         # the tile in attention.cc's [head_dim/8][tile_q/8][8][8] blocks: a column block's rows are consecutive
         tile_window = Window((local_col_block, q_row, 0), (head_dim // BLOCK, tile_q, BLOCK), (BLOCK, block_width, 1))
         b.dma(q_buf, WHOLE, q_step, tile_window)
         b.call("attn_init_f32", [row_max, row_sum, acc], config)
-        q_start = b.index_to_i32(q_row, "q_start")
+        q_start = b.index_to_i32(first_query, "q_start")
         with b.loop(0, seq, tile_kv, "kv") as k_first:
             # keys then values, each in [head_dim/8][tile_kv/8][8][8] blocks: kv holds each 8-column block of
             # all positions contiguously (the stack launch), so each of the head's column blocks is one run

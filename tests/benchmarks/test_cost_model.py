@@ -117,9 +117,10 @@ def test_each_replay_row_says_where_the_measurement_lies():
 
 
 def test_upstreams_flash_attention_replay_uses_our_herd_and_names_its_tiles():
-    """Llama-3.2-1B's shape (32 query heads, 8 KV heads) fills our 8×4 herd as upstream's does; a group of one
-    query head per KV head leaves our herd one row of 8 tiles."""
+    """Llama-3.2-1B's shape (32 query heads, 8 KV heads) fills our 8×4 herd as upstream's does, with heads on the
+    rows; a group of one query head per KV head fills it with parts of the sequence on the rows (it took one row of 8
+    tiles before)."""
     rows = {(r["seq"], r["heads"], r["kv_heads"]): r for r in cost_model.upstream_attention_replay()}
-    assert rows[(2048, 32, 8)]["tiles"] == 32 and rows[(2048, 32, 32)]["tiles"] == 8
+    assert rows[(2048, 32, 8)]["tiles"] == 32 and rows[(2048, 32, 32)]["tiles"] == 32
     for row in rows.values():
         assert row["predicted_ms"][0] < row["predicted_exact_bf16_ms"][0]

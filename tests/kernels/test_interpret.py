@@ -50,6 +50,10 @@ CASES = [(p, None) for p in programs_for_model(SMALL, (16, 32)) if not p.name.en
     (rms_gemms_rope_program(256, 4, 2, 64, EPS, 64),
      {1: dict(herd_m=2, herd_n=2, tile_m=16, tile_n=32, tile_k_l2=64, tile_k_l1=32, drain_n=8)}),
     (flash_attn_program(4, 2, 64, 128), {1: dict(herd_q=2, tile_q=16, tile_kv=32)}),
+    # heads that no 2 to 4 rows divide among them: the rows take parts of the sequence (2 for multi-head attention,
+    # 4 for a group of 7 as Qwen2.5-0.5B's), each a column block of the step's L2 buffer
+    (flash_attn_program(2, 2, 64, 256), {1: dict(tile_q=16)}),
+    (flash_attn_program(7, 1, 64, 512), {1: dict(tile_q=16)}),
     # o_gemv_ffn: two launch steps and row groups for the residual GEMV, row groups for the normed one, and the
     # K-split down projection (k_chunk < K)
     (o_gemv_ffn_program(256, 256, 512, EPS), {0: dict(herd=2, tile_n=64, rows_per_call=16), 1: dict(rows_per_call=8),

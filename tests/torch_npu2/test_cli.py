@@ -382,7 +382,7 @@ def test_checkpoints_that_are_not_llama_models_are_refused_before_loading(tmp_pa
     GPT2Config(n_layer=1, n_embd=32, n_head=2).save_pretrained(tmp_path / "gpt2")  # config.json tells, weights or not
     assert _usage_error(capsys, ["generate", "--model", str(tmp_path / "gpt2"), "--prompt", "x"]).endswith(
         f"argument --model: {tmp_path / 'gpt2' / 'config.json'} describes a 'gpt2' model; torch_npu2 runs "
-        "the model types 'llama' (Llama 2/3.x, SmolLM2, TinyLlama)")
+        "the model types 'llama' (Llama 2/3.x, SmolLM2, TinyLlama), 'qwen2' (Qwen2, Qwen2.5)")
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "config.json").write_text("{")
     assert "config.json is not a readable JSON object" in _usage_error(
