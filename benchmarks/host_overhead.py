@@ -51,8 +51,10 @@ CACHES = ("npu", "hf")  # the patched model's NpuKVCache, HF's DynamicCache
 HOST_THREADS = 1
 DRIVER_COUNTERS = ("runs", "syncs_to_device", "syncs_from_device", "bytes_to_device", "bytes_from_device")
 # the ops a decode layer calls: with the NpuKVCache its attention runs on the NPU, alone or chained
-LAYER_DECODE_OPS = ("rms_gemv_rope", "decode_attn", "decode_attn_o_gemv_ffn_rms_gemv_rope", "o_gemv_ffn_rms_gemv_rope",
-                    "o_gemv_ffn")
+# (an op's "_into" name: its .into overload, which writes the K and V rows into the cache)
+LAYER_DECODE_OPS = ("rms_gemv_rope", "rms_gemv_rope_into", "decode_attn", "decode_attn_o_gemv_ffn_rms_gemv_rope",
+                    "decode_attn_o_gemv_ffn_rms_gemv_rope_into", "o_gemv_ffn_rms_gemv_rope",
+                    "o_gemv_ffn_rms_gemv_rope_into", "o_gemv_ffn")
 TIMED_OPS = LAYER_DECODE_OPS + ("lm_head_gemv", "rms_gemms_rope", "flash_attn", "o_ffn")
 ATTENTION = ("_decode_attention", "_host_attention")  # the seam (NpuKVCache), HF caches' host attention
 
@@ -91,10 +93,10 @@ class OpTimer:
     def _wrap_runtime_run(self, run):
         durations, clock = self.durations, time.perf_counter
 
-        def timed(program, tensors):
+        def timed(program, tensors, into=None):
             start = clock()
             try:
-                return run(program, tensors)
+                return run(program, tensors, into)
             finally:
                 durations["runtime.run:" + program.name].append(clock() - start)
         return timed

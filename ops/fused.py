@@ -10,7 +10,7 @@ from collections import Counter
 import torch
 
 from ..kernels import catalog, int_gemm
-from .registry import BadArgument, FusedOp, register
+from .registry import BadArgument, FusedOp, register, register_into
 
 
 def _agreed(*sizes: int) -> int:
@@ -216,19 +216,26 @@ _EX_PACKED = "q4_1"
 _EX_PACKED_DIMS = dict(hidden=64, heads=2, kv_heads=1, head_dim=32, eps=1e-5)
 _EX_PACKED_FFN = dict(hidden=64, q_dim=64, intermediate=128, eps=1e-5)
 
-def _qkv_op(name: str, scalars, program_for, example, qkv_bias: bool) -> FusedOp:
+# A decode op's K and V rows, which its ``.into`` overload writes into a KV cache's rows (the chained ops': the next
+# layer's)
+_KV_ROWS = (("k_roped", "k_row"), ("v", "v_row"))
+_NEXT_KV_ROWS = (("next_k_roped", "next_k_row"), ("next_v", "next_v_row"))
+
+
+def _qkv_op(name: str, scalars, program_for, example, qkv_bias: bool, into=()) -> FusedOp:
     """An op that projects Q/K/V; with ``qkv_bias``, its twin ``<name>_qkv_bias`` (Qwen2's biases), which takes bq, bk
     and bv after wv (next_bq, next_bk, next_bv after next_wv in the chained ops). ``example(qkv_bias)`` builds the
-    op's example Program; the registry's shape check holds the biases to the Program's (q_dim,) and (kv_dim,)."""
+    op's example Program; the registry's shape check holds the biases to the Program's (q_dim,) and (kv_dim,).
+    ``into``: FusedOp.into, the same for both."""
     if not qkv_bias:
-        return FusedOp(name, scalars, program_for, example(False))
+        return FusedOp(name, scalars, program_for, example(False), into)
     biased = example(True)
     at = next(i for i, arg in enumerate(biased.host_args) if arg.name.endswith("bq"))
 
     def biased_program_for(shapes, *values):
         return program_for(shapes[:at] + shapes[at + 3:], *values, qkv_bias=True)
 
-    return FusedOp(name + "_qkv_bias", scalars, biased_program_for, biased)
+    return FusedOp(name + "_qkv_bias", scalars, biased_program_for, biased, into)
 
 
 def _qkv_ops(qkv_bias: bool) -> tuple[FusedOp, ...]:
@@ -236,27 +243,29 @@ def _qkv_ops(qkv_bias: bool) -> tuple[FusedOp, ...]:
         _qkv_op("rms_gemms_rope", (("eps", "float"), _PRECISION), _rms_gemms_rope,
                 lambda b: catalog.rms_gemms_rope_program(**_EX, seq=2, qkv_bias=b), qkv_bias),
         _qkv_op("rms_gemv_rope", (("eps", "float"),), _rms_gemv_rope,
-                lambda b: catalog.rms_gemv_rope_program(**_EX, qkv_bias=b), qkv_bias),
+                lambda b: catalog.rms_gemv_rope_program(**_EX, qkv_bias=b), qkv_bias, _KV_ROWS),
         _qkv_op("o_gemv_ffn_rms_gemv_rope", (("eps", "float"), ("next_eps", "float")), _o_gemv_ffn_rms_gemv_rope,
                 lambda b: catalog.o_gemv_ffn_rms_gemv_rope_program(**_EX_FFN, heads=2, kv_heads=1, head_dim=4,
-                                                                   next_eps=1e-5, qkv_bias=b), qkv_bias),
+                                                                   next_eps=1e-5, qkv_bias=b), qkv_bias,
+                _NEXT_KV_ROWS),
         _qkv_op("decode_attn_o_gemv_ffn_rms_gemv_rope", (("head_dim", "int"), ("eps", "float"), ("next_eps", "float")),
                 _decode_attn_o_gemv_ffn_rms_gemv_rope,
                 lambda b: catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_program(64, 64, 128, 1e-5, 2, 1, 32, 128, 1e-5,
-                                                                               qkv_bias=b), qkv_bias),
+                                                                               qkv_bias=b), qkv_bias, _NEXT_KV_ROWS),
         _qkv_op("rms_gemv_rope_packed", (("eps", "float"), _WEIGHTS), _rms_gemv_rope_packed,
-                lambda b: catalog.rms_gemv_rope_program(**_EX_PACKED_DIMS, weights=_EX_PACKED, qkv_bias=b), qkv_bias),
+                lambda b: catalog.rms_gemv_rope_program(**_EX_PACKED_DIMS, weights=_EX_PACKED, qkv_bias=b), qkv_bias,
+                _KV_ROWS),
         _qkv_op("o_gemv_ffn_rms_gemv_rope_packed", (("eps", "float"), ("next_eps", "float"), _WEIGHTS),
                 _o_gemv_ffn_rms_gemv_rope_packed,
                 lambda b: catalog.o_gemv_ffn_rms_gemv_rope_program(**_EX_PACKED_FFN, heads=2, kv_heads=1, head_dim=32,
                                                                    next_eps=1e-5, weights=_EX_PACKED, qkv_bias=b),
-                qkv_bias),
+                qkv_bias, _NEXT_KV_ROWS),
         _qkv_op("decode_attn_o_gemv_ffn_rms_gemv_rope_packed",
                 (("head_dim", "int"), ("eps", "float"), ("next_eps", "float"), _WEIGHTS),
                 _decode_attn_o_gemv_ffn_rms_gemv_rope_packed,
                 lambda b: catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_program(64, 64, 128, 1e-5, 2, 1, 32, 128, 1e-5,
                                                                                weights=_EX_PACKED, qkv_bias=b),
-                qkv_bias),
+                qkv_bias, _NEXT_KV_ROWS),
         _qkv_op("rms_gemms_rope_w8x2", (("eps", "float"),), _rms_gemms_rope_w8x2,
                 lambda b: catalog.rms_gemms_rope_w8x2_program(**_EX_PACKED_DIMS, seq=2, qkv_bias=b), qkv_bias),
     )
@@ -287,5 +296,9 @@ o_gemv_ffn_rms_gemv_rope_packed, lm_head_gemv_packed = (ALL_OPS["o_gemv_ffn_rms_
                                                         ALL_OPS["lm_head_gemv_packed"])
 decode_attn_o_gemv_ffn_rms_gemv_rope_packed = ALL_OPS["decode_attn_o_gemv_ffn_rms_gemv_rope_packed"]
 rms_gemms_rope_w8x2, o_ffn_w8x2 = ALL_OPS["rms_gemms_rope_w8x2"], ALL_OPS["o_ffn_w8x2"]
-# Each Q/K/V-projecting op → its biased twin (families with q/k/v biases, patch_llama/families.py).
+# Each decode op that projects K and V → its ``.into`` overload, which writes the K and V rows into a KV cache's rows.
+INTO = {ALL_OPS[name]: register_into(op) for name, op in FUSED_OPS.items() if op.into}
+# Each Q/K/V-projecting op → its biased twin (families with q/k/v biases, patch_llama/families.py); ``.into``
+# overloads likewise.
 QKV_BIASED = {ALL_OPS[name]: ALL_OPS[name + "_qkv_bias"] for name in ALL_OPS if name + "_qkv_bias" in ALL_OPS}
+QKV_BIASED.update({INTO[op]: INTO[biased] for op, biased in QKV_BIASED.items() if op in INTO})

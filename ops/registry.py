@@ -37,6 +37,9 @@ class FusedOp:
     scalars: tuple[tuple, ...]  # (name, schema type) or (name, schema type, default)
     program_for: Callable[..., Program]
     example: Program
+    # (output, argument name) per output the ``.into`` overload writes into a tensor the caller gives (a KV cache's
+    # row); empty: the op has no such overload
+    into: tuple[tuple[str, str], ...] = ()
 
     @property
     def qualname(self) -> str:
@@ -51,11 +54,22 @@ class FusedOp:
         """(name, dtype, rank) of each tensor argument: what every call is checked against."""
         return tuple((a.name, TORCH_DTYPES[a.dtype], len(a.shape)) for a in self.example.host_args)
 
-    def schema(self) -> str:
-        params = [f"Tensor {a.name}" for a in self.example.host_args] + [
-            f"{s[1]} {s[0]}" + (f"={_schema_literal(s[2])}" if len(s) == 3 else "") for s in self.scalars]
-        outs = ", ".join("Tensor" for _ in self.example.outputs)
-        return f"{self.name}({', '.join(params)}) -> {'Tensor' if len(self.example.outputs) == 1 else f'({outs})'}"
+    @cached_property
+    def into_positions(self) -> tuple[int, ...]:
+        """The positions among the Program's outputs of the ``into`` outputs, in ``into``'s order."""
+        names = [a.name for a in self.example.outputs]
+        return tuple(names.index(output) for output, _ in self.into)
+
+    def schema(self, into: bool = False) -> str:
+        """The default overload's schema; with ``into``, the ``.into`` overload's: the ``into`` outputs become
+        mutable tensor arguments after the others, and are left out of the returns."""
+        params = [f"Tensor {a.name}" for a in self.example.host_args]
+        if into:
+            params += [f"Tensor({chr(ord('a') + i)}!) {name}" for i, (_, name) in enumerate(self.into)]
+        params += [f"{s[1]} {s[0]}" + (f"={_schema_literal(s[2])}" if len(s) == 3 else "") for s in self.scalars]
+        returned = len(self.example.outputs) - (len(self.into) if into else 0)
+        outs = "Tensor" if returned == 1 else f"({', '.join('Tensor' for _ in range(returned))})"
+        return f"{self.name}{'.into' if into else ''}({', '.join(params)}) -> {outs}"
 
 
 def _schema_literal(value) -> str:
@@ -137,6 +151,51 @@ def program_of(op: FusedOp, tensors, scalars, real: bool = True) -> Program:
         return _program(op, tuple([t.shape for t in tensors]), tuple(scalars))
     # NPU kernels are compiled per static shape, so symbolic sizes (torch.compile) are specialized here.
     return _program(op, tuple(tuple(int(d) for d in t.shape) for t in tensors), tuple(scalars))
+
+
+def _check_into(op: FusedOp, program: Program, targets, real: bool) -> None:
+    """The tensors an ``.into`` call gives its outputs: each of the output's shape and dtype (on the CPU when real)."""
+    outputs = program.outputs
+    for (output, name), position, t in zip(op.into, op.into_positions, targets):
+        arg = outputs[position]
+        if not isinstance(t, torch.Tensor):
+            raise _fail(op, name, "a torch.Tensor", type(t).__name__)
+        if t.dtype is not TORCH_DTYPES[arg.dtype] or tuple(t.shape) != arg.shape:
+            raise _fail(op, name, f"a {TORCH_DTYPES[arg.dtype]} tensor of shape {arg.shape} (the op's {output})",
+                        f"{t.dtype} of shape {tuple(t.shape)}")
+        if real and not t.is_cpu:
+            raise _fail(op, name, "a CPU tensor (NPU buffers are host-mapped)", f"device {t.device}")
+
+
+def register_into(op: FusedOp):
+    """Defines ``torch.ops.npu2.<name>.into``: the op, with the outputs ``op.into`` names written into tensors the
+    caller gives after its tensor arguments (a KV cache's rows: the NPU writes them in place, runtime.run's
+    ``into``); returns the other outputs. Returns the overload."""
+    count, placed = len(op.example.host_args), len(op.into)
+    single = len(op.example.outputs) - placed == 1
+    positions = op.into_positions
+
+    def npu_impl(*args):
+        tensors, targets = args[:count], args[count:count + placed]
+        program = program_of(op, tensors, op.with_defaults(args[count + placed:]))
+        _check_into(op, program, targets, real=True)
+        outputs = get_runtime().run(program, tensors, dict(zip(positions, targets)))
+        return outputs[0] if single else outputs
+
+    def fake_impl(*args):
+        tensors, targets = args[:count], args[count:count + placed]
+        program = program_of(op, tensors, op.with_defaults(args[count + placed:]), real=False)
+        _check_into(op, program, targets, real=False)
+        like = tensors[0]
+        outputs = tuple(like.new_empty(a.shape, dtype=TORCH_DTYPES[a.dtype])
+                        for i, a in enumerate(program.outputs) if i not in positions)
+        return outputs[0] if single else outputs
+
+    _LIB.define(op.schema(into=True))
+    _LIB.impl(f"{op.name}.into", torch.compiler.disable(npu_impl, reason="torch_npu2 runs an NPU Program"),
+              "CompositeExplicitAutograd")
+    torch.library.register_fake(f"{NAMESPACE}::{op.name}.into", fake_impl, lib=_LIB)
+    return getattr(getattr(torch.ops, NAMESPACE), op.name).into
 
 
 def register(op: FusedOp):

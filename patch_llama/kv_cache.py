@@ -3,9 +3,11 @@
 Layout (what the decode-attention op reads): per layer, K and V are each one contiguous bf16 tensor of shape
 (batch, capacity, kv_heads * head_dim) in its own NPU buffer (``ops.device_empty``), position-major: a token's K
 row for all KV heads is contiguous, and sequence b's slab is ``k[b]``, a contiguous (capacity, kv_dim) view. Rows
-0..length-1 hold the cached positions; rows past them are unspecified. Every write to the slabs is followed by
-``device_written`` of just the rows written: the ops never sync the slabs, so a decode token moves its new rows to
-the device, not the cache.
+0..length-1 hold the cached positions; rows past them are unspecified. A decode step's new K and V rows are written
+by the NPU: the patched layers pass the next position's rows (``k[b, length]``) to the decode ops' ``.into``
+overloads, which the runtime binds as sub-buffers of the slabs' BOs, and only those rows' bytes are synced back to
+the host. Every host write to the slabs (prefill, ``update``, growing, reordering) is followed by ``device_written``
+of just the rows written. The ops never sync the slabs whole.
 
 Capacity: generate() sizes the cache for its own call (prompt + max_new_tokens), so a generate() never grows it.
 A cache reused across turns grows when a write needs more rows: to the larger of twice its capacity and the
@@ -107,14 +109,6 @@ class NpuKVLayer(DynamicLayer):
         """The host wrote positions start..stop-1 of every sequence's K and V: those rows (only) reach the device."""
         device_written(self.k[:, start:stop])
         device_written(self.v[:, start:stop])
-
-    def write(self, sequence: int, position: int, k_row: torch.Tensor, v_row: torch.Tensor) -> None:
-        """One sequence's (kv_dim,) K and V rows at ``position``, which must be within the capacity (``reserve``)."""
-        k, v = self.k[sequence, position], self.v[sequence, position]
-        k.copy_(k_row)
-        v.copy_(v_row)
-        device_written(k)
-        device_written(v)
 
     def reserve(self, batch: int, rows: int) -> None:
         """Room for ``rows`` positions of ``batch`` sequences: allocated on first use, grown (module docstring), or

@@ -28,13 +28,20 @@ from ..host_memory import release_free_heap
 from ..kernels import quant
 from ..kernels.catalog import DEFAULT_BF16_WEIGHT_PRECISION, decode_attn_capacity
 from ..kernels.program import pad_rows
-from ..ops import (QKV_BIASED, build_rope_lut, decode_attn, decode_attn_length, decode_attn_o_gemv_ffn_rms_gemv_rope,
+from ..ops import (INTO, QKV_BIASED, build_rope_lut, decode_attn, decode_attn_length, decode_attn_o_gemv_ffn_rms_gemv_rope,
                    decode_attn_o_gemv_ffn_rms_gemv_rope_packed, device_empty,
                    device_written, flash_attn, lm_head_gemv, lm_head_gemv_packed, o_ffn, o_gemv_ffn, o_gemv_ffn_packed,
                    o_ffn_w8x2, o_gemv_ffn_rms_gemv_rope, o_gemv_ffn_rms_gemv_rope_packed, rms_gemms_rope,
                    rms_gemms_rope_w8x2, rms_gemv_rope, rms_gemv_rope_packed)
 from .kv_cache import NpuKVCache
 from .transformers_compat import LayerSignature
+
+# The .into overloads of the decode ops that produce K and V rows: with an NpuKVCache the NPU writes those rows into it
+rms_gemv_rope_into, rms_gemv_rope_packed_into = INTO[rms_gemv_rope], INTO[rms_gemv_rope_packed]
+o_gemv_ffn_rms_gemv_rope_into = INTO[o_gemv_ffn_rms_gemv_rope]
+o_gemv_ffn_rms_gemv_rope_packed_into = INTO[o_gemv_ffn_rms_gemv_rope_packed]
+decode_attn_o_gemv_ffn_rms_gemv_rope_into = INTO[decode_attn_o_gemv_ffn_rms_gemv_rope]
+decode_attn_o_gemv_ffn_rms_gemv_rope_packed_into = INTO[decode_attn_o_gemv_ffn_rms_gemv_rope_packed]
 
 
 class ChainedQkv(NamedTuple):
@@ -46,7 +53,8 @@ class ChainedQkv(NamedTuple):
     version: int
     lut_rows: tuple
     eps: float
-    rows: list  # per sequence, (v, q_roped, k_roped)
+    rows: list  # per sequence, (v, q_roped, k_roped); (None, q_roped, None) when the NPU wrote K and V into the cache
+    placed: tuple | None  # (NpuKVLayer, position) the NPU wrote the K and V rows at, if it did
 
 
 @dataclass(frozen=True)
@@ -185,6 +193,14 @@ def _decode_starts(mask: torch.Tensor, batch: int, kv_len: int):
 def _lut_rows(lut: torch.Tensor, batch: int) -> tuple[torch.Tensor, ...]:
     rows = lut.view(lut.shape[0], -1).unbind(0)  # (batch or 1, 1, head_dim): one position per sequence
     return rows * batch if len(rows) == 1 else rows
+
+
+def _cache_rows(slabs, batch: int) -> tuple[int, list]:
+    """Room in an NpuKVLayer for this step's K and V rows at its next position: (that position, each sequence's
+    (K row, V row) views of the slabs), which a decode op's ``.into`` overload has the NPU write."""
+    position = slabs.length
+    slabs.reserve(batch, position + 1)
+    return position, [(slabs.k[b, position], slabs.v[b, position]) for b in range(batch)]
 
 
 def _sequence_rows(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -527,11 +543,14 @@ class NpuDecoderLayer:
         """``op``, an op computing this layer's Q/K/V, or its _qkv_bias twin when the projections have biases."""
         return QKV_BIASED[op] if self.qkv_biases else op
 
-    def _chained_rows(self, hidden, lut_rows, eps):
-        """The rms_gemv_rope results the previous layer computed for this one, if they are of ``hidden``."""
+    def _chained_rows(self, hidden, lut_rows, eps, slabs):
+        """The rms_gemv_rope results the previous layer computed for this one, if they are of ``hidden`` (and, when
+        the NPU wrote their K and V rows, into ``slabs`` at its next position)."""
         chained, self.shared.chained = self.shared.chained, None
         if (chained is not None and chained.layer is self and chained.hidden is hidden
-                and hidden._version == chained.version and chained.lut_rows is lut_rows and chained.eps == eps):
+                and hidden._version == chained.version and chained.lut_rows is lut_rows and chained.eps == eps
+                and (chained.placed[0] is slabs and chained.placed[1] == slabs.length if chained.placed
+                     else slabs is None)):
             return chained.rows
         return None
 
@@ -540,14 +559,21 @@ class NpuDecoderLayer:
         inputs, eps = _sequence_rows(hidden), self.eps_attn
         # under torch.compile the layers do not chain: identity checks on a side channel would make dynamo guard
         compiling = torch.compiler.is_compiling()
-        rows = None if compiling else self._chained_rows(hidden, lut_rows, eps)
+        # With an NpuKVCache the NPU writes each step's K and V rows into it (the ops' .into overloads)
+        slabs = cache.layers[self.layer_idx] if type(cache) is NpuKVCache and not compiling else None
+        rows = None if compiling else self._chained_rows(hidden, lut_rows, eps, slabs)
         packed = () if self.packed is None else (self.packed.format,)
-        qkv_op = self._projecting(rms_gemv_rope if self.packed is None else rms_gemv_rope_packed)
-        if rows is None:
+        if rows is None and slabs is not None:
+            _, targets = _cache_rows(slabs, batch)
+            into = self._projecting(rms_gemv_rope_into if self.packed is None else rms_gemv_rope_packed_into)
+            rows = [(None, into(x, *self.qkv_weights, lut, k_row, v_row, eps, *packed), None)
+                    for x, lut, (k_row, v_row) in zip(inputs, lut_rows, targets)]
+        elif rows is None:
+            qkv_op = self._projecting(rms_gemv_rope if self.packed is None else rms_gemv_rope_packed)
             rows = [qkv_op(x, *self.qkv_weights, lut, eps, *packed) for x, lut in zip(inputs, lut_rows)]
         on_device = None
-        if type(cache) is NpuKVCache and not compiling:
-            attn, on_device = self._attend_over_slabs(cache.layers[self.layer_idx], rows, mask)
+        if slabs is not None:
+            attn, on_device = self._attend_over_slabs(slabs, rows, mask)
         else:
             # (batch, heads, 1, head_dim) views of the op outputs; stacking only when there are several rows
             v, q, k = (rows[0][i].view(1, n, 1, head_dim) if batch == 1 else
@@ -564,33 +590,45 @@ class NpuDecoderLayer:
             return _from_sequence_rows([ffn_op(a, wo, x, norm2_w, w_gate_up, w_down, eps, *packed)
                                         for a, x in zip(attn, inputs)])
         next_eps = following.eps_attn
+        # the next layer's K and V rows: into its cache slabs (NpuKVCache), else returned
+        placed, targets = None, [()] * batch
+        if slabs is not None:
+            next_slabs = cache.layers[following.layer_idx]
+            position, targets = _cache_rows(next_slabs, batch)
+            placed = (next_slabs, position)
         if on_device is not None:  # attention, this layer's rest and the next's QKV: one run
-            layer_op = following._projecting(decode_attn_o_gemv_ffn_rms_gemv_rope if self.packed is None
-                                             else decode_attn_o_gemv_ffn_rms_gemv_rope_packed)
-            chained = [layer_op(*a, wo, x, norm2_w, w_gate_up, w_down, *following.qkv_weights, lut, head_dim, eps,
-                                next_eps, *packed) for a, x, lut in zip(on_device, inputs, lut_rows)]
+            if placed:
+                layer_op = (decode_attn_o_gemv_ffn_rms_gemv_rope_into if self.packed is None
+                            else decode_attn_o_gemv_ffn_rms_gemv_rope_packed_into)
+            else:
+                layer_op = (decode_attn_o_gemv_ffn_rms_gemv_rope if self.packed is None
+                            else decode_attn_o_gemv_ffn_rms_gemv_rope_packed)
+            layer_op = following._projecting(layer_op)
+            chained = [layer_op(*a, wo, x, norm2_w, w_gate_up, w_down, *following.qkv_weights, lut, *rows_into,
+                                head_dim, eps, next_eps, *packed)
+                       for a, x, lut, rows_into in zip(on_device, inputs, lut_rows, targets)]
         else:
-            chain_op = following._projecting(o_gemv_ffn_rms_gemv_rope if self.packed is None
-                                             else o_gemv_ffn_rms_gemv_rope_packed)
-            chained = [chain_op(a, wo, x, norm2_w, w_gate_up, w_down, *following.qkv_weights, lut, eps, next_eps,
-                                *packed) for a, x, lut in zip(attn, inputs, lut_rows)]
+            if placed:
+                chain_op = o_gemv_ffn_rms_gemv_rope_into if self.packed is None else o_gemv_ffn_rms_gemv_rope_packed_into
+            else:
+                chain_op = o_gemv_ffn_rms_gemv_rope if self.packed is None else o_gemv_ffn_rms_gemv_rope_packed
+            chain_op = following._projecting(chain_op)
+            chained = [chain_op(a, wo, x, norm2_w, w_gate_up, w_down, *following.qkv_weights, lut, *rows_into, eps,
+                                next_eps, *packed) for a, x, lut, rows_into in zip(attn, inputs, lut_rows, targets)]
         result = _from_sequence_rows([c[0] for c in chained])
-        self.shared.chained = ChainedQkv(following, result, result._version, lut_rows, next_eps,
-                                         [c[1:] for c in chained])
+        rows = [(None, c[1], None) for c in chained] if placed else [c[1:] for c in chained]
+        self.shared.chained = ChainedQkv(following, result, result._version, lut_rows, next_eps, rows, placed)
         return result
 
     def _attend_over_slabs(self, slabs, rows, mask):
-        """Decode attention with an NpuKVCache: each sequence's new K/V rows written into its slabs at the next
-        position (one small host copy each). Returns (attention outputs, None), computed by ``_decode_attention``
-        per sequence, or (None, a DeviceAttention per sequence) when the NPU kernel takes every sequence: the caller
-        runs it, alone or chained with the layer's FFN. A mask other than causal plus left padding attends on the
-        host over the slabs' HF views, with the mask as given."""
-        batch, position = len(rows), slabs.length
-        slabs.reserve(batch, position + 1)
+        """Decode attention with an NpuKVCache, whose next position already holds each sequence's new K/V rows (the
+        NPU wrote them: ``rows`` are (None, q, None)); it now counts them. Returns (attention outputs, None),
+        computed by ``_decode_attention`` per sequence, or (None, a DeviceAttention per sequence) when the NPU
+        kernel takes every sequence: the caller runs it, alone or chained with the layer's FFN. A mask other than
+        causal plus left padding attends on the host over the slabs' HF views, with the mask as given."""
+        batch = len(rows)
         k_slab, v_slab = slabs.k, slabs.v
-        for b, (v, _, k) in enumerate(rows):
-            slabs.write(b, position, k, v)
-        slabs.length = length = position + 1
+        slabs.length = length = slabs.length + 1
         starts = self.shared.memos.decode_starts(mask, batch, length)
         if starts is None:
             q = torch.stack([r[1] for r in rows]).view(batch, self.heads, 1, self.head_dim)

@@ -6,7 +6,8 @@ registry maps that storage back to its BO, so a tensor handed to ``run`` is boun
 
 Coherency has one owner, ``Runtime.run``: weights are synced to the device once (``refresh`` after writing
 one in place); every input is synced (or copied into its staging buffer and synced) before every run, and
-outputs are synced back after every run. The exception is state the host writes in pieces (``empty_state``: a KV
+outputs are synced back after every run (an output the caller gives a place, ``run``'s ``into``, is written there
+through a sub-buffer and only its bytes come back). The exception is state the host writes in pieces (``empty_state``: a KV
 cache's slabs, which only grow by a row per token): a run never syncs it; each host write reaches the device by
 ``sync_written``, a ranged sync of just the bytes written (XRT's ``bo.sync(direction, size, offset)``), so a
 decode token moves its new K/V rows, not the whole cache. Inputs do not trust tensor version counters: torch.compile's
@@ -297,8 +298,13 @@ class Runtime:
         binding.buffers = list(map(self._resident.get, key))
         binding.epoch = epoch if None not in binding.buffers else -1
 
-    def run(self, program: Program, tensors) -> tuple[torch.Tensor, ...]:
-        """Run ``program`` on ``tensors`` (its weights and inputs, in ELF order); returns its outputs."""
+    def run(self, program: Program, tensors, into: dict | None = None) -> tuple[torch.Tensor, ...]:
+        """Run ``program`` on ``tensors`` (its weights and inputs, in ELF order); returns its outputs.
+
+        ``into``: {output position: tensor} for outputs the caller gives a place (a KV cache's row): the NPU writes
+        them there and they are left out of the result. A contiguous part of a BO-backed tensor is bound as a
+        sub-buffer of its BO (``xrt.bo(parent, size, offset)``), so the device writes it in place and only its bytes
+        are synced back; any other tensor gets a pooled output BO, copied into it after the run."""
         loaded = self._loaded.get(program.key) or self.load(program)
         key = tuple([tensors[position].data_ptr() for position, _ in loaded.weight_plan])
         binding = loaded.bindings.get(key)
@@ -311,21 +317,50 @@ class Runtime:
             loaded.run, loaded.bound = binding.run, binding.bound
         for position, (index, is_weight, nbytes) in loaded.input_plan:
             self._bind_host_arg(loaded, index, is_weight, nbytes, tensors[position])
-        outputs, buffers = [], []
-        for index, shape, dtype, _, numel, size in loaded.output_plan:
+        outputs, buffers, placed = [], [], []
+        for position, (index, shape, dtype, nbytes, numel, size) in enumerate(loaded.output_plan):
+            target = into.get(position) if into else None
+            if target is not None:
+                placed.append(self._bind_into(loaded, index, nbytes, target, numel, shape, dtype, size))
+                continue
             out, buffer = self._lease(numel, shape, dtype, size)
             outputs.append(out)
-            buffers.append(buffer)
+            buffers.append((buffer, nbytes))
             self._bind(loaded, index, buffer.bo)
         loaded.run.start()
         state = loaded.run.wait2()
         if state != self._completed:
             raise NPURunError(f"NPU run of {program.name} finished in state {state} (expected "
                               f"{self._completed}); its outputs are not valid")
-        for (_, _, _, nbytes, _, _), out, buffer in zip(loaded.output_plan, outputs, buffers):
+        for buffer, nbytes in buffers:
             buffer.bo.sync(self._sync_from, nbytes, 0)
+        for bo, nbytes, offset, target, staged in placed:
+            bo.sync(self._sync_from, nbytes, offset)
+            if staged is not None:
+                target.copy_(staged)
+                self.stats["host_copies"] += 1
+                self.stats["host_copy_bytes"] += nbytes
         self.stats["runs"] += 1
         return tuple(outputs)
+
+    def _bind_into(self, loaded: LoadedProgram, index: int, nbytes: int, target: torch.Tensor, numel: int,
+                   shape: tuple, dtype: torch.dtype, size: int) -> tuple:
+        """Bind output ``index`` to ``target`` (``run``'s ``into``); returns what to sync (and copy) after the run:
+        (BO, bytes, offset, target, the staged output or None)."""
+        if target.numel() != numel or target.dtype is not dtype:
+            raise ValueError(f"{loaded.program.name}: output {loaded.program.args[index].name} is {numel} "
+                             f"{dtype} elements, the tensor given for it {target.numel()} {target.dtype}")
+        buffer = self._resident.get(target.untyped_storage().data_ptr())
+        if buffer is None or not target.is_contiguous():
+            staged, lease = self._lease(numel, shape, dtype, size)
+            self._bind(loaded, index, lease.bo)
+            return lease.bo, nbytes, 0, target, staged
+        offset = target.storage_offset() * target.element_size()
+        bo = buffer.bo if offset == 0 and nbytes == buffer.bo.size() else self.xrt.bo(buffer.bo, nbytes, offset)
+        loaded.run.set_arg(index, bo)
+        loaded.bound[index] = bo  # holds the sub-buffer while it is bound
+        self.stats["sub_buffers"] += 1
+        return buffer.bo, nbytes, offset, target, None
 
     def close(self) -> None:
         """Release the driver objects this runtime holds in reverse order of creation, as pyxrt asks: first the

@@ -6,7 +6,7 @@ import torch
 
 import torch_npu2  # noqa: F401  (registers torch.ops.npu2)
 from torch_npu2.kernels import int_gemm, quant
-from torch_npu2.ops import ALL_OPS, decode_attn_length, reference
+from torch_npu2.ops import ALL_OPS, INTO, decode_attn_length, device_empty, device_written, reference
 from torch_npu2.ops.fused import FUSED_OPS
 from torch_npu2.ops.registry import program_of
 
@@ -149,6 +149,64 @@ def test_op_matches_reference(runtime, config, name):
 def test_opcheck(runtime, name):
     tensors, scalars, _ = op_cases("odd")[name]
     torch.library.opcheck(ALL_OPS[name], (*tensors, *scalars))
+
+
+INTO_OPS = [name for name in ALL_OPS if ALL_OPS[name] in INTO]
+
+
+def _rows_in_state(shape, position: int):
+    """K and V rows at ``position`` of two (2, 8, n) NPU state tensors (as an NpuKVCache holds them), whose other
+    rows are a known pattern the device also holds: (the two state tensors, their rows at ``position`` of sequence
+    1, their pattern)."""
+    states = [device_empty((2, 8, shape[-1]), torch.bfloat16) for _ in range(2)]
+    pattern = torch.arange(2 * 8 * shape[-1], dtype=torch.float32).view(2, 8, -1).bfloat16()
+    for state in states:
+        state.copy_(pattern)
+        device_written(state)
+    return states, [state[1, position] for state in states], pattern
+
+
+@pytest.mark.parametrize("name", INTO_OPS)
+def test_into_overload_writes_the_k_and_v_rows_where_it_is_told(runtime, name):
+    """``.into`` writes the op's K and V rows into the tensors it is given, bit for bit what the op returns, and
+    nothing else of them: parts of NPU state tensors (bound as sub-buffers, read back in place: strict coherency
+    would show a missing read-back) and plain tensors (staged, then copied)."""
+    tensors, scalars, _ = op_cases("odd")[name]
+    op, into = ALL_OPS[name], INTO[ALL_OPS[name]]
+    expected = op(*tensors, *scalars)
+    placed = FUSED_OPS[name].into_positions
+    k_expected, v_expected = (expected[i] for i in placed)
+    rest = [o for i, o in enumerate(expected) if i not in placed]
+    (k_state, v_state), (k_row, v_row), pattern = _rows_in_state(k_expected.shape, 5)
+    subs = runtime.stats["sub_buffers"]
+    got = into(*tensors, k_row, v_row, *scalars)
+    got = got if isinstance(got, tuple) else (got,)
+    assert len(got) == len(rest) and all(torch.equal(g, r) for g, r in zip(got, rest))
+    assert runtime.stats["sub_buffers"] == subs + 2
+    for state, row in ((k_state, k_expected), (v_state, v_expected)):
+        assert torch.equal(state[1, 5], row)
+        untouched = torch.ones(2, 8, dtype=torch.bool)
+        untouched[1, 5] = False
+        assert torch.equal(state[untouched], pattern[untouched])
+    k_plain, v_plain = torch.zeros_like(k_expected), torch.zeros_like(v_expected)
+    into(*tensors, k_plain, v_plain, *scalars)
+    assert torch.equal(k_plain, k_expected) and torch.equal(v_plain, v_expected)
+
+
+def test_into_overload_refuses_a_row_of_the_wrong_shape_by_name(runtime):
+    tensors, scalars, _ = op_cases("odd")["rms_gemv_rope"]
+    k_row = torch.zeros(tensors[3].shape[0], dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"npu2.rms_gemv_rope: argument 'v_row' expected a torch.bfloat16 tensor of "
+                                         r"shape \(\d+,\) \(the op's v\)"):
+        INTO[ALL_OPS["rms_gemv_rope"]](*tensors, k_row, torch.zeros(3, dtype=torch.bfloat16), *scalars)
+
+
+@pytest.mark.parametrize("name", ["rms_gemv_rope", "decode_attn_o_gemv_ffn_rms_gemv_rope"])
+def test_opcheck_into(runtime, name):
+    tensors, scalars, _ = op_cases("odd")[name]
+    outputs = ALL_OPS[name](*tensors, *scalars)
+    rows = [torch.zeros_like(outputs[i]) for i in FUSED_OPS[name].into_positions]
+    torch.library.opcheck(INTO[ALL_OPS[name]], (*tensors, *rows, *scalars))
 
 
 def test_chained_op_is_its_two_ops_bit_for_bit(runtime):

@@ -72,10 +72,11 @@ def test_one_decode_token_moves_what_architecture_md_says(runtime, layers):
     O projection and FFN and the next layer's rms_gemv_rope; decode_attn and o_gemv_ffn for the last; the LM head),
     no weight bytes, 3 staged host copies (the first layer's input once for each of the two Programs that read it;
     the LM head's row), 2L syncs in place (each attention run's q, the last layer's attention output, each later
-    layer's input: the previous runs' output BOs, bound as they are and flushed, never copied), 2L + 2 ranged syncs
-    (the new K and V row of every layer: the cache slabs are bound as they are and never flushed whole; the step's
-    RoPE LUT row and attention length, written once into buffers every layer binds) and one read-back per op
-    output."""
+    layer's input: the previous runs' output BOs, bound as they are and flushed, never copied), 2 ranged syncs (the
+    step's RoPE LUT row and attention length, written once into buffers every layer binds; the cache slabs are
+    bound as they are and never flushed whole), the new K and V row of every layer written by the NPU into the
+    cache through 2L sub-buffers, never by the host, and one read-back per op output (a K or V row's: just its
+    bytes)."""
     model = patch_llama(tiny_llama(num_hidden_layers=layers))
     ids = prompt(9)
 
@@ -94,10 +95,10 @@ def test_one_decode_token_moves_what_architecture_md_says(runtime, layers):
     assert token["host_copies"] == 3
     assert token["bo_inputs_synced"] == 2 * layers
     config = model.config
-    kv_row_bytes = config.num_key_value_heads * config.hidden_size // config.num_attention_heads * 2  # bf16
     lut_row_bytes, length_bytes = config.hidden_size // config.num_attention_heads * 2, 4 * 2  # bf16
-    assert token["ranged_syncs"] == 2 * layers + 2
-    assert token["ranged_sync_bytes"] == 2 * layers * kv_row_bytes + lut_row_bytes + length_bytes
+    assert token["ranged_syncs"] == 2
+    assert token["ranged_sync_bytes"] == lut_row_bytes + length_bytes
+    assert token["sub_buffers"] == 2 * layers == token_xrt["sub_bos"]
     assert token_xrt["syncs_to_device"] == token["host_copies"] + token["bo_inputs_synced"] + token["ranged_syncs"]
     # v, q_roped, k_roped, out per layer; the last layer's attention; the logits
     assert token_xrt["syncs_from_device"] == 4 * layers + 2

@@ -392,6 +392,45 @@ def test_emulated_ranged_sync_stays_inside_its_bo():
         bo.sync(xrt.xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE, 8, 60)
 
 
+def test_emulated_sub_buffer_shares_its_parents_bytes_and_stays_inside_it():
+    """pyxrt's bo(parent, size, offset): a device write through the sub-buffer is the parent's device bytes at the
+    offset, and a ranged sync of the parent brings just those to the host (strict coherency keeps them apart until
+    then)."""
+    xrt = EmulatedXrt(coherency="strict")
+    parent = xrt.ext.bo(xrt.device(0), 64)
+    sub = xrt.bo(parent, 8, 16)
+    assert sub.size() == 8
+    sub.device_view(torch.uint8)[:] = 7
+    assert bytes(parent.map()) == bytes(64), "the host sees device writes only after a sync"
+    parent.sync(xrt.xclBOSyncDirection.XCL_BO_SYNC_BO_FROM_DEVICE, 8, 16)
+    assert [i for i, b in enumerate(parent.map().tobytes()) if b] == list(range(16, 24))
+    assert parent.map().tobytes()[16] == 7 == sub.map().tobytes()[0]
+    with pytest.raises(RuntimeError, match="does not fit its 64-byte parent"):
+        xrt.bo(parent, 8, 60)
+
+
+def test_an_output_given_a_place_is_written_there_and_left_out_of_the_results(runtime):
+    """run(..., into=): a part of a state tensor receives the output through a sub-buffer (no copy: the strict
+    emulator shows it only after the read-back of its bytes); a plain tensor through a copy; a tensor of the wrong
+    size is refused by name."""
+    x, norm_w, wq, wk, wv, lut = qkv_args(64, 2, 1, 32, 1, decode=True)
+    v, q, k = ALL_OPS["rms_gemv_rope"](x, norm_w, wq, wk, wv, lut, EPS)
+    program = next(iter(runtime._loaded.values())).program
+    state = runtime.empty_state((4, 32), torch.bfloat16)
+    state.zero_()
+    runtime.sync_written(state)
+    copies = runtime.stats["host_copies"]
+    (q_only,) = runtime.run(program, [x, norm_w, wq, wk, wv, lut], into={0: state[2], 2: state[1]})
+    assert torch.equal(q_only, q) and torch.equal(state[2], v) and torch.equal(state[1], k)
+    assert not state[0].any() and not state[3].any()
+    assert runtime.stats["host_copies"] == copies + 6  # the host-tensor arguments' staging only
+    plain = torch.zeros(32, dtype=torch.bfloat16)
+    runtime.run(program, [x, norm_w, wq, wk, wv, lut], into={0: plain})
+    assert torch.equal(plain, v)
+    with pytest.raises(ValueError, match="output v is 32 torch.bfloat16 elements, the tensor given for it 31"):
+        runtime.run(program, [x, norm_w, wq, wk, wv, lut], into={0: state[0, :31]})
+
+
 def test_each_weight_set_keeps_its_own_binding_and_freed_weights_are_rebound(runtime):
     """Layers share a Program: each set of pinned weights gets a run of its own, bound and synced once, so
     alternating sets neither re-bind nor re-sync them; a weight refreshed before its set's first run, and a set

@@ -1,7 +1,8 @@
 """An emulated NPU2 behind the part of pyxrt's interface that torch_npu2's runtime uses.
 
 ``EmulatedXrt()`` is used in place of the ``pyxrt`` module: ``device``, ``elf``, ``hw_context``,
-``ext.kernel``, ``ext.bo`` (``map``/``sync``/``size``), ``run`` (``set_arg``/``start``/``wait2``/``state``),
+``ext.kernel``, ``ext.bo`` (``map``/``sync``/``size``), ``bo(parent, size, offset)`` (pyxrt's sub-buffer: ``size``
+bytes of ``parent`` from ``offset``, sharing its host and device bytes), ``run`` (``set_arg``/``start``/``wait2``/``state``),
 ``ert_cmd_state`` and ``xclBOSyncDirection``. The "ELF" it loads is the emulator artifact (a JSON
 Program); a run interprets the Program launch by launch (see ``launches.py``).
 
@@ -89,6 +90,23 @@ class _Bo:
         self._device_views: dict[torch.dtype, torch.Tensor] = {}
         self.role = None
         self.emu.counters["bos"] += 1
+
+    @classmethod
+    def sub(cls, parent: "_Bo", size: int, offset: int) -> "_Bo":
+        """pyxrt's ``bo(parent, size, offset)``: ``size`` bytes of ``parent`` from ``offset``, its host and device
+        bytes the parent's own (a write through either is seen by both; syncs move the same bytes)."""
+        if not isinstance(parent, _Bo):
+            raise RuntimeError(f"emulated NPU2: bo(parent, size, offset) takes a BO as parent, got "
+                               f"{type(parent).__name__}")
+        if size <= 0 or offset < 0 or offset + size > parent.nbytes:
+            raise RuntimeError(f"emulated NPU2: a sub-buffer of {size} bytes at offset {offset} does not fit its "
+                               f"{parent.nbytes}-byte parent")
+        bo = cls.__new__(cls)
+        bo.emu, bo.nbytes, bo.role, bo._device_views = parent.emu, size, None, {}
+        bo._host = parent._host[offset:offset + size]
+        bo._device = bo._host if parent._device is parent._host else parent._device[offset:offset + size]
+        parent.emu.counters["sub_bos"] += 1
+        return bo
 
     def device_view(self, dtype: torch.dtype) -> torch.Tensor:
         """The device copy's bytes as a flat tensor of ``dtype`` (what the NPU's DMAs read and write)."""
@@ -193,6 +211,7 @@ class EmulatedXrt:
         self.xclBOSyncDirection, self.ert_cmd_state = xclBOSyncDirection, ert_cmd_state
         self.elf, self.run = _Elf, _Run
         self.ext = SimpleNamespace(kernel=_Kernel, bo=lambda device, nbytes: _Bo(device, nbytes))
+        self.bo = _Bo.sub
 
     def device(self, index: int = 0) -> _Device:
         return _Device(self, index)
