@@ -28,8 +28,8 @@ from ..host_memory import release_free_heap
 from ..kernels import quant
 from ..kernels.catalog import DEFAULT_BF16_WEIGHT_PRECISION, decode_attn_capacity
 from ..kernels.program import pad_rows
-from ..ops import (INTO, QKV_BIASED, build_rope_lut, decode_attn, decode_attn_length, decode_attn_o_gemv_ffn_rms_gemv_rope,
-                   decode_attn_o_gemv_ffn_rms_gemv_rope_packed, device_empty,
+from ..ops import (INTO, QKV_BIASED, build_rope_lut, decode_attn, decode_attn_length,
+                   decode_attn_o_gemv_ffn_rms_gemv_rope, decode_attn_o_gemv_ffn_rms_gemv_rope_packed, device_empty,
                    device_written, flash_attn, lm_head_gemv, lm_head_gemv_packed, o_ffn, o_gemv_ffn, o_gemv_ffn_packed,
                    o_ffn_w8x2, o_gemv_ffn_rms_gemv_rope, o_gemv_ffn_rms_gemv_rope_packed, rms_gemms_rope,
                    rms_gemms_rope_w8x2, rms_gemv_rope, rms_gemv_rope_packed)
@@ -609,7 +609,8 @@ class NpuDecoderLayer:
                        for a, x, lut, rows_into in zip(on_device, inputs, lut_rows, targets)]
         else:
             if placed:
-                chain_op = o_gemv_ffn_rms_gemv_rope_into if self.packed is None else o_gemv_ffn_rms_gemv_rope_packed_into
+                chain_op = (o_gemv_ffn_rms_gemv_rope_into if self.packed is None
+                            else o_gemv_ffn_rms_gemv_rope_packed_into)
             else:
                 chain_op = o_gemv_ffn_rms_gemv_rope if self.packed is None else o_gemv_ffn_rms_gemv_rope_packed
             chain_op = following._projecting(chain_op)

@@ -7,10 +7,11 @@ registry maps that storage back to its BO, so a tensor handed to ``run`` is boun
 Coherency has one owner, ``Runtime.run``: weights are synced to the device once (``refresh`` after writing
 one in place); every input is synced (or copied into its staging buffer and synced) before every run, and
 outputs are synced back after every run (an output the caller gives a place, ``run``'s ``into``, is written there
-through a sub-buffer and only its bytes come back). The exception is state the host writes in pieces (``empty_state``: a KV
-cache's slabs, which only grow by a row per token): a run never syncs it; each host write reaches the device by
-``sync_written``, a ranged sync of just the bytes written (XRT's ``bo.sync(direction, size, offset)``), so a
-decode token moves its new K/V rows, not the whole cache. Inputs do not trust tensor version counters: torch.compile's
+through a sub-buffer and only its bytes come back). The exception is state the host writes in pieces
+(``empty_state``: a KV cache's slabs): a run never syncs it; each host write reaches the device by ``sync_written``,
+a ranged sync of just the bytes written (XRT's ``bo.sync(direction, size, offset)``), so a prefill or a reordered
+cache moves the rows written, not the whole cache (a decode token's K/V rows the NPU writes itself, through
+``into``). Inputs do not trust tensor version counters: torch.compile's
 inductor reuses a dead op output's storage for its own kernels' results, written through raw pointers that
 leave the version unchanged, so "the device already holds this version" would serve stale bytes. An
 input's sync costs a cache flush of its bytes; the decode inputs are a few KB.
@@ -356,10 +357,13 @@ class Runtime:
             self._bind(loaded, index, lease.bo)
             return lease.bo, nbytes, 0, target, staged
         offset = target.storage_offset() * target.element_size()
-        bo = buffer.bo if offset == 0 and nbytes == buffer.bo.size() else self.xrt.bo(buffer.bo, nbytes, offset)
+        if offset == 0 and nbytes == buffer.bo.size():
+            bo = buffer.bo
+        else:
+            bo = self.xrt.bo(buffer.bo, nbytes, offset)
+            self.stats["sub_buffers"] += 1
         loaded.run.set_arg(index, bo)
-        loaded.bound[index] = bo  # holds the sub-buffer while it is bound
-        self.stats["sub_buffers"] += 1
+        loaded.bound[index] = bo  # holds a sub-buffer while it is bound
         return buffer.bo, nbytes, offset, target, None
 
     def close(self) -> None:
