@@ -157,8 +157,8 @@ def decode_with_attention_ms(dims, layers: int, context: int, weights: str = "bf
 
 def decode_chained_ms(dims, layers: int, context: int, weights: str = "bf16") -> Range:
     """A token whose layers each run as one dispatch from their attention on: rms_gemv_rope for the first layer,
-    decode_attn_o_gemv_ffn_rms_gemv_rope for every layer but the last, decode_attn and o_gemv_ffn for the last,
-    then the LM head (projection weights and LM head as ``weights``)."""
+    decode_attn_o_gemv_ffn_rms_gemv_rope for every layer but the last, decode_attn_o_gemv_ffn for the last, then the
+    LM head (projection weights and LM head as ``weights``)."""
     from torch_npu2.kernels import catalog
 
     d = dims
@@ -166,11 +166,11 @@ def decode_chained_ms(dims, layers: int, context: int, weights: str = "bf16") ->
     chained = program_range(catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_program(
         d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads, d.head_dim, capacity, d.eps, weights,
         d.qkv_bias))
-    attention = program_range(catalog.decode_attn_program(d.heads, d.kv_heads, d.head_dim, capacity))
-    first, last, head = (_seconds(name, dims, None, "bf16", weights)
-                         for name in ("rms_gemv_rope", "o_gemv_ffn", "lm_head_gemv"))
-    return tuple((c.seconds * (layers - 1) + a.seconds + f + l + h) * 1e3
-                 for c, a, f, l, h in zip(chained, attention, first, last, head))
+    last = program_range(catalog.decode_attn_o_gemv_ffn_program(
+        d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads, d.head_dim, capacity, weights))
+    first, head = (_seconds(name, dims, None, "bf16", weights) for name in ("rms_gemv_rope", "lm_head_gemv"))
+    return tuple((c.seconds * (layers - 1) + l.seconds + f + h) * 1e3
+                 for c, l, f, h in zip(chained, last, first, head))
 
 
 def token_ms(dims, layers: int, context: int, weights: str = "bf16") -> Range:

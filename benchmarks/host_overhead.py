@@ -54,7 +54,7 @@ DRIVER_COUNTERS = ("runs", "syncs_to_device", "syncs_from_device", "bytes_to_dev
 # (an op's "_into" name: its .into overload, which writes the K and V rows into the cache)
 LAYER_DECODE_OPS = ("rms_gemv_rope", "rms_gemv_rope_into", "decode_attn", "decode_attn_o_gemv_ffn_rms_gemv_rope",
                     "decode_attn_o_gemv_ffn_rms_gemv_rope_into", "o_gemv_ffn_rms_gemv_rope",
-                    "o_gemv_ffn_rms_gemv_rope_into", "o_gemv_ffn")
+                    "o_gemv_ffn_rms_gemv_rope_into", "o_gemv_ffn", "decode_attn_o_gemv_ffn")
 TIMED_OPS = LAYER_DECODE_OPS + ("lm_head_gemv", "rms_gemms_rope", "flash_attn", "o_ffn")
 ATTENTION = ("_decode_attention", "_host_attention")  # the seam (NpuKVCache), HF caches' host attention
 

@@ -576,14 +576,21 @@ def decode_attn_o_gemv_ffn_rms_gemv_rope_program(hidden: int, q_dim: int, interm
     ``attn`` (decode attention's output, a device-only scratch); outputs are ``out`` and the next layer's
     ``next_v``, ``next_q_roped``, ``next_k_roped``.
     """
-    if heads * head_dim != q_dim:
-        raise ValueError(f"q_dim ({q_dim}) must be heads*head_dim ({heads}*{head_dim})")
-    attention = decode_attn_program(heads, kv_heads, head_dim, capacity)
     rest = o_gemv_ffn_rms_gemv_rope_program(hidden, q_dim, intermediate, eps, heads, kv_heads, head_dim, next_eps,
                                             weights, qkv_bias)
+    return _after_decode_attn(_decode_name("decode_attn_o_gemv_ffn_rms_gemv_rope", weights), heads, kv_heads,
+                              head_dim, capacity, rest)
+
+
+def _after_decode_attn(name: str, heads: int, kv_heads: int, head_dim: int, capacity: int, rest: Program) -> Program:
+    """Decode attention, then ``rest`` (a Program whose ``attn`` input is its output, now a device-only scratch),
+    in one Program: decode_attn's host arguments, then ``rest``'s but ``attn``."""
     attn = rest.arg("attn")
+    if heads * head_dim != attn.shape[-1]:
+        raise ValueError(f"q_dim ({attn.shape[-1]}) must be heads*head_dim ({heads}*{head_dim})")
+    attention = decode_attn_program(heads, kv_heads, head_dim, capacity)
     return Program(
-        name=_decode_name("decode_attn_o_gemv_ffn_rms_gemv_rope", weights),
+        name=name,
         params=attention.params + rest.params,
         args=(*attention.args[:-1], Arg("attn", attn.shape, attn.dtype, S),
               *(a for a in rest.args if a.name != "attn")),
@@ -591,6 +598,17 @@ def decode_attn_o_gemv_ffn_rms_gemv_rope_program(hidden: int, q_dim: int, interm
                          ("attn",)), *rest.launches),
         compile_options=DECODE_OPTIONS,
     )
+
+
+def decode_attn_o_gemv_ffn_program(hidden: int, q_dim: int, intermediate: int, eps: float, heads: int, kv_heads: int,
+                                   head_dim: int, capacity: int, weights: str = "bf16") -> Program:
+    """The last decode layer from its attention on: decode attention over the layer's cache, then o_gemv_ffn on its
+    output, in one dispatch (a layer with no next layer to chain into).
+
+    Host arguments are decode_attn's (q, k_cache, v_cache, length), then o_gemv_ffn's without ``attn`` (decode
+    attention's output, a device-only scratch); the output is ``out``."""
+    return _after_decode_attn(_decode_name("decode_attn_o_gemv_ffn", weights), heads, kv_heads, head_dim, capacity,
+                              o_gemv_ffn_program(hidden, q_dim, intermediate, eps, weights))
 
 
 # A patched model's LM head holds its weight rows padded with zero rows to a multiple of this (``lm_head_rows``), so
@@ -659,6 +677,12 @@ def decode_attn_o_gemv_ffn_rms_gemv_rope_packed_program(hidden: int, q_dim: int,
                                                         capacity, next_eps, _packed_only(weights), qkv_bias)
 
 
+def decode_attn_o_gemv_ffn_packed_program(hidden: int, q_dim: int, intermediate: int, eps: float, heads: int,
+                                          kv_heads: int, head_dim: int, capacity: int, weights: str) -> Program:
+    return decode_attn_o_gemv_ffn_program(hidden, q_dim, intermediate, eps, heads, kv_heads, head_dim, capacity,
+                                          _packed_only(weights))
+
+
 def lm_head_gemv_packed_program(hidden: int, vocab: int, weights: str) -> Program:
     return lm_head_gemv_program(hidden, vocab, _packed_only(weights))
 
@@ -702,11 +726,12 @@ def programs_for_model(dims: ModelDims, prefill_buckets,
 
 
 def decode_attn_programs(dims: ModelDims, context: int, weights: str = "bf16") -> list[Program]:
-    """Decode attention's Programs, alone and chained into a layer (projection weights as ``weights``), at the
-    shortest cache and the longest of a ``context``-position model. A patched model builds them at each capacity
-    bucket it meets (any multiple of DECODE_ATTN_ROWS_MULTIPLE up to its context); they differ only in the cache's
-    rows and the herd's trip count, always even, so a tile holds the same buffers at every capacity and the kernel's
-    configuration is the same: these two stand for the rest."""
+    """Decode attention's Programs, alone and chained into a layer (with the next layer's Q/K/V, and for the last
+    layer without; projection weights as ``weights``), at the shortest cache and the longest of a
+    ``context``-position model. A patched model builds them at each capacity bucket it meets (any multiple of
+    DECODE_ATTN_ROWS_MULTIPLE up to its context); they differ only in the cache's rows and the herd's trip count,
+    always even, so a tile holds the same buffers at every capacity and the kernel's configuration is the same:
+    these two stand for the rest."""
     _check_weights(weights)
     d = dims
     longest = context // DECODE_ATTN_ROWS_MULTIPLE * DECODE_ATTN_ROWS_MULTIPLE
@@ -717,4 +742,6 @@ def decode_attn_programs(dims: ModelDims, context: int, weights: str = "bf16") -
     return [program for capacity in capacities for program in (
         decode_attn_program(d.heads, d.kv_heads, d.head_dim, capacity),
         decode_attn_o_gemv_ffn_rms_gemv_rope_program(d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads,
-                                                     d.head_dim, capacity, d.eps, weights, d.qkv_bias))]
+                                                     d.head_dim, capacity, d.eps, weights, d.qkv_bias),
+        decode_attn_o_gemv_ffn_program(d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads, d.head_dim,
+                                       capacity, weights))]

@@ -113,6 +113,15 @@ def _decode_attn_o_gemv_ffn_rms_gemv_rope(shapes, head_dim, eps, next_eps, qkv_b
                                                                 head_dim, capacity, next_eps, qkv_bias=qkv_bias)
 
 
+def _decode_attn_o_gemv_ffn(shapes, head_dim, eps):
+    """decode_attn's four tensors, then o_gemv_ffn's without attn (decode attention's output)."""
+    attention = _decode_attn(shapes[:4], head_dim)
+    heads, kv_heads, capacity = (dict(attention.params)[n] for n in ("heads", "kv_heads", "capacity"))
+    hidden, q_dim, intermediate = _ffn_dims((shapes[0],) + tuple(shapes[4:]))
+    return catalog.decode_attn_o_gemv_ffn_program(hidden, q_dim, intermediate, eps, heads, kv_heads, head_dim,
+                                                  capacity)
+
+
 def decode_attn_length(length: int) -> torch.Tensor:
     """npu2.decode_attn's ``length`` argument for ``length`` valid positions (bf16 base-256 digits: data the
     kernel reads, catalog.DECODE_ATTN_LENGTH_DIGITS says why bf16)."""
@@ -168,6 +177,15 @@ def _decode_attn_o_gemv_ffn_rms_gemv_rope_packed(shapes, head_dim, eps, next_eps
     return catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_packed_program(hidden, q_dim, intermediate, eps, heads,
                                                                        kv_heads, head_dim, capacity, next_eps, weights,
                                                                        qkv_bias)
+
+
+def _decode_attn_o_gemv_ffn_packed(shapes, head_dim, eps, weights):
+    """decode_attn's four tensors, then o_gemv_ffn_packed's without attn."""
+    attention = _decode_attn(shapes[:4], head_dim)
+    heads, kv_heads, capacity = (dict(attention.params)[n] for n in ("heads", "kv_heads", "capacity"))
+    hidden, q_dim, intermediate = _ffn_dims_packed((shapes[0],) + tuple(shapes[4:]))
+    return catalog.decode_attn_o_gemv_ffn_packed_program(hidden, q_dim, intermediate, eps, heads, kv_heads, head_dim,
+                                                         capacity, weights)
 
 
 def _lm_head_gemv_packed(shapes, weights):
@@ -278,6 +296,11 @@ FUSED_OPS = {op.name: op for op in (
     FusedOp("o_ffn", (("eps", "float"), _PRECISION), _o_ffn, catalog.o_ffn_program(**_EX_FFN, seq=2)),
     FusedOp("o_gemv_ffn", (("eps", "float"),), _o_gemv_ffn, catalog.o_gemv_ffn_program(**_EX_FFN)),
     FusedOp("decode_attn", (("head_dim", "int"),), _decode_attn, catalog.decode_attn_program(2, 1, 32, 128)),
+    FusedOp("decode_attn_o_gemv_ffn", (("head_dim", "int"), ("eps", "float")), _decode_attn_o_gemv_ffn,
+            catalog.decode_attn_o_gemv_ffn_program(64, 64, 128, 1e-5, 2, 1, 32, 128)),
+    FusedOp("decode_attn_o_gemv_ffn_packed", (("head_dim", "int"), ("eps", "float"), _WEIGHTS),
+            _decode_attn_o_gemv_ffn_packed,
+            catalog.decode_attn_o_gemv_ffn_program(64, 64, 128, 1e-5, 2, 1, 32, 128, weights=_EX_PACKED)),
     FusedOp("lm_head_gemv", (), _lm_head_gemv, catalog.lm_head_gemv_program(8, 16)),
     FusedOp("o_gemv_ffn_packed", (("eps", "float"), _WEIGHTS), _o_gemv_ffn_packed,
             catalog.o_gemv_ffn_program(**_EX_PACKED_FFN, weights=_EX_PACKED)),
@@ -291,6 +314,8 @@ rms_gemms_rope, flash_attn, o_ffn = ALL_OPS["rms_gemms_rope"], ALL_OPS["flash_at
 rms_gemv_rope, o_gemv_ffn, lm_head_gemv = ALL_OPS["rms_gemv_rope"], ALL_OPS["o_gemv_ffn"], ALL_OPS["lm_head_gemv"]
 o_gemv_ffn_rms_gemv_rope, decode_attn = ALL_OPS["o_gemv_ffn_rms_gemv_rope"], ALL_OPS["decode_attn"]
 decode_attn_o_gemv_ffn_rms_gemv_rope = ALL_OPS["decode_attn_o_gemv_ffn_rms_gemv_rope"]
+decode_attn_o_gemv_ffn, decode_attn_o_gemv_ffn_packed = (ALL_OPS["decode_attn_o_gemv_ffn"],
+                                                         ALL_OPS["decode_attn_o_gemv_ffn_packed"])
 rms_gemv_rope_packed, o_gemv_ffn_packed = ALL_OPS["rms_gemv_rope_packed"], ALL_OPS["o_gemv_ffn_packed"]
 o_gemv_ffn_rms_gemv_rope_packed, lm_head_gemv_packed = (ALL_OPS["o_gemv_ffn_rms_gemv_rope_packed"],
                                                         ALL_OPS["lm_head_gemv_packed"])

@@ -112,6 +112,12 @@ def decode_attn_o_gemv_ffn_rms_gemv_rope_reference(q, k_cache, v_cache, length, 
                                               next_wv, next_rope_lut, eps, next_eps, biases)
 
 
+def decode_attn_o_gemv_ffn_reference(q, k_cache, v_cache, length, wo, x, norm_w, w_gate_up, w_down, head_dim, eps):
+    """Reference of npu2.decode_attn_o_gemv_ffn: decode attention, then o_gemv_ffn (o_ffn's reference on one row)."""
+    return o_ffn_reference(decode_attn_reference(q, k_cache, v_cache, length, head_dim), wo, x, norm_w, w_gate_up,
+                           w_down, eps)
+
+
 def lm_head_gemv_reference(x, w_lm):
     """fp32 logits of one row (the op keeps its fp32 accumulator rather than rounding logits to bf16)."""
     return F.linear(x.float(), w_lm.float())
@@ -157,6 +163,13 @@ def decode_attn_o_gemv_ffn_rms_gemv_rope_packed_reference(q, k_cache, v_cache, l
     attn = decode_attn_reference(q, k_cache, v_cache, length, head_dim)
     return o_gemv_ffn_rms_gemv_rope_packed_reference(attn, wo, x, norm_w, w_gate_up, w_down, next_norm_w, next_wq,
                                                      next_wk, next_wv, next_rope_lut, eps, next_eps, weights, biases)
+
+
+def decode_attn_o_gemv_ffn_packed_reference(q, k_cache, v_cache, length, wo, x, norm_w, w_gate_up, w_down, head_dim,
+                                            eps, weights):
+    """Reference of npu2.decode_attn_o_gemv_ffn_packed."""
+    return o_gemv_ffn_packed_reference(decode_attn_reference(q, k_cache, v_cache, length, head_dim), wo, x, norm_w,
+                                       w_gate_up, w_down, eps, weights)
 
 
 def lm_head_gemv_packed_reference(x, w_lm, weights):

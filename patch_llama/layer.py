@@ -28,8 +28,9 @@ from ..host_memory import release_free_heap
 from ..kernels import quant
 from ..kernels.catalog import DEFAULT_BF16_WEIGHT_PRECISION, decode_attn_capacity
 from ..kernels.program import pad_rows
-from ..ops import (INTO, QKV_BIASED, build_rope_lut, decode_attn, decode_attn_length,
-                   decode_attn_o_gemv_ffn_rms_gemv_rope, decode_attn_o_gemv_ffn_rms_gemv_rope_packed, device_empty,
+from ..ops import (INTO, QKV_BIASED, build_rope_lut, decode_attn, decode_attn_length, decode_attn_o_gemv_ffn,
+                   decode_attn_o_gemv_ffn_packed, decode_attn_o_gemv_ffn_rms_gemv_rope,
+                   decode_attn_o_gemv_ffn_rms_gemv_rope_packed, device_empty,
                    device_written, flash_attn, lm_head_gemv, lm_head_gemv_packed, o_ffn, o_gemv_ffn, o_gemv_ffn_packed,
                    o_ffn_w8x2, o_gemv_ffn_rms_gemv_rope, o_gemv_ffn_rms_gemv_rope_packed, rms_gemms_rope,
                    rms_gemms_rope_w8x2, rms_gemv_rope, rms_gemv_rope_packed)
@@ -585,8 +586,10 @@ class NpuDecoderLayer:
         eps, following = self.eps_mlp, self.next_layer
         ffn_op = o_gemv_ffn if self.packed is None else o_gemv_ffn_packed
         if following is None or compiling or (following.packed is None) != (self.packed is None):
-            if on_device is not None:
-                attn = [decode_attn(*a, head_dim) for a in on_device]
+            if on_device is not None:  # attention and this layer's rest: one run
+                last_op = decode_attn_o_gemv_ffn if self.packed is None else decode_attn_o_gemv_ffn_packed
+                return _from_sequence_rows([last_op(*a, wo, x, norm2_w, w_gate_up, w_down, head_dim, eps, *packed)
+                                            for a, x in zip(on_device, inputs)])
             return _from_sequence_rows([ffn_op(a, wo, x, norm2_w, w_gate_up, w_down, eps, *packed)
                                         for a, x in zip(attn, inputs)])
         next_eps = following.eps_attn

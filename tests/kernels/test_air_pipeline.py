@@ -45,6 +45,9 @@ PROGRAMS.update({f"{model}-decode_attn-{capacity}": catalog.decode_attn_program(
 PROGRAMS["llama-decode_attn_o_gemv_ffn_rms_gemv_rope-2048"] = catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_program(
     LLAMA.hidden, LLAMA.q_dim, LLAMA.intermediate, LLAMA.eps, LLAMA.heads, LLAMA.kv_heads, LLAMA.head_dim, 2048,
     LLAMA.eps)
+# The last decode layer from its attention on (decode attention, o_gemv_ffn).
+PROGRAMS["llama-decode_attn_o_gemv_ffn-2048"] = catalog.decode_attn_o_gemv_ffn_program(
+    LLAMA.hidden, LLAMA.q_dim, LLAMA.intermediate, LLAMA.eps, LLAMA.heads, LLAMA.kv_heads, LLAMA.head_dim, 2048)
 # The same over packed Q4_1 weights (what the patched layers run with weights="q4_1").
 PROGRAMS["llama-decode_attn_o_gemv_ffn_rms_gemv_rope_packed-q4_1-2048"] = \
     catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_packed_program(LLAMA.hidden, LLAMA.q_dim, LLAMA.intermediate,

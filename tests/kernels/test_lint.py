@@ -269,7 +269,9 @@ def test_cli_prints_findings_per_program_and_exits_1(capsys, monkeypatch):
                          "herd @attention_herd (8x3) (45,440 B buffers + 3,072 B stack + 1,024 B headroom)")
     assert any(line.startswith("lm_head_gemv: no findings; L1 ") for line in out)
     assert any(line.startswith("  [dma-wrap] launch 1 (attention): src of") for line in out)
-    # decode attention, alone and chained, at the shortest cache and the context's
+    # decode attention, alone and chained (with the next layer's Q/K/V and without), at the shortest cache and the
+    # context's
     assert len([line for line in out if line.startswith("decode_attn: no findings; L1 ")]) == 2
     assert len([line for line in out if line.startswith("decode_attn_o_gemv_ffn_rms_gemv_rope: no findings")]) == 2
-    assert out[-1] == "2 findings in 11 Programs"
+    assert len([line for line in out if line.startswith("decode_attn_o_gemv_ffn: no findings")]) == 2
+    assert out[-1] == "2 findings in 13 Programs"

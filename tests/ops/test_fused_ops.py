@@ -71,6 +71,9 @@ def unbiased_cases(config, g):
             decode_attn_args(heads, kv, hd, gen=g) + ffn_args(hidden, heads, hd, ffn, seq, decode=True, gen=g)[1:]
             + qkv_args(hidden, heads, kv, hd, seq, decode=True, gen=g)[1:], (hd, EPS, 2 * EPS),
             reference.decode_attn_o_gemv_ffn_rms_gemv_rope_reference),
+        "decode_attn_o_gemv_ffn": (
+            decode_attn_args(heads, kv, hd, gen=g) + ffn_args(hidden, heads, hd, ffn, seq, decode=True, gen=g)[1:],
+            (hd, EPS), reference.decode_attn_o_gemv_ffn_reference),
         **packed_cases(config, g),
         **w8x2_cases(config, g),
     }
@@ -110,6 +113,8 @@ def packed_cases(config, g):
         "decode_attn_o_gemv_ffn_rms_gemv_rope_packed": (
             decode_attn_args(heads, kv, hd, gen=g) + ffn_tensors[1:] + qkv[1:], (hd, EPS, 2 * EPS, "q4_1"),
             reference.decode_attn_o_gemv_ffn_rms_gemv_rope_packed_reference),
+        "decode_attn_o_gemv_ffn_packed": (decode_attn_args(heads, kv, hd, gen=g) + ffn_tensors[1:], (hd, EPS, "q4_1"),
+                                          reference.decode_attn_o_gemv_ffn_packed_reference),
     }
 
 
@@ -234,6 +239,17 @@ def test_the_layer_from_attention_on_is_its_two_ops_bit_for_bit(runtime):
     assert len(chained) == len(expected) == 4
     for c, e in zip(chained, expected):
         assert torch.equal(c, e)
+
+
+@pytest.mark.parametrize("packed", [(), ("q4_1",)])
+def test_the_last_layer_from_attention_on_is_its_two_ops_bit_for_bit(runtime, packed):
+    """decode_attn_o_gemv_ffn(_packed) is decode_attn, then o_gemv_ffn(_packed) on its output."""
+    suffix = "_packed" if packed else ""
+    tensors, scalars, _ = op_cases("llama32_1b")["decode_attn_o_gemv_ffn" + suffix]
+    head_dim, eps = scalars[:2]
+    fused = ALL_OPS["decode_attn_o_gemv_ffn" + suffix](*tensors, *scalars)
+    attn = ALL_OPS["decode_attn"](*tensors[:4], head_dim)
+    assert torch.equal(fused, ALL_OPS["o_gemv_ffn" + suffix](attn, *tensors[4:], eps, *packed))
 
 
 def test_outputs_never_alias_inputs(runtime):
