@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from .artifact_cache import ArtifactCache
+from .kernels.device import DEVICE
 from .kernels.program import TORCH_DTYPES, Program, Role
 from .targets import AUTO, TARGETS, Target, check_backend, resolve_target
 # XRT allocates BOs in whole pages; rounding pool sizes up lets nearby sizes share buffers.
@@ -303,9 +304,9 @@ class Runtime:
         """Run ``program`` on ``tensors`` (its weights and inputs, in ELF order); returns its outputs.
 
         ``into``: {output position: tensor} for outputs the caller gives a place (a KV cache's row): the NPU writes
-        them there and they are left out of the result. A contiguous part of a BO-backed tensor is bound as a
-        sub-buffer of its BO (``xrt.bo(parent, size, offset)``), so the device writes it in place and only its bytes
-        are synced back; any other tensor gets a pooled output BO, copied into it after the run."""
+        them there and they are left out of the result. A contiguous part of a BO-backed tensor at a whole DMA word
+        is bound as a sub-buffer of its BO (``xrt.bo(parent, size, offset)``), so the device writes it in place and
+        only its bytes are synced back; any other tensor gets a pooled output BO, copied into it after the run."""
         loaded = self._loaded.get(program.key) or self.load(program)
         key = tuple([tensors[position].data_ptr() for position, _ in loaded.weight_plan])
         binding = loaded.bindings.get(key)
@@ -341,6 +342,9 @@ class Runtime:
                 target.copy_(staged)
                 self.stats["host_copies"] += 1
                 self.stats["host_copy_bytes"] += nbytes
+                state = self._resident.get(target.untyped_storage().data_ptr())
+                if state is not None and state.synced_by_writer:  # a host write to state: its bytes to the device
+                    self.sync_written(target)
         self.stats["runs"] += 1
         return tuple(outputs)
 
@@ -352,11 +356,12 @@ class Runtime:
             raise ValueError(f"{loaded.program.name}: output {loaded.program.args[index].name} is {numel} "
                              f"{dtype} elements, the tensor given for it {target.numel()} {target.dtype}")
         buffer = self._resident.get(target.untyped_storage().data_ptr())
-        if buffer is None or not target.is_contiguous():
+        offset = target.storage_offset() * target.element_size()
+        # a sub-buffer is a DMA's base address: whole shim DMA words only
+        if buffer is None or not target.is_contiguous() or offset % DEVICE.dma_word_bytes:
             staged, lease = self._lease(numel, shape, dtype, size)
             self._bind(loaded, index, lease.bo)
             return lease.bo, nbytes, 0, target, staged
-        offset = target.storage_offset() * target.element_size()
         if offset == 0 and nbytes == buffer.bo.size():
             bo = buffer.bo
         else:

@@ -407,6 +407,8 @@ def test_emulated_sub_buffer_shares_its_parents_bytes_and_stays_inside_it():
     assert parent.map().tobytes()[16] == 7 == sub.map().tobytes()[0]
     with pytest.raises(RuntimeError, match="does not fit its 64-byte parent"):
         xrt.bo(parent, 8, 60)
+    with pytest.raises(RuntimeError, match="offset 18, not a multiple of the shim DMA's 4-byte word"):
+        xrt.bo(parent, 8, 18)
 
 
 def test_an_output_given_a_place_is_written_there_and_left_out_of_the_results(runtime):
@@ -427,6 +429,13 @@ def test_an_output_given_a_place_is_written_there_and_left_out_of_the_results(ru
     plain = torch.zeros(32, dtype=torch.bfloat16)
     runtime.run(program, [x, norm_w, wq, wk, wv, lut], into={0: plain})
     assert torch.equal(plain, v)
+    subs, copies = runtime.stats["sub_buffers"], runtime.stats["host_copies"]
+    odd = runtime.empty_state((80,), torch.bfloat16)  # a row at an odd element: 2 bytes past a DMA word
+    runtime.run(program, [x, norm_w, wq, wk, wv, lut], into={0: odd[1:33]})
+    assert torch.equal(odd[1:33], v) and runtime.stats["sub_buffers"] == subs
+    assert runtime.stats["host_copies"] == copies + 7  # staged: the six host arguments and this output
+    device = runtime._resident[odd.data_ptr()].bo.device_view(torch.bfloat16)
+    assert torch.equal(device[1:33], v), "the copy into state reaches the device"
     with pytest.raises(ValueError, match="output v is 32 torch.bfloat16 elements, the tensor given for it 31"):
         runtime.run(program, [x, norm_w, wq, wk, wv, lut], into={0: state[0, :31]})
 

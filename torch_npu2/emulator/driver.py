@@ -19,6 +19,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
+from ..kernels.device import DEVICE
 from ..kernels.program import TORCH_DTYPES, Program, Role
 from .launches import LAUNCH_KINDS
 
@@ -101,6 +102,9 @@ class _Bo:
         if size <= 0 or offset < 0 or offset + size > parent.nbytes:
             raise RuntimeError(f"emulated NPU2: a sub-buffer of {size} bytes at offset {offset} does not fit its "
                                f"{parent.nbytes}-byte parent")
+        if offset % DEVICE.dma_word_bytes:  # a shim DMA addresses DDR in words
+            raise RuntimeError(f"emulated NPU2: a sub-buffer at offset {offset}, not a multiple of the shim DMA's "
+                               f"{DEVICE.dma_word_bytes}-byte word, cannot be a DMA's base address")
         bo = cls.__new__(cls)
         bo.emu, bo.nbytes, bo.role, bo._device_views = parent.emu, size, None, {}
         bo._host = parent._host[offset:offset + size]
