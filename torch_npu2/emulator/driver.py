@@ -2,8 +2,8 @@
 
 ``EmulatedXrt()`` is used in place of the ``pyxrt`` module: ``device``, ``elf``, ``hw_context``,
 ``ext.kernel``, ``ext.bo`` (``map``/``sync``/``size``), ``bo(parent, size, offset)`` (pyxrt's sub-buffer: ``size``
-bytes of ``parent`` from ``offset``, sharing its host and device bytes), ``run`` (``set_arg``/``start``/``wait2``/``state``),
-``ert_cmd_state`` and ``xclBOSyncDirection``. The "ELF" it loads is the emulator artifact (a JSON
+bytes of ``parent`` from ``offset``, sharing its host and device bytes), ``run``
+(``set_arg``/``start``/``wait2``/``state``), ``ert_cmd_state`` and ``xclBOSyncDirection``. The "ELF" it loads is the emulator artifact (a JSON
 Program); a run interprets the Program launch by launch (see ``launches.py``).
 
 Coherency: ``strict`` keeps separate host and device copies of every BO and moves bytes only on
