@@ -112,16 +112,18 @@ def unreachable_eos(model) -> int:
     return model.config.vocab_size
 
 
-def timed_generate(model, ids: torch.Tensor, decode_steps: int, on_first_step=None,
+def timed_generate(model, ids: torch.Tensor, decode_steps: int, on_first_step=None, attention_mask=None,
                    **generate_kwargs) -> tuple[float, list[float]]:
-    """Greedy generate() of ``decode_steps + 1`` tokens; returns (prefill seconds, per decode step seconds)."""
+    """Greedy generate() of ``decode_steps + 1`` tokens (every token real unless ``attention_mask`` says otherwise);
+    returns (prefill seconds, per decode step seconds)."""
     from transformers import LogitsProcessorList
 
     clock = StepClock(on_first_step)
     new_tokens = decode_steps + 1
     start = time.perf_counter()
     with torch.no_grad():
-        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False,
+        model.generate(ids, attention_mask=torch.ones_like(ids) if attention_mask is None else attention_mask,
+                       max_new_tokens=new_tokens, do_sample=False,
                        pad_token_id=0, eos_token_id=unreachable_eos(model),
                        logits_processor=LogitsProcessorList([clock]), **generate_kwargs)
     stamps = [start] + clock.stamps

@@ -16,7 +16,9 @@ it is reported separately and subtracted: host overhead = token wall − host at
 the ``_decode_attention`` seam, with HF's DynamicCache ``_host_attention``.
 
 Each context is measured with the patched model's default cache (NpuKVCache: ``contexts``) and with HF's
-DynamicCache passed explicitly (the host path before the NpuKVCache: ``hf_cache_contexts``), in the same run.
+DynamicCache passed explicitly (the host path before the NpuKVCache: ``hf_cache_contexts``), in the same run; the
+shortest and longest contexts also with a batch of two prompts of that length, and with the second left-padded
+over half of it (``batch_contexts``, NpuKVCache).
 Every generate() starts from a cache that already holds the prompt's first context − 1 positions (random K/V,
 written once per context and cropped back after each run), so generate() feeds the last prompt token and then
 decodes: the decode steps measured are those of a real prompt of that length (the arithmetic is off, so the
@@ -49,6 +51,7 @@ TARGET_MS = 1.5
 FLAT_RATIO = 1.15  # issue 25: the longest context's token at most this many times the shortest's
 CACHES = ("npu", "hf")  # the patched model's NpuKVCache, HF's DynamicCache
 HOST_THREADS = 1
+BATCH = 2  # prompts in the batch also measured: of one length, then all but the first left-padded
 DRIVER_COUNTERS = ("runs", "syncs_to_device", "syncs_from_device", "bytes_to_device", "bytes_from_device")
 # the ops a decode layer calls: with the NpuKVCache its attention runs on the NPU, alone or chained
 # (an op's "_into" name: its .into overload, which writes the K and V rows into the cache)
@@ -210,9 +213,9 @@ def _breakdown(timer: OpTimer, steps: int, layers: int) -> dict:
                            "glue_us": (sum(layer_ms) - in_layer_ops - attention) / layers * 1e3}}
 
 
-def filled_cache(model, kind: str, positions: int):
+def filled_cache(model, kind: str, positions: int, batch: int = 1):
     """A cache of ``kind`` ("npu": the patched model's NpuKVCache, "hf": HF's DynamicCache) holding ``positions``
-    positions of random K/V in every layer."""
+    positions of random K/V of ``batch`` sequences in every layer."""
     from transformers import DynamicCache
 
     from torch_npu2.patch_llama.kv_cache import NpuKVCache
@@ -222,7 +225,7 @@ def filled_cache(model, kind: str, positions: int):
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     generator = torch.Generator().manual_seed(positions)
     for layer in range(config.num_hidden_layers):
-        k, v = (torch.randn(1, config.num_key_value_heads, positions, head_dim, generator=generator).bfloat16()
+        k, v = (torch.randn(batch, config.num_key_value_heads, positions, head_dim, generator=generator).bfloat16()
                 for _ in range(2))
         cache.update(k, v, layer)
     return cache
@@ -236,18 +239,23 @@ def _rewound(cache, positions: int):
     return cache
 
 
-def measure(model, runtime, contexts, decode_steps: int, repeats: int, log=print, cache: str = "npu") -> list[dict]:
+def measure(model, runtime, contexts, decode_steps: int, repeats: int, log=print, cache: str = "npu",
+            batch: int = 1, padded: bool = False) -> list[dict]:
     """Host-time figures for a patched ``model`` whose current runtime is ``runtime`` (compute=False), each context
-    decoded over a cache of kind ``cache`` (``filled_cache``)."""
+    decoded over a cache of kind ``cache`` (``filled_cache``) for ``batch`` prompts of that length, every prompt but
+    the first left-padded over half of it when ``padded``."""
     vocab, layers = model.config.vocab_size, model.config.num_hidden_layers
     common.timed_generate(model, common.random_prompt(8, vocab), 2)  # warm-up: loads the decode Programs
     results = []
     for context in contexts:
-        ids = common.random_prompt(context, vocab)
-        prefilled = filled_cache(model, cache, context - 1)
+        ids = torch.cat([common.random_prompt(context, vocab, seed=1 + b) for b in range(batch)])
+        starts = torch.tensor([[0]] + [[context // 2 if padded else 0]] * (batch - 1))
+        mask = (torch.arange(context) >= starts).long()
+        prefilled = filled_cache(model, cache, context - 1, batch)
 
         def timed(**kwargs):
-            return common.timed_generate(model, ids, decode_steps, past_key_values=_rewound(prefilled, context - 1),
+            return common.timed_generate(model, ids, decode_steps, attention_mask=mask,
+                                         past_key_values=_rewound(prefilled, context - 1),
                                          **kwargs)
 
         # untimed at this context first: the first pass grows the heap (page faults, ≈ 0.8 ms per step at 32)
@@ -272,6 +280,8 @@ def measure(model, runtime, contexts, decode_steps: int, repeats: int, log=print
         entry = {
             "context_tokens": context,
             "cache": cache,
+            "batch": batch,
+            "padded": padded,
             "token_ms": token_ms,
             "token_ms_repeats": [p * 1e3 for p in plain],
             "instrumented_token_ms": instrumented_ms,
@@ -283,7 +293,7 @@ def measure(model, runtime, contexts, decode_steps: int, repeats: int, log=print
             "per_generate_counts": {**per_generate, "decode_steps": decode_steps, "first_forward_tokens": 1},
             "hot_functions": hot_functions(profile, decode_steps),
         }
-        log(f"  {cache} cache, context {context:5d}: token {token_ms:7.2f} ms, host attention {entry['host_attention_ms']:6.2f} ms, "
+        log(f"  {cache} cache, batch {batch}{' left-padded' if padded else ''}, context {context:5d}: token {token_ms:7.2f} ms, host attention {entry['host_attention_ms']:6.2f} ms, "
             f"overhead {entry['host_overhead_ms']:6.2f} ms (layers {breakdown['layers_ms']:.2f}, "
             f"lm head {breakdown['lm_head_ms']:.2f}, outside layers {entry['outside_layers_ms']:.2f})")
         results.append(entry)
@@ -303,15 +313,21 @@ def hf_framework_cost(decode_steps: int, repeats: int, layers: int = 16) -> dict
 
 def host_report(model, contexts, decode_steps: int, repeats: int, log=print, caches=CACHES) -> dict:
     """Patches ``model`` on a compute=False emulated NPU2 and measures it (the whole section, any model) with each
-    kind of cache in ``caches``."""
+    kind of cache in ``caches``, and with the first a batch of ``BATCH`` prompts at the shortest and longest
+    context, all of that length or all but the first left-padded over half of it."""
     import torch_npu2
 
     with common.torch_threads(HOST_THREADS), common.emulated_runtime(compute=False) as runtime:
         torch_npu2.patch_llama(model)
         by_cache = {kind: measure(model, runtime, contexts, decode_steps, repeats, log, cache=kind) for kind in caches}
+        ends = sorted({contexts[0], contexts[-1]})
+        batched = [entry for padded in (False, True)
+                   for entry in measure(model, runtime, ends, decode_steps, repeats, log, cache=caches[0],
+                                        batch=BATCH, padded=padded)]
         return {"layers": model.config.num_hidden_layers, "hidden": model.config.hidden_size,
                 "torch_threads": HOST_THREADS, "contexts": by_cache[caches[0]],
                 **({"hf_cache_contexts": by_cache["hf"]} if "hf" in by_cache and caches[0] != "hf" else {}),
+                "batch_contexts": batched,
                 "wrapper_cost_us": _wrapper_cost_us(),
                 "dispatch": dispatch_cost(),
                 "hf_framework": hf_framework_cost(decode_steps, repeats, model.config.num_hidden_layers)}

@@ -2,7 +2,9 @@
 
 Layout (what the decode-attention op reads): per layer, K and V are each one contiguous bf16 tensor of shape
 (batch, capacity, kv_heads * head_dim) in its own NPU buffer (``ops.device_empty``), position-major: a token's K
-row for all KV heads is contiguous, and sequence b's slab is ``k[b]``, a contiguous (capacity, kv_dim) view. Rows
+row for all KV heads is contiguous, and sequence b's slab is ``k[b]``, a contiguous (capacity, kv_dim) view. The
+buffer holds ``SPARE_ROWS`` more rows past the last slab, which a left-padded sequence's decode attention streams
+(and never reads) when its capacity bucket, taken from its first real row, runs past its slab. Rows
 0..length-1 hold the cached positions; rows past them are unspecified. A decode step's new K and V rows are written
 by the NPU: the patched layers pass the next position's rows (``k[b, length]``) to the decode ops' ``.into``
 overloads, which the runtime binds as sub-buffers of the slabs' BOs, and only those rows' bytes are synced back to
@@ -33,6 +35,7 @@ from ..ops import device_empty, device_written
 
 GROW_TOKENS = 1024  # a cache reused across turns grows to a multiple of this many rows (at least doubling)
 DEFAULT_TOKENS = 256  # rows of a cache created without a length (before its first write says more)
+SPARE_ROWS = DECODE_ATTN_ROWS_MULTIPLE  # rows past the last sequence's slabs in each buffer (_allocate says why)
 # transformers 5.0–5.?: crop(max_length), a positive length kept or a negative count removed; later releases:
 # crop(tokens_to_remove), a negative count only (0 removes nothing)
 _CROP_TAKES_LENGTH = "max_length" in inspect.signature(DynamicLayer.crop).parameters
@@ -97,8 +100,10 @@ class NpuKVLayer(DynamicLayer):
     def _allocate(self, batch: int, rows: int) -> None:
         rows = -(-max(rows, 1) // DECODE_ATTN_ROWS_MULTIPLE) * DECODE_ATTN_ROWS_MULTIPLE  # what npu2.decode_attn reads
         self.dtype, self.device, self.is_initialized = torch.bfloat16, torch.device("cpu"), True
-        k = device_empty((batch, rows, self.kv_dim), torch.bfloat16)
-        v = device_empty((batch, rows, self.kv_dim), torch.bfloat16)
+        # SPARE_ROWS past the last slab: a left-padded sequence's decode attention streams its bucket from its
+        # first real row, so up to that many rows past its slab's end (read by the DMAs, never by the kernel)
+        k, v = (device_empty((batch * rows + SPARE_ROWS, self.kv_dim), torch.bfloat16)[: batch * rows]
+                .view(batch, rows, self.kv_dim) for _ in range(2))
         old_k, old_v, self.k, self.v = self.k, self.v, k, v
         if old_k is not None and self.length:
             k[:, : self.length] = old_k[:, : self.length]

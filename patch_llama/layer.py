@@ -5,9 +5,9 @@ tokens, padded at the end to a compiled bucket length; decode (one new token) ru
 attention over the KV cache → o_gemv_ffn. The Cache object generate() hands the layers stays the single
 source of truth for K/V, so every generate() feature that relies on it keeps working. With an NpuKVCache
 (patch_llama/kv_cache.py, the patched model's default) decode writes the new K/V rows into its slabs and
-attends over them on the NPU (npu2.decode_attn, chained with the layer's FFN where it can be), or on the host for
-a left-padded sequence (``_decode_attention``); with HF's own caches it attends over HF's tensors on the host
-(``_host_attention``).
+attends over them on the NPU (npu2.decode_attn, chained with the layer's FFN where it can be; a left-padded
+sequence from its first real row), or on the host for a mask other than causal plus left padding; with HF's own
+caches it attends over HF's tensors on the host (``_host_attention``).
 
 In decode, a layer followed by another runs o_gemv_ffn_rms_gemv_rope instead of o_gemv_ffn: the next
 layer's rms_gemv_rope in the same dispatch, on this layer's output. The next layer takes those results
@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from ..host_memory import release_free_heap
 from ..kernels import quant
-from ..kernels.catalog import DEFAULT_BF16_WEIGHT_PRECISION, decode_attn_capacity
+from ..kernels.catalog import DECODE_ATTN_ROWS_MULTIPLE, DEFAULT_BF16_WEIGHT_PRECISION, decode_attn_capacity
 from ..kernels.program import pad_rows
 from ..ops import (INTO, QKV_BIASED, build_rope_lut, decode_attn, decode_attn_length, decode_attn_o_gemv_ffn,
                    decode_attn_o_gemv_ffn_packed, decode_attn_o_gemv_ffn_rms_gemv_rope,
@@ -350,8 +350,9 @@ def _decode_attention(q: torch.Tensor, k_slab: torch.Tensor, v_slab: torch.Tenso
     the sequence's left padding), GQA with ``heads // kv_heads`` queries per KV head, scores scaled by ``scale``.
     Returns (heads * head_dim,) bf16, the input o_gemv_ffn reads.
 
-    On the NPU (``npu2.decode_attn`` over the slabs' first capacity-bucket rows, the length as data) when the
-    sequence has no left padding and the scale is 1/sqrt(head_dim), the kernel's; otherwise on the host with
+    On the NPU (``npu2.decode_attn`` over a capacity bucket of rows from ``start``, ``length - start`` of them valid,
+    as data) when the scale is 1/sqrt(head_dim) and the slabs' storage holds the bucket (``_from_row``: an
+    NpuKVCache's does), the kernel's; otherwise on the host with
     ``_host_attention``'s operations for one query (fp32 scores and softmax, probabilities rounded to bf16, P·V
     accumulated in fp32 and rounded to bf16 once). The two differ in where the probabilities round (ARCHITECTURE.md,
     "Decode attention"): within 2 bf16 ulps of the output's scale."""
@@ -384,13 +385,33 @@ class DeviceAttention(NamedTuple):
 
 
 def _on_device_attention(q, k_slab, v_slab, start: int, length: int, head_dim: int, scale: float, digits=None):
-    """The DeviceAttention of a ``_decode_attention`` call the NPU kernel takes (no left padding, the kernel's
-    1/sqrt(head_dim) scale), else None. ``digits``: the length's argument, if the caller holds it."""
-    if start != 0 or scale != head_dim ** -0.5:
+    """The DeviceAttention of a ``_decode_attention`` call the NPU kernel takes (the kernel's 1/sqrt(head_dim)
+    scale; a left-padded sequence's cache read from its first real row, ``_from_row``), else None. ``digits``: the
+    length's argument, if the caller holds it (for the slabs' whole length: unused with left padding)."""
+    if scale != head_dim ** -0.5:
         return None
+    if start:
+        k_slab, v_slab = _from_row(k_slab, start, length), _from_row(v_slab, start, length)
+        if k_slab is None or v_slab is None:
+            return None
+        length, digits = length - start, None
     capacity = decode_attn_capacity(length, k_slab.shape[0])
     return DeviceAttention(q, k_slab[:capacity], v_slab[:capacity],
                            _length_digits(length) if digits is None else digits)
+
+
+def _from_row(slab: torch.Tensor, start: int, length: int) -> torch.Tensor | None:
+    """A (rows, kv_dim) view of ``slab``'s storage from row ``start`` on, as many whole decode-attention granules
+    (DECODE_ATTN_ROWS_MULTIPLE rows) as the storage holds from there, or None if they do not reach row ``length``.
+    Its rows past the slab's end are the next sequence's or the NpuKVCache's spare rows: a capacity bucket streams
+    them, the kernel never reads a row at or past the length."""
+    kv_dim = slab.shape[1]
+    first = slab.storage_offset() + start * kv_dim
+    rows = (slab.untyped_storage().nbytes() // slab.element_size() - first) // kv_dim
+    rows -= rows % DECODE_ATTN_ROWS_MULTIPLE
+    if rows < length - start:
+        return None
+    return slab.as_strided((rows, kv_dim), (kv_dim, 1), first)
 
 
 @functools.lru_cache(maxsize=16)

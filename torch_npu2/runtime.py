@@ -33,6 +33,9 @@ from .kernels.program import TORCH_DTYPES, Program, Role
 from .targets import AUTO, TARGETS, Target, check_backend, resolve_target
 # XRT allocates BOs in whole pages; rounding pool sizes up lets nearby sizes share buffers.
 PAGE = 4096
+# Sub-buffers an input's BO keeps for reuse (``_Buffer.parts``): a KV cache's slabs are bound at one place per
+# sequence and length bucket, token after token; past this many places all are dropped and made again as needed.
+MAX_PARTS_PER_BUFFER = 64
 
 
 class NPURunError(RuntimeError):
@@ -45,6 +48,8 @@ class _Buffer:
     mapping: np.ndarray  # uint8 view of bo.map(), taken once per BO
     weight_synced: bool = False  # a weight's bytes are on the device (weights are synced once)
     synced_by_writer: bool = False  # ``empty_state``'s: the host syncs what it writes (``sync_written``), runs never
+    # (byte offset, bytes) → a sub-buffer of ``bo`` that inputs at that place were bound as (``Runtime._bind_part``)
+    parts: dict = field(default_factory=dict)
 
     def tensor(self, shape, dtype: torch.dtype):
         """A tensor over the mapping, and its ``lease``: the object whose lifetime is the tensor storage's."""
@@ -248,7 +253,8 @@ class Runtime:
         # can begin before one mapping and reach into another), at offset 0. One data_ptr() call tells both.
         buffer = self._resident.get(tensor.data_ptr())
         if buffer is None:
-            self._stage(loaded, index, nbytes, tensor)
+            if is_weight or not self._bind_part(loaded, index, nbytes, tensor):
+                self._stage(loaded, index, nbytes, tensor)
             return
         bo = buffer.bo
         if loaded.bound[index] is not bo:  # _bind, inlined: this runs for every weight of every decode run
@@ -262,6 +268,37 @@ class Runtime:
         elif not buffer.weight_synced:
             bo.sync(self._sync_to, nbytes, 0)
             buffer.weight_synced = True
+
+    def _part(self, tensor: torch.Tensor) -> tuple[_Buffer, int] | None:
+        """(its buffer, its byte offset) when ``tensor`` is a contiguous part of a BO-backed tensor that a sub-buffer
+        can be bound to: one starting at a whole shim DMA word, since a sub-buffer is a DMA's base address."""
+        buffer = self._resident.get(tensor.untyped_storage().data_ptr())
+        offset = tensor.storage_offset() * tensor.element_size()
+        if buffer is None or offset % DEVICE.dma_word_bytes or not tensor.is_contiguous():
+            return None
+        return buffer, offset
+
+    def _bind_part(self, loaded: LoadedProgram, index: int, nbytes: int, tensor: torch.Tensor) -> bool:
+        """Bind an input that is part of a BO-backed tensor (``_part``: a KV cache slab of a batch's second
+        sequence, a row of a batch's output) as a sub-buffer of its BO, syncing just its bytes unless the host
+        syncs what it writes there; False if it is no such part (the caller stages a copy)."""
+        part = self._part(tensor)
+        if part is None:
+            return False
+        buffer, offset = part
+        bo = buffer.parts.get((offset, nbytes))
+        if bo is None:
+            if len(buffer.parts) >= MAX_PARTS_PER_BUFFER:
+                buffer.parts.clear()  # a run that still binds one holds it
+            bo = buffer.parts[(offset, nbytes)] = self.xrt.bo(buffer.bo, nbytes, offset)
+            self.stats["sub_buffers"] += 1
+        if loaded.bound[index] is not bo:
+            loaded.run.set_arg(index, bo)
+            loaded.bound[index] = bo
+        if not buffer.synced_by_writer:
+            bo.sync(self._sync_to, nbytes, 0)
+            self.stats["bo_inputs_synced"] += 1
+        return True
 
     def _stage(self, loaded: LoadedProgram, index: int, nbytes: int, tensor: torch.Tensor) -> None:
         """Bind the staging buffer of a host tensor argument and copy the tensor in."""
@@ -355,13 +392,12 @@ class Runtime:
         if target.numel() != numel or target.dtype is not dtype:
             raise ValueError(f"{loaded.program.name}: output {loaded.program.args[index].name} is {numel} "
                              f"{dtype} elements, the tensor given for it {target.numel()} {target.dtype}")
-        buffer = self._resident.get(target.untyped_storage().data_ptr())
-        offset = target.storage_offset() * target.element_size()
-        # a sub-buffer is a DMA's base address: whole shim DMA words only
-        if buffer is None or not target.is_contiguous() or offset % DEVICE.dma_word_bytes:
+        part = self._part(target)
+        if part is None:
             staged, lease = self._lease(numel, shape, dtype, size)
             self._bind(loaded, index, lease.bo)
             return lease.bo, nbytes, 0, target, staged
+        buffer, offset = part
         if offset == 0 and nbytes == buffer.bo.size():
             bo = buffer.bo
         else:

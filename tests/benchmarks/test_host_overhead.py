@@ -44,6 +44,14 @@ def test_report_is_json_with_the_expected_fields(report):
         # the new K and V rows; the slabs are never synced whole)
         assert context["per_generate_counts"]["ranged_syncs"] == 5 * (1 + on_npu)
         assert context["hot_functions"] and {"function", "own_us_per_token"} <= set(context["hot_functions"][0])
+    batched = data["batch_contexts"]
+    assert [(c["context_tokens"], c["batch"], c["padded"]) for c in batched] == [
+        (8, 2, False), (20, 2, False), (8, 2, True), (20, 2, True)]
+    for context in batched:  # no cache slab is copied: what is, is the hidden rows HF stacks (and a padded length)
+        counts = context["per_generate_counts"]
+        assert context["cache"] == "npu" and context["host_attention_ms"] == 0
+        assert counts["host_copy_bytes"] <= counts["host_copies"] * data["hidden"] * 2
+        assert counts["runs"] == 2 * 5 * (2 + 2)  # per sequence, as one
     dispatch = data["dispatch"]
     assert dispatch["library_define_impl_us"] > 0 and dispatch["custom_op_us"] > 0
     assert data["hf_framework"]["token_ms"] > 0

@@ -228,27 +228,36 @@ def test_a_mask_other_than_left_padding_attends_on_the_host_with_the_mask(runtim
     assert torch.equal(logits["npu"], logits["host"])
 
 
-@pytest.mark.parametrize("heads, kv_heads, head_dim, start, length", [
-    (6, 2, 16, 3, 9), (6, 2, 16, 0, 1), (32, 8, 64, 0, 700), (9, 3, 64, 5, 300)])
-def test_decode_attention_seam_matches_host_attention_over_the_rows(heads, kv_heads, head_dim, start, length):
-    """The seam's contract: rows start..length-1 of the slabs, GQA. Without left padding it is npu2.decode_attn,
-    within two bf16 ulps of the output's scale of _host_attention (where the probabilities round differs); with
-    left padding, the host's operations, the same bits as _host_attention."""
+@pytest.mark.parametrize("heads, kv_heads, head_dim, start, length, spare", [
+    (6, 2, 16, 3, 9, 0), (6, 2, 16, 0, 1, 0), (32, 8, 64, 0, 700, 0), (9, 3, 64, 5, 300, 0),
+    (6, 2, 16, 3, 9, 128), (9, 3, 64, 5, 300, 128),
+    (4, 2, 64, 200, 250, 128)])
+def test_decode_attention_seam_matches_host_attention_over_the_rows(heads, kv_heads, head_dim, start, length, spare):
+    """The seam's contract: rows start..length-1 of the slabs, GQA. On the NPU it is npu2.decode_attn over the rows
+    from ``start`` (a whole bucket of them, which may run past the slab into ``spare`` rows of its storage, as an
+    NpuKVCache keeps), within two bf16 ulps of the output's scale of _host_attention (where the probabilities round
+    differs); a left-padded slab without room for its bucket attends on the host, the same bits as
+    _host_attention."""
     torch.manual_seed(length)
     capacity = -(-(length + 4) // DECODE_ATTN_ROWS_MULTIPLE) * DECODE_ATTN_ROWS_MULTIPLE  # as NpuKVCache allocates
     q = torch.randn(heads * head_dim).bfloat16()
-    k, v = (torch.randn(capacity, kv_heads * head_dim).bfloat16() for _ in range(2))
+    k, v = (torch.randn(capacity + spare, kv_heads * head_dim).bfloat16()[:capacity] for _ in range(2))
     scale = head_dim ** -0.5
     out = layer_module._decode_attention(q, k, v, start, length, head_dim, scale)
     rows = length - start
     keys, values = (t[start:length].view(1, rows, kv_heads, head_dim).transpose(1, 2) for t in (k, v))
     want = layer_module._host_attention(q.view(1, heads, 1, head_dim), keys, values, None, scale).reshape(-1)
     assert out.shape == (heads * head_dim,) and out.dtype == torch.bfloat16
-    if start == 0:
-        bucket = decode_attn_capacity(length, capacity)
-        assert torch.equal(out, ops.decode_attn(q, k[:bucket], v[:bucket], ops.decode_attn_length(length), head_dim))
+    if start == 0 or spare:
+        room = capacity - start + spare
+        bucket = decode_attn_capacity(rows, room - room % DECODE_ATTN_ROWS_MULTIPLE)
+        assert bucket >= rows and (start == 0 or start + bucket > capacity)  # from row start: into the spare rows
+        from_start = (t.view(-1)[start * t.shape[1]:].view(-1, t.shape[1])[:bucket] for t in (k._base, v._base))
+        assert torch.equal(out, ops.decode_attn(q, *from_start, ops.decode_attn_length(rows), head_dim))
         assert (out.float() - want.float()).abs().max() <= 2 ** -7 * want.float().abs().max()
     else:
         assert torch.equal(out, want)
     k[length:], k[:start] = float("nan"), float("nan")  # rows outside start..length-1 are never read
+    if spare:
+        k._base[capacity:] = float("nan")
     assert torch.equal(layer_module._decode_attention(q, k, v, start, length, head_dim, scale), out)

@@ -10,6 +10,7 @@ from torch_npu2 import compare_layers, create_runtime, patch_llama, unpatch_llam
 from torch_npu2.emulator import EmulatedXrt
 from torch_npu2.kernels import ModelDims, programs_for_model
 from torch_npu2.kernels.catalog import lm_head_rows
+from torch_npu2.patch_llama import layer as layer_module
 
 from .tiny import tiny_llama
 from .gate import check_topk_gate, greedy_with_topk
@@ -102,6 +103,40 @@ def test_one_decode_token_moves_what_architecture_md_says(runtime, layers):
     assert token_xrt["syncs_to_device"] == token["host_copies"] + token["bo_inputs_synced"] + token["ranged_syncs"]
     # v, q_roped, k_roped and out per layer; the logits
     assert token_xrt["syncs_from_device"] == 4 * layers + 1
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_a_batch_decodes_over_every_sequences_cache_in_place(runtime, padded):
+    """Two prompts decode as each does alone (strict coherency), every layer's attention on the NPU, and no decode
+    token copies a cache slab: the second sequence's slab, which starts inside its layer's BO, is bound as a
+    sub-buffer of it like the K/V rows; a left-padded sequence's attention reads from its first real row, its
+    bucket running into the cache's spare rows. A token's copies are the batch's hidden rows only (HF hands the
+    layers one stacked tensor), whatever the context."""
+    model = patch_llama(tiny_llama(num_hidden_layers=2))
+    first, second = prompt(9, seed=1), prompt(5 if padded else 9, seed=2)
+    ids = torch.cat([first, torch.nn.functional.pad(second, (9 - second.shape[1], 0))])
+    mask = (torch.arange(9) >= torch.tensor([[0], [9 - second.shape[1]]])).long()
+    alone = [model.generate(p, max_new_tokens=4, do_sample=False)[:, p.shape[1]:] for p in (first, second)]
+    host_attention = []
+
+    def counts(new_tokens):
+        before = runtime.stats.copy()
+        with pytest.MonkeyPatch.context() as patch:
+            for name in ("_host_attention", "_decode_attention"):  # the host paths, and the seam's
+                original = getattr(layer_module, name)
+                patch.setattr(layer_module, name, lambda *a, f=original, n=name: (host_attention.append(n), f(*a))[1])
+            tokens = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                    do_sample=False, pad_token_id=0)
+        return tokens, runtime.stats - before
+
+    (tokens, _), (_, stats3), (_, stats4) = counts(4), counts(3), counts(4)
+    assert torch.equal(tokens[:, 9:], torch.cat(alone)) and not host_attention
+    token = stats4 - stats3
+    # and, per layer, the padded sequence's length (4 bf16 digits: the step's shared length buffer holds the other's)
+    lengths, row_bytes = 2 * padded, model.config.hidden_size * 2
+    assert token["host_copies"] > lengths
+    assert token["host_copy_bytes"] == (token["host_copies"] - lengths) * row_bytes + lengths * 4 * 2
+    assert token["sub_buffers"] == 2 * 2 * 2  # each sequence's new K and V rows, per layer; the slabs' are reused
 
 
 @pytest.mark.parametrize("edit", [None, "in_place", "replaced", "reordered"])

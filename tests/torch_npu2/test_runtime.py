@@ -330,17 +330,55 @@ def test_emulated_run_fails_while_an_argument_is_unbound_or_too_small(runtime):
     assert run.wait2() == completed
 
 
-def test_a_view_into_an_op_output_at_an_offset_is_staged_not_bound_as_its_bo(runtime):
-    """Only a tensor that starts where a BO starts is that BO; a view further in is copied into a staging buffer
-    (binding its BO would hand the kernel the wrong bytes)."""
+def test_a_view_into_an_op_output_at_an_offset_is_bound_as_a_sub_buffer_or_staged(runtime):
+    """A tensor that starts inside a BO, at a whole shim DMA word, is bound as a sub-buffer of that BO from its
+    offset (binding the BO itself would hand the kernel the rows before it) and its bytes are synced every run, as
+    any input's (strict coherency: a host write reaches the device); a view at another offset is copied into a
+    staging buffer."""
     q, k, v = attn_args(HEADS, KV_HEADS, HEAD_DIM, SEQ)
-    wide = torch.ops.npu2.flash_attn(torch.cat([q, q]), torch.cat([k, k]), torch.cat([v, v]), HEAD_DIM)
-    tail = wide[SEQ:]  # rows SEQ.. of a BO-backed output: same storage, nonzero offset
-    assert runtime.is_bo_backed(tail) and tail.storage_offset() > 0
-    before = runtime.stats["host_copies"]
+    wide = torch.ops.npu2.flash_attn(torch.cat([q, q * 2]), torch.cat([k, k]), torch.cat([v, v]), HEAD_DIM)
+    tail = wide[SEQ:]  # rows SEQ.. of a BO-backed output: same storage, an offset of whole words
+    assert runtime.is_bo_backed(tail) and tail.storage_offset() * 2 % 4 == 0 < tail.storage_offset()
+    copies, subs = runtime.stats["host_copies"], runtime.stats["sub_buffers"]
     again = torch.ops.npu2.flash_attn(tail, k, v, HEAD_DIM)
-    assert runtime.stats["host_copies"] == before + 3  # the view, k and v (host tensors), all copied
+    assert runtime.stats["host_copies"] == copies + 2  # k and v (host tensors); the view is bound in place
+    assert runtime.stats["sub_buffers"] == subs + 1
     torch.testing.assert_close(again, reference.flash_attn_reference(tail, k, v, HEAD_DIM), atol=2e-2, rtol=2e-2)
+    tail.mul_(-1)  # a host write: the next run syncs the sub-buffer's bytes
+    negated = torch.ops.npu2.flash_attn(tail, k, v, HEAD_DIM)
+    assert runtime.stats["sub_buffers"] == subs + 1  # the same place: the same sub-buffer
+    torch.testing.assert_close(negated, reference.flash_attn_reference(tail, k, v, HEAD_DIM), atol=2e-2, rtol=2e-2)
+
+    odd = wide.view(-1)[1:1 + tail.numel()].view(tail.shape)  # one element in: 2 bytes past a DMA word
+    copies = runtime.stats["host_copies"]
+    shifted = torch.ops.npu2.flash_attn(odd, k, v, HEAD_DIM)
+    assert runtime.stats["host_copies"] == copies + 3 and runtime.stats["sub_buffers"] == subs + 1
+    torch.testing.assert_close(shifted, reference.flash_attn_reference(odd, k, v, HEAD_DIM), atol=2e-2, rtol=2e-2)
+
+
+def test_a_second_sequences_slab_is_read_in_place_and_never_synced_by_a_run(runtime):
+    """Sequence 1's slab of a (2, capacity, kv_dim) state cache starts inside the BO: decode attention reads it
+    through a sub-buffer without copying or syncing it, so only the rows the host synced with sync_written are on
+    the strict emulator's device (a row written but not synced stays stale there, and the output is wrong)."""
+    heads, kv_heads, head_dim, capacity = 2, 1, 64, 128
+    gen = torch.Generator().manual_seed(5)
+    k, v = (runtime.empty_state((2, capacity, kv_heads * head_dim), torch.bfloat16) for _ in range(2))
+    q = torch.randn(heads * head_dim, generator=gen).bfloat16()
+    length = torch_npu2.ops.decode_attn_length(11)
+    for slab in (k, v):
+        slab[1, :11] = torch.randn(11, kv_heads * head_dim, generator=gen).bfloat16()
+        runtime.sync_written(slab[1, :11])
+    copies, to_device = runtime.stats["host_copies"], runtime.xrt.counters["bytes_to_device"]
+    out = torch.ops.npu2.decode_attn(q, k[1], v[1], length, head_dim)
+    torch.testing.assert_close(out, reference.decode_attn_reference(q, k[1], v[1], length, head_dim),
+                               atol=2e-2, rtol=2e-2)
+    assert runtime.stats["host_copies"] == copies + 2  # q and the length (host tensors)
+    assert runtime.xrt.counters["bytes_to_device"] - to_device == heads * head_dim * 2 + 4 * 2
+
+    k[1, 10] = torch.randn(kv_heads * head_dim, generator=gen).bfloat16() * 4  # not synced
+    stale = torch.ops.npu2.decode_attn(q, k[1], v[1], length, head_dim)
+    assert not torch.allclose(stale, reference.decode_attn_reference(q, k[1], v[1], length, head_dim),
+                              atol=2e-2, rtol=2e-2), "a run synced the state slab"
 
 
 def _decode_attn_over_a_state_cache(runtime, sync_rows):
