@@ -93,7 +93,7 @@ class ForwardMemos:
     # a decode step's inputs every layer reads (the LUT rows, the attention length), each in an NPU buffer of its
     # own that is rewritten once per step (the runs of a step end before the next step writes): bound, not copied
     step_inputs: dict = field(default_factory=dict)
-    length_memo: tuple = (None, None)  # (length, its digits in step_inputs)
+    length_memo: dict = field(default_factory=dict)  # slot → (length, its digits in step_inputs)
 
     def rope_lut(self, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():  # a memo would make dynamo guard on it and recompile every step
@@ -121,11 +121,14 @@ class ForwardMemos:
         device_written(buffer)
         return buffer
 
-    def length_digits(self, length: int) -> torch.Tensor:
-        """npu2.decode_attn's length argument for this step's ``length`` (every layer passes the same one)."""
-        if self.length_memo[0] != length:
-            self.length_memo = (length, self.step_input("length", _length_digits(length)))
-        return self.length_memo[1]
+    def length_digits(self, length: int, slot: int = 0) -> torch.Tensor:
+        """npu2.decode_attn's length argument for this step's ``length`` (every layer passes the same one), in the
+        step input buffer ``slot``: one per length a step attends over (a left-padded sequence's own, from its first
+        real row, takes the sequence's index)."""
+        memo = self.length_memo.get(slot)
+        if memo is None or memo[0] != length:
+            memo = self.length_memo[slot] = (length, self.step_input(("length", slot), _length_digits(length)))
+        return memo[1]
 
     def first_real_tokens(self, mask, batch: int, seq: int):
         """Per row, the index of its first real (non-left-pad) token, when ``mask`` is causal plus left padding.
@@ -387,14 +390,14 @@ class DeviceAttention(NamedTuple):
 def _on_device_attention(q, k_slab, v_slab, start: int, length: int, head_dim: int, scale: float, digits=None):
     """The DeviceAttention of a ``_decode_attention`` call the NPU kernel takes (the kernel's 1/sqrt(head_dim)
     scale; a left-padded sequence's cache read from its first real row, ``_from_row``), else None. ``digits``: the
-    length's argument, if the caller holds it (for the slabs' whole length: unused with left padding)."""
+    argument of the length it attends over, ``length - start``, if the caller holds it."""
     if scale != head_dim ** -0.5:
         return None
     if start:
         k_slab, v_slab = _from_row(k_slab, start, length), _from_row(v_slab, start, length)
         if k_slab is None or v_slab is None:
             return None
-        length, digits = length - start, None
+        length -= start
     capacity = decode_attn_capacity(length, k_slab.shape[0])
     return DeviceAttention(q, k_slab[:capacity], v_slab[:capacity],
                            _length_digits(length) if digits is None else digits)
@@ -658,9 +661,10 @@ class NpuDecoderLayer:
         if starts is None:
             q = torch.stack([r[1] for r in rows]).view(batch, self.heads, 1, self.head_dim)
             return list(_sequence_rows(_host_attention(q, slabs.keys, slabs.values, mask, self.scale))), None
-        digits = self.shared.memos.length_digits(length)
+        memos = self.shared.memos
+        digits = [memos.length_digits(length - s, slot=b if s else 0) for b, s in enumerate(starts)]
         on_device = [_on_device_attention(r[1], k_slab[b], v_slab[b], starts[b], length, self.head_dim, self.scale,
-                                          digits) for b, r in enumerate(rows)]
+                                          digits[b]) for b, r in enumerate(rows)]
         if all(a is not None for a in on_device):
             return None, on_device
         return [_decode_attention(r[1], k_slab[b], v_slab[b], starts[b], length, self.head_dim, self.scale)

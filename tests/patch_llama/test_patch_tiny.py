@@ -132,10 +132,11 @@ def test_a_batch_decodes_over_every_sequences_cache_in_place(runtime, padded):
     (tokens, _), (_, stats3), (_, stats4) = counts(4), counts(3), counts(4)
     assert torch.equal(tokens[:, 9:], torch.cat(alone)) and not host_attention
     token = stats4 - stats3
-    # and, per layer, the padded sequence's length (4 bf16 digits: the step's shared length buffer holds the other's)
-    lengths, row_bytes = 2 * padded, model.config.hidden_size * 2
-    assert token["host_copies"] > lengths
-    assert token["host_copy_bytes"] == (token["host_copies"] - lengths) * row_bytes + lengths * 4 * 2
+    row_bytes = model.config.hidden_size * 2
+    assert 0 < token["host_copies"] and token["host_copy_bytes"] == token["host_copies"] * row_bytes
+    # the LUT rows of both sequences and the lengths, each written once into a step buffer every layer binds (the
+    # padded sequence's length counts from its first real row: a buffer of its own)
+    assert token["ranged_syncs"] == 2 + 1 + padded
     assert token["sub_buffers"] == 2 * 2 * 2  # each sequence's new K and V rows, per layer; the slabs' are reused
 
 
