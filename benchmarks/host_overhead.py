@@ -293,7 +293,8 @@ def measure(model, runtime, contexts, decode_steps: int, repeats: int, log=print
             "per_generate_counts": {**per_generate, "decode_steps": decode_steps, "first_forward_tokens": 1},
             "hot_functions": hot_functions(profile, decode_steps),
         }
-        log(f"  {cache} cache, batch {batch}{' left-padded' if padded else ''}, context {context:5d}: token {token_ms:7.2f} ms, host attention {entry['host_attention_ms']:6.2f} ms, "
+        log(f"  {cache} cache, batch {batch}{' left-padded' if padded else ''}, context {context:5d}: "
+            f"token {token_ms:7.2f} ms, host attention {entry['host_attention_ms']:6.2f} ms, "
             f"overhead {entry['host_overhead_ms']:6.2f} ms (layers {breakdown['layers_ms']:.2f}, "
             f"lm head {breakdown['lm_head_ms']:.2f}, outside layers {entry['outside_layers_ms']:.2f})")
         results.append(entry)
