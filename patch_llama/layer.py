@@ -124,7 +124,7 @@ class ForwardMemos:
     def length_digits(self, length: int, slot: int = 0) -> torch.Tensor:
         """npu2.decode_attn's length argument for this step's ``length`` (every layer passes the same one), in the
         step input buffer ``slot``: one per length a step attends over (a left-padded sequence's own, from its first
-        real row, takes the sequence's index)."""
+        real row, takes 1 + the sequence's index)."""
         memo = self.length_memo.get(slot)
         if memo is None or memo[0] != length:
             memo = self.length_memo[slot] = (length, self.step_input(("length", slot), _length_digits(length)))
@@ -662,7 +662,8 @@ class NpuDecoderLayer:
             q = torch.stack([r[1] for r in rows]).view(batch, self.heads, 1, self.head_dim)
             return list(_sequence_rows(_host_attention(q, slabs.keys, slabs.values, mask, self.scale))), None
         memos = self.shared.memos
-        digits = [memos.length_digits(length - s, slot=b if s else 0) for b, s in enumerate(starts)]
+        # every sequence without padding shares slot 0; a padded one has its own, written before any run reads it
+        digits = [memos.length_digits(length - s, slot=b + 1 if s else 0) for b, s in enumerate(starts)]
         on_device = [_on_device_attention(r[1], k_slab[b], v_slab[b], starts[b], length, self.head_dim, self.scale,
                                           digits[b]) for b, r in enumerate(rows)]
         if all(a is not None for a in on_device):
