@@ -156,21 +156,45 @@ def decode_with_attention_ms(dims, layers: int, context: int, weights: str = "bf
 
 
 def decode_chained_ms(dims, layers: int, context: int, weights: str = "bf16") -> Range:
-    """A token whose layers each run as one dispatch from their attention on: rms_gemv_rope for the first layer,
-    decode_attn_o_gemv_ffn_rms_gemv_rope for every layer but the last, decode_attn_o_gemv_ffn for the last, then the
-    LM head (projection weights and LM head as ``weights``)."""
+    """A token as the patched model runs it (patch_llama/layer.py, ``NpuDecoderLayer._decode_group``):
+    rms_gemv_rope for the first layer; every layer but the last from its attention on, up to
+    ``DECODE_GROUP_SIZES[-1]`` in one dispatch (decode_layers<n>; a layer left alone as
+    decode_attn_o_gemv_ffn_rms_gemv_rope); decode_attn_o_gemv_ffn for the last; then the LM head (projection weights
+    and LM head as ``weights``)."""
     from torch_npu2.kernels import catalog
 
     d = dims
     capacity = catalog.decode_attn_capacity(context, DECODE_ATTN_MAX_LEN)
-    chained = program_range(catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_program(
-        d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads, d.head_dim, capacity, d.eps, weights,
-        d.qkv_bias))
+    runs = [program_range(catalog.decode_layers_program(n, d.hidden, d.q_dim, d.intermediate, d.eps, d.heads,
+                                                        d.kv_heads, d.head_dim, capacity, d.eps, weights)
+                          if n > 1 else
+                          catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_program(
+                              d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads, d.head_dim, capacity,
+                              d.eps, weights, d.qkv_bias))
+            for n in decode_group_runs(layers)]
     last = program_range(catalog.decode_attn_o_gemv_ffn_program(
         d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads, d.head_dim, capacity, weights))
     first, head = (_seconds(name, dims, None, "bf16", weights) for name in ("rms_gemv_rope", "lm_head_gemv"))
-    return tuple((c.seconds * (layers - 1) + l.seconds + f + h) * 1e3
-                 for c, l, f, h in zip(chained, last, first, head))
+    return tuple((sum(run[end].seconds for run in runs) + last[end].seconds + first[end] + head[end]) * 1e3
+                 for end in range(len(ENDS)))
+
+
+def decode_group_runs(layers: int) -> list[int]:
+    """How many layers each dispatch from attention on takes in a token of ``layers`` layers (every one but the
+    last, in runs of up to DECODE_GROUP_SIZES[-1]): what NpuDecoderLayer does when every layer can join a group
+    (same dims and weight format, no Q/K/V biases, no hooks)."""
+    from torch_npu2.kernels.catalog import DECODE_GROUP_SIZES
+
+    sizes, left = [], layers - 1
+    while left:
+        sizes.append(min(DECODE_GROUP_SIZES[-1], left))
+        left -= sizes[-1]
+    return sizes
+
+
+def decode_dispatches(layers: int) -> int:
+    """Dispatches per decode token: rms_gemv_rope, the runs from attention on, the last layer's and the LM head."""
+    return len(decode_group_runs(layers)) + 3
 
 
 def token_ms(dims, layers: int, context: int, weights: str = "bf16") -> Range:
@@ -250,7 +274,8 @@ def predictions(prompts=PROMPTS, host: dict | None = None) -> dict:
     npu_ms = token_ms(dims, layers, DECODE_CONTEXT)
     host_ms = host["token_ms"] if host else None
     total = [ms + (host_ms or 0.0) for ms in npu_ms]
-    decode = {"npu_ms_per_token": list(npu_ms), "host_ms_per_token_measured_here": host_ms, "host_measurement": host,
+    decode = {"npu_ms_per_token": list(npu_ms), "dispatches_per_token": decode_dispatches(layers),
+              "host_ms_per_token_measured_here": host_ms, "host_measurement": host,
               "total_ms_per_token": total, "tokens_per_s": [1e3 / ms for ms in reversed(total)],
               "upstream_published_tokens_per_s": PUBLISHED_DECODE_TOKENS_PER_S,
               "upstream_published_ms_per_token": 1e3 / PUBLISHED_DECODE_TOKENS_PER_S}

@@ -8,7 +8,7 @@ Measured, per decode token (generate(), greedy, median over steps and repeats):
 - token wall time, uninstrumented;
 - a breakdown (median call time × calls per token) from perf_counter wrappers installed around the op
   functions the patched layers call (``patch_llama.layer``'s module globals), around ``Runtime.run``
-  (instance attribute), around the host attention and around each decoder layer's forward; timers are
+  (instance attribute), around the host attention and inside each patched decoder layer (``_forward``); timers are
   reset after the prefill, so they cover decode steps only;
 - a cProfile of the decode steps (functions by own time), for finding the hot spots.
 Host attention over the KV cache is real work (it runs on the CPU until the decode attention runs on the NPU), so
@@ -41,6 +41,8 @@ from pathlib import Path
 
 import torch
 
+from torch_npu2.kernels.catalog import DECODE_GROUP_SIZES
+
 from . import common
 
 SETTINGS = {
@@ -55,10 +57,13 @@ BATCH = 2  # prompts in the batch also measured: of one length, then all but the
 DRIVER_COUNTERS = ("runs", "syncs_to_device", "syncs_from_device", "bytes_to_device", "bytes_from_device")
 # the ops a decode layer calls: with the NpuKVCache its attention runs on the NPU, alone or chained
 # (an op's "_into" name: its .into overload, which writes the K and V rows into the cache)
+# and the decode groups' ("decode_layers<n>_into": several layers in one run, patch_llama.layer.decode_layers_into)
+GROUP_OPS = tuple(f"decode_layers{n}_into" for n in DECODE_GROUP_SIZES)
 LAYER_DECODE_OPS = ("rms_gemv_rope", "rms_gemv_rope_into", "decode_attn", "decode_attn_o_gemv_ffn_rms_gemv_rope",
                     "decode_attn_o_gemv_ffn_rms_gemv_rope_into", "o_gemv_ffn_rms_gemv_rope",
-                    "o_gemv_ffn_rms_gemv_rope_into", "o_gemv_ffn", "decode_attn_o_gemv_ffn")
+                    "o_gemv_ffn_rms_gemv_rope_into", "o_gemv_ffn", "decode_attn_o_gemv_ffn") + GROUP_OPS
 TIMED_OPS = LAYER_DECODE_OPS + ("lm_head_gemv", "rms_gemms_rope", "flash_attn", "o_ffn")
+MODULE_OPS = tuple(name for name in TIMED_OPS if name not in GROUP_OPS)  # patch_llama.layer's globals
 ATTENTION = ("_decode_attention", "_host_attention")  # the seam (NpuKVCache), HF caches' host attention
 
 
@@ -111,11 +116,16 @@ class OpTimer:
     def __enter__(self):
         from torch_npu2.patch_llama import layer as layer_module
 
-        for name in TIMED_OPS + ATTENTION:
+        for name in MODULE_OPS + ATTENTION:
             self._replace(layer_module, name, self._wrap(name, getattr(layer_module, name)))
+        self._replace(layer_module, "decode_layers_into",
+                      {(n, packed): self._wrap(f"decode_layers{n}_into", op)
+                       for (n, packed), op in layer_module.decode_layers_into.items()})
         self._replace(self.runtime, "run", self._wrap_runtime_run(self.runtime.run))
+        # inside each patched layer (its NpuDecoderLayer's _forward): a wrapper around a module's forward would keep
+        # the layer out of decode groups, as any code that may see its output does
         for index, decoder in enumerate(self.model.model.layers):
-            self._replace(decoder, "forward", self._wrap(f"layer{index}", decoder.forward))
+            self._replace(decoder.forward, "_forward", self._wrap(f"layer{index}", decoder.forward._forward))
         return self
 
     def __exit__(self, *exc):
@@ -198,7 +208,7 @@ def _breakdown(timer: OpTimer, steps: int, layers: int) -> dict:
         if not calls:
             continue
         op_us = timer.per_token_ms(name, steps) * 1e3 * steps / calls
-        runtime_us = timer.per_token_ms("runtime.run:" + name, steps) * 1e3 * steps / calls
+        runtime_us = timer.per_token_ms("runtime.run:" + name.removesuffix("_into"), steps) * 1e3 * steps / calls
         ops[name] = {"calls_per_token": calls / steps, "us_per_call": op_us, "runtime_run_us_per_call": runtime_us,
                      "dispatch_and_checks_us_per_call": op_us - runtime_us}
     layer_ms = [timer.per_token_ms(f"layer{i}", steps) for i in range(layers)]

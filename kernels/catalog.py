@@ -611,6 +611,63 @@ def decode_attn_o_gemv_ffn_program(hidden: int, q_dim: int, intermediate: int, e
                               o_gemv_ffn_program(hidden, q_dim, intermediate, eps, weights))
 
 
+# Decode layers one dispatch may chain (decode_layers_program), each size an op of its own (npu2.decode_layers<n>):
+# at most what a Program's argument limit allows (Llama-3.2-1B's four layers bind 62 arguments).
+DECODE_GROUP_SIZES = (2, 3, 4)
+# Per layer of a group, its own arguments (the rest are the group's: the first layer's q and x, the length, the LUT
+# row, the device-only scratches every layer reuses, the last layer's out and next_q_roped).
+_GROUP_SHARED = ("length", "next_rope_lut", "attn", "res1", "gate_up", "next_normed", "next_q", "next_k")
+
+
+def decode_layers_program(layers: int, hidden: int, q_dim: int, intermediate: int, eps: float, heads: int,
+                          kv_heads: int, head_dim: int, capacity: int, next_eps: float,
+                          weights: str = "bf16") -> Program:
+    """``layers`` decode layers in one dispatch, each from its attention on as decode_attn_o_gemv_ffn_rms_gemv_rope
+    (decode attention, o_gemv_ffn, the next layer's rms_gemv_rope), layer j+1 attending with the query and hidden
+    state layer j computed (device-only scratches).
+
+    Host arguments: the first layer's (as decode_attn_o_gemv_ffn_rms_gemv_rope's), then each further layer's caches
+    and weights, suffixed with its index in the group (``k_cache_1``, ``wo_1``, ...; the first layer's per-layer
+    arguments are ``_0``). Outputs: the last layer's ``out`` and ``next_q_roped``, then each layer's ``next_v_<j>``
+    and ``next_k_roped_<j>``, the K/V rows of the layer after it.
+
+    Layer j+1 attends over ``k_cache_<j+1>``/``v_cache_<j+1>`` as they are when it runs: a caller that binds
+    ``next_k_roped_<j>``/``next_v_<j>`` to those caches' rows at ``length``-1 (the ``.into`` overload, an
+    NpuKVCache's next position) has it attend over the rows this run wrote there, as the layers one run each would
+    (the launches of one ELF run in order, each finishing its DMAs before the next starts); bound elsewhere, the
+    caches are read as given."""
+    if layers not in DECODE_GROUP_SIZES:
+        raise ValueError(f"a decode group chains {', '.join(map(str, DECODE_GROUP_SIZES))} layers, got {layers!r}")
+    one = decode_attn_o_gemv_ffn_rms_gemv_rope_program(hidden, q_dim, intermediate, eps, heads, kv_heads, head_dim,
+                                                       capacity, next_eps, weights)
+    last = layers - 1
+
+    def renamed(name: str, j: int) -> str:
+        if name in _GROUP_SHARED:
+            return name
+        if name in ("q", "x"):  # the first layer's come from the host, the others' from the layer before
+            return name if j == 0 else {"q": "q_mid", "x": "hidden_mid"}[name]
+        if name in ("next_q_roped", "out"):  # the last layer's go to the host, the others' to the layer after
+            return name if j == last else {"next_q_roped": "q_mid", "out": "hidden_mid"}[name]
+        return f"{name}_{j}"
+
+    by_name: dict[str, Arg] = {}
+    for j in range(layers):
+        for arg in one.args:
+            name = renamed(arg.name, j)
+            role = S if name in ("q_mid", "hidden_mid") else arg.role
+            by_name.setdefault(name, Arg(name, arg.shape, arg.dtype, role))
+    ordered = list(by_name.values())
+    outputs = ["out", "next_q_roped"] + [f"{n}_{j}" for j in range(layers) for n in ("next_v", "next_k_roped")]
+    args = ([a for a in ordered if a.role in (Role.INPUT, Role.WEIGHT)] + [a for a in ordered if a.role is S]
+            + [by_name[n] for n in outputs])
+    launches = tuple(Launch(l.kind, l.params, tuple(renamed(n, j) for n in l.reads),
+                            tuple(renamed(n, j) for n in l.writes))
+                     for j in range(layers) for l in one.launches)
+    return Program(name=_decode_name(f"decode_layers{layers}", weights), params=(("layers", layers), *one.params),
+                   args=tuple(args), launches=launches, compile_options=DECODE_OPTIONS)
+
+
 # A patched model's LM head holds its weight rows padded with zero rows to a multiple of this (``lm_head_rows``), so
 # that its GEMV's tiles walk few panels: Qwen2's 151936 rows (2^7 * 1187) give each of 8 tiles 18992 rows, in panels
 # of at most 16 rows (1187 of them); 152064 rows (2^9 * 297) go in 132 panels of 144. Llama-3.2's 128256 and SmolLM2's

@@ -74,6 +74,9 @@ class Launch:
 
 
 PINGPONG_OMISSIONS = ("", "L1", "L2", "all")
+# Argument BOs one run may bind: the amdxdna driver's full-ELF path took at most 64 per command until
+# amd/xdna-driver #1591 (August 2026), so a Program with more would fail on the drivers before it.
+MAX_KERNEL_ARGS = 64
 # Each core's stack, carved out of its 64 KiB of data memory. aircc's own default (1024) is upstream's for its
 # kernels; ours is bounded from what the AIE paths of kernels/aie2p keep live (no Peano here to measure a frame):
 # with every vector value of the busiest loop spilled, gemm.cc's BFP16 build holds four 8x8 fp32 accumulators and
@@ -145,6 +148,9 @@ class Program:
 
     def __post_init__(self):
         names = [a.name for a in self.args]
+        if len(names) > MAX_KERNEL_ARGS:
+            raise ValueError(f"Program {self.name}: {len(names)} arguments, more than the {MAX_KERNEL_ARGS} buffers "
+                             "one run may bind")
         if len(set(names)) != len(names):
             raise ValueError(f"Program {self.name}: duplicate argument names in {names}")
         known = set(names)

@@ -122,6 +122,44 @@ def _decode_attn_o_gemv_ffn(shapes, head_dim, eps):
                                                   capacity)
 
 
+# Host tensors of a decode group's first layer (decode_attn_o_gemv_ffn_rms_gemv_rope's; each further layer's follow:
+# catalog.decode_layers_program)
+_GROUP_FIRST = 14
+
+
+def _decode_layers(layers: int):
+    """The program_for of npu2.decode_layers<layers> and, with a weight format, of its _packed twin: the first layer's
+    tensors fix the dims; the registry's shape check holds each further layer's to them."""
+    def program_for(shapes, head_dim, eps, next_eps, weights="bf16"):
+        try:
+            if weights == "bf16":
+                one = _decode_attn_o_gemv_ffn_rms_gemv_rope(shapes[:_GROUP_FIRST], head_dim, eps, next_eps)
+            else:
+                one = _decode_attn_o_gemv_ffn_rms_gemv_rope_packed(shapes[:_GROUP_FIRST], head_dim, eps, next_eps,
+                                                                   weights)
+        except BadArgument as exc:  # the first layer's own arguments are suffixed _0 in the group
+            shared = exc.arg in ("q", "x", "length", "next_rope_lut")
+            raise BadArgument(exc.arg if shared else exc.arg + "_0", exc.expected, exc.given) from None
+        p = dict(one.params)
+        return catalog.decode_layers_program(layers, p["hidden"], p["q_dim"], p["intermediate"], eps, p["heads"],
+                                             p["kv_heads"], head_dim, p["capacity"], next_eps, weights)
+    return program_for
+
+
+def _group_into(layers: int) -> tuple[tuple[str, str], ...]:
+    """A decode group's K/V rows of the layer after each of its layers, which ``.into`` writes into KV caches."""
+    return tuple((f"{output}_{j}", f"{row}_{j}") for j in range(layers) for output, row in _NEXT_KV_ROWS)
+
+
+def _decode_layers_ops() -> tuple[FusedOp, ...]:
+    scalars = (("head_dim", "int"), ("eps", "float"), ("next_eps", "float"))
+    return tuple(
+        FusedOp(f"decode_layers{n}" + ("" if weights == "bf16" else "_packed"),
+                scalars + (() if weights == "bf16" else (_WEIGHTS,)), _decode_layers(n),
+                catalog.decode_layers_program(n, 64, 64, 128, 1e-5, 2, 1, 32, 128, 1e-5, weights), _group_into(n))
+        for n in catalog.DECODE_GROUP_SIZES for weights in ("bf16", _EX_PACKED))
+
+
 def decode_attn_length(length: int) -> torch.Tensor:
     """npu2.decode_attn's ``length`` argument for ``length`` valid positions (bf16 base-256 digits: data the
     kernel reads, catalog.DECODE_ATTN_LENGTH_DIGITS says why bf16)."""
@@ -307,6 +345,7 @@ FUSED_OPS = {op.name: op for op in (
     FusedOp("lm_head_gemv_packed", (_WEIGHTS,), _lm_head_gemv_packed,
             catalog.lm_head_gemv_program(64, 16, weights=_EX_PACKED)),
     FusedOp("o_ffn_w8x2", (("eps", "float"),), _o_ffn_w8x2, catalog.o_ffn_w8x2_program(**_EX_PACKED_FFN, seq=2)),
+    *_decode_layers_ops(),
 )}
 
 ALL_OPS = {name: register(op) for name, op in FUSED_OPS.items()}

@@ -220,3 +220,34 @@ decode_attn_o_gemv_ffn_rms_gemv_rope_qkv_bias_reference = _qkv_biased(
     decode_attn_o_gemv_ffn_rms_gemv_rope_reference, 13)
 decode_attn_o_gemv_ffn_rms_gemv_rope_packed_qkv_bias_reference = _qkv_biased(
     decode_attn_o_gemv_ffn_rms_gemv_rope_packed_reference, 13)
+
+
+# ---- the decode groups (npu2.decode_layers<n>, catalog.decode_layers_program) -------------------------------------
+def _decode_layers(layers: int, layer_reference):
+    """Reference of a decode group of ``layers`` layers: ``layer_reference`` (a decode_attn_o_gemv_ffn_rms_gemv_rope
+    reference) per layer, each on the q and hidden state the one before returned, the caches as given; returns the
+    last layer's out and q, then each layer's (next_v, next_k_roped)."""
+    first, per_layer = 14, 10
+
+    def reference(*args):
+        tensors, scalars = args[:first + per_layer * (layers - 1)], args[first + per_layer * (layers - 1):]
+        q, k_cache, v_cache, length, wo, x, *rest = tensors[:first]
+        lut = rest[-1]
+        own = [(k_cache, v_cache, wo, *rest[:-1])]
+        own += [tensors[first + per_layer * j:first + per_layer * (j + 1)] for j in range(layers - 1)]
+        rows = []
+        for k_cache, v_cache, wo, norm_w, w_gate_up, w_down, next_norm_w, wq, wk, wv in own:
+            x, next_v, q, next_k = layer_reference(q, k_cache, v_cache, length, wo, x, norm_w, w_gate_up, w_down,
+                                                   next_norm_w, wq, wk, wv, lut, *scalars)
+            rows += [next_v, next_k]
+        return (x, q, *rows)
+
+    return reference
+
+
+decode_layers2_reference = _decode_layers(2, decode_attn_o_gemv_ffn_rms_gemv_rope_reference)
+decode_layers3_reference = _decode_layers(3, decode_attn_o_gemv_ffn_rms_gemv_rope_reference)
+decode_layers4_reference = _decode_layers(4, decode_attn_o_gemv_ffn_rms_gemv_rope_reference)
+decode_layers2_packed_reference = _decode_layers(2, decode_attn_o_gemv_ffn_rms_gemv_rope_packed_reference)
+decode_layers3_packed_reference = _decode_layers(3, decode_attn_o_gemv_ffn_rms_gemv_rope_packed_reference)
+decode_layers4_packed_reference = _decode_layers(4, decode_attn_o_gemv_ffn_rms_gemv_rope_packed_reference)

@@ -26,16 +26,17 @@ import torch.nn.functional as F
 
 from ..host_memory import release_free_heap
 from ..kernels import quant
-from ..kernels.catalog import DECODE_ATTN_ROWS_MULTIPLE, DEFAULT_BF16_WEIGHT_PRECISION, decode_attn_capacity
+from ..kernels.catalog import (DECODE_ATTN_ROWS_MULTIPLE, DECODE_GROUP_SIZES, DEFAULT_BF16_WEIGHT_PRECISION,
+                               decode_attn_capacity)
 from ..kernels.program import pad_rows
-from ..ops import (INTO, QKV_BIASED, build_rope_lut, decode_attn, decode_attn_length, decode_attn_o_gemv_ffn,
+from ..ops import (ALL_OPS, INTO, QKV_BIASED, build_rope_lut, decode_attn, decode_attn_length, decode_attn_o_gemv_ffn,
                    decode_attn_o_gemv_ffn_packed, decode_attn_o_gemv_ffn_rms_gemv_rope,
                    decode_attn_o_gemv_ffn_rms_gemv_rope_packed, device_empty,
                    device_written, flash_attn, lm_head_gemv, lm_head_gemv_packed, o_ffn, o_gemv_ffn, o_gemv_ffn_packed,
                    o_ffn_w8x2, o_gemv_ffn_rms_gemv_rope, o_gemv_ffn_rms_gemv_rope_packed, rms_gemms_rope,
                    rms_gemms_rope_w8x2, rms_gemv_rope, rms_gemv_rope_packed)
 from .kv_cache import NpuKVCache
-from .transformers_compat import LayerSignature
+from .transformers_compat import LayerSignature, sees_layer_outputs
 
 # The .into overloads of the decode ops that produce K and V rows: with an NpuKVCache the NPU writes those rows into it
 rms_gemv_rope_into, rms_gemv_rope_packed_into = INTO[rms_gemv_rope], INTO[rms_gemv_rope_packed]
@@ -43,6 +44,9 @@ o_gemv_ffn_rms_gemv_rope_into = INTO[o_gemv_ffn_rms_gemv_rope]
 o_gemv_ffn_rms_gemv_rope_packed_into = INTO[o_gemv_ffn_rms_gemv_rope_packed]
 decode_attn_o_gemv_ffn_rms_gemv_rope_into = INTO[decode_attn_o_gemv_ffn_rms_gemv_rope]
 decode_attn_o_gemv_ffn_rms_gemv_rope_packed_into = INTO[decode_attn_o_gemv_ffn_rms_gemv_rope_packed]
+# (layers, packed) → the .into overload of the decode group op that runs that many layers in one dispatch
+decode_layers_into = {(n, packed): INTO[ALL_OPS[f"decode_layers{n}" + ("_packed" if packed else "")]]
+                      for n in DECODE_GROUP_SIZES for packed in (False, True)}
 
 
 class ChainedQkv(NamedTuple):
@@ -56,6 +60,16 @@ class ChainedQkv(NamedTuple):
     eps: float
     rows: list  # per sequence, (v, q_roped, k_roped); (None, q_roped, None) when the NPU wrote K and V into the cache
     placed: tuple | None  # (NpuKVLayer, position) the NPU wrote the K and V rows at, if it did
+
+
+class GroupedLayers(NamedTuple):
+    """Layers a group run (``NpuDecoderLayer._decode_group``) computed before HF calls them: each, called in turn
+    with the group's output, returns it as it is."""
+
+    layers: list  # the NpuDecoderLayers still to be called, in order
+    hidden: torch.Tensor  # the group's output, which HF hands each of them
+    version: int
+    lut_rows: tuple  # the decode step's LUT rows: a new step's differ, so a group left by an interrupted forward is not taken
 
 
 @dataclass(frozen=True)
@@ -162,8 +176,10 @@ class SharedState:
     decode layer hands the next within a forward."""
 
     settings: PrefillSettings
+    decode_group: int = DECODE_GROUP_SIZES[-1]  # the most layers one decode dispatch runs (patch_llama's choice)
     memos: ForwardMemos = field(default_factory=ForwardMemos)
     chained: ChainedQkv | None = None  # the next layer's rms_gemv_rope results, computed by the layer before it
+    grouped: GroupedLayers | None = None  # layers a group run of an earlier layer already computed
     warned_attentions: bool = False  # output_attentions=True ran HF's layers, and the user was told once
     # packed projections' bf16 copies for prefill: per projection one NPU buffer, which each layer's prefill
     # dequantizes its own rows into before its ops run (a layer's runs end before the next layer writes)
@@ -491,6 +507,7 @@ class NpuDecoderLayer:
         projections as packed rows, when the model runs with quantized weights; and ``prepared``, the projections
         prepared for integer prefill GEMMs when the model runs them."""
         self.signature = signature
+        self.module = layer
         self.hf_forward = functools.partial(type(layer).forward, layer)  # HF's own layer, for output_attentions
         attn, mlp = layer.self_attn, layer.mlp
         self.layer_idx = attn.layer_idx
@@ -514,6 +531,9 @@ class NpuDecoderLayer:
             self.ffn_weights = (packed.wo, layer.post_attention_layernorm.weight, packed.gate_up, packed.down)
         self.hidden_size, self.q_dim = attn.q_proj.weight.shape[1], attn.q_proj.weight.shape[0]
         self.intermediate = mlp.down_proj.weight.shape[1]
+        # what a layer must share with another to run in one decode group with it
+        self.group_key = (self.hidden_size, self.q_dim, self.intermediate, self.heads, self.kv_heads, self.head_dim,
+                          self.scale, None if packed is None else packed.format, bool(self.qkv_biases))
         self.shared = shared
         self.next_layer: NpuDecoderLayer | None = None  # the decoder layer after this one (patch_llama links them)
 
@@ -579,7 +599,29 @@ class NpuDecoderLayer:
             return chained.rows
         return None
 
+    def _ran_in_group(self, hidden, lut_rows) -> bool:
+        """Whether a group run of an earlier layer of this decode step computed this layer (``_decode_group``): then
+        HF hands it the group's output, which it returns as it is. A group runs its layers before HF calls them, so a
+        call out of the order patch_llama linked the layers in, or with another hidden state, is an error."""
+        grouped = self.shared.grouped
+        if grouped is None or grouped.lut_rows is not lut_rows:  # none, or left by an interrupted forward
+            return False
+        expected = grouped.layers[0]
+        if expected is not self or hidden is not grouped.hidden or hidden._version != grouped.version:
+            self.shared.grouped = None
+            raise RuntimeError(
+                f"torch_npu2: decoder layer {self.layer_idx} was called while layer {expected.layer_idx}, which an "
+                "earlier layer's NPU run already computed, was due with that run's output; the patched layers must "
+                "run in the order patch_llama linked them (unpatch_llama and patch again after changing "
+                "model.model.layers)")
+        grouped.layers.pop(0)
+        if not grouped.layers:
+            self.shared.grouped = None
+        return True
+
     def _decode(self, hidden, lut_rows, mask, cache):
+        if self._ran_in_group(hidden, lut_rows):
+            return hidden
         batch, heads, kv_heads, head_dim = hidden.shape[0], self.heads, self.kv_heads, self.head_dim
         inputs, eps = _sequence_rows(hidden), self.eps_attn
         # under torch.compile the layers do not chain: identity checks on a side channel would make dynamo guard
@@ -623,6 +665,10 @@ class NpuDecoderLayer:
             next_slabs = cache.layers[following.layer_idx]
             position, targets = _cache_rows(next_slabs, batch)
             placed = (next_slabs, position)
+        if on_device is not None and placed:  # with the layers after it, if they can join: one run
+            result = self._decode_group(on_device, inputs, lut_rows, mask, cache, targets, packed)
+            if result is not None:
+                return result
         if on_device is not None:  # attention, this layer's rest and the next's QKV: one run
             if placed:
                 layer_op = (decode_attn_o_gemv_ffn_rms_gemv_rope_into if self.packed is None
@@ -646,6 +692,63 @@ class NpuDecoderLayer:
         result = _from_sequence_rows([c[0] for c in chained])
         rows = [(None, c[1], None) for c in chained] if placed else [c[1:] for c in chained]
         self.shared.chained = ChainedQkv(following, result, result._version, lut_rows, next_eps, rows, placed)
+        return result
+
+    def _joins(self, layer, cache, length: int) -> bool:
+        """Whether ``layer`` can run in this layer's decode group: it chains into a layer after it, it and that layer
+        are like this one (dims, weight format, Q/K/V biases or not, eps), its slabs are one step behind ``length``,
+        and nothing but HF's layer loop sees its output."""
+        following = layer.next_layer if layer is not None else None
+        return (following is not None and layer.group_key == self.group_key == following.group_key
+                and layer.eps_mlp == self.eps_mlp and following.eps_attn == self.next_layer.eps_attn
+                and cache.layers[layer.layer_idx].length == length - 1
+                and not sees_layer_outputs(layer.module, layer))
+
+    def _decode_group(self, on_device, inputs, lut_rows, mask, cache, targets, packed):
+        """This layer from its attention on and the layers after it that can join (``_joins``; at most
+        ``SharedState.decode_group`` in all, patch_llama's decode_layers_per_dispatch), one run per sequence of
+        npu2.decode_layers<n>.into: each layer's K/V rows of the layer after it go into that layer's slabs at this
+        step's position, where that layer's attention reads them in the same run. Returns the last layer's output
+        (HF hands it to each of them in turn: ``_ran_in_group``) after leaving the next layer's Q for it as a
+        ChainedQkv; None if no layer joins (or their slabs cannot be read in place: nothing was run then, and no
+        layer's length moved). Layers with Q/K/V biases (Qwen2) run one per dispatch: the group ops take none."""
+        length, batch = cache.layers[self.layer_idx].length, len(inputs)
+        members, layer = [], self.next_layer
+        # a hook on this layer would see the last layer's output
+        if self.qkv_biases or sees_layer_outputs(self.module, self):
+            return None
+        while len(members) + 1 < self.shared.decode_group and self._joins(layer, cache, length):
+            members.append(layer)
+            layer = layer.next_layer
+        if not members:
+            return None
+        # room for the K/V rows of the layer after each member (which may grow its slabs), then the members' views
+        nexts = [_cache_rows(cache.layers[member.next_layer.layer_idx], batch) for member in members]
+        starts = self.shared.memos.decode_starts(mask, batch, length)
+        views = [[_on_device_attention(None, slabs.k[b], slabs.v[b], starts[b], length, self.head_dim, self.scale,
+                                       on_device[b].length) for b in range(batch)]
+                 for slabs in (cache.layers[member.layer_idx] for member in members)]
+        if any(view is None for member_views in views for view in member_views):
+            return None
+        for member in members:
+            cache.layers[member.layer_idx].length = length
+        op = decode_layers_into[(1 + len(members), self.packed is not None)]
+        wo, norm2_w, w_gate_up, w_down = self.ffn_weights
+        results = []
+        for b, (a, x, lut) in enumerate(zip(on_device, inputs, lut_rows)):
+            tensors = [a.q, a.k_cache, a.v_cache, a.length, wo, x, norm2_w, w_gate_up, w_down,
+                       *self.next_layer.qkv_weights, lut]
+            for member, member_views in zip(members, views):
+                tensors += [member_views[b].k_cache, member_views[b].v_cache, *member.ffn_weights,
+                            *member.next_layer.qkv_weights]
+            rows = [*targets[b], *(row for _, next_targets in nexts for row in next_targets[b])]
+            results.append(op(*tensors, *rows, self.head_dim, self.eps_mlp, self.next_layer.eps_attn, *packed))
+        result = _from_sequence_rows([r[0] for r in results])
+        last = members[-1].next_layer
+        self.shared.chained = ChainedQkv(last, result, result._version, lut_rows, last.eps_attn,
+                                         [(None, r[1], None) for r in results],
+                                         (cache.layers[last.layer_idx], nexts[-1][0]))
+        self.shared.grouped = GroupedLayers(members, result, result._version, lut_rows)
         return result
 
     def _attend_over_slabs(self, slabs, rows, mask):

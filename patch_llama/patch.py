@@ -10,8 +10,8 @@ from torch import nn
 from .. import runtime as npu_runtime
 from ..host_memory import release_free_heap
 from ..kernels import MATMUL_PRECISIONS, int_gemm, programs_for_model, quant
-from ..kernels.catalog import (AUTO_PRECISION, DECODE_WEIGHTS, INTEGER_PRECISION, integer_gemm_misfit,
-                               lm_head_rows, resolve_matmul_precision)
+from ..kernels.catalog import (AUTO_PRECISION, DECODE_GROUP_SIZES, DECODE_WEIGHTS, INTEGER_PRECISION,
+                               integer_gemm_misfit, lm_head_rows, resolve_matmul_precision)
 from ..kernels.stitch import npu2_build_problem
 from .kv_cache import NpuKVCache
 from .layer import NpuDecoderLayer, NpuLmHead, PackedProjections, PrefillSettings, PreparedProjections, SharedState
@@ -280,7 +280,7 @@ def _bf16_whereabouts(module) -> str:
 
 def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS,
                 matmul_precision: str = AUTO_PRECISION, weights: str = "bf16", gguf=None,
-                progress: bool = False):
+                decode_layers_per_dispatch: int = DECODE_GROUP_SIZES[-1], progress: bool = False):
     """Run ``model`` (a HF ``LlamaForCausalLM``, patched in place and returned) through the npu2 ops.
 
     ``backend``: "auto" (NPU if present, else emulated), "npu2" or "emulator" — the process-wide runtime.
@@ -302,12 +302,19 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
     file's own blocks, with no quantization of ours (``weights`` then defaults to the file's format). A model
     ``load_model(..., weights=...)`` loaded packed names its file itself, and its projections were never bf16 in
     memory (from a HF checkpoint they are quantized here as they are read, one tensor at a time).
+    ``decode_layers_per_dispatch``: how many decoder layers one decode dispatch may run from their attention on
+    (npu2.decode_layers<n>, up to 4: what 64 argument buffers per run hold); 1 runs each layer as a dispatch of its
+    own. Fewer dispatches save NPU and host time per token; a group's ELF takes longer to build, once per decode
+    attention capacity bucket (ARCHITECTURE.md, "Decode groups").
     ``progress``: show a progress bar while weights move into NPU buffers.
     """
     if getattr(model, STATE_ATTR, None) is not None:
         warnings.warn("patch_llama: the model is already patched; leaving it as it is", stacklevel=2)
         return model
     buckets = _bucket_lengths(prefill_buckets)
+    if type(decode_layers_per_dispatch) is not int or decode_layers_per_dispatch not in (1, *DECODE_GROUP_SIZES):
+        raise ValueError(f"patch_llama: decode_layers_per_dispatch must be 1 to {DECODE_GROUP_SIZES[-1]}, got "
+                         f"{decode_layers_per_dispatch!r}")
     gguf = gguf if gguf is not None else getattr(model, GGUF_PATH_ATTR, None)
     source = GgufFile(gguf, model.config) if gguf is not None else getattr(model, CHECKPOINT_ATTR, None)
     head_weights = weights
@@ -324,7 +331,8 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
     runtime = npu_runtime.runtime_for(backend)
     _check_npu2_builds(model, family, buckets, matmul_precision, runtime.backend, weights, head_weights)
     state = PatchState(SharedState(PrefillSettings(buckets, matmul_precision,
-                                                   context=getattr(model.config, "max_position_embeddings", None))),
+                                                   context=getattr(model.config, "max_position_embeddings", None)),
+                                   decode_group=decode_layers_per_dispatch),
                        weights=(weights, head_weights))
     paired = {id(p) for layer in model.model.layers for p in (layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight)}
     paired |= {id(p) for p in packed_weights}  # packed: their bf16 weights go to the spill file, not to the NPU

@@ -238,3 +238,27 @@ def check_transformers(model) -> LayerSignature:
 
 __all__ = ["TESTED_TRANSFORMERS", "IGNORED_KEYWORDS", "RETIRED_KEYWORDS", "LayerSignature", "KNOWN_SIGNATURES", "TransformersMismatch",
            "check_transformers", "layer_signature"]
+
+
+def sees_layer_outputs(module: torch.nn.Module, forward) -> bool:
+    """Whether anything besides HF's layer loop could see what a call of ``module`` (whose patched forward is
+    ``forward``) returns: a wrapper around that forward (transformers 5.0–5.x's output capture replaces it while it
+    records), a forward hook or pre-hook on the module or on every module. HF's own output-capturing hook (5.x,
+    installed once hidden states were asked for) counts only while a capture is active."""
+    if module.__dict__.get("forward") is not forward or module._forward_pre_hooks:
+        return True
+    hooks = torch.nn.modules.module
+    if hooks._global_forward_hooks or hooks._global_forward_pre_hooks:
+        return True
+    return not all(_idle_output_capture(hook) for hook in module._forward_hooks.values())
+
+
+def _idle_output_capture(hook) -> bool:
+    """Whether ``hook`` is transformers' output-capturing hook while no capture is active (it then returns at once)."""
+    if getattr(hook, "__name__", None) != "output_capturing_hook":
+        return False
+    try:
+        from transformers.utils.output_capturing import _active_collector
+    except ImportError:
+        return False
+    return not _active_collector.get()  # None, or the empty dict of a forward that records nothing

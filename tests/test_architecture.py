@@ -40,11 +40,19 @@ def test_every_path_named_in_architecture_md_exists():
     assert missing == [], f"ARCHITECTURE.md names paths that are not in the repository: {missing}"
 
 
+def factory(op: str) -> str:
+    """The catalog factory of ``op``'s Program: ``<op>_program``; one for an op and its ``_qkv_bias`` twin, and one,
+    ``decode_layers_program(n, …, weights)``, for every decode group op (``decode_layers<n>``, ``_packed``)."""
+    op = op.removesuffix("_qkv_bias")
+    return "decode_layers_program" if re.fullmatch(r"decode_layers\d+(_packed)?", op) else f"{op}_program"
+
+
 def test_architecture_md_names_every_launch_kind_and_fused_op():
     """An op's ``_qkv_bias`` twin is its factory's Program with ``qkv_bias=True``: the map names the suffix once."""
     text = MAP.read_text()
     assert unnamed(text, BUILDERS) == []
-    assert unnamed(text, (f"{op.removesuffix('_qkv_bias')}_program" for op in ALL_OPS)) == []
+    assert unnamed(text, map(factory, ALL_OPS)) == []
+    assert "decode_layers_program" in map(factory, ALL_OPS)
     assert any(op.endswith("_qkv_bias") for op in ALL_OPS) and "<op>_qkv_bias" in inline_code(text)
 
 

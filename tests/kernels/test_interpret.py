@@ -22,8 +22,9 @@ from torch_npu2.kernels.program import TORCH_DTYPES
 from torch_npu2.kernels.interpret import (Interpreter, KernelOverrun, OutOfBounds,
                                           TileAliasing, TileRace, UninitializedRead, UnsupportedOp,
                                           UnwrittenOutput, canonical_text)
-from torch_npu2.kernels.catalog import (flash_attn_program, lm_head_gemv_program, o_ffn_program, o_ffn_w8x2_program,
-                                        o_gemv_ffn_program, o_gemv_ffn_rms_gemv_rope_program, rms_gemms_rope_program,
+from torch_npu2.kernels.catalog import (decode_layers_program, flash_attn_program, lm_head_gemv_program,
+                                        o_ffn_program, o_ffn_w8x2_program, o_gemv_ffn_program,
+                                        o_gemv_ffn_rms_gemv_rope_program, rms_gemms_rope_program,
                                         rms_gemms_rope_w8x2_program)
 from torch_npu2.kernels.stitch import ObjectBuild, stitch
 
@@ -73,6 +74,8 @@ CASES = [(p, None) for p in programs_for_model(SMALL, (16, 32)) if not p.name.en
     *[(p, None) for p in programs_for_model(SMALL_BIASED, (16,), "bf16")
       if {("qkv_bias", 1), ("next_qkv_bias", 1)} & set(p.params)],
     *[(p, None) for p in programs_for_model(SMALL_BIASED, (), weights="q4_1") if p.name == "rms_gemv_rope_packed"],
+    # a decode group: two layers from their attention on in one Program, each layer's scratches reused by the next
+    *[(decode_layers_program(2, 256, 256, 512, EPS, 4, 2, 64, 128, EPS, weights), None) for weights in ("bf16", "q4_1")],
 ]
 
 

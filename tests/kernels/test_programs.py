@@ -2,7 +2,9 @@
 import pytest
 
 from torch_npu2.kernels import Arg, Launch, ModelDims, Program, Role, programs_for_model
-from torch_npu2.kernels.catalog import lm_head_gemv_program, o_ffn_program, rms_gemms_rope_program
+from torch_npu2.kernels.catalog import (DECODE_GROUP_SIZES, decode_layers_program, lm_head_gemv_program,
+                                        o_ffn_program, rms_gemms_rope_program)
+from torch_npu2.kernels.program import MAX_KERNEL_ARGS
 
 SMOL = ModelDims(576, 9, 3, 64, 1536, 49152, 1e-5)
 
@@ -74,6 +76,29 @@ def test_invalid_programs_are_rejected(launches, message):
     args = (Arg("a", (4,), "bf16", Role.INPUT), Arg("s", (4,), "bf16", Role.SCRATCH), Arg("o", (4,), "bf16", Role.OUTPUT))
     with pytest.raises(ValueError, match=message):
         Program("bad", args, launches)
+
+
+@pytest.mark.parametrize("inputs", [MAX_KERNEL_ARGS - 1, MAX_KERNEL_ARGS])
+def test_a_program_binds_at_most_the_drivers_argument_buffers(inputs):
+    """A run binds at most MAX_KERNEL_ARGS buffers: one more argument is refused when the Program is declared, so the
+    emulator never runs what the driver would reject."""
+    args = tuple(Arg(f"a{i}", (4,), "bf16", Role.INPUT) for i in range(inputs)) + (Arg("o", (4,), "bf16", Role.OUTPUT),)
+    launches = (Launch("add", (), ("a0", "a1"), ("o",)),)
+    if inputs < MAX_KERNEL_ARGS:
+        assert len(Program("wide", args, launches).args) == MAX_KERNEL_ARGS
+    else:
+        with pytest.raises(ValueError, match=rf"Program wide: {MAX_KERNEL_ARGS + 1} arguments, more than the "
+                                             rf"{MAX_KERNEL_ARGS} buffers one run may bind"):
+            Program("wide", args, launches)
+
+
+def test_decode_groups_fit_the_argument_limit_up_to_four_layers():
+    for weights in ("bf16", "q4_1"):
+        sizes = [len(decode_layers_program(n, 2048, 2048, 8192, 1e-5, 32, 8, 64, 2048, 1e-5, weights).args)
+                 for n in DECODE_GROUP_SIZES]
+        assert sizes == [38, 50, 62] and max(sizes) <= MAX_KERNEL_ARGS
+    with pytest.raises(ValueError, match="a decode group chains 2, 3, 4 layers, got 5"):
+        decode_layers_program(5, 2048, 2048, 8192, 1e-5, 32, 8, 64, 2048, 1e-5)
 
 
 def test_model_dims_validation():

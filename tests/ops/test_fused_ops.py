@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import torch_npu2  # noqa: F401  (registers torch.ops.npu2)
-from torch_npu2.kernels import int_gemm, quant
+from torch_npu2.kernels import catalog, int_gemm, quant
+from torch_npu2.kernels.catalog import DECODE_GROUP_SIZES
 from torch_npu2.ops import ALL_OPS, INTO, decode_attn_length, device_empty, device_written, reference
 from torch_npu2.ops.fused import FUSED_OPS
 from torch_npu2.ops.registry import program_of
@@ -31,7 +32,35 @@ def assert_close(out, ref):
 def op_cases(config):
     g = torch.Generator().manual_seed(zlib.crc32(config.encode()))  # hash() of a str changes every process
     cases = unbiased_cases(config, g)
-    return {**cases, **qkv_bias_cases(cases, g)}
+    groups = group_cases(config, cases, g) if config != "llama32_1b" else {}
+    return {**cases, **qkv_bias_cases(cases, g), **groups}
+
+
+def group_layer_tensors(config, g, packed: bool):
+    """One further layer's tensors of a decode group (catalog.decode_layers_program): its caches (as
+    decode_attn_args'), o/FFN weights and the next layer's norm and Q/K/V weights, of their own."""
+    hidden, heads, kv, hd, ffn, vocab, seq = CONFIGS[config]
+    ffn = -(-ffn // quant.BLOCK) * quant.BLOCK if packed else ffn
+    k, v = decode_attn_args(heads, kv, hd, gen=g)[1:3]
+    _, wo, _, norm_w, w_gate_up, w_down = ffn_args(hidden, heads, hd, ffn, seq, decode=True, gen=g)
+    _, next_norm_w, wq, wk, wv, _ = qkv_args(hidden, heads, kv, hd, seq, decode=True, gen=g)
+    if packed:
+        w_gate_up = torch.cat((_packed(w_gate_up[:, :hidden]), _packed(w_gate_up[:, hidden:])), dim=1)
+        wo, w_down, wq, wk, wv = map(_packed, (wo, w_down, wq, wk, wv))
+    return [k, v, wo, norm_w, w_gate_up, w_down, next_norm_w, wq, wk, wv]
+
+
+def group_cases(config, cases, g):
+    """Each decode group: its first layer is decode_attn_o_gemv_ffn_rms_gemv_rope(_packed)'s case, each further
+    layer has tensors of its own (a mix-up of layers changes the results); the whole group at the small configs."""
+    out = {}
+    for suffix in ("", "_packed"):
+        tensors, scalars, _ = cases["decode_attn_o_gemv_ffn_rms_gemv_rope" + suffix]
+        for n in DECODE_GROUP_SIZES:
+            more = [t for _ in range(n - 1) for t in group_layer_tensors(config, g, bool(suffix))]
+            out[f"decode_layers{n}{suffix}"] = (list(tensors) + more, scalars,
+                                                getattr(reference, f"decode_layers{n}{suffix}_reference"))
+    return out
 
 
 def qkv_bias_cases(cases, g):
@@ -134,9 +163,10 @@ def w8x2_cases(config, g):
     }
 
 
-# The _qkv_bias twins differ from their ops only by the biases: at the small configs (Llama-3.2-1B has none).
+# The _qkv_bias twins differ from their ops only by the biases: at the small configs (Llama-3.2-1B has none). The
+# decode groups chain their layers' ops: at the small configs too.
 CASES = [(name, config) for name in ALL_OPS for config in CONFIGS
-         if not (name.endswith("_qkv_bias") and config == "llama32_1b")]
+         if not ((name.endswith("_qkv_bias") or name.startswith("decode_layers")) and config == "llama32_1b")]
 
 
 @pytest.mark.parametrize("name,config", CASES)
@@ -159,43 +189,43 @@ def test_opcheck(runtime, name):
 INTO_OPS = [name for name in ALL_OPS if ALL_OPS[name] in INTO]
 
 
-def _rows_in_state(shape, position: int):
-    """K and V rows at ``position`` of two (2, 8, n) NPU state tensors (as an NpuKVCache holds them), whose other
-    rows are a known pattern the device also holds: (the two state tensors, their rows at ``position`` of sequence
-    1, their pattern)."""
-    states = [device_empty((2, 8, shape[-1]), torch.bfloat16) for _ in range(2)]
-    pattern = torch.arange(2 * 8 * shape[-1], dtype=torch.float32).view(2, 8, -1).bfloat16()
-    for state in states:
+def _rows_in_state(shapes, position: int):
+    """A row at ``position`` of sequence 1 of a (2, 8, n) NPU state tensor (as an NpuKVCache holds K and V) per shape,
+    whose other rows are a known pattern the device also holds: (the state tensors, their rows, their patterns)."""
+    states = [device_empty((2, 8, shape[-1]), torch.bfloat16) for shape in shapes]
+    patterns = [torch.arange(2 * 8 * shape[-1], dtype=torch.float32).view(2, 8, -1).bfloat16() for shape in shapes]
+    for state, pattern in zip(states, patterns):
         state.copy_(pattern)
         device_written(state)
-    return states, [state[1, position] for state in states], pattern
+    return states, [state[1, position] for state in states], patterns
 
 
 @pytest.mark.parametrize("name", INTO_OPS)
 def test_into_overload_writes_the_k_and_v_rows_where_it_is_told(runtime, name):
     """``.into`` writes the op's K and V rows into the tensors it is given, bit for bit what the op returns, and
     nothing else of them: parts of NPU state tensors (bound as sub-buffers, read back in place: strict coherency
-    would show a missing read-back) and plain tensors (staged, then copied)."""
+    would show a missing read-back) and plain tensors (staged, then copied). (The state tensors here are not the
+    caches a decode group reads, so it returns what it does without ``.into``.)"""
     tensors, scalars, _ = op_cases("odd")[name]
     op, into = ALL_OPS[name], INTO[ALL_OPS[name]]
     expected = op(*tensors, *scalars)
     placed = FUSED_OPS[name].into_positions
-    k_expected, v_expected = (expected[i] for i in placed)
+    rows_expected = [expected[i] for i in placed]
     rest = [o for i, o in enumerate(expected) if i not in placed]
-    (k_state, v_state), (k_row, v_row), pattern = _rows_in_state(k_expected.shape, 5)
+    states, rows, patterns = _rows_in_state([r.shape for r in rows_expected], 5)
     subs = runtime.stats["sub_buffers"]
-    got = into(*tensors, k_row, v_row, *scalars)
+    got = into(*tensors, *rows, *scalars)
     got = got if isinstance(got, tuple) else (got,)
     assert len(got) == len(rest) and all(torch.equal(g, r) for g, r in zip(got, rest))
-    assert runtime.stats["sub_buffers"] == subs + 2
-    for state, row in ((k_state, k_expected), (v_state, v_expected)):
+    assert runtime.stats["sub_buffers"] == subs + len(rows)
+    for state, row, pattern in zip(states, rows_expected, patterns):
         assert torch.equal(state[1, 5], row)
         untouched = torch.ones(2, 8, dtype=torch.bool)
         untouched[1, 5] = False
         assert torch.equal(state[untouched], pattern[untouched])
-    k_plain, v_plain = torch.zeros_like(k_expected), torch.zeros_like(v_expected)
-    into(*tensors, k_plain, v_plain, *scalars)
-    assert torch.equal(k_plain, k_expected) and torch.equal(v_plain, v_expected)
+    plain = [torch.zeros_like(r) for r in rows_expected]
+    into(*tensors, *plain, *scalars)
+    assert all(torch.equal(p, r) for p, r in zip(plain, rows_expected))
 
 
 def test_into_overload_refuses_a_row_of_the_wrong_shape_by_name(runtime):
@@ -250,6 +280,68 @@ def test_the_last_layer_from_attention_on_is_its_two_ops_bit_for_bit(runtime, pa
     fused = ALL_OPS["decode_attn_o_gemv_ffn" + suffix](*tensors, *scalars)
     attn = ALL_OPS["decode_attn"](*tensors[:4], head_dim)
     assert torch.equal(fused, ALL_OPS["o_gemv_ffn" + suffix](attn, *tensors[4:], eps, *packed))
+
+
+def _in_state(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` copied into an NPU state tensor the device holds too (as an NpuKVCache's slab)."""
+    state = device_empty(tuple(tensor.shape), tensor.dtype)
+    state.copy_(tensor)
+    device_written(state)
+    return state
+
+
+@pytest.mark.parametrize("name", ["decode_layers3", "decode_layers2_packed"])
+def test_a_group_into_the_caches_is_its_layers_one_run_each_bit_for_bit(runtime, name):
+    """A decode group whose K/V rows go into the next layers' caches at the last position (``.into``) gives what
+    its layers give as decode_attn_o_gemv_ffn_rms_gemv_rope(.into) one run each: every layer after the first
+    attends over the row the layer before it wrote in the same run. Rows bound elsewhere (plain tensors) leave the
+    caches as given, and the results differ: the check can fail."""
+    tensors, scalars, _ = op_cases("odd")[name]
+    layers, first, per_layer = int(name[len("decode_layers")]), 14, 10
+    q, length, x, lut = tensors[0], tensors[3], tensors[5], tensors[13]
+    rows = catalog.decode_attn_length_value(length.tolist())
+    single = INTO[ALL_OPS["decode_attn_o_gemv_ffn_rms_gemv_rope" + name[len("decode_layers") + 1:]]]
+
+    def own(j):
+        """Layer j's own tensors: its K and V caches, then its o/FFN weights and the next layer's norm and Q/K/V."""
+        if j == 0:
+            return (*tensors[1:3], tensors[4], *tensors[6:13])
+        return tensors[first + per_layer * (j - 1):first + per_layer * j]
+
+    def caches():
+        """Each layer's K and V caches in NPU state, and the layer's after the group (a copy of the first's)."""
+        return [[_in_state(t) for t in own(j % layers)[:2]] for j in range(layers + 1)]
+
+    def group(states, targets):
+        args = [q, *states[0], length, own(0)[2], x, *own(0)[3:], lut]
+        args += [t for j in range(1, layers) for t in (*states[j], *own(j)[2:])]
+        return INTO[ALL_OPS[name]](*args, *targets, *scalars)
+
+    chain = caches()
+    x_chain, q_chain = x, q
+    for j in range(layers):
+        wo, *rest = own(j)[2:]
+        x_chain, q_chain = single(q_chain, *chain[j], length, wo, x_chain, *rest, lut, chain[j + 1][0][rows - 1],
+                                  chain[j + 1][1][rows - 1], *scalars)
+
+    grouped = caches()
+    out, q_out = group(grouped, [row for k, v in grouped[1:] for row in (k[rows - 1], v[rows - 1])])
+    assert torch.equal(out, x_chain) and torch.equal(q_out, q_chain)
+    for (k, v), (k_expected, v_expected) in zip(grouped, chain):
+        assert torch.equal(k[:rows], k_expected[:rows]) and torch.equal(v[:rows], v_expected[:rows])
+
+    apart = caches()
+    out_apart, _ = group(apart, [torch.zeros_like(k[0]) for k, v in apart[1:] for _ in (k, v)])
+    assert not torch.equal(out_apart, x_chain)
+
+
+@pytest.mark.parametrize("index, arg", [(1, "k_cache_0"), (4, "wo_0"), (16, "wo_1"), (14, "k_cache_1")])
+def test_a_group_names_the_layers_argument_at_fault(runtime, index, arg):
+    tensors, scalars, _ = op_cases("odd")["decode_layers2"]
+    bad = list(tensors)
+    bad[index] = bad[index][:-1]
+    with pytest.raises(ValueError, match=rf"npu2.decode_layers2: argument '{arg}' expected"):
+        ALL_OPS["decode_layers2"](*bad, *scalars)
 
 
 def test_outputs_never_alias_inputs(runtime):

@@ -1,5 +1,6 @@
 """patch_llama on tiny random Llama configs: numerics, generation features, patch/unpatch and bad input."""
 import warnings
+from collections import Counter
 
 import pytest
 import torch
@@ -9,7 +10,7 @@ import torch_npu2
 from torch_npu2 import compare_layers, create_runtime, patch_llama, unpatch_llama, use_runtime
 from torch_npu2.emulator import EmulatedXrt
 from torch_npu2.kernels import ModelDims, programs_for_model
-from torch_npu2.kernels.catalog import lm_head_rows
+from torch_npu2.kernels.catalog import DECODE_GROUP_SIZES, lm_head_rows
 from torch_npu2.patch_llama import layer as layer_module
 
 from .tiny import tiny_llama
@@ -66,18 +67,28 @@ def test_prefill_pads_to_bucket_and_tracks_length(runtime, pair):
     assert [p.name for p in prefill_8 if p.key in built] == [], "9 tokens do not fit the 8-row bucket"
 
 
-@pytest.mark.parametrize("layers", [2, 3])
+def decode_groups(layers: int) -> list[int]:
+    """How many layers each run from attention on takes, for every layer but the last (which chains into no next
+    layer): runs of up to the largest decode group, in order."""
+    sizes, left = [], layers - 1
+    while left:
+        sizes.append(min(DECODE_GROUP_SIZES[-1], left))
+        left -= sizes[-1]
+    return sizes
+
+
+@pytest.mark.parametrize("layers", [2, 3, 7])
 def test_one_decode_token_moves_what_architecture_md_says(runtime, layers):
-    """Per decode token of an L-layer model (L ≥ 2), with the NpuKVCache: L+2 dispatches (rms_gemv_rope for the
-    first layer; per layer but the last decode_attn_o_gemv_ffn_rms_gemv_rope, its attention over the cache, its
-    O projection and FFN and the next layer's rms_gemv_rope; decode_attn_o_gemv_ffn for the last; the LM head),
-    no weight bytes, 3 staged host copies (the first layer's input once for each of the two Programs that read it;
-    the LM head's row), 2L − 1 syncs in place (each attention run's q, each later layer's input: the previous runs'
-    output BOs, bound as they are and flushed, never copied), 2 ranged syncs (the
-    step's RoPE LUT row and attention length, written once into buffers every layer binds; the cache slabs are
-    bound as they are and never flushed whole), the new K and V row of every layer written by the NPU into the
-    cache through 2L sub-buffers, never by the host, and one read-back per op output (a K or V row's: just its
-    bytes)."""
+    """Per decode token of an L-layer model (L ≥ 2), with the NpuKVCache: rms_gemv_rope for the first layer; then
+    every layer but the last from its attention on, up to four in one dispatch (npu2.decode_layers<n>; a layer
+    left alone as decode_attn_o_gemv_ffn_rms_gemv_rope), each chaining into the next layer's Q/K/V;
+    decode_attn_o_gemv_ffn for the last; the LM head. No weight bytes, 3 staged host copies (the first layer's
+    input once for each of the two Programs that read it; the LM head's row), 2A − 1 syncs in place for A runs that
+    attend (each one's q and input: the previous run's output BOs, bound as they are and flushed, never copied), 2
+    ranged syncs (the step's RoPE LUT row and attention length, written once into buffers every layer binds; the
+    cache slabs are bound as they are and never flushed whole), the new K and V row of every layer written by the
+    NPU into the cache through 2L sub-buffers, never by the host, and one read-back per op output (a K or V row's:
+    just its bytes)."""
     model = patch_llama(tiny_llama(num_hidden_layers=layers))
     ids = prompt(9)
 
@@ -89,30 +100,125 @@ def test_one_decode_token_moves_what_architecture_md_says(runtime, layers):
     counts(2)  # loads every Program and syncs the weights
     (stats2, xrt2), (stats3, xrt3) = counts(2), counts(3)  # the same prefill; the second decodes one more token
     token, token_xrt = stats3 - stats2, xrt3 - xrt2
-    assert token["runs"] == layers + 2
-    assert (token_xrt["runs:rms_gemv_rope"], token_xrt["runs:decode_attn_o_gemv_ffn_rms_gemv_rope"],
-            token_xrt["runs:decode_attn_o_gemv_ffn"], token_xrt["runs:lm_head_gemv"]) == (1, layers - 1, 1, 1)
+    groups = decode_groups(layers)
+    attending = len(groups) + 1
+    assert token["runs"] == attending + 2
+    runs = Counter({"rms_gemv_rope": 1, "decode_attn_o_gemv_ffn": 1, "lm_head_gemv": 1})
+    runs.update(f"decode_layers{n}" if n > 1 else "decode_attn_o_gemv_ffn_rms_gemv_rope" for n in groups)
+    assert {k[len("runs:"):]: v for k, v in token_xrt.items() if k.startswith("runs:")} == runs
     assert token_xrt["bytes_to_device:weight"] == 0 == xrt3["syncs_to_device:weight"]
     assert token["host_copies"] == 3
-    assert token["bo_inputs_synced"] == 2 * layers - 1
+    assert token["bo_inputs_synced"] == 2 * attending - 1
     config = model.config
     lut_row_bytes, length_bytes = config.hidden_size // config.num_attention_heads * 2, 4 * 2  # bf16
     assert token["ranged_syncs"] == 2
     assert token["ranged_sync_bytes"] == lut_row_bytes + length_bytes
     assert token["sub_buffers"] == 2 * layers == token_xrt["sub_bos"]
     assert token_xrt["syncs_to_device"] == token["host_copies"] + token["bo_inputs_synced"] + token["ranged_syncs"]
-    # v, q_roped, k_roped and out per layer; the logits
-    assert token_xrt["syncs_from_device"] == 4 * layers + 1
+    # every layer's K and V rows; the first layer's q; out and the next q of every attending run but the last, out
+    # of the last; the logits
+    assert token_xrt["syncs_from_device"] == 2 * layers + 1 + 2 * (attending - 1) + 1 + 1
 
 
+def _group_runs(runtime) -> int:
+    return sum(v for k, v in runtime.xrt.counters.items() if k.startswith("runs:decode_layers"))
+
+
+@pytest.mark.compat
+def test_decode_groups_give_the_layer_by_layer_logits_bit_for_bit(runtime):
+    """Seven layers decode as rms_gemv_rope, decode_layers4, decode_layers2, decode_attn_o_gemv_ffn and the LM head
+    per token; the logits are those of the layers one dispatch each, bit for bit (strict coherency). A forward hook
+    on a layer (anything may read its output) keeps that layer out of every group: with one on each, no group
+    runs."""
+    model = patch_llama(tiny_llama(num_hidden_layers=7))
+    ids = prompt(9)
+
+    def logits():
+        out = model.generate(ids, max_new_tokens=5, min_new_tokens=5, do_sample=False, output_logits=True,
+                             return_dict_in_generate=True)
+        return torch.stack(out.logits)
+
+    before = _group_runs(runtime)
+    grouped = logits()
+    assert _group_runs(runtime) - before == 2 * 4  # two groups per decode token
+    seen = []
+    hooks = [layer.register_forward_hook(lambda module, args, out: seen.append(out)) for layer in model.model.layers]
+    try:
+        before = _group_runs(runtime)
+        one_by_one = logits()
+        assert _group_runs(runtime) == before and len(seen) == 7 * 5
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert torch.equal(grouped, one_by_one)
+
+
+@pytest.mark.parametrize("most, runs", [(1, {"decode_attn_o_gemv_ffn_rms_gemv_rope": 6}),
+                                        (2, {"decode_layers2": 3}), (3, {"decode_layers3": 2})])
+def test_decode_layers_per_dispatch_caps_the_groups(runtime, most, runs):
+    """patch_llama(decode_layers_per_dispatch=n) runs at most n layers per decode dispatch (1: each on its own)."""
+    model = patch_llama(tiny_llama(num_hidden_layers=7), decode_layers_per_dispatch=most)
+    ids = prompt(9)
+
+    def runs_of(new_tokens):
+        before = runtime.xrt.counters.copy()
+        model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+        return runtime.xrt.counters - before
+
+    runs_of(2)  # loads every Program
+    token = runs_of(3) - runs_of(2)
+    assert {k[len("runs:"):]: n for k, n in token.items() if k.startswith("runs:decode_")} == {
+        **runs, "decode_attn_o_gemv_ffn": 1}
+
+
+@pytest.mark.parametrize("most", [0, 5, 2.0, True, "4"])
+def test_a_bad_decode_layers_per_dispatch_is_refused_before_the_model_is_touched(most):
+    model = tiny_llama()
+    forward = model.model.layers[0].forward
+    with pytest.raises(ValueError, match=r"decode_layers_per_dispatch must be 1 to 4, got"):
+        patch_llama(model, decode_layers_per_dispatch=most)
+    assert model.model.layers[0].forward == forward and not torch_npu2.is_patched(model)
+
+
+@pytest.mark.compat
+def test_hidden_states_asked_for_are_each_layers_own(runtime):
+    """With output_hidden_states HF records every layer's output, so no layer runs in a group then; once the capture
+    is over, groups run again."""
+    model = patch_llama(tiny_llama(num_hidden_layers=5))
+    ids = prompt(9)
+    before = _group_runs(runtime)
+    out = model.generate(ids, max_new_tokens=3, min_new_tokens=3, do_sample=False, output_hidden_states=True,
+                         return_dict_in_generate=True)
+    assert _group_runs(runtime) == before
+    step = out.hidden_states[-1]  # the last decode step: the embeddings, then each layer's output (the last normed)
+    assert len(step) == 6 and all(not torch.equal(a, b) for a, b in zip(step[1:-1], step[2:-1]))
+    model.generate(ids, max_new_tokens=3, min_new_tokens=3, do_sample=False)
+    assert _group_runs(runtime) > before
+
+
+def test_layers_reordered_after_patching_are_refused_while_a_group_is_due(runtime):
+    """A group runs its layers before HF calls them, in the order patch_llama linked them: layers reordered after
+    patching make the next decode step raise, naming the layer that was due, rather than return another layer's
+    output."""
+    model = patch_llama(tiny_llama(num_hidden_layers=5))
+    layers = model.model.layers
+    layers[2], layers[3] = layers[3], layers[2]
+    with pytest.raises(RuntimeError, match=r"decoder layer 3 was called while layer 2, which an earlier layer's NPU "
+                                           r"run already computed, was due"):
+        model.generate(prompt(9), max_new_tokens=2, min_new_tokens=2, do_sample=False)
+
+
+@pytest.mark.parametrize("layers", [2, 4])
 @pytest.mark.parametrize("padded", [None, "second", "first"])
-def test_a_batch_decodes_over_every_sequences_cache_in_place(runtime, padded):
+def test_a_batch_decodes_over_every_sequences_cache_in_place(runtime, padded, layers):
     """Two prompts decode as each does alone (strict coherency), every layer's attention on the NPU, and no decode
     token copies a cache slab: the second sequence's slab, which starts inside its layer's BO, is bound as a
     sub-buffer of it like the K/V rows; a left-padded sequence's attention reads from its first real row, its
     bucket running into the cache's spare rows. A token's copies are the batch's hidden rows only (HF hands the
-    layers one stacked tensor), whatever the context."""
-    model = patch_llama(tiny_llama(num_hidden_layers=2))
+    layers one stacked tensor), whatever the context. With four layers the first three run as one decode group per
+    sequence."""
+    model = patch_llama(tiny_llama(num_hidden_layers=layers))
+    groups = runtime.xrt.counters["runs:decode_layers3"]
     prompts = [prompt(9, seed=1), prompt(5 if padded else 9, seed=2)]
     if padded == "first":
         prompts.reverse()
@@ -139,7 +245,10 @@ def test_a_batch_decodes_over_every_sequences_cache_in_place(runtime, padded):
     # the LUT rows of both sequences and the lengths, each written once into a step buffer every layer binds (the
     # padded sequence's length counts from its first real row: a buffer of its own)
     assert token["ranged_syncs"] == 2 + 1 + (padded is not None)
-    assert token["sub_buffers"] == 2 * 2 * 2  # each sequence's new K and V rows, per layer; the slabs' are reused
+    assert token["sub_buffers"] == 2 * 2 * layers  # each sequence's new K and V rows, per layer; the slabs' reused
+    # one group run per sequence and decode step: 3 + 2 + 3 steps of the batch (n new tokens, the first from the
+    # prefill), 3 of each prompt alone
+    assert runtime.xrt.counters["runs:decode_layers3"] - groups == ((3 + 2 + 3) * 2 + 3 * 2 if layers == 4 else 0)
 
 
 @pytest.mark.parametrize("edit", [None, "in_place", "replaced", "reordered"])
