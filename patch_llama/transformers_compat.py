@@ -242,13 +242,14 @@ __all__ = ["TESTED_TRANSFORMERS", "IGNORED_KEYWORDS", "RETIRED_KEYWORDS", "Layer
 
 def sees_layer_outputs(module: torch.nn.Module, forward) -> bool:
     """Whether anything besides HF's layer loop could see what a call of ``module`` (whose patched forward is
-    ``forward``) returns: a wrapper around that forward (transformers 5.0–5.x's output capture replaces it while it
-    records), a forward hook or pre-hook on the module or on every module. HF's own output-capturing hook (5.x,
-    installed once hidden states were asked for) counts only while a capture is active."""
+    ``forward``) returns: a wrapper around that forward (transformers 5.0's output capture replaces it while it
+    records; accelerate's hooks wrap it), a forward hook or pre-hook on the module or on every module. The
+    output-capturing hook of later releases (installed once hidden states were asked for) counts only while a
+    capture is active."""
     if module.__dict__.get("forward") is not forward or module._forward_pre_hooks:
         return True
-    hooks = torch.nn.modules.module
-    if hooks._global_forward_hooks or hooks._global_forward_pre_hooks:
+    nn_module = torch.nn.modules.module  # where torch keeps the hooks registered for every module
+    if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
         return True
     return not all(_idle_output_capture(hook) for hook in module._forward_hooks.values())
 

@@ -153,6 +153,44 @@ def test_decode_groups_give_the_layer_by_layer_logits_bit_for_bit(runtime):
     assert torch.equal(grouped, one_by_one)
 
 
+@pytest.mark.parametrize("hook", ["global", "pre", "wrapped"])
+def test_any_code_that_may_see_a_layers_output_keeps_it_out_of_groups(runtime, hook):
+    """A forward hook on every module, a forward pre-hook on a layer, or a wrapper around a layer's patched forward
+    (as accelerate's hooks and transformers 5.0's output capture install): that layer runs on its own (with a
+    global hook every one does), and the logits stay those of the groups."""
+    model = patch_llama(tiny_llama(num_hidden_layers=5))
+    ids = prompt(9)
+
+    def decode():
+        before = runtime.xrt.counters.copy()
+        out = model.generate(ids, max_new_tokens=3, min_new_tokens=3, do_sample=False, output_logits=True,
+                             return_dict_in_generate=True)
+        runs = runtime.xrt.counters - before
+        return {k[len("runs:"):]: n for k, n in runs.items() if k.startswith("runs:decode_layers")}, \
+            torch.stack(out.logits)
+
+    groups, expected = decode()
+    assert groups == {"decode_layers4": 2}  # layers 0-3, in each of the two decode steps
+    layer = model.model.layers[2]
+    if hook == "global":
+        handle = torch.nn.modules.module.register_module_forward_hook(lambda module, args, out: None)
+    elif hook == "pre":
+        handle = layer.register_forward_pre_hook(lambda module, args: None)
+    else:
+        patched = layer.forward
+        layer.forward = lambda *args, **kwargs: patched(*args, **kwargs)
+    try:
+        groups, logits = decode()
+    finally:
+        if hook == "wrapped":
+            layer.forward = patched
+        else:
+            handle.remove()
+    # with a hook on layer 2: layers 0-1 in one dispatch, layer 2 and layer 3 one each
+    assert groups == ({} if hook == "global" else {"decode_layers2": 2})
+    assert torch.equal(logits, expected)
+
+
 @pytest.mark.parametrize("most, runs", [(1, {"decode_attn_o_gemv_ffn_rms_gemv_rope": 6}),
                                         (2, {"decode_layers2": 3}), (3, {"decode_layers3": 2})])
 def test_decode_layers_per_dispatch_caps_the_groups(runtime, most, runs):
