@@ -160,7 +160,7 @@ def _check_into(op: FusedOp, program: Program, targets, real: bool) -> None:
         arg = outputs[position]
         if not isinstance(t, torch.Tensor):
             raise _fail(op, name, "a torch.Tensor", type(t).__name__)
-        if t.dtype is not TORCH_DTYPES[arg.dtype] or tuple(t.shape) != arg.shape:
+        if t.dtype is not TORCH_DTYPES[arg.dtype] or t.shape != arg.shape:
             raise _fail(op, name, f"a {TORCH_DTYPES[arg.dtype]} tensor of shape {arg.shape} (the op's {output})",
                         f"{t.dtype} of shape {tuple(t.shape)}")
         if real and not t.is_cpu:

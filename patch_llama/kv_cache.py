@@ -57,6 +57,7 @@ class NpuKVLayer(DynamicLayer):
         self.k: torch.Tensor | None = None  # (batch, capacity, kv_dim) bf16, NPU buffer
         self.v: torch.Tensor | None = None
         self.length = 0
+        self._views: tuple | None = None  # (self.k they are of, per-sequence slabs, view memo): ``sequences``
 
     # HF's code (and DynamicLayer's own methods) read keys/values; they are views, computed when asked for
     @property
@@ -86,6 +87,23 @@ class NpuKVLayer(DynamicLayer):
         return slab[:, : self.length].view(batch, self.length, self.kv_heads, self.head_dim).transpose(1, 2)
 
     @property
+    def sequences(self) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+        """Per sequence, its (K slab, V slab): (capacity, kv_dim) views, made once per allocation (a decode step
+        indexes them for every layer)."""
+        return self._memos()[1]
+
+    @property
+    def view_memo(self) -> dict:
+        """Views of the slabs that the decode layers derive alike at every step (patch_llama/layer.py), kept until the
+        slabs are reallocated."""
+        return self._memos()[2]
+
+    def _memos(self) -> tuple:
+        if self._views is None or self._views[0] is not self.k:
+            self._views = (self.k, tuple(zip(self.k.unbind(0), self.v.unbind(0))), {})
+        return self._views
+
+    @property
     def capacity(self) -> int:
         return 0 if self.k is None else self.k.shape[1]
 
@@ -105,6 +123,7 @@ class NpuKVLayer(DynamicLayer):
         k, v = (device_empty((batch * rows + SPARE_ROWS, self.kv_dim), torch.bfloat16)[: batch * rows]
                 .view(batch, rows, self.kv_dim) for _ in range(2))
         old_k, old_v, self.k, self.v = self.k, self.v, k, v
+        self._views = None  # they are of the old slabs
         if old_k is not None and self.length:
             k[:, : self.length] = old_k[:, : self.length]
             v[:, : self.length] = old_v[:, : self.length]

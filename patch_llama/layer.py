@@ -220,7 +220,7 @@ def _cache_rows(slabs, batch: int) -> tuple[int, list]:
     (K row, V row) views of the slabs), which a decode op's ``.into`` overload has the NPU write."""
     position = slabs.length
     slabs.reserve(batch, position + 1)
-    return position, [(slabs.k[b, position], slabs.v[b, position]) for b in range(batch)]
+    return position, [(k[position], v[position]) for k, v in slabs.sequences]
 
 
 def _sequence_rows(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -410,27 +410,46 @@ def _on_device_attention(q, k_slab, v_slab, start: int, length: int, head_dim: i
     if scale != head_dim ** -0.5:
         return None
     if start:
-        k_slab, v_slab = _from_row(k_slab, start, length), _from_row(v_slab, start, length)
-        if k_slab is None or v_slab is None:
-            return None
+        k_slab, v_slab = _from_row(k_slab, start), _from_row(v_slab, start)
         length -= start
+        if k_slab.shape[0] < length:
+            return None
     capacity = decode_attn_capacity(length, k_slab.shape[0])
     return DeviceAttention(q, k_slab[:capacity], v_slab[:capacity],
                            _length_digits(length) if digits is None else digits)
 
 
-def _from_row(slab: torch.Tensor, start: int, length: int) -> torch.Tensor | None:
+def _slab_attention(q, slabs, b: int, start: int, length: int, head_dim: int, scale: float, digits):
+    """``_on_device_attention`` over sequence ``b`` of an NpuKVLayer, with the views it takes kept in the layer's
+    ``view_memo`` (per sequence, first row and capacity bucket, until the slabs are reallocated): a decode step
+    reuses the step before's until the length crosses into the next bucket."""
+    if scale != head_dim ** -0.5:
+        return None
+    memo = slabs.view_memo
+    rows = memo.get((b, start))
+    if rows is None:
+        k, v = slabs.sequences[b]
+        rows = memo[(b, start)] = (_from_row(k, start), _from_row(v, start)) if start else (k, v)
+    length -= start
+    if rows[0].shape[0] < length:
+        return None
+    capacity = decode_attn_capacity(length, rows[0].shape[0])
+    views = memo.get((b, start, capacity))
+    if views is None:
+        views = memo[(b, start, capacity)] = (rows[0][:capacity], rows[1][:capacity])
+    return DeviceAttention(q, *views, digits)
+
+
+def _from_row(slab: torch.Tensor, start: int) -> torch.Tensor:
     """A (rows, kv_dim) view of ``slab``'s storage from row ``start`` on, as many whole decode-attention granules
-    (DECODE_ATTN_ROWS_MULTIPLE rows) as the storage holds from there, or None if they do not reach row ``length``.
+    (DECODE_ATTN_ROWS_MULTIPLE rows) as the storage holds from there (the caller checks that they reach its length).
     Its rows past the slab's end are the next sequence's or the NpuKVCache's spare rows: a capacity bucket streams
     them, the kernel never reads a row at or past the length."""
     kv_dim = slab.shape[1]
     first = slab.storage_offset() + start * kv_dim
     rows = (slab.untyped_storage().nbytes() // slab.element_size() - first) // kv_dim
     rows -= rows % DECODE_ATTN_ROWS_MULTIPLE
-    if rows < length - start:
-        return None
-    return slab.as_strided((rows, kv_dim), (kv_dim, 1), first)
+    return slab.as_strided((max(rows, 0), kv_dim), (kv_dim, 1), first)
 
 
 @functools.lru_cache(maxsize=16)
@@ -539,6 +558,8 @@ class NpuDecoderLayer:
 
     def __call__(self, *args, **kwargs):
         hidden, arguments = self.signature.bind(args, kwargs)
+        if self.shared.grouped is not None and self._ran_in_group(hidden, arguments):
+            return hidden
         if arguments.get("output_attentions"):
             return self._hf_layer_forward(hidden, arguments)
         cache = arguments.get(self.signature.cache)
@@ -599,12 +620,17 @@ class NpuDecoderLayer:
             return chained.rows
         return None
 
-    def _ran_in_group(self, hidden, lut_rows) -> bool:
+    def _ran_in_group(self, hidden, arguments: dict) -> bool:
         """Whether a group run of an earlier layer of this decode step computed this layer (``_decode_group``): then
         HF hands it the group's output, which it returns as it is. A group runs its layers before HF calls them, so a
-        call out of the order patch_llama linked the layers in, or with another hidden state, is an error."""
-        grouped = self.shared.grouped
-        if grouped is None or grouped.lut_rows is not lut_rows:  # none, or left by an interrupted forward
+        call out of the order patch_llama linked the layers in, or with another hidden state, is an error. Checked
+        first in the call: a grouped layer has nothing else to do."""
+        grouped, memos = self.shared.grouped, self.shared.memos
+        position_embeddings = arguments.get("position_embeddings")
+        # the step's LUT rows are those of the RoPE tables this call has (a group left by an interrupted forward is
+        # another step's)
+        if (grouped is None or arguments.get("output_attentions") or position_embeddings is None
+                or memos.lut_memo[0] is not position_embeddings[0] or memos.lut_memo[2] is not grouped.lut_rows):
             return False
         expected = grouped.layers[0]
         if expected is not self or hidden is not grouped.hidden or hidden._version != grouped.version:
@@ -620,8 +646,6 @@ class NpuDecoderLayer:
         return True
 
     def _decode(self, hidden, lut_rows, mask, cache):
-        if self._ran_in_group(hidden, lut_rows):
-            return hidden
         batch, heads, kv_heads, head_dim = hidden.shape[0], self.heads, self.kv_heads, self.head_dim
         inputs, eps = _sequence_rows(hidden), self.eps_attn
         # under torch.compile the layers do not chain: identity checks on a side channel would make dynamo guard
@@ -725,9 +749,8 @@ class NpuDecoderLayer:
         # room for the K/V rows of the layer after each member (which may grow its slabs), then the members' views
         nexts = [_cache_rows(cache.layers[member.next_layer.layer_idx], batch) for member in members]
         starts = self.shared.memos.decode_starts(mask, batch, length)
-        views = [[_on_device_attention(None, slabs.k[b], slabs.v[b], starts[b], length, self.head_dim, self.scale,
-                                       on_device[b].length) for b in range(batch)]
-                 for slabs in (cache.layers[member.layer_idx] for member in members)]
+        views = [[_slab_attention(None, slabs, b, starts[b], length, self.head_dim, self.scale, on_device[b].length)
+                  for b in range(batch)] for slabs in (cache.layers[member.layer_idx] for member in members)]
         if any(view is None for member_views in views for view in member_views):
             return None
         for member in members:
@@ -758,7 +781,6 @@ class NpuDecoderLayer:
         kernel takes every sequence: the caller runs it, alone or chained with the layer's FFN. A mask other than
         causal plus left padding attends on the host over the slabs' HF views, with the mask as given."""
         batch = len(rows)
-        k_slab, v_slab = slabs.k, slabs.v
         slabs.length = length = slabs.length + 1
         starts = self.shared.memos.decode_starts(mask, batch, length)
         if starts is None:
@@ -767,11 +789,11 @@ class NpuDecoderLayer:
         memos = self.shared.memos
         # every sequence without padding shares slot 0; a padded one has its own, written before any run reads it
         digits = [memos.length_digits(length - s, slot=b + 1 if s else 0) for b, s in enumerate(starts)]
-        on_device = [_on_device_attention(r[1], k_slab[b], v_slab[b], starts[b], length, self.head_dim, self.scale,
-                                          digits[b]) for b, r in enumerate(rows)]
+        on_device = [_slab_attention(r[1], slabs, b, starts[b], length, self.head_dim, self.scale, digits[b])
+                     for b, r in enumerate(rows)]
         if all(a is not None for a in on_device):
             return None, on_device
-        return [_decode_attention(r[1], k_slab[b], v_slab[b], starts[b], length, self.head_dim, self.scale)
+        return [_decode_attention(r[1], *slabs.sequences[b], starts[b], length, self.head_dim, self.scale)
                 for b, r in enumerate(rows)], None
 
     def _qkv(self, x, weights, lut):

@@ -15,7 +15,7 @@ import copy
 import inspect
 import warnings
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import torch
 
@@ -40,10 +40,15 @@ class LayerSignature:
     cache: str  # the parameter that carries the KV Cache
     releases: str  # the transformers releases with this signature (for error messages)
 
-    @property
+    @cached_property
     def cache_position(self) -> bool:
         """Whether the layer is handed ``cache_position``, which these releases' caches need in ``update``."""
         return "cache_position" in self.params
+
+    @cached_property
+    def accepted(self) -> frozenset[str]:
+        """Every keyword a call may pass: the parameters, the handled ones, and the retired ones where retired."""
+        return frozenset(self.params) | _HANDLED_KEYWORDS | (frozenset() if self.cache_position else RETIRED_KEYWORDS)
 
     def bind(self, args: tuple, kwargs: dict) -> tuple[torch.Tensor, dict]:
         """``(hidden_states, every other argument by name)`` of one call, as HF's own signature would bind it;
@@ -61,10 +66,8 @@ class LayerSignature:
             hidden = kwargs.pop("hidden_states")
         else:
             raise TypeError("torch_npu2 decoder layer: missing the argument 'hidden_states'")
-        unknown = [name for name in kwargs if name not in self.params and name not in _HANDLED_KEYWORDS
-                   and not (name in RETIRED_KEYWORDS and not self.cache_position)]
-        if unknown:
-            raise TypeError(_unknown_keyword_message(unknown, self))
+        if not self.accepted.issuperset(kwargs):
+            raise TypeError(_unknown_keyword_message([name for name in kwargs if name not in self.accepted], self))
         return hidden, kwargs
 
 

@@ -190,6 +190,24 @@ def test_growth_is_in_chunks_and_the_limit_is_a_clear_error(runtime):
         layer.append_rows(row.expand(2, 1, -1), row.expand(2, 1, -1))
 
 
+def test_decode_that_grows_the_slabs_attends_over_the_new_ones(runtime):
+    """The decode layers keep views of the slabs from step to step (NpuKVLayer.view_memo). A step that grows the
+    slabs must leave none of the old ones in use: the tokens match the host path's, and every view kept is of the
+    new slabs."""
+    model = _patched()
+    ids = torch.randint(1, 300, (1, DECODE_ATTN_ROWS_MULTIPLE - 3), generator=torch.Generator().manual_seed(4))
+    cache = NpuKVCache(model.config, max_length=ids.shape[1])
+    npu = model.generate(ids, max_new_tokens=8, do_sample=False, past_key_values=cache)
+    host = model.generate(ids, max_new_tokens=8, do_sample=False, past_key_values=DynamicCache(config=model.config))
+    assert torch.equal(npu, host)
+    for layer in cache.layers:
+        assert layer.capacity > DECODE_ATTN_ROWS_MULTIPLE  # the prompt filled one granule; decoding grew it
+        assert layer.view_memo, "the decode steps kept no views of the slabs"
+        for k_view, v_view in layer.view_memo.values():
+            assert k_view.untyped_storage().data_ptr() == layer.k.untyped_storage().data_ptr()
+            assert v_view.untyped_storage().data_ptr() == layer.v.untyped_storage().data_ptr()
+
+
 def test_keys_and_values_cannot_be_replaced(runtime):
     layer = NpuKVCache(tiny_llama().config).layers[0]
     with pytest.raises(TypeError, match="views of the cache's NPU buffers"):
@@ -213,7 +231,8 @@ def test_a_mask_other_than_left_padding_attends_on_the_host_with_the_mask(runtim
     mask = torch.zeros(1, 1, 1, length + 1)
     mask[..., 3] = torch.finfo(torch.float32).min
     logits, seam_calls = {}, []
-    seams = {name: getattr(layer_module, name) for name in ("_decode_attention", "_on_device_attention")}
+    seams = {name: getattr(layer_module, name)
+             for name in ("_decode_attention", "_on_device_attention", "_slab_attention")}
     for name, cache in (("npu", prefix.past_key_values), ("host", DynamicCache(config=model.config))):
         if name == "host":
             model(PROMPT, past_key_values=cache, use_cache=True)
