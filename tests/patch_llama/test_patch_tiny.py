@@ -246,6 +246,29 @@ def test_layers_reordered_after_patching_are_refused_while_a_group_is_due(runtim
         model.generate(prompt(9), max_new_tokens=2, min_new_tokens=2, do_sample=False)
 
 
+@pytest.mark.compat
+def test_a_group_left_by_an_interrupted_forward_is_not_taken(runtime):
+    """A decode step that stops after a group leader (its caller called layer 0 alone) leaves layers 1-3 due; the
+    next forward, another step, runs every layer itself and gives the logits it gives without the leftover."""
+    model = patch_llama(tiny_llama(num_hidden_layers=5))
+    ids = prompt(9)
+
+    def logits():
+        out = model.generate(ids, max_new_tokens=3, min_new_tokens=3, do_sample=False, output_logits=True,
+                             return_dict_in_generate=True)
+        return torch.stack(out.logits), out.past_key_values
+
+    expected, cache = logits()
+    leader = model.model.layers[0].forward
+    position = torch.tensor([[cache.get_seq_length()]])
+    hidden = model.model.embed_tokens(torch.tensor([[7]]))
+    with torch.no_grad():
+        leader(hidden, attention_mask=None, position_ids=position, use_cache=True,
+               position_embeddings=model.model.rotary_emb(hidden, position), **{leader.signature.cache: cache})
+    assert [layer.layer_idx for layer in leader.shared.grouped.layers] == [1, 2, 3]  # due, never called
+    assert torch.equal(logits()[0], expected)
+
+
 @pytest.mark.parametrize("layers", [2, 4])
 @pytest.mark.parametrize("padded", [None, "second", "first"])
 def test_a_batch_decodes_over_every_sequences_cache_in_place(runtime, padded, layers):
