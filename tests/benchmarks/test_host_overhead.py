@@ -75,6 +75,23 @@ def test_timer_wrappers_are_removed(report):
     assert layer.rms_gemv_rope is rms_gemv_rope
 
 
+def test_grouped_layers_are_timed_and_the_timer_leaves_no_wrapper():
+    """Layers a decode group computed return from the top of their call; the timer, around each layer's whole call,
+    still times them (and keeps them in groups: it wraps the NpuDecoderLayer class, not the modules' forwards)."""
+    import torch_npu2
+    from torch_npu2.patch_llama.layer import NpuDecoderLayer
+
+    call = NpuDecoderLayer.__call__
+    model = tiny_llama(num_hidden_layers=4)
+    with common.emulated_runtime(compute=False) as runtime:
+        torch_npu2.patch_llama(model)
+        with host_overhead.OpTimer(model, runtime) as timer:
+            common.timed_generate(model, common.random_prompt(6, model.config.vocab_size), 3)
+    assert timer.calls("decode_layers3_into") == 3  # layers 0-2 in one run in each of the 3 decode steps
+    assert [timer.calls(f"layer{i}") for i in range(4)] == [4] * 4  # the prefill and the 3 decode steps
+    assert NpuDecoderLayer.__call__ is call
+
+
 def test_write_result_adds_machine_and_mode(tmp_path, report):
     path = common.write_result("host_overhead", {"contexts": report["contexts"]}, tmp_path, "quick", 0.0)
     data = json.loads(path.read_text())
