@@ -411,10 +411,10 @@ def _on_device_attention(q, k_slab, v_slab, start: int, length: int, head_dim: i
         return None
     if start:
         k_slab, v_slab = _from_row(k_slab, start), _from_row(v_slab, start)
-        length -= start
-        if k_slab.shape[0] < length:
-            return None
-    capacity = decode_attn_capacity(length, k_slab.shape[0])
+    length -= start
+    capacity = _capacity(k_slab, length)
+    if capacity is None:
+        return None
     return DeviceAttention(q, k_slab[:capacity], v_slab[:capacity],
                            _length_digits(length) if digits is None else digits)
 
@@ -430,14 +430,20 @@ def _slab_attention(q, slabs, b: int, start: int, length: int, head_dim: int, sc
     if rows is None:
         k, v = slabs.sequences[b]
         rows = memo[(b, start)] = (_from_row(k, start), _from_row(v, start)) if start else (k, v)
-    length -= start
-    if rows[0].shape[0] < length:
+    capacity = _capacity(rows[0], length - start)
+    if capacity is None:
         return None
-    capacity = decode_attn_capacity(length, rows[0].shape[0])
     views = memo.get((b, start, capacity))
     if views is None:
         views = memo[(b, start, capacity)] = (rows[0][:capacity], rows[1][:capacity])
     return DeviceAttention(q, *views, digits)
+
+
+def _capacity(rows: torch.Tensor, length: int) -> int | None:
+    """The capacity bucket decode attention reads of ``rows`` (a slab, or its rows from a first real one) to attend
+    over their first ``length``, or None if they do not reach that far."""
+    held = rows.shape[0]
+    return None if held < length else decode_attn_capacity(length, held)
 
 
 def _from_row(slab: torch.Tensor, start: int) -> torch.Tensor:
