@@ -157,35 +157,38 @@ def decode_with_attention_ms(dims, layers: int, context: int, weights: str = "bf
 
 def decode_chained_ms(dims, layers: int, context: int, weights: str = "bf16") -> Range:
     """A token as the patched model runs it (patch_llama/layer.py, ``NpuDecoderLayer._decode_group``):
-    rms_gemv_rope for the first layer; every layer but the last from its attention on, up to
-    ``DECODE_GROUP_SIZES[-1]`` in one dispatch (decode_layers<n>; a layer left alone as
-    decode_attn_o_gemv_ffn_rms_gemv_rope); decode_attn_o_gemv_ffn for the last; then the LM head (projection weights
-    and LM head as ``weights``)."""
+    rms_gemv_rope for the first layer; every layer from its attention on, up to ``DECODE_GROUP_SIZES[-1]`` in one
+    dispatch (``decode_group_runs``); then the LM head (projection weights and LM head as ``weights``)."""
     from torch_npu2.kernels import catalog
 
     d = dims
     capacity = catalog.decode_attn_capacity(context, DECODE_ATTN_MAX_LEN)
-    runs = [program_range(catalog.decode_layers_program(n, d.hidden, d.q_dim, d.intermediate, d.eps, d.heads,
-                                                        d.kv_heads, d.head_dim, capacity, d.eps, weights)
-                          if n > 1 else
-                          catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_program(
-                              d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads, d.head_dim, capacity,
-                              d.eps, weights, d.qkv_bias))
-            for n in decode_group_runs(layers)]
-    last = program_range(catalog.decode_attn_o_gemv_ffn_program(
-        d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads, d.head_dim, capacity, weights))
+    runs, sizes = [], decode_group_runs(layers)
+    for index, n in enumerate(sizes):
+        ends_model = index == len(sizes) - 1
+        if n > 1:
+            program = catalog.decode_layers_program(n, d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads,
+                                                    d.head_dim, capacity, d.eps, weights, ends_model)
+        elif ends_model:
+            program = catalog.decode_attn_o_gemv_ffn_program(d.hidden, d.q_dim, d.intermediate, d.eps, d.heads,
+                                                             d.kv_heads, d.head_dim, capacity, weights)
+        else:
+            program = catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_program(
+                d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads, d.head_dim, capacity, d.eps, weights,
+                d.qkv_bias)
+        runs.append(program_range(program))
     first, head = (_seconds(name, dims, None, "bf16", weights) for name in ("rms_gemv_rope", "lm_head_gemv"))
-    return tuple((sum(run[end].seconds for run in runs) + last[end].seconds + first[end] + head[end]) * 1e3
-                 for end in range(len(ENDS)))
+    return tuple((sum(run[end].seconds for run in runs) + first[end] + head[end]) * 1e3 for end in range(len(ENDS)))
 
 
 def decode_group_runs(layers: int) -> list[int]:
-    """How many layers each dispatch from attention on takes in a token of ``layers`` layers (every one but the
-    last, in runs of up to DECODE_GROUP_SIZES[-1]): what NpuDecoderLayer does when every layer can join a group
-    (same dims and weight format, no Q/K/V biases, no hooks)."""
+    """How many layers each dispatch from attention on takes in a token of ``layers`` layers, in runs of up to
+    DECODE_GROUP_SIZES[-1], the last ending with the model's last layer (decode_layers<n>_final, or
+    decode_attn_o_gemv_ffn alone): what NpuDecoderLayer does when every layer can join a group (same dims and
+    weight format, no Q/K/V biases, no hooks)."""
     from torch_npu2.kernels.catalog import DECODE_GROUP_SIZES
 
-    sizes, left = [], layers - 1
+    sizes, left = [], layers
     while left:
         sizes.append(min(DECODE_GROUP_SIZES[-1], left))
         left -= sizes[-1]
@@ -193,8 +196,8 @@ def decode_group_runs(layers: int) -> list[int]:
 
 
 def decode_dispatches(layers: int) -> int:
-    """Dispatches per decode token: rms_gemv_rope, the runs from attention on, the last layer's and the LM head."""
-    return len(decode_group_runs(layers)) + 3
+    """Dispatches per decode token: rms_gemv_rope, the runs from attention on and the LM head."""
+    return len(decode_group_runs(layers)) + 2
 
 
 def token_ms(dims, layers: int, context: int, weights: str = "bf16") -> Range:

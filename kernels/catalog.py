@@ -621,7 +621,7 @@ _GROUP_SHARED = ("length", "next_rope_lut", "attn", "res1", "gate_up", "next_nor
 
 def decode_layers_program(layers: int, hidden: int, q_dim: int, intermediate: int, eps: float, heads: int,
                           kv_heads: int, head_dim: int, capacity: int, next_eps: float,
-                          weights: str = "bf16") -> Program:
+                          weights: str = "bf16", ends_model: bool = False) -> Program:
     """``layers`` decode layers in one dispatch, each from its attention on as decode_attn_o_gemv_ffn_rms_gemv_rope
     (decode attention, o_gemv_ffn, the next layer's rms_gemv_rope), layer j+1 attending with the query and hidden
     state layer j computed (device-only scratches).
@@ -629,7 +629,9 @@ def decode_layers_program(layers: int, hidden: int, q_dim: int, intermediate: in
     Host arguments: the first layer's (as decode_attn_o_gemv_ffn_rms_gemv_rope's), then each further layer's caches
     and weights, suffixed with its index in the group (``k_cache_1``, ``wo_1``, ...; the first layer's per-layer
     arguments are ``_0``). Outputs: the last layer's ``out`` and ``next_q_roped``, then each layer's ``next_v_<j>``
-    and ``next_k_roped_<j>``, the K/V rows of the layer after it.
+    and ``next_k_roped_<j>``, the K/V rows of the layer after it. With ``ends_model`` (decode_layers<n>_final) the
+    last layer is the model's last and runs as decode_attn_o_gemv_ffn: no next layer's weights, LUT use or rows for
+    it, so the outputs are ``out`` and the rows of the layers before it.
 
     Layer j+1 attends over ``k_cache_<j+1>``/``v_cache_<j+1>`` as they are when it runs: a caller that binds
     ``next_k_roped_<j>``/``next_v_<j>`` to those caches' rows at ``length``-1 (the ``.into`` overload, an
@@ -641,6 +643,8 @@ def decode_layers_program(layers: int, hidden: int, q_dim: int, intermediate: in
     one = decode_attn_o_gemv_ffn_rms_gemv_rope_program(hidden, q_dim, intermediate, eps, heads, kv_heads, head_dim,
                                                        capacity, next_eps, weights)
     last = layers - 1
+    final = (decode_attn_o_gemv_ffn_program(hidden, q_dim, intermediate, eps, heads, kv_heads, head_dim, capacity,
+                                            weights) if ends_model else one)
 
     def renamed(name: str, j: int) -> str:
         if name in _GROUP_SHARED:
@@ -653,18 +657,20 @@ def decode_layers_program(layers: int, hidden: int, q_dim: int, intermediate: in
 
     by_name: dict[str, Arg] = {}
     for j in range(layers):
-        for arg in one.args:
+        for arg in (final if j == last else one).args:
             name = renamed(arg.name, j)
             role = S if name in ("q_mid", "hidden_mid") else arg.role
             by_name.setdefault(name, Arg(name, arg.shape, arg.dtype, role))
     ordered = list(by_name.values())
-    outputs = ["out", "next_q_roped"] + [f"{n}_{j}" for j in range(layers) for n in ("next_v", "next_k_roped")]
+    outputs = (["out"] + ([] if ends_model else ["next_q_roped"])
+               + [f"{n}_{j}" for j in range(last if ends_model else layers) for n in ("next_v", "next_k_roped")])
     args = ([a for a in ordered if a.role in (Role.INPUT, Role.WEIGHT)] + [a for a in ordered if a.role is S]
             + [by_name[n] for n in outputs])
     launches = tuple(Launch(l.kind, l.params, tuple(renamed(n, j) for n in l.reads),
                             tuple(renamed(n, j) for n in l.writes))
-                     for j in range(layers) for l in one.launches)
-    return Program(name=_decode_name(f"decode_layers{layers}", weights), params=(("layers", layers), *one.params),
+                     for j in range(layers) for l in (final if j == last else one).launches)
+    name = f"decode_layers{layers}" + ("_final" if ends_model else "")
+    return Program(name=_decode_name(name, weights), params=(("layers", layers), *one.params),
                    args=tuple(args), launches=launches, compile_options=DECODE_OPTIONS)
 
 

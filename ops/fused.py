@@ -127,9 +127,10 @@ def _decode_attn_o_gemv_ffn(shapes, head_dim, eps):
 _GROUP_FIRST = 14
 
 
-def _decode_layers(layers: int):
-    """The program_for of npu2.decode_layers<layers> and, with a weight format, of its _packed twin: the first layer's
-    tensors fix the dims; the registry's shape check holds each further layer's to them."""
+def _decode_layers(layers: int, ends_model: bool = False):
+    """The program_for of npu2.decode_layers<layers> (with ``ends_model``, of decode_layers<layers>_final) and, with
+    a weight format, of its _packed twin: the first layer's tensors fix the dims; the registry's shape check holds
+    each further layer's to them."""
     def program_for(shapes, head_dim, eps, next_eps, weights="bf16"):
         try:
             if weights == "bf16":
@@ -142,22 +143,26 @@ def _decode_layers(layers: int):
             raise BadArgument(exc.arg if shared else exc.arg + "_0", exc.expected, exc.given) from None
         p = dict(one.params)
         return catalog.decode_layers_program(layers, p["hidden"], p["q_dim"], p["intermediate"], eps, p["heads"],
-                                             p["kv_heads"], head_dim, p["capacity"], next_eps, weights)
+                                             p["kv_heads"], head_dim, p["capacity"], next_eps, weights, ends_model)
     return program_for
 
 
 def _group_into(layers: int) -> tuple[tuple[str, str], ...]:
-    """A decode group's K/V rows of the layer after each of its layers, which ``.into`` writes into KV caches."""
+    """The K/V rows a decode group writes for the layer after each of its first ``layers`` layers (all of them, or
+    all but a _final group's last), which ``.into`` writes into KV caches."""
     return tuple((f"{output}_{j}", f"{row}_{j}") for j in range(layers) for output, row in _NEXT_KV_ROWS)
 
 
 def _decode_layers_ops() -> tuple[FusedOp, ...]:
+    """npu2.decode_layers<n> and npu2.decode_layers<n>_final (a group ending with the model's last layer), each
+    with a _packed twin."""
     scalars = (("head_dim", "int"), ("eps", "float"), ("next_eps", "float"))
     return tuple(
-        FusedOp(f"decode_layers{n}" + ("" if weights == "bf16" else "_packed"),
-                scalars + (() if weights == "bf16" else (_WEIGHTS,)), _decode_layers(n),
-                catalog.decode_layers_program(n, 64, 64, 128, 1e-5, 2, 1, 32, 128, 1e-5, weights), _group_into(n))
-        for n in catalog.DECODE_GROUP_SIZES for weights in ("bf16", _EX_PACKED))
+        FusedOp(f"decode_layers{n}" + ("_final" if final else "") + ("" if weights == "bf16" else "_packed"),
+                scalars + (() if weights == "bf16" else (_WEIGHTS,)), _decode_layers(n, final),
+                catalog.decode_layers_program(n, 64, 64, 128, 1e-5, 2, 1, 32, 128, 1e-5, weights, final),
+                _group_into(n - 1 if final else n))
+        for n in catalog.DECODE_GROUP_SIZES for final in (False, True) for weights in ("bf16", _EX_PACKED))
 
 
 def decode_attn_length(length: int) -> torch.Tensor:

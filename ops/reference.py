@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels import int_gemm, quant
-from ..kernels.catalog import decode_attn_length_value
+from ..kernels.catalog import DECODE_GROUP_SIZES, decode_attn_length_value
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -223,31 +223,40 @@ decode_attn_o_gemv_ffn_rms_gemv_rope_packed_qkv_bias_reference = _qkv_biased(
 
 
 # ---- the decode groups (npu2.decode_layers<n>, catalog.decode_layers_program) -------------------------------------
-def _decode_layers(layers: int, layer_reference):
+def _decode_layers(layers: int, layer_reference, last_reference=None):
     """Reference of a decode group of ``layers`` layers: ``layer_reference`` (a decode_attn_o_gemv_ffn_rms_gemv_rope
     reference) per layer, each on the q and hidden state the one before returned, the caches as given; returns the
-    last layer's out and q, then each layer's (next_v, next_k_roped)."""
+    last layer's out and q, then each layer's (next_v, next_k_roped). With ``last_reference`` (a
+    decode_attn_o_gemv_ffn reference: a _final group), the last layer is the model's last, with no next layer: it
+    returns only out, and the rows are those of the layers before it."""
     first, per_layer = 14, 10
+    ends_model = last_reference is not None
+    tensor_count = first + per_layer * (layers - 1) - (4 if ends_model else 0)
 
     def reference(*args):
-        tensors, scalars = args[:first + per_layer * (layers - 1)], args[first + per_layer * (layers - 1):]
+        tensors, scalars = args[:tensor_count], args[tensor_count:]
         q, k_cache, v_cache, length, wo, x, *rest = tensors[:first]
         lut = rest[-1]
         own = [(k_cache, v_cache, wo, *rest[:-1])]
         own += [tensors[first + per_layer * j:first + per_layer * (j + 1)] for j in range(layers - 1)]
         rows = []
-        for k_cache, v_cache, wo, norm_w, w_gate_up, w_down, next_norm_w, wq, wk, wv in own:
+        for j, (k_cache, v_cache, wo, norm_w, w_gate_up, w_down, *next_qkv) in enumerate(own):
+            if ends_model and j == layers - 1:  # head_dim, eps and the weight format: next_eps is not its
+                x = last_reference(q, k_cache, v_cache, length, wo, x, norm_w, w_gate_up, w_down, scalars[0],
+                                   scalars[1], *scalars[3:])
+                return (x, *rows)
             x, next_v, q, next_k = layer_reference(q, k_cache, v_cache, length, wo, x, norm_w, w_gate_up, w_down,
-                                                   next_norm_w, wq, wk, wv, lut, *scalars)
+                                                   *next_qkv, lut, *scalars)
             rows += [next_v, next_k]
         return (x, q, *rows)
 
     return reference
 
 
-decode_layers2_reference = _decode_layers(2, decode_attn_o_gemv_ffn_rms_gemv_rope_reference)
-decode_layers3_reference = _decode_layers(3, decode_attn_o_gemv_ffn_rms_gemv_rope_reference)
-decode_layers4_reference = _decode_layers(4, decode_attn_o_gemv_ffn_rms_gemv_rope_reference)
-decode_layers2_packed_reference = _decode_layers(2, decode_attn_o_gemv_ffn_rms_gemv_rope_packed_reference)
-decode_layers3_packed_reference = _decode_layers(3, decode_attn_o_gemv_ffn_rms_gemv_rope_packed_reference)
-decode_layers4_packed_reference = _decode_layers(4, decode_attn_o_gemv_ffn_rms_gemv_rope_packed_reference)
+# npu2.decode_layers<n>[_final][_packed]'s references, by op name
+DECODE_GROUP_REFERENCES = {
+    f"decode_layers{n}{'_final' if final else ''}{suffix}": _decode_layers(n, layer, last if final else None)
+    for n in DECODE_GROUP_SIZES for final in (False, True)
+    for suffix, layer, last in (
+        ("", decode_attn_o_gemv_ffn_rms_gemv_rope_reference, decode_attn_o_gemv_ffn_reference),
+        ("_packed", decode_attn_o_gemv_ffn_rms_gemv_rope_packed_reference, decode_attn_o_gemv_ffn_packed_reference))}

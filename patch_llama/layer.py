@@ -44,9 +44,11 @@ o_gemv_ffn_rms_gemv_rope_into = INTO[o_gemv_ffn_rms_gemv_rope]
 o_gemv_ffn_rms_gemv_rope_packed_into = INTO[o_gemv_ffn_rms_gemv_rope_packed]
 decode_attn_o_gemv_ffn_rms_gemv_rope_into = INTO[decode_attn_o_gemv_ffn_rms_gemv_rope]
 decode_attn_o_gemv_ffn_rms_gemv_rope_packed_into = INTO[decode_attn_o_gemv_ffn_rms_gemv_rope_packed]
-# (layers, packed) → the .into overload of the decode group op that runs that many layers in one dispatch
-decode_layers_into = {(n, packed): INTO[ALL_OPS[f"decode_layers{n}" + ("_packed" if packed else "")]]
-                      for n in DECODE_GROUP_SIZES for packed in (False, True)}
+# (layers, packed, ends the model) → the .into overload of the decode group op that runs that many layers in one
+# dispatch (the _final ones: the last of them is the model's last layer)
+decode_layers_into = {(n, packed, final): INTO[ALL_OPS[f"decode_layers{n}" + ("_final" if final else "")
+                                                       + ("_packed" if packed else "")]]
+                      for n in DECODE_GROUP_SIZES for packed in (False, True) for final in (False, True)}
 
 
 class ChainedQkv(NamedTuple):
@@ -725,12 +727,16 @@ class NpuDecoderLayer:
         return result
 
     def _joins(self, layer, cache, length: int) -> bool:
-        """Whether ``layer`` can run in this layer's decode group: it chains into a layer after it, it and that layer
-        are like this one (dims, weight format, Q/K/V biases or not, eps), its slabs are one step behind ``length``,
-        and nothing but HF's layer loop sees its output."""
-        following = layer.next_layer if layer is not None else None
-        return (following is not None and layer.group_key == self.group_key == following.group_key
-                and layer.eps_mlp == self.eps_mlp and following.eps_attn == self.next_layer.eps_attn
+        """Whether ``layer`` can run in this layer's decode group: it is like this one (dims, weight format, Q/K/V
+        biases or not, eps), and so is the layer after it, which it chains into, if it has one (a layer with none,
+        the model's last, ends the group: a _final group); its slabs are one step behind ``length``; and nothing but
+        HF's layer loop sees its output."""
+        if layer is None:
+            return False
+        following = layer.next_layer
+        return (layer.group_key == self.group_key and layer.eps_mlp == self.eps_mlp
+                and (following is None or following.group_key == self.group_key
+                     and following.eps_attn == self.next_layer.eps_attn)
                 and cache.layers[layer.layer_idx].length == length - 1
                 and not sees_layer_outputs(layer.module, layer))
 
@@ -740,8 +746,9 @@ class NpuDecoderLayer:
         npu2.decode_layers<n>.into: each layer's K/V rows of the layer after it go into that layer's slabs at this
         step's position, where that layer's attention reads them in the same run. Returns the last layer's output
         (HF hands it to each of them in turn: ``_ran_in_group``) after leaving the next layer's Q for it as a
-        ChainedQkv; None if no layer joins (or their slabs cannot be read in place: nothing was run then, and no
-        layer's length moved). Layers with Q/K/V biases (Qwen2) run one per dispatch: the group ops take none."""
+        ChainedQkv, unless the last is the model's last layer (npu2.decode_layers<n>_final); None if no layer joins
+        (or their slabs cannot be read in place: nothing was run then, and no layer's length moved). Layers with
+        Q/K/V biases (Qwen2) run one per dispatch: the group ops take none."""
         length, batch = cache.layers[self.layer_idx].length, len(inputs)
         members, layer = [], self.next_layer
         # a hook on this layer would see the last layer's output
@@ -752,8 +759,11 @@ class NpuDecoderLayer:
             layer = layer.next_layer
         if not members:
             return None
-        # room for the K/V rows of the layer after each member (which may grow its slabs), then the members' views
-        nexts = [_cache_rows(cache.layers[member.next_layer.layer_idx], batch) for member in members]
+        ends_model = members[-1].next_layer is None
+        # room for the K/V rows of the layer after each member that has one (which may grow its slabs), then the
+        # members' views
+        nexts = [_cache_rows(cache.layers[member.next_layer.layer_idx], batch)
+                 for member in (members[:-1] if ends_model else members)]
         starts = self.shared.memos.decode_starts(mask, batch, length)
         views = [[_slab_attention(None, slabs, b, starts[b], length, self.head_dim, self.scale, on_device[b].length)
                   for b in range(batch)] for slabs in (cache.layers[member.layer_idx] for member in members)]
@@ -761,7 +771,7 @@ class NpuDecoderLayer:
             return None
         for member in members:
             cache.layers[member.layer_idx].length = length
-        op = decode_layers_into[(1 + len(members), self.packed is not None)]
+        op = decode_layers_into[(1 + len(members), self.packed is not None, ends_model)]
         wo, norm2_w, w_gate_up, w_down = self.ffn_weights
         results = []
         for b, (a, x, lut) in enumerate(zip(on_device, inputs, lut_rows)):
@@ -769,14 +779,16 @@ class NpuDecoderLayer:
                        *self.next_layer.qkv_weights, lut]
             for member, member_views in zip(members, views):
                 tensors += [member_views[b].k_cache, member_views[b].v_cache, *member.ffn_weights,
-                            *member.next_layer.qkv_weights]
+                            *(() if member.next_layer is None else member.next_layer.qkv_weights)]
             rows = [*targets[b], *(row for _, next_targets in nexts for row in next_targets[b])]
-            results.append(op(*tensors, *rows, self.head_dim, self.eps_mlp, self.next_layer.eps_attn, *packed))
+            out = op(*tensors, *rows, self.head_dim, self.eps_mlp, self.next_layer.eps_attn, *packed)
+            results.append((out,) if ends_model else out)
         result = _from_sequence_rows([r[0] for r in results])
         last = members[-1].next_layer
-        self.shared.chained = ChainedQkv(last, result, result._version, lut_rows, last.eps_attn,
-                                         [(None, r[1], None) for r in results],
-                                         (cache.layers[last.layer_idx], nexts[-1][0]))
+        if last is not None:
+            self.shared.chained = ChainedQkv(last, result, result._version, lut_rows, last.eps_attn,
+                                             [(None, r[1], None) for r in results],
+                                             (cache.layers[last.layer_idx], nexts[-1][0]))
         self.shared.grouped = GroupedLayers(members, result, result._version, lut_rows)
         return result
 

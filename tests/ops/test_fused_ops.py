@@ -52,14 +52,17 @@ def group_layer_tensors(config, g, packed: bool):
 
 def group_cases(config, cases, g):
     """Each decode group: its first layer is decode_attn_o_gemv_ffn_rms_gemv_rope(_packed)'s case, each further
-    layer has tensors of its own (a mix-up of layers changes the results); the whole group at the small configs."""
+    layer has tensors of its own (a mix-up of layers changes the results; a _final group's last layer has no next
+    layer's norm and Q/K/V); the whole group at the small configs."""
     out = {}
     for suffix in ("", "_packed"):
         tensors, scalars, _ = cases["decode_attn_o_gemv_ffn_rms_gemv_rope" + suffix]
         for n in DECODE_GROUP_SIZES:
             more = [t for _ in range(n - 1) for t in group_layer_tensors(config, g, bool(suffix))]
-            out[f"decode_layers{n}{suffix}"] = (list(tensors) + more, scalars,
-                                                getattr(reference, f"decode_layers{n}{suffix}_reference"))
+            for final in ("", "_final"):
+                name = f"decode_layers{n}{final}{suffix}"
+                out[name] = (list(tensors) + (more[:-4] if final else more), scalars,
+                             reference.DECODE_GROUP_REFERENCES[name])
     return out
 
 
@@ -290,49 +293,62 @@ def _in_state(tensor: torch.Tensor) -> torch.Tensor:
     return state
 
 
-@pytest.mark.parametrize("name", ["decode_layers3", "decode_layers2_packed"])
+@pytest.mark.parametrize("name", ["decode_layers3", "decode_layers2_packed", "decode_layers3_final",
+                                  "decode_layers2_final_packed"])
 def test_a_group_into_the_caches_is_its_layers_one_run_each_bit_for_bit(runtime, name):
     """A decode group whose K/V rows go into the next layers' caches at the last position (``.into``) gives what
-    its layers give as decode_attn_o_gemv_ffn_rms_gemv_rope(.into) one run each: every layer after the first
-    attends over the row the layer before it wrote in the same run. Rows bound elsewhere (plain tensors) leave the
-    caches as given, and the results differ: the check can fail."""
+    its layers give as decode_attn_o_gemv_ffn_rms_gemv_rope(.into) one run each (a _final group's last layer as
+    decode_attn_o_gemv_ffn): every layer after the first attends over the row the layer before it wrote in the same
+    run. Rows bound elsewhere (plain tensors) leave the caches as given, and the results differ: the check can
+    fail."""
     tensors, scalars, _ = op_cases("odd")[name]
     layers, first, per_layer = int(name[len("decode_layers")]), 14, 10
+    final, packed = "_final" in name, name.endswith("_packed")
     q, length, x, lut = tensors[0], tensors[3], tensors[5], tensors[13]
     rows = catalog.decode_attn_length_value(length.tolist())
-    single = INTO[ALL_OPS["decode_attn_o_gemv_ffn_rms_gemv_rope" + name[len("decode_layers") + 1:]]]
+    suffix = "_packed" if packed else ""
+    single = INTO[ALL_OPS["decode_attn_o_gemv_ffn_rms_gemv_rope" + suffix]]
+    last_alone = ALL_OPS["decode_attn_o_gemv_ffn" + suffix]
 
     def own(j):
-        """Layer j's own tensors: its K and V caches, then its o/FFN weights and the next layer's norm and Q/K/V."""
+        """Layer j's own tensors: its K and V caches, then its o/FFN weights and the next layer's norm and Q/K/V
+        (none for a _final group's last layer)."""
         if j == 0:
             return (*tensors[1:3], tensors[4], *tensors[6:13])
         return tensors[first + per_layer * (j - 1):first + per_layer * j]
 
+    # each layer's K and V caches in NPU state, and (unless the group ends the model) the layer's after the group,
+    # a copy of the first's
+    followed = layers if final else layers + 1
+
     def caches():
-        """Each layer's K and V caches in NPU state, and the layer's after the group (a copy of the first's)."""
-        return [[_in_state(t) for t in own(j % layers)[:2]] for j in range(layers + 1)]
+        return [[_in_state(t) for t in own(j % layers)[:2]] for j in range(followed)]
 
     def group(states, targets):
         args = [q, *states[0], length, own(0)[2], x, *own(0)[3:], lut]
         args += [t for j in range(1, layers) for t in (*states[j], *own(j)[2:])]
-        return INTO[ALL_OPS[name]](*args, *targets, *scalars)
+        out = INTO[ALL_OPS[name]](*args, *targets, *scalars)
+        return (out,) if final else out  # out, and unless the group ends the model the next layer's q
 
     chain = caches()
     x_chain, q_chain = x, q
     for j in range(layers):
         wo, *rest = own(j)[2:]
-        x_chain, q_chain = single(q_chain, *chain[j], length, wo, x_chain, *rest, lut, chain[j + 1][0][rows - 1],
-                                  chain[j + 1][1][rows - 1], *scalars)
+        if final and j == layers - 1:  # head_dim, eps (and the weight format): not next_eps
+            x_chain = last_alone(q_chain, *chain[j], length, wo, x_chain, *rest, scalars[0], scalars[1],
+                                 *scalars[3:])
+        else:
+            x_chain, q_chain = single(q_chain, *chain[j], length, wo, x_chain, *rest, lut,
+                                      chain[j + 1][0][rows - 1], chain[j + 1][1][rows - 1], *scalars)
 
     grouped = caches()
-    out, q_out = group(grouped, [row for k, v in grouped[1:] for row in (k[rows - 1], v[rows - 1])])
-    assert torch.equal(out, x_chain) and torch.equal(q_out, q_chain)
+    outs = group(grouped, [row for k, v in grouped[1:] for row in (k[rows - 1], v[rows - 1])])
+    assert torch.equal(outs[0], x_chain) and (final or torch.equal(outs[1], q_chain))
     for (k, v), (k_expected, v_expected) in zip(grouped, chain):
         assert torch.equal(k[:rows], k_expected[:rows]) and torch.equal(v[:rows], v_expected[:rows])
 
     apart = caches()
-    out_apart, _ = group(apart, [torch.zeros_like(k[0]) for k, v in apart[1:] for _ in (k, v)])
-    assert not torch.equal(out_apart, x_chain)
+    assert not torch.equal(group(apart, [torch.zeros_like(k[0]) for k, v in apart[1:] for _ in (k, v)])[0], x_chain)
 
 
 @pytest.mark.parametrize("index, arg", [(1, "k_cache_0"), (4, "wo_0"), (16, "wo_1"), (14, "k_cache_1")])

@@ -156,9 +156,8 @@ def test_a_failed_packing_leaves_the_bf16_weights_in_place(runtime, monkeypatch)
 @pytest.mark.parametrize("layers", [2, 3, 6])
 def test_a_packed_decode_token_runs_its_layers_in_groups(runtime, layers):
     """With packed weights and the NpuKVCache a decode token runs as the bf16 one does (ARCHITECTURE.md, "One decode
-    token"): every layer but the last from its attention on, up to four in one dispatch
-    (decode_layers<n>_packed; a layer left alone decode_attn_o_gemv_ffn_rms_gemv_rope_packed), the last
-    decode_attn_o_gemv_ffn_packed; and the logits those of the unchained ops."""
+    token"): every layer from its attention on, up to four in one dispatch (decode_layers<n>_packed), the last run
+    ending with the model's last layer (decode_layers<n>_final_packed); and the logits those of the unchained ops."""
     model = tiny_llama(**DIMS, num_hidden_layers=layers)
     patch_llama(model, prefill_buckets=(16,), weights="q4_1")
     ids = torch.tensor([[1, 5, 7, 9, 11, 3]])
@@ -172,10 +171,9 @@ def test_a_packed_decode_token_runs_its_layers_in_groups(runtime, layers):
     runs(2)  # loads every Program
     (two, _), (three, chained) = runs(2), runs(3)
     token = {k[len("runs:"):]: three[k] - two[k] for k in three if k.startswith("runs:") and three[k] > two[k]}
-    grouped = {2: {"decode_attn_o_gemv_ffn_rms_gemv_rope_packed": 1}, 3: {"decode_layers2_packed": 1},
-               6: {"decode_layers4_packed": 1, "decode_attn_o_gemv_ffn_rms_gemv_rope_packed": 1}}[layers]
-    assert token == {"rms_gemv_rope_packed": 1, **grouped, "decode_attn_o_gemv_ffn_packed": 1,
-                     "lm_head_gemv_packed": 1}
+    grouped = {2: {"decode_layers2_final_packed": 1}, 3: {"decode_layers3_final_packed": 1},
+               6: {"decode_layers4_packed": 1, "decode_layers2_final_packed": 1}}[layers]
+    assert token == {"rms_gemv_rope_packed": 1, **grouped, "lm_head_gemv_packed": 1}
     for layer in model.model.layers:  # unchained: every layer rms_gemv_rope → decode_attn_o_gemv_ffn
         layer.forward.next_layer = None
     _, unchained = runs(3)

@@ -49,7 +49,8 @@ def test_layers_and_generation_match_hf(runtime, pair, name):
     report = compare_layers(reference, model, ids)
     assert report.worst().min_cosine >= 0.999, str(report)
     check_topk_gate(*greedy_with_topk(reference, ids, 16), *greedy_with_topk(model, ids, 16), label=name)
-    assert runtime.xrt.counters["runs:flash_attn"] >= 2 and runtime.xrt.counters["runs:decode_attn_o_gemv_ffn"] >= 2
+    # the two layers decode in one dispatch (the second is the last: decode_layers2_final)
+    assert runtime.xrt.counters["runs:flash_attn"] >= 2 and runtime.xrt.counters["runs:decode_layers2_final"] >= 2
 
 
 def test_prefill_pads_to_bucket_and_tracks_length(runtime, pair):
@@ -67,22 +68,23 @@ def test_prefill_pads_to_bucket_and_tracks_length(runtime, pair):
     assert [p.name for p in prefill_8 if p.key in built] == [], "9 tokens do not fit the 8-row bucket"
 
 
-def decode_groups(layers: int) -> list[int]:
-    """How many layers each run from attention on takes, for every layer but the last (which chains into no next
-    layer): runs of up to the largest decode group, in order."""
-    sizes, left = [], layers - 1
+def decode_runs(layers: int, most: int = DECODE_GROUP_SIZES[-1]) -> list[str]:
+    """The Programs that run the layers from their attention on, in order: runs of up to ``most`` layers, each
+    chaining into the next layer's Q/K/V (npu2.decode_layers<n>, or decode_attn_o_gemv_ffn_rms_gemv_rope for a layer
+    alone) but the last, which ends with the model's last layer (decode_layers<n>_final, or decode_attn_o_gemv_ffn)."""
+    sizes, left = [], layers
     while left:
-        sizes.append(min(DECODE_GROUP_SIZES[-1], left))
+        sizes.append(min(most, left))
         left -= sizes[-1]
-    return sizes
+    runs = [f"decode_layers{n}" if n > 1 else "decode_attn_o_gemv_ffn_rms_gemv_rope" for n in sizes[:-1]]
+    return runs + [f"decode_layers{sizes[-1]}_final" if sizes[-1] > 1 else "decode_attn_o_gemv_ffn"]
 
 
 @pytest.mark.parametrize("layers", [2, 3, 7])
 def test_one_decode_token_moves_what_architecture_md_says(runtime, layers):
     """Per decode token of an L-layer model (L ≥ 2), with the NpuKVCache: rms_gemv_rope for the first layer; then
-    every layer but the last from its attention on, up to four in one dispatch (npu2.decode_layers<n>; a layer
-    left alone as decode_attn_o_gemv_ffn_rms_gemv_rope), each chaining into the next layer's Q/K/V;
-    decode_attn_o_gemv_ffn for the last; the LM head. No weight bytes, 3 staged host copies (the first layer's
+    every layer from its attention on, up to four in one dispatch, each run chaining into the next layer's Q/K/V
+    but the last, which ends with the model's last layer (``decode_runs``); the LM head. No weight bytes, 3 staged host copies (the first layer's
     input once for each of the two Programs that read it; the LM head's row), 2A − 1 syncs in place for A runs that
     attend (each one's q and input: the previous run's output BOs, bound as they are and flushed, never copied), 2
     ranged syncs (the step's RoPE LUT row and attention length, written once into buffers every layer binds; the
@@ -100,11 +102,10 @@ def test_one_decode_token_moves_what_architecture_md_says(runtime, layers):
     counts(2)  # loads every Program and syncs the weights
     (stats2, xrt2), (stats3, xrt3) = counts(2), counts(3)  # the same prefill; the second decodes one more token
     token, token_xrt = stats3 - stats2, xrt3 - xrt2
-    groups = decode_groups(layers)
-    attending = len(groups) + 1
+    attending_runs = decode_runs(layers)
+    attending = len(attending_runs)
     assert token["runs"] == attending + 2
-    runs = Counter({"rms_gemv_rope": 1, "decode_attn_o_gemv_ffn": 1, "lm_head_gemv": 1})
-    runs.update(f"decode_layers{n}" if n > 1 else "decode_attn_o_gemv_ffn_rms_gemv_rope" for n in groups)
+    runs = Counter({"rms_gemv_rope": 1, "lm_head_gemv": 1, **Counter(attending_runs)})
     assert {k[len("runs:"):]: v for k, v in token_xrt.items() if k.startswith("runs:")} == runs
     assert token_xrt["bytes_to_device:weight"] == 0 == xrt3["syncs_to_device:weight"]
     assert token["host_copies"] == 3
@@ -126,8 +127,7 @@ def _group_runs(runtime) -> int:
 
 @pytest.mark.compat
 def test_decode_groups_give_the_layer_by_layer_logits_bit_for_bit(runtime):
-    """Seven layers decode as rms_gemv_rope, decode_layers4, decode_layers2, decode_attn_o_gemv_ffn and the LM head
-    per token; the logits are those of the layers one dispatch each, bit for bit (strict coherency). A forward hook
+    """Seven layers decode as rms_gemv_rope, decode_layers4, decode_layers3_final and the LM head per token; the logits are those of the layers one dispatch each, bit for bit (strict coherency). A forward hook
     on a layer (anything may read its output) keeps that layer out of every group: with one on each, no group
     runs."""
     model = patch_llama(tiny_llama(num_hidden_layers=7))
@@ -170,7 +170,7 @@ def test_any_code_that_may_see_a_layers_output_keeps_it_out_of_groups(runtime, h
             torch.stack(out.logits)
 
     groups, expected = decode()
-    assert groups == {"decode_layers4": 2}  # layers 0-3, in each of the two decode steps
+    assert groups == {"decode_layers4": 2}  # layers 0-3, in each of the two decode steps (layer 4 alone)
     layer = model.model.layers[2]
     if hook == "global":
         handle = torch.nn.modules.module.register_module_forward_hook(lambda module, args, out: None)
@@ -186,13 +186,15 @@ def test_any_code_that_may_see_a_layers_output_keeps_it_out_of_groups(runtime, h
             layer.forward = patched
         else:
             handle.remove()
-    # with a hook on layer 2: layers 0-1 in one dispatch, layer 2 and layer 3 one each
-    assert groups == ({} if hook == "global" else {"decode_layers2": 2})
+    # with a hook on layer 2: layers 0-1 in one dispatch, layer 2 on its own, layers 3-4 in one
+    assert groups == ({} if hook == "global" else {"decode_layers2": 2, "decode_layers2_final": 2})
     assert torch.equal(logits, expected)
 
 
-@pytest.mark.parametrize("most, runs", [(1, {"decode_attn_o_gemv_ffn_rms_gemv_rope": 6}),
-                                        (2, {"decode_layers2": 3}), (3, {"decode_layers3": 2})])
+@pytest.mark.parametrize("most, runs", [(1, {"decode_attn_o_gemv_ffn_rms_gemv_rope": 6, "decode_attn_o_gemv_ffn": 1}),
+                                        (2, {"decode_layers2": 3, "decode_attn_o_gemv_ffn": 1}),
+                                        (3, {"decode_layers3": 2, "decode_attn_o_gemv_ffn": 1}),
+                                        (4, {"decode_layers4": 1, "decode_layers3_final": 1})])
 def test_decode_layers_per_dispatch_caps_the_groups(runtime, most, runs):
     """patch_llama(decode_layers_per_dispatch=n) runs at most n layers per decode dispatch (1: each on its own)."""
     model = patch_llama(tiny_llama(num_hidden_layers=7), decode_layers_per_dispatch=most)
@@ -205,8 +207,8 @@ def test_decode_layers_per_dispatch_caps_the_groups(runtime, most, runs):
 
     runs_of(2)  # loads every Program
     token = runs_of(3) - runs_of(2)
-    assert {k[len("runs:"):]: n for k, n in token.items() if k.startswith("runs:decode_")} == {
-        **runs, "decode_attn_o_gemv_ffn": 1}
+    assert {k[len("runs:"):]: n for k, n in token.items() if k.startswith("runs:decode_")} == runs
+    assert runs == Counter(decode_runs(7, most))
 
 
 @pytest.mark.parametrize("most", [0, 5, 2.0, True, "4"])
@@ -276,10 +278,11 @@ def test_a_batch_decodes_over_every_sequences_cache_in_place(runtime, padded, la
     token copies a cache slab: the second sequence's slab, which starts inside its layer's BO, is bound as a
     sub-buffer of it like the K/V rows; a left-padded sequence's attention reads from its first real row, its
     bucket running into the cache's spare rows. A token's copies are the batch's hidden rows only (HF hands the
-    layers one stacked tensor), whatever the context. With four layers the first three run as one decode group per
-    sequence."""
+    layers one stacked tensor), whatever the context. Every layer runs in one decode group per sequence (the model's
+    last layer ends it: decode_layers<L>_final)."""
     model = patch_llama(tiny_llama(num_hidden_layers=layers))
-    groups = runtime.xrt.counters["runs:decode_layers3"]
+    group = f"runs:decode_layers{layers}_final"
+    groups = runtime.xrt.counters[group]
     prompts = [prompt(9, seed=1), prompt(5 if padded else 9, seed=2)]
     if padded == "first":
         prompts.reverse()
@@ -309,7 +312,7 @@ def test_a_batch_decodes_over_every_sequences_cache_in_place(runtime, padded, la
     assert token["sub_buffers"] == 2 * 2 * layers  # each sequence's new K and V rows, per layer; the slabs' reused
     # one group run per sequence and decode step: 3 + 2 + 3 steps of the batch (n new tokens, the first from the
     # prefill), 3 of each prompt alone
-    assert runtime.xrt.counters["runs:decode_layers3"] - groups == ((3 + 2 + 3) * 2 + 3 * 2 if layers == 4 else 0)
+    assert runtime.xrt.counters[group] - groups == (3 + 2 + 3) * 2 + 3 * 2
 
 
 @pytest.mark.parametrize("edit", [None, "in_place", "replaced", "reordered"])
