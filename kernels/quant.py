@@ -132,9 +132,14 @@ def unpack_fields(fmt: WeightFormat, data: torch.Tensor, K: int):
         raw = raw.reshape(N, -1, fmt.quant_bytes, G).transpose(-1, -2)
     raw = raw.reshape(N, K // BLOCK, fmt.quant_bytes)
     if fmt.quant_bytes == 16:
-        q = torch.stack((raw & 0x0F, raw >> 4), dim=-1).reshape(N, K)
+        # each byte widened to 16 bits as (high nibble << 8 | low nibble): read as two little-endian bytes, the
+        # block's elements in order (one pass per step over contiguous data, where splitting the nibbles into an
+        # interleaved tensor is a strided write)
+        wide = raw.to(torch.int16, memory_format=torch.contiguous_format)
+        wide = (wide & 0x0F) | ((wide & 0xF0) << 4)
         if fmt.name == "q4_0" and not transposed(K):
-            q = q ^ 8
+            wide ^= 0x0808
+        q = wide.view(torch.uint8).reshape(N, K)
     else:
         q = raw.view(torch.int8).reshape(N, K)
     d = groups[..., q_end:d_end].contiguous().view(torch.float16).float().reshape(N, -1)
@@ -142,18 +147,22 @@ def unpack_fields(fmt: WeightFormat, data: torch.Tensor, K: int):
     return q, d, m
 
 
-def dequantize(fmt: WeightFormat, data: torch.Tensor, K: int) -> torch.Tensor:
-    """The fp32 (N, K) weight, exactly as GGUF dequantizes it."""
+def dequantize(fmt: WeightFormat, data: torch.Tensor, K: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The fp32 (N, K) weight, exactly as GGUF dequantizes it; with ``out`` (an (N, K) tensor of another dtype,
+    e.g. bf16), written there instead, rounded once from those fp32 values."""
     q, d, m = unpack_fields(fmt, data, K)
     N = data.shape[0]
-    q = q.float().view(N, K // BLOCK, BLOCK)
+    w = q.view(N, K // BLOCK, BLOCK).float()  # every product below is exact in fp32: d is fp16, |q| < 2^8
     if fmt.name == "q4_0":
-        w = d[..., None] * (q - 8)
+        w.sub_(8).mul_(d[..., None])
     elif fmt.name == "q4_1":
-        w = d[..., None] * q + m[..., None]
+        w.mul_(d[..., None]).add_(m[..., None])
     else:
-        w = q * d[..., None]
-    return w.reshape(N, K)
+        w.mul_(d[..., None])
+    if out is None:
+        return w.reshape(N, K)
+    out.copy_(w.view(N, K))
+    return out
 
 
 def quantize_q4_1(weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -513,7 +513,7 @@ class PackedProjections(Projections):
         flat = out.view(rows.shape[0], in_features)
         for start in range(0, rows.shape[0], self.DEQUANTIZE_ROWS):
             chunk = rows[start:start + self.DEQUANTIZE_ROWS]
-            flat[start:start + chunk.shape[0]] = quant.dequantize(fmt, chunk, in_features)
+            quant.dequantize(fmt, chunk, in_features, out=flat[start:start + chunk.shape[0]])
         return out
 
 
