@@ -169,13 +169,10 @@ def decode_chained_ms(dims, layers: int, context: int, weights: str = "bf16") ->
         if n > 1:
             program = catalog.decode_layers_program(n, d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads,
                                                     d.head_dim, capacity, d.eps, weights, ends_model)
-        elif ends_model:
+        else:  # only the last run can be shorter than a full group: the model's last layer alone
+            assert ends_model, sizes
             program = catalog.decode_attn_o_gemv_ffn_program(d.hidden, d.q_dim, d.intermediate, d.eps, d.heads,
                                                              d.kv_heads, d.head_dim, capacity, weights)
-        else:
-            program = catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_program(
-                d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads, d.head_dim, capacity, d.eps, weights,
-                d.qkv_bias)
         runs.append(program_range(program))
     first, head = (_seconds(name, dims, None, "bf16", weights) for name in ("rms_gemv_rope", "lm_head_gemv"))
     return tuple((sum(run[end].seconds for run in runs) + first[end] + head[end]) * 1e3 for end in range(len(ENDS)))

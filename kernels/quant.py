@@ -132,9 +132,9 @@ def unpack_fields(fmt: WeightFormat, data: torch.Tensor, K: int):
         raw = raw.reshape(N, -1, fmt.quant_bytes, G).transpose(-1, -2)
     raw = raw.reshape(N, K // BLOCK, fmt.quant_bytes)
     if fmt.quant_bytes == 16:
-        # each byte widened to 16 bits as (high nibble << 8 | low nibble): read as two little-endian bytes, the
-        # block's elements in order (one pass per step over contiguous data, where splitting the nibbles into an
-        # interleaved tensor is a strided write)
+        # each byte widened to 16 bits as (high nibble << 8 | low nibble): read as two bytes of a little-endian
+        # host (x86, Arm Linux), the block's elements in order (one pass per step over contiguous data, where
+        # splitting the nibbles into an interleaved tensor is a strided write)
         wide = raw.to(torch.int16, memory_format=torch.contiguous_format)
         wide = (wide & 0x0F) | ((wide & 0xF0) << 4)
         if fmt.name == "q4_0" and not transposed(K):
@@ -150,8 +150,10 @@ def unpack_fields(fmt: WeightFormat, data: torch.Tensor, K: int):
 def dequantize(fmt: WeightFormat, data: torch.Tensor, K: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """The fp32 (N, K) weight, exactly as GGUF dequantizes it; with ``out`` (an (N, K) tensor of another dtype,
     e.g. bf16), written there instead, rounded once from those fp32 values."""
-    q, d, m = unpack_fields(fmt, data, K)
     N = data.shape[0]
+    if out is not None and tuple(out.shape) != (N, K):
+        raise ValueError(f"{fmt.name}: out must be ({N}, {K}), got {tuple(out.shape)}")
+    q, d, m = unpack_fields(fmt, data, K)
     w = q.view(N, K // BLOCK, BLOCK).float()  # every product below is exact in fp32: d is fp16, |q| < 2^8
     if fmt.name == "q4_0":
         w.sub_(8).mul_(d[..., None])

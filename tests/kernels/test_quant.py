@@ -31,6 +31,23 @@ def test_dequantize_equals_gguf(name, K):
     assert torch.equal(quant.dequantize(fmt, packed, K), expected)
 
 
+@pytest.mark.parametrize("name", sorted(TYPES))
+def test_dequantize_into_bf16_rows_rounds_gguf_once(name):
+    """``out=``: a slice of a bf16 buffer's rows gets GGUF's fp32 weights rounded to bf16 once, nothing else of the
+    buffer changes; an ``out`` of another shape is refused before anything is written."""
+    fmt, K = quant.weight_format(name), 2048
+    raw = gguf.quants.quantize(_weight(6, K).numpy(), TYPES[name])
+    packed = quant.from_gguf_blocks(fmt, torch.from_numpy(raw), K)
+    buffer = torch.full((10, K), 7.0, dtype=torch.bfloat16)
+    quant.dequantize(fmt, packed[1:5], K, out=buffer[3:7])
+    expected = torch.from_numpy(gguf.quants.dequantize(raw, TYPES[name]))[1:5].to(torch.bfloat16)
+    assert torch.equal(buffer[3:7], expected)
+    assert bool((buffer[:3] == 7).all() and (buffer[7:] == 7).all())
+    with pytest.raises(ValueError, match=rf"{name}: out must be \(4, 2048\), got \(5, 2048\)"):
+        quant.dequantize(fmt, packed[1:5], K, out=buffer[3:8])
+    assert bool((buffer[7:] == 7).all())
+
+
 def test_a_wrong_scale_plane_is_seen():
     fmt, K = quant.Q4_1, 2048
     raw = gguf.quants.quantize(_weight(4, K).numpy(), TYPES["q4_1"])
