@@ -62,7 +62,7 @@ PROGRAMS.update({f"llama-{p.name}-2048": p for p in (
                                   LLAMA.kv_heads, LLAMA.head_dim, 2048, LLAMA.eps, weights)
     for weights in ("bf16", "q4_1"))})
 # A group that ends with the model's last layer (npu2.decode_layers<n>_final): SmolLM2's 30 layers end with two, run
-# over its GGUF's Q4_1 weights (156 s here; Llama-3.2-1B's four-layer bf16 one, 55 arguments, lowered in 253 s).
+# over its GGUF's Q4_1 weights (156 s here; Llama-3.2-1B's four-layer bf16 one, 55 arguments, lowered by hand in 253 s at c504d68).
 PROGRAMS["smol-decode_layers2_final_packed-q4_1-2048"] = catalog.decode_layers_program(
     2, SMOL.hidden, SMOL.q_dim, SMOL.intermediate, SMOL.eps, SMOL.heads, SMOL.kv_heads, SMOL.head_dim, 2048, SMOL.eps,
     "q4_1", ends_model=True)
