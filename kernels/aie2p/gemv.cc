@@ -130,9 +130,10 @@ constexpr bool kTransposed = kGroupBlocks == 32;
 constexpr int kGroups = kBlocks / kGroupBlocks;
 constexpr int kGroupElements = kGroupBlocks * kBlock;
 constexpr int kGroupBytes = kGroupBlocks * kBlockBytes;
-// Transposed Q4 lanes take 16 + q (a bf16 built from the nibble's bits, below); kQuantBias * sum(x) taken away
-// leaves sum(q x), or sum((q - 8) x) for Q4_0, whose weight is d (q - 8).
-constexpr int kLaneOffset = 16;
+// Transposed Q4 lanes take 128 + q: the nibble as the low mantissa bits under the exponent of 128, a bf16 built with
+// two bit operations (below); kQuantBias * sum(x) taken away leaves sum(q x), or sum((q - 8) x) for Q4_0, whose
+// weight is d (q - 8).
+constexpr int kLaneOffset = 128;
 constexpr int kQuantBias = kLaneOffset + (GEMV_QUANT == 40 ? 8 : 0);
 
 inline uint16_t load_u16(const uint8_t *p) { return uint16_t(p[0] | (p[1] << 8)); }
@@ -205,15 +206,15 @@ inline Parts split(const Acc &v) {
 
 // The bit patterns the transposed path builds, broadcast once per call.
 struct Constants {
-  Int16Lanes one, low4, low6, nibble_at_3, field5, sign, top_bias, low_bias, cancel_bias, lane_offset, minus_bias;
+  Int16Lanes one, low4, low6, field5, sign, top_bias, low_bias, cancel_bias, lane_offset, minus_bias;
 };
 
 inline Constants constants() {
   auto lanes = [](int value) { return aie::broadcast<int16, kBlock>(int16(value)); };
-  return {lanes(1), lanes(15), lanes(63), lanes(0x78), lanes(31), lanes(-32768), lanes(113 << 7), lanes(106 << 7),
+  return {lanes(1), lanes(15), lanes(63), lanes(31), lanes(-32768), lanes(113 << 7), lanes(106 << 7),
           lanes((113 << 7) | 1),
-          lanes(0x4180),                                           // bf16 16 (= kLaneOffset), mantissa empty
-          lanes(kQuantBias == 24 ? 0xC1C0 - 0x10000 : 0xC180 - 0x10000)};  // bf16 -kQuantBias
+          lanes(0x4300),                                           // bf16 128 (= kLaneOffset), mantissa empty
+          lanes(kQuantBias == 136 ? 0xC308 - 0x10000 : 0xC300 - 0x10000)};  // bf16 -kQuantBias
 }
 
 // exact_scale_bits on 32 fp16 values at once: a lane per block.
@@ -242,13 +243,12 @@ inline Acc group_quant_dots(const uint8_t *quants, const bf16_t *xt, const Const
   if constexpr (kQuantBytes == 16) {
     for (int t = 0; t < kBlock / 2; ++t) {
       // 32 bytes, byte l = block l's elements 2t (low nibble) and 2t + 1 (high): unpacked to bytes, word l holds
-      // them at bits 0-3 and 8-11. Each goes to mantissa bits 3-6 under the exponent of 16: the bf16 16 + q.
+      // them at bits 0-3 and 8-11. Each goes to mantissa bits 0-3 under the exponent of 128: the bf16 128 + q.
       const Int16Lanes pairs =
           aie::unpack(aie::load_v<2 * kBlock>(reinterpret_cast<const uint4 *>(quants + kBlock * t)))
               .template cast_to<int16>();
-      const Bf16Lanes even =
-          aie::bit_or(aie::bit_and(aie::upshift(pairs, 3), k.nibble_at_3), k.lane_offset).template cast_to<bfloat16>();
-      const Bf16Lanes odd = aie::bit_or(aie::downshift(pairs, 5), k.lane_offset).template cast_to<bfloat16>();
+      const Bf16Lanes even = aie::bit_or(aie::bit_and(pairs, k.low4), k.lane_offset).template cast_to<bfloat16>();
+      const Bf16Lanes odd = aie::bit_or(aie::downshift(pairs, 8), k.lane_offset).template cast_to<bfloat16>();
       dot = aie::mac(dot, even, aie::load_v<kBlock>(xt + 2 * kBlock * t));
       dot = aie::mac(dot, odd, aie::load_v<kBlock>(xt + 2 * kBlock * t + kBlock));
     }
@@ -377,7 +377,7 @@ inline void prepare_call(const bf16_t *xt, CallState &state) {
   }
 }
 
-// The transposed quant of block l's element i in its group's plane (as the core reads it: 16 + q for Q4).
+// The transposed quant of block l's element i in its group's plane (as the core reads it: 128 + q for Q4).
 inline float lane_quant(const uint8_t *quants, int i, int l) {
   if constexpr (kQuantBytes == 32)
     return float(int8_t(quants[kBlock * i + l]));

@@ -102,15 +102,15 @@ def _scale_parts(h: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 
 def _lane_model(name: str, packed: torch.Tensor, x: torch.Tensor, K: int) -> torch.Tensor:
-    """README's description of the transposed path, in torch fp32: a lane per block, (16 + q) x summed in element
-    order, 16 (Q4_0: 24) sum(x) taken away, the lane's sum in three bf16 parts times d's three, sum(x)'s times m's,
+    """README's description of the transposed path, in torch fp32: a lane per block, (128 + q) x summed in element
+    order, 128 (Q4_0: 136) sum(x) taken away, the lane's sum in three bf16 parts times d's three, sum(x)'s times m's,
     the lanes folded in halves."""
     fmt = quant.weight_format(name)
     q, d, m = quant.unpack_fields(fmt, packed, K)
     N, groups = q.shape[0], K // 1024
     q = q.float().view(N, groups, 32, 32)
     xs = x.float().view(groups, 32, 32)
-    offset, bias = (16, 24 if name == "q4_0" else 16) if fmt.quant_bytes == 16 else (0, 0)
+    offset, bias = (128, 136 if name == "q4_0" else 128) if fmt.quant_bytes == 16 else (0, 0)
     x_sums = torch.zeros(groups, 32)
     for i in range(32):
         x_sums = x_sums + xs[:, :, i]
