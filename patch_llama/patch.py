@@ -23,6 +23,10 @@ from .transformers_compat import check_transformers
 DEFAULT_BUCKETS = tuple(2 ** i for i in range(4, 12))  # 16 … 2048
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
 STATE_ATTR = "_torch_npu2_patch"
+# RoPE types whose frequencies are fixed at the module's creation: a position's cos/sin never change (_RotaryTable)
+STATIC_ROPE_TYPES = ("default", "linear", "llama3")
+ROPE_TABLE_CHUNK = 1024  # positions a _RotaryTable grows by, at least
+SLICE_MEMO_ATTR = "_torch_npu2_slice"  # model.model.layers' last slice while patched (_LayerListWithSliceMemo)
 GGUF_PATH_ATTR = "_torch_npu2_gguf"  # set by models.load_model on a model loaded packed: the file its blocks are in
 # set by models.load_model on a model loaded packed from a HF checkpoint: the CheckpointPacker its weights come from
 CHECKPOINT_ATTR = "_torch_npu2_checkpoint"
@@ -155,6 +159,81 @@ def _replace_forward(state: PatchState, module, forward) -> None:
     """Instance-level patch; with accelerate hooks attached, the hook's saved forward is the one replaced."""
     attr = "_old_forward" if hasattr(module, "_hf_hook") and hasattr(module, "_old_forward") else "forward"
     _set_instance_attr(state, module, attr, forward)
+
+
+class _LayerListWithSliceMemo(nn.ModuleList):
+    """``model.model.layers`` while patched. HF's model forward loops over ``layers[:num_hidden_layers]`` on every
+    call, and slicing a ModuleList builds a new one that registers every layer again (≈ 30 µs per decode token at 16
+    layers): the last slice is handed out again while this list and that slice hold the same layers as then (a
+    changed list, or a slice someone changed, gets a new slice)."""
+
+    def __getitem__(self, idx):
+        if not isinstance(idx, slice) or torch.compiler.is_compiling():
+            return super().__getitem__(idx)
+        layers = tuple(self._modules.values())
+        memo = self.__dict__.get(SLICE_MEMO_ATTR)
+        if memo is not None and memo[0] == idx and memo[1] == layers and tuple(memo[2]._modules.values()) == memo[3]:
+            return memo[2]
+        sliced = super().__getitem__(idx)
+        # in __dict__ directly: a ModuleList set as an attribute would become a child module
+        self.__dict__[SLICE_MEMO_ATTR] = (idx, layers, sliced, tuple(sliced._modules.values()))
+        return sliced
+
+
+def _memoize_layer_slices(state: PatchState, layers: nn.ModuleList) -> None:
+    """Give ``layers`` (HF's ModuleList of decoder layers, not a subclass of it) the slice memo until unpatch_llama."""
+    if type(layers) is not nn.ModuleList:  # a subclass may slice its own way
+        return
+    _set_instance_attr(state, layers, SLICE_MEMO_ATTR, None)
+    state.modules.append((layers, "__class__", nn.ModuleList))
+    layers.__class__ = _LayerListWithSliceMemo
+
+
+class _RotaryTable:
+    """The rotary embedding's forward while patched, for a RoPE whose frequencies are fixed (``STATIC_ROPE_TYPES``).
+    HF computes a decode step's cos/sin anew on every forward (≈ 20 µs a token); here each position's come from a
+    table that HF's own forward filled, for a chunk of positions, the first time a step reached past it: the same
+    values bit for bit, since they are elementwise in the position. Calls of several positions per sequence
+    (prefill), under torch.compile, or after the frequencies changed go to HF's forward."""
+
+    def __init__(self, rotary, forward):
+        self.rotary, self.forward = rotary, forward  # HF's module and its forward
+        self.tables: dict = {}  # (dtype, device) → (its inv_freq, that tensor's version, cos, sin)
+
+    def __call__(self, x, position_ids=None, **kwargs):
+        if (kwargs or not isinstance(position_ids, torch.Tensor) or position_ids.dim() != 2
+                or position_ids.shape[1] != 1 or position_ids.dtype != torch.long or torch.compiler.is_compiling()):
+            return self.forward(x, position_ids, **kwargs)
+        positions = position_ids.view(-1).tolist()
+        if min(positions) < 0:
+            return self.forward(x, position_ids)
+        key, inv_freq = (x.dtype, x.device), self.rotary.inv_freq
+        table = self.tables.get(key)
+        if table is None or table[0] is not inv_freq or table[1] != inv_freq._version or max(positions) >= len(table[2]):
+            table = self.tables[key] = self._grown(x, table, max(positions) + 1)
+        return table[2][position_ids], table[3][position_ids]
+
+    def _grown(self, x, table, needed: int) -> tuple:
+        """The table for ``x``'s dtype and device holding at least ``needed`` positions: at least twice as many as
+        before, in whole ROPE_TABLE_CHUNK, the new positions computed by HF's forward (all of them again if the
+        frequencies changed)."""
+        inv_freq = self.rotary.inv_freq
+        kept = table is not None and table[0] is inv_freq and table[1] == inv_freq._version
+        start = len(table[2]) if kept else 0
+        stop = max(2 * start, -(-needed // ROPE_TABLE_CHUNK) * ROPE_TABLE_CHUNK)
+        cos, sin = (t[0] for t in self.forward(x, torch.arange(start, stop, device=x.device)[None]))
+        if kept:
+            cos, sin = torch.cat([table[2], cos]), torch.cat([table[3], sin])
+        return inv_freq, inv_freq._version, cos, sin
+
+
+def _tabulate_rotary(state: PatchState, rotary) -> None:
+    """Put a _RotaryTable in front of the model's rotary embedding when its RoPE's frequencies are fixed."""
+    if getattr(rotary, "rope_type", None) not in STATIC_ROPE_TYPES or not isinstance(
+            getattr(rotary, "inv_freq", None), torch.Tensor):
+        return
+    hooked = hasattr(rotary, "_hf_hook") and hasattr(rotary, "_old_forward")  # accelerate: its saved forward
+    _replace_forward(state, rotary, _RotaryTable(rotary, rotary._old_forward if hooked else rotary.forward))
 
 
 def _refuse_conversions(state: PatchState, model) -> None:
@@ -376,6 +455,8 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
         forward.next_layer = following
         _replace_forward(state, layer, forward)
     _replace_forward(state, model.lm_head, NpuLmHead(model.lm_head, head))
+    _memoize_layer_slices(state, model.model.layers)
+    _tabulate_rotary(state, model.model.rotary_emb)
     _set_instance_attr(state, model, "_prepare_cache_for_generation",
                        _npu_cache_by_default(model._prepare_cache_for_generation, model.config, signature.cache))
     _refuse_conversions(state, model)
@@ -492,7 +573,7 @@ def unpatch_llama(model):
     state = getattr(model, STATE_ATTR, None)
     if state is None:
         raise ValueError("unpatch_llama: the model is not patched")
-    for module, attr, saved in reversed(state.modules):  # instance attributes set by the patch
+    for module, attr, saved in reversed(state.modules):  # instance attributes (and a class) set by the patch
         if saved is None:
             delattr(module, attr)
         else:

@@ -476,6 +476,61 @@ def test_unpatch_restores_bit_identical_outputs(runtime):
     assert all("forward" not in layer.__dict__ for layer in model.model.layers)
 
 
+def test_hf_slice_of_the_layers_is_kept_while_its_layers_are_the_same(runtime):
+    model = tiny_llama(num_hidden_layers=3)
+    layers, ids = model.model.layers, prompt(7)
+    patch_llama(model)
+    n = model.config.num_hidden_layers
+    model(ids)  # HF's forward slices the list
+    kept = layers[:n]
+    assert layers[:n] is kept and list(kept) == list(layers) and layers[:2] is not kept
+    assert list(layers[:2]) == list(layers)[:2] and layers[1] is list(layers)[1]
+    kept.append(torch.nn.Identity())  # a slice someone changed is not handed out again
+    assert layers[:n] is not kept and list(layers[:n]) == list(layers)
+    again = layers[:n]
+    layers[0], first = torch.nn.Identity(), layers[0]  # nor is one of a list that changed
+    assert layers[:n] is not again and layers[:n][0] is layers[0]
+    layers[0] = first
+    with torch.no_grad():
+        patched = model(ids).logits
+    unpatch_llama(model)
+    assert type(layers) is torch.nn.ModuleList and "_torch_npu2_slice" not in layers.__dict__
+    assert layers[:n] is not layers[:n]
+    with torch.no_grad():
+        assert model(ids).logits.shape == patched.shape
+
+
+@pytest.mark.parametrize("name", ["tied", "llama3_rope"])
+def test_decode_steps_take_hf_rope_values_from_a_table(runtime, name):
+    model = tiny_llama(**CONFIGS[name])
+    rotary, hidden = model.model.rotary_emb, torch.zeros(1, 1, model.config.hidden_size, dtype=torch.bfloat16)
+    positions = [0, 1, 5, 1023, 1024, 3000, 2]  # the table grows past its first chunk, then is read back
+    expected = [rotary(hidden, torch.tensor([[p]])) for p in positions]
+    batch = torch.tensor([[7], [1500]])
+    expected_batch = rotary(hidden.expand(2, 1, -1), batch)
+    prefill = rotary(hidden.expand(1, 4, -1), torch.arange(4)[None])
+    patch_llama(model)
+    assert "forward" in rotary.__dict__
+    for p, (cos, sin) in zip(positions, expected):
+        got = rotary(hidden, torch.tensor([[p]]))
+        assert torch.equal(got[0], cos) and torch.equal(got[1], sin), p
+    assert all(torch.equal(a, b) for a, b in zip(rotary(hidden.expand(2, 1, -1), batch), expected_batch))
+    assert all(torch.equal(a, b) for a, b in zip(rotary(hidden.expand(1, 4, -1), torch.arange(4)[None]), prefill))
+    with torch.no_grad():
+        rotary.inv_freq.mul_(2)  # frequencies changed in place: the table is made again from HF's forward
+    changed = rotary(hidden, torch.tensor([[1024]]))
+    unpatch_llama(model)
+    assert "forward" not in rotary.__dict__
+    assert all(torch.equal(a, b) for a, b in zip(changed, rotary(hidden, torch.tensor([[1024]]))))
+    assert not torch.equal(changed[0], expected[4][0])
+
+
+def test_a_rope_whose_frequencies_move_is_left_to_hf(runtime):
+    model = tiny_llama(rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0})
+    patch_llama(model)
+    assert "forward" not in model.model.rotary_emb.__dict__
+
+
 def test_weights_become_bo_backed_views_held_once(runtime):
     model = tiny_llama(tie_word_embeddings=True)
     weights = {id(p): p for p in model.parameters()}
