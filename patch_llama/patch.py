@@ -26,6 +26,7 @@ STATE_ATTR = "_torch_npu2_patch"
 # RoPE types whose frequencies are fixed at the module's creation: a position's cos/sin never change (_RotaryTable)
 STATIC_ROPE_TYPES = ("default", "linear", "llama3")
 ROPE_TABLE_CHUNK = 1024  # positions a _RotaryTable grows by, at least
+ROPE_TABLE_POSITIONS = 1 << 17  # the most it holds (Llama-3.2's context; 32 MB in bf16): later positions go to HF
 SLICE_MEMO_ATTR = "_torch_npu2_slice"  # model.model.layers' last slice while patched (_LayerListWithSliceMemo)
 GGUF_PATH_ATTR = "_torch_npu2_gguf"  # set by models.load_model on a model loaded packed: the file its blocks are in
 # set by models.load_model on a model loaded packed from a HF checkpoint: the CheckpointPacker its weights come from
@@ -194,7 +195,7 @@ class _RotaryTable:
     HF computes a decode step's cos/sin anew on every forward (≈ 20 µs a token); here each position's come from a
     table that HF's own forward filled, for a chunk of positions, the first time a step reached past it: the same
     values bit for bit, since they are elementwise in the position. Calls of several positions per sequence
-    (prefill), under torch.compile, or after the frequencies changed go to HF's forward."""
+    (prefill), under torch.compile, past ROPE_TABLE_POSITIONS, or after the frequencies changed go to HF's forward."""
 
     def __init__(self, rotary, forward):
         self.rotary, self.forward = rotary, forward  # HF's module and its forward
@@ -205,7 +206,7 @@ class _RotaryTable:
                 or position_ids.shape[1] != 1 or position_ids.dtype != torch.long or torch.compiler.is_compiling()):
             return self.forward(x, position_ids, **kwargs)
         positions = position_ids.view(-1).tolist()
-        if min(positions) < 0:
+        if min(positions) < 0 or max(positions) >= ROPE_TABLE_POSITIONS:
             return self.forward(x, position_ids)
         key, inv_freq = (x.dtype, x.device), self.rotary.inv_freq
         table = self.tables.get(key)
@@ -220,7 +221,7 @@ class _RotaryTable:
         inv_freq = self.rotary.inv_freq
         kept = table is not None and table[0] is inv_freq and table[1] == inv_freq._version
         start = len(table[2]) if kept else 0
-        stop = max(2 * start, -(-needed // ROPE_TABLE_CHUNK) * ROPE_TABLE_CHUNK)
+        stop = min(max(2 * start, -(-needed // ROPE_TABLE_CHUNK) * ROPE_TABLE_CHUNK), ROPE_TABLE_POSITIONS)
         cos, sin = (t[0] for t in self.forward(x, torch.arange(start, stop, device=x.device)[None]))
         if kept:
             cos, sin = torch.cat([table[2], cos]), torch.cat([table[3], sin])

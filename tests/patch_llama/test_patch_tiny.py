@@ -516,6 +516,10 @@ def test_decode_steps_take_hf_rope_values_from_a_table(runtime, name):
         assert torch.equal(got[0], cos) and torch.equal(got[1], sin), p
     assert all(torch.equal(a, b) for a, b in zip(rotary(hidden.expand(2, 1, -1), batch), expected_batch))
     assert all(torch.equal(a, b) for a, b in zip(rotary(hidden.expand(1, 4, -1), torch.arange(4)[None]), prefill))
+    far = torch.tensor([[1 << 17]])  # past the table's reach: HF's forward, no table that large
+    with torch.no_grad():
+        assert torch.equal(rotary(hidden, far)[0], rotary.__dict__["forward"].forward(hidden, far)[0])
+    assert len(rotary.__dict__["forward"].tables[(torch.bfloat16, hidden.device)][2]) == 4096
     with torch.no_grad():
         rotary.inv_freq.mul_(2)  # frequencies changed in place: the table is made again from HF's forward
     changed = rotary(hidden, torch.tensor([[1024]]))
