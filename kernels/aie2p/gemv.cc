@@ -47,7 +47,7 @@
 //     gemv_partial_f32 over a K chunk of packed rows (GEMV_K elements: whole groups of a longer row)
 //   void gemv_q_rows_bf16(const uint8_t *w, const bf16 *x, bf16 *y, int32_t row0)   gemv_rows_bf16 over packed rows
 //   Each row's sum is of the exact weights times x, in fp32, every product exact. Transposed groups: each lane
-//   sums its block's (16 + q) x (Q8_0: q x), takes 16 sum(x) away (24 for Q4_0's q - 8), and the group's scales
+//   sums its block's (128 + q) x (Q8_0: q x), takes 128 sum(x) away (136 for Q4_0's q - 8), and the group's scales
 //   apply per lane: the lane's sum as three bf16 values times d as three bf16 values, plus sum(x) times m the
 //   same way, so a block contributes d * sum(q x) + m * sum(x), each block's sum rounded once in fp32 before it
 //   is scaled; the lanes are summed at the end. Element-order groups: each block's q * x, exact in the
