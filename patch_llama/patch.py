@@ -206,25 +206,26 @@ class _RotaryTable:
                 or position_ids.shape[1] != 1 or position_ids.dtype != torch.long or torch.compiler.is_compiling()):
             return self.forward(x, position_ids, **kwargs)
         positions = position_ids.view(-1).tolist()
-        if min(positions) < 0 or max(positions) >= ROPE_TABLE_POSITIONS:
+        top = max(positions)
+        if min(positions) < 0 or top >= ROPE_TABLE_POSITIONS:
             return self.forward(x, position_ids)
         key, inv_freq = (x.dtype, x.device), self.rotary.inv_freq
         table = self.tables.get(key)
-        if table is None or table[0] is not inv_freq or table[1] != inv_freq._version or max(positions) >= len(table[2]):
-            table = self.tables[key] = self._grown(x, table, max(positions) + 1)
+        if table is not None and (table[0] is not inv_freq or table[1] != inv_freq._version):
+            table = None  # the frequencies changed: the table is made again
+        if table is None or top >= len(table[2]):
+            table = self.tables[key] = self._grown(x, table, top + 1)
         return table[2][position_ids], table[3][position_ids]
 
     def _grown(self, x, table, needed: int) -> tuple:
-        """The table for ``x``'s dtype and device holding at least ``needed`` positions: at least twice as many as
-        before, in whole ROPE_TABLE_CHUNK, the new positions computed by HF's forward (all of them again if the
-        frequencies changed)."""
-        inv_freq = self.rotary.inv_freq
-        kept = table is not None and table[0] is inv_freq and table[1] == inv_freq._version
-        start = len(table[2]) if kept else 0
+        """``table`` (None: none yet) grown to hold at least ``needed`` positions: at least twice as many as before,
+        in whole ROPE_TABLE_CHUNK, the new positions computed by HF's forward."""
+        start = 0 if table is None else len(table[2])
         stop = min(max(2 * start, -(-needed // ROPE_TABLE_CHUNK) * ROPE_TABLE_CHUNK), ROPE_TABLE_POSITIONS)
         cos, sin = (t[0] for t in self.forward(x, torch.arange(start, stop, device=x.device)[None]))
-        if kept:
+        if table is not None:
             cos, sin = torch.cat([table[2], cos]), torch.cat([table[3], sin])
+        inv_freq = self.rotary.inv_freq
         return inv_freq, inv_freq._version, cos, sin
 
 
