@@ -25,7 +25,10 @@ IR — air.launch → air.segment → air.herd, scf.for trip counts, DMAs, compu
   and a pong copy (a loop of at least four trips: two are unrolled away, in sequence). In such a loop the DMAs
   into or out of those buffers pipeline with the compute, ``DMA + (trips − 1) × max(compute, DMA) + compute``
   (the first copy, then each compute beside the next copy, then the last compute); every other DMA, and every other
-  loop, runs in sequence (tests/benchmarks/test_cost_model_pingpong.py checks the rule against the real passes);
+  loop, runs in sequence. A herd with no loop of its own inside a segment loop runs in its own copy of that loop
+  (air-isolate-async-dma-loop-nests), which double-buffers the herd's L1 buffers: its copies into or out of them are
+  a further stage, ``DMA + herd DMA + (trips − 1) × max(compute, DMA, herd DMA) + compute``
+  (tests/benchmarks/test_cost_model_pingpong.py checks the rule against the real passes);
 * launch steps: aircc tiles the launch nest by the Program's ``runtime_loop_tiling_sizes`` (each dimension by
   its largest factor not above the size, ``kernels.lint.launch_tiles``) and its runtime sequence starts every
   shim DMA task of one batch of steps before it awaits the batch's outputs (tests/benchmarks/
@@ -189,6 +192,9 @@ class Region:
     negated: bool = False           # a branch: runs where that value is false (the else branch)
     # a loop: the L1/L2 buffers AIR's alloc fusion moves into its body (name → memory space), its ping-pong candidates
     buffers: dict[str, int] = field(default_factory=dict)
+    # a segment loop around a herd: that herd's L1 buffers fused into the herd's own copy of the loop
+    # (``_Parser._fuse_buffers_into_loops``), ping-pong candidates of their own
+    herd_buffers: dict[str, int] = field(default_factory=dict)
 
     @property
     def count(self) -> int:
@@ -265,6 +271,7 @@ class _Parser:
         self.buffer_spaces: dict[str, int] = {}    # memref.alloc result → its memory space
         self.buffer_herds: dict[str, Region | None] = {}  # memref.alloc result → the herd allocating it
         self.buffer_outside: dict[str, int] = {}  # memref.alloc result → loops around the segment/herd allocating it
+        self.segment_outside: dict[str, int] = {}  # memref.alloc result → loops around its segment
         self.buffer_uses: dict[str, list[tuple]] = {}  # buffer → for each op using it: (loops, herd, loops around it)
 
     def parse(self, text: str) -> Region:
@@ -315,6 +322,8 @@ class _Parser:
             self.buffer_spaces[name], self.buffer_herds[name] = memref_types(line)[0].space, herd
             scope = max(i for i, r in enumerate(stack) if r.kind in ("segment", "herd"))
             self.buffer_outside[name] = sum(r.kind == "for" for r in stack[:scope])
+            segment = max((i for i, r in enumerate(stack) if r.kind == "segment"), default=scope)
+            self.segment_outside[name] = sum(r.kind == "for" for r in stack[:segment])
             return
         if line.startswith("memref.dealloc"):  # fusion moves deallocs along with their allocs
             return
@@ -330,23 +339,36 @@ class _Parser:
         An L2 buffer a herd copies from or to is, after air-dma-to-channel, used by a channel op in the segment
         inside the herd's loops too: its uses count where they are. An L1 buffer a herd takes as an argument is
         used by the herd op: where the herd is, unless that herd is its only user, which the alloc then moves
-        into (air-fuse-alloc-dealloc on the hierarchy), to fuse it into the herd's own loops."""
+        into (air-fuse-alloc-dealloc on the hierarchy), to fuse it into the herd's own loops.
+
+        A herd with no loop of its own inside loops of its segment gets a copy of those loops of its own from
+        air-isolate-async-dma-loop-nests, which splits the segment's channel side from the herd's (decode
+        attention's herd shows it; a herd with loops of its own, the GEMVs', stays inside the segment's loop): its
+        L1 buffers are fused into the herd's copy of the innermost segment loop around every use
+        (``Region.herd_buffers``). tests/benchmarks/test_cost_model_pingpong.py checks both against the real
+        passes."""
         for buffer, uses in self.buffer_uses.items():
             home = self.buffer_herds[buffer]
             positions, outside = [loops for loops, _, _ in uses], self.buffer_outside[buffer]
+            segment_loops = 0  # loops of the segment around the herd allocating it (which gets copies of them)
             if self.buffer_spaces[buffer] == L1 and any(herd is not home for _, herd, _ in uses):
                 (herd, *others) = [herd for _, herd, _ in uses]
                 if all(other is herd for other in others):
                     positions, outside = [loops[len(around):] for loops, _, around in uses], 0
                 else:
                     positions = [loops if user is home else around for loops, user, around in uses]
+            elif self.buffer_spaces[buffer] == L1 and home is not None and not any(_regions(home, "for")):
+                segment_loops = outside - self.segment_outside[buffer]
+                outside -= segment_loops
             common = []
             for levels in zip(*positions):
                 if any(loop is not levels[0] for loop in levels):
                     break
                 common.append(levels[0])
-            if len(common) > outside:  # a loop inside the segment or herd allocating it
+            if len(common) > outside + segment_loops:  # a loop inside the segment or herd allocating it
                 common[-1].buffers[buffer] = self.buffer_spaces[buffer]
+            elif len(common) > outside:  # a segment loop around the herd allocating it: the herd's copy of it
+                common[-1].herd_buffers[buffer] = L1
 
     def _const(self, name: str) -> int:
         try:
@@ -618,6 +640,10 @@ class _Evaluator:
         # inside branches: the share of executions that run them (totals), and of the slowest tile (times)
         self.work_share = self.time_share = 1.0
         self.pipeline: tuple[float, float] | None = None  # the loop just timed: (first copy, last compute)
+        # the L1 buffers a herd double-buffers over its copy of the segment loop being timed, and the time of one
+        # trip's copies into or out of them (``loop``)
+        self.staged: set[str] = set()
+        self.staged_s = 0.0
         self.step: StepOverlap | None = None              # the segment just timed
 
     def launch(self, region: Region) -> float:
@@ -691,6 +717,9 @@ class _Evaluator:
             rate = DEVICE.tile_channel_bytes_per_s
             if L3 in (t.src_space, t.dst_space):
                 rate = min(rate, ddr_rate / reads)
+            if t.buffers & self.staged:  # a stage of the loop being timed (``loop``)
+                self.staged_s += t.nbytes / rate
+                return 0.0
             return t.nbytes / rate
         return t.nbytes / ddr_rate
 
@@ -699,28 +728,37 @@ class _Evaluator:
         inner = copies * trips
         transfers = [i for i in region.body if isinstance(i, Transfer)]
         rest = [i for i in region.body if not isinstance(i, Transfer)]
+        # the herds' copies into or out of their buffers double-buffered over their copy of this loop: a stage of
+        # the pipeline of their own, timed apart from the herds' other work
+        outer_staged, self.staged = self.staged, (set(region.herd_buffers)
+                                                  if self.double_buffered(region, region.herd_buffers) else set())
+        outer_staged_s, self.staged_s = self.staged_s, 0.0
         compute = self.block(rest, inner, tiles, ddr_rate)
-        pingpong = region.buffers.keys() if rest and self.double_buffered(region) else set()
+        staged_dma = self.staged_s
+        self.staged, self.staged_s = outer_staged, outer_staged_s
+        pingpong = region.buffers.keys() if rest and self.double_buffered(region, region.buffers) else set()
         overlapped = [t for t in transfers if t.buffers & pingpong]
         serial = [t for t in transfers if not t.buffers & pingpong]
         overlapped_dma = self.dma_time(overlapped, inner, tiles, ddr_rate)
         serial_dma = self.dma_time(serial, inner, tiles, ddr_rate)
-        if overlapped:
+        if overlapped or staged_dma:
             # a pipeline: the first trip's copies, then each trip's compute beside the next trip's copies, then the
             # last compute (never slower than running the trips in sequence)
             if not tiles and not serial:
-                self.pipeline = (overlapped_dma, compute)
-            return overlapped_dma + (trips - 1) * max(compute, overlapped_dma) + compute + trips * serial_dma
+                self.pipeline = (overlapped_dma + staged_dma, compute)
+            return (overlapped_dma + staged_dma + (trips - 1) * max(compute, overlapped_dma, staged_dma) + compute
+                    + trips * serial_dma)
         return trips * (compute + serial_dma)
 
-    def double_buffered(self, region: Region) -> bool:
-        """air-label-scf-for-to-ping-pong labels a loop that allocates a buffer in its body, unless one of those
-        buffers is in a memory space the Program omits; air-ping-pong-transform unrolls it by two and chains the
-        ping and pong copies through the unrolled loop, so a loop of two trips (unrolled away: its second trip
-        waits for the first) or of an odd count (not seen on our IR, so not claimed) stays sequential."""
+    def double_buffered(self, region: Region, buffers: dict[str, int]) -> bool:
+        """air-label-scf-for-to-ping-pong labels a loop that allocates a buffer in its body (``buffers``: the
+        loop's own, or those of the herd's copy of it), unless one of those buffers is in a memory space the
+        Program omits; air-ping-pong-transform unrolls it by two and chains the ping and pong copies through the
+        unrolled loop, so a loop of two trips (unrolled away: its second trip waits for the first) or of an odd
+        count (not seen on our IR, so not claimed) stays sequential."""
         trips = region.sizes[0]
-        return (bool(region.buffers) and trips >= 4 and trips % 2 == 0
-                and not set(region.buffers.values()) & self.omitted_spaces)
+        return (bool(buffers) and trips >= 4 and trips % 2 == 0
+                and not set(buffers.values()) & self.omitted_spaces)
 
     def dma_time(self, transfers: list[Transfer], copies: int, tiles: int, ddr_rate: float) -> float:
         times = [self.transfer(t, copies, tiles, ddr_rate) for t in transfers]
@@ -780,8 +818,10 @@ def pingpong_buffers(ir, compile_options) -> set[PingPongBuffer]:
         for item in region.body:
             if not isinstance(item, Region):
                 continue
-            if item.kind == "for" and evaluator.double_buffered(item):
+            if item.kind == "for" and evaluator.double_buffered(item, item.buffers):
                 found.update(PingPongBuffer(level, item.sizes[0], space) for space in item.buffers.values())
+            if item.kind == "for" and evaluator.double_buffered(item, item.herd_buffers):
+                found.update(PingPongBuffer("herd", item.sizes[0], L1) for _ in item.herd_buffers)
             walk(item, "herd" if item.kind == "herd" else level)
 
     walk(_Parser(ir.externs, None).parse(ir.text), "segment")

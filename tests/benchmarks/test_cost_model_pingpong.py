@@ -29,12 +29,12 @@ LABEL_PASS, TRANSFORM_PASS = "air-label-scf-for-to-ping-pong", "air-ping-pong-tr
 PROGRAMS = [("o_ffn", 16), ("o_ffn", 2048), ("rms_gemms_rope", 2048), ("flash_attn", 2048),
             ("o_ffn_w8x2", 16), ("o_ffn_w8x2", 2048), ("rms_gemms_rope_w8x2", 2048),
             ("rms_gemv_rope", None), ("o_gemv_ffn", None), ("lm_head_gemv", None),
-            *(pytest.param(name, 2048, marks=pytest.mark.xfail(strict=True, reason=(
-                "a known gap of the model: AIR hoists the L1 buffers of decode attention's tile herd (which has no "
-                "loop of its own) into the segment's loop around it and ping-pongs them over its trips; the model "
-                "fuses an L1 buffer only into loops inside its herd, so it runs those memtile -> tile copies in "
-                "sequence with the compute (a pessimistic prediction)")))
-              for name in ("decode_attn", "decode_attn_o_gemv_ffn_rms_gemv_rope"))]
+            ("decode_attn", 2048), ("decode_attn_o_gemv_ffn_rms_gemv_rope", 2048)]
+# Buffers the label pass marks that the check below cannot prove filled first, and why each is safe: decode
+# attention's per-call scratch, which dattn_tile_bf16 writes before it reads it in every call that touches it
+# (kernels/aie2p/decode_attention.cc); its access letter "p" says only that a call past the length skips it.
+SCRATCH = {name: ["memref<256xf32, 2 : i32>", "memref<256xbf16, 2 : i32>"]
+           for name in ("decode_attn", "decode_attn_o_gemv_ffn_rms_gemv_rope")}
 _CONSTANT = re.compile(r"(%\w+) = arith\.constant (-?\d+) : index")
 _FOR = re.compile(r"scf\.for %\w+ = %\w+ to (%\w+) step (%\w+)(?: iter_args\(([^)]*)\))?")
 _HOISTED = re.compile(r"memref\.alloc\(\) \{hoist_alloc = true\} : memref<[^>]*, (\d) : i32>")
@@ -126,12 +126,15 @@ def _filled_by_gets(uses: list[str], alias: str, numel: int, constants: dict[str
         window = [[constants.get(name) for name in g.split(", ")] if g else [] for g in get.groups()]
         if window == [[], [], []]:
             return True
-        if any(len(w) != 1 for w in window):
+        offsets, sizes, strides = window
+        if None in offsets + sizes + strides or not len(offsets) == len(sizes) == len(strides):
             break
-        (offset,), (size,), (stride,) = window
-        if None in (offset, size) or stride != 1:
-            break
-        filled.update(range(offset, offset + size))
+        # the buffer's row-major element offsets the window covers (a buffer of this shape: strides in elements)
+        start = sum(o * s for o, s in zip(offsets, strides))
+        covered = {start}
+        for size, stride in zip(sizes, strides):
+            covered = {c + i * stride for c in covered for i in range(size)}
+        filled.update(c for c in covered if 0 <= c < numel)
     return len(filled) == numel
 
 
@@ -192,7 +195,8 @@ def test_the_model_double_buffers_exactly_what_air_does(air_tools, name, seq):
     air = air_pingpong(after_label)
     assert model_pingpong(program) == air
     assert air_transformed_loops(final) == labelled_loop_count(after_label)
-    assert carried_buffers(after_label) == []
+    carried = [re.search(r"memref<[^>]*>", line).group(0) for line in carried_buffers(after_label)]
+    assert carried == SCRATCH.get(name, []), carried_buffers(after_label)
     if program.compile_options.omit_pingpong != "all":
         assert air, "every Program but attention's has double-buffered loops"
 
