@@ -147,6 +147,64 @@ def test_a_double_buffered_loop_is_a_pipeline(work, nbytes):
         assert evaluate(frozenset()) < evaluate(frozenset({2}))
 
 
+STAGED_TRIPS, STAGED_ELEMENTS = 8, 4096
+STAGED_CONFIG = {"ATTN_TQ": 8, "ATTN_TK": 16, "ATTN_HEAD_DIM": 16}
+
+
+def segment_loop_herd(herd_loop: bool):
+    """One launch step: a segment loop of STAGED_TRIPS trips, each moving STAGED_ELEMENTS bf16 DDR → memtile, then
+    entering a herd that copies them memtile → L1 and calls attn_init_f32 (decode attention's shape of schedule).
+    With ``herd_loop`` the herd's copy and call sit in a loop of one trip of its own (the GEMVs' shape)."""
+    n = STAGED_ELEMENTS
+    b = LaunchBuilder("staged", [MemRef((STAGED_TRIPS * n,), "bf16")], "x")
+    rows_type = MemRef((STAGED_CONFIG["ATTN_TQ"],), "f32", L1)
+    with b.launch("staged", (1, 1), b.operands) as (_, _, (x,)):
+        with b.segment("staged_seg", [x]) as (_, _, (sx,)):
+            x_l2 = b.alloc(MemRef((n,), "bf16", 1), "x_l2")
+            with b.loop(0, STAGED_TRIPS, 1, "trip") as trip:
+                start = b.affine(f"s0 * {n}", [trip], "start")
+                b.dma(x_l2, WHOLE, sx, Window((start,), (n,), (1,)))
+                with b.herd("staged_herd", (1, 1), [x_l2], link_with="attention.o") as (_, _, (hx,)):
+                    x_l1 = b.alloc(MemRef((n,), "bf16", L1), "x_l1")
+                    rows = [b.alloc(rows_type, name) for name in ("row_max", "row_sum")]
+                    acc = b.alloc(MemRef((8 * 16,), "f32", L1), "acc")
+
+                    def body():
+                        b.dma(x_l1, WHOLE, hx, WHOLE)
+                        b.call("attn_init_f32", [*rows, acc], STAGED_CONFIG)
+                    if herd_loop:
+                        with b.loop(0, 1, 1, "once"):
+                            body()
+                    else:
+                        body()
+            b.dealloc(x_l2)
+    return b.finish({"x": n * 2, "acc": 8 * 16 * 4, "rows": 2 * rows_type.nbytes})
+
+
+def test_a_loopless_herd_in_a_segment_loop_double_buffers_its_l1_copies_as_a_stage():
+    """AIR gives a herd with no loop of its own a copy of the segment loop around it and ping-pongs its L1 buffers
+    over it (air-isolate-async-dma-loop-nests; tests/benchmarks/test_cost_model_pingpong.py checks both shapes against
+    the real passes): its memtile → L1 copies become a stage of the loop's pipeline. A herd with a loop of its own
+    stays inside the segment loop, its copies in sequence with its compute, as when L1 ping-pong is omitted."""
+    loopless, looped = segment_loop_herd(False), segment_loop_herd(True)
+    l2_pingpong = timing.PingPongBuffer("segment", STAGED_TRIPS, 1)
+    assert timing.pingpong_buffers(loopless, DEFAULT_OPTIONS) == {l2_pingpong,
+                                                                  timing.PingPongBuffer("herd", STAGED_TRIPS, L1)}
+    assert timing.pingpong_buffers(looped, DEFAULT_OPTIONS) == {l2_pingpong}
+    no_l1 = dataclasses.replace(DEFAULT_OPTIONS, omit_pingpong="L1")
+    assert timing.pingpong_buffers(loopless, no_l1) == {l2_pingpong}
+    for end in timing.ENDS:
+        staged = timing.launch_cost(loopless, DEFAULT_OPTIONS, end)
+        sequential = timing.launch_cost(loopless, no_l1, end)
+        assert timing.launch_cost(looped, DEFAULT_OPTIONS, end).seconds == pytest.approx(sequential.seconds)
+        # per trip: the DDR copy d2, the memtile → L1 copy d1, the compute c (d2 < d1: DDR is faster than a tile
+        # channel). In sequence: d2 + (T − 1) max(c + d1, d2) + c + d1; staged: d2 + d1 + (T − 1) max(c, d1, d2) + c
+        d1 = STAGED_ELEMENTS * 2 / DEVICE.tile_channel_bytes_per_s
+        c = sum(staged.compute_s.values()) / STAGED_TRIPS
+        assert sequential.seconds - staged.seconds == pytest.approx((STAGED_TRIPS - 1) * min(c, d1))
+        assert staged.ddr_bytes == sequential.ddr_bytes == STAGED_TRIPS * STAGED_ELEMENTS * 2
+
+
 # ---- scf.if: branches counted as the IR executes them --------------------------------------------------------
 BRANCH_CONFIG = {"ATTN_TQ": 8, "ATTN_TK": 16, "ATTN_HEAD_DIM": 16}
 BRANCH_WORK = 8 * 16  # attn_init_f32's elements per call: ATTN_TQ × ATTN_HEAD_DIM
