@@ -158,7 +158,9 @@ def decode_with_attention_ms(dims, layers: int, context: int, weights: str = "bf
 def decode_chained_ms(dims, layers: int, context: int, weights: str = "bf16") -> Range:
     """A token as the patched model runs it (patch_llama/layer.py, ``NpuDecoderLayer._decode_group``):
     rms_gemv_rope for the first layer; every layer from its attention on, up to ``DECODE_GROUP_SIZES[-1]`` in one
-    dispatch (``decode_group_runs``); then the LM head (projection weights and LM head as ``weights``)."""
+    dispatch (``decode_group_runs``), the last group running the model's final norm and LM head too
+    (decode_layers<n>_final_lm); a last layer alone (decode_attn_o_gemv_ffn) leaves the LM head a dispatch of its own
+    (projection weights and LM head as ``weights``)."""
     from torch_npu2.kernels import catalog
 
     d = dims
@@ -167,15 +169,17 @@ def decode_chained_ms(dims, layers: int, context: int, weights: str = "bf16") ->
     for index, n in enumerate(sizes):
         ends_model = index == len(sizes) - 1
         if n > 1:
+            head = (catalog.lm_head_rows(d.vocab), d.eps, weights) if ends_model else None
             program = catalog.decode_layers_program(n, d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads,
-                                                    d.head_dim, capacity, d.eps, weights, ends_model)
+                                                    d.head_dim, capacity, d.eps, weights, ends_model, head)
         else:  # only the last run can be shorter than a full group: the model's last layer alone
             assert ends_model, sizes
             program = catalog.decode_attn_o_gemv_ffn_program(d.hidden, d.q_dim, d.intermediate, d.eps, d.heads,
                                                              d.kv_heads, d.head_dim, capacity, weights)
+            runs.append(program_range(catalog.lm_head_gemv_program(d.hidden, catalog.lm_head_rows(d.vocab), weights)))
         runs.append(program_range(program))
-    first, head = (_seconds(name, dims, None, "bf16", weights) for name in ("rms_gemv_rope", "lm_head_gemv"))
-    return tuple((sum(run[end].seconds for run in runs) + first[end] + head[end]) * 1e3 for end in range(len(ENDS)))
+    first = _seconds("rms_gemv_rope", dims, None, "bf16", weights)
+    return tuple((sum(run[end].seconds for run in runs) + first[end]) * 1e3 for end in range(len(ENDS)))
 
 
 def decode_group_runs(layers: int) -> list[int]:
@@ -193,8 +197,10 @@ def decode_group_runs(layers: int) -> list[int]:
 
 
 def decode_dispatches(layers: int) -> int:
-    """Dispatches per decode token: rms_gemv_rope, the runs from attention on and the LM head."""
-    return len(decode_group_runs(layers)) + 2
+    """Dispatches per decode token: rms_gemv_rope and the runs from attention on, the last of which runs the LM head
+    unless it is a last layer alone (the LM head then a dispatch of its own)."""
+    runs = decode_group_runs(layers)
+    return len(runs) + 1 + (runs[-1] == 1)
 
 
 def token_ms(dims, layers: int, context: int, weights: str = "bf16") -> Range:

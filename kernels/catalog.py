@@ -621,7 +621,8 @@ _GROUP_SHARED = ("length", "next_rope_lut", "attn", "res1", "gate_up", "next_nor
 
 def decode_layers_program(layers: int, hidden: int, q_dim: int, intermediate: int, eps: float, heads: int,
                           kv_heads: int, head_dim: int, capacity: int, next_eps: float,
-                          weights: str = "bf16", ends_model: bool = False) -> Program:
+                          weights: str = "bf16", ends_model: bool = False,
+                          lm_head: tuple[int, float, str] | None = None) -> Program:
     """``layers`` decode layers in one dispatch, each from its attention on as decode_attn_o_gemv_ffn_rms_gemv_rope
     (decode attention, o_gemv_ffn, the next layer's rms_gemv_rope), layer j+1 attending with the query and hidden
     state layer j computed (device-only scratches).
@@ -631,7 +632,11 @@ def decode_layers_program(layers: int, hidden: int, q_dim: int, intermediate: in
     arguments are ``_0``). Outputs: the last layer's ``out`` and ``next_q_roped``, then each layer's ``next_v_<j>``
     and ``next_k_roped_<j>``, the K/V rows of the layer after it. With ``ends_model`` (decode_layers<n>_final) the
     last layer is the model's last and runs as decode_attn_o_gemv_ffn: no next layer's weights, LUT use or rows for
-    it, so the outputs are ``out`` and the rows of the layers before it.
+    it, so the outputs are ``out`` and the rows of the layers before it. With ``lm_head`` = (LM-head rows, the final
+    norm's eps, the LM head's weight format: bf16, or a packed one when ``weights`` is packed) as well
+    (decode_layers<n>_final_lm), the model's final RMSNorm and its LM head follow in the same
+    dispatch: host arguments ``final_norm_w`` and ``w_lm`` after the layers', outputs ``final_normed`` (the final
+    norm's bf16 output) and ``logits`` (lm_head_gemv's) after the others.
 
     Layer j+1 attends over ``k_cache_<j+1>``/``v_cache_<j+1>`` as they are when it runs: a caller that binds
     ``next_k_roped_<j>``/``next_v_<j>`` to those caches' rows at ``length``-1 (the ``.into`` overload, an
@@ -640,6 +645,8 @@ def decode_layers_program(layers: int, hidden: int, q_dim: int, intermediate: in
     caches are read as given."""
     if layers not in DECODE_GROUP_SIZES:
         raise ValueError(f"a decode group chains {', '.join(map(str, DECODE_GROUP_SIZES))} layers, got {layers!r}")
+    if lm_head is not None and not ends_model:
+        raise ValueError("a decode group runs the LM head only when it ends the model (ends_model=True)")
     one = decode_attn_o_gemv_ffn_rms_gemv_rope_program(hidden, q_dim, intermediate, eps, heads, kv_heads, head_dim,
                                                        capacity, next_eps, weights)
     last = layers - 1
@@ -670,8 +677,23 @@ def decode_layers_program(layers: int, hidden: int, q_dim: int, intermediate: in
                             tuple(renamed(n, j) for n in l.writes))
                      for j in range(layers) for l in (final if j == last else one).launches)
     name = f"decode_layers{layers}" + ("_final" if ends_model else "")
-    return Program(name=_decode_name(name, weights), params=(("layers", layers), *one.params),
-                   args=tuple(args), launches=launches, compile_options=DECODE_OPTIONS)
+    params = (("layers", layers), *one.params)
+    if lm_head is not None:
+        name += "_lm"
+        vocab, final_eps, head_weights = lm_head
+        if (head_weights == "bf16") != (weights == "bf16"):
+            raise ValueError(f"a decode group's LM head is packed when its layers are: layers {weights!r}, LM head "
+                             f"{head_weights!r}")
+        head = lm_head_gemv_program(hidden, vocab, head_weights)
+        params += (("vocab", vocab), ("final_eps", final_eps), ("head_weights", head_weights))
+        hosts = [a for a in args if a.role in (Role.INPUT, Role.WEIGHT)]
+        args = (hosts + [Arg("final_norm_w", (hidden,), "bf16", W), head.arg("w_lm")] + args[len(hosts):]
+                + [Arg("final_normed", (hidden,), "bf16", O), head.arg("logits")])
+        launches += (_launch("rmsnorm", ["out", "final_norm_w"], ["final_normed"], rows=1, cols=hidden, eps=final_eps),
+                     *(Launch(l.kind, l.params, tuple("final_normed" if n == "x" else n for n in l.reads), l.writes)
+                       for l in head.launches))
+    return Program(name=_decode_name(name, weights), params=params, args=tuple(args), launches=launches,
+                   compile_options=DECODE_OPTIONS)
 
 
 # A patched model's LM head holds its weight rows padded with zero rows to a multiple of this (``lm_head_rows``), so

@@ -127,11 +127,17 @@ def _decode_attn_o_gemv_ffn(shapes, head_dim, eps):
 _GROUP_FIRST = 14
 
 
-def _decode_layers(layers: int, ends_model: bool = False):
-    """The program_for of npu2.decode_layers<layers> (with ``ends_model``, of decode_layers<layers>_final) and, with
-    a weight format, of its _packed twin: the first layer's tensors fix the dims; the registry's shape check holds
-    each further layer's to them."""
-    def program_for(shapes, head_dim, eps, next_eps, weights="bf16"):
+def _decode_layers(layers: int, ends_model: bool = False, lm_head: bool = False):
+    """The program_for of npu2.decode_layers<layers> (with ``ends_model``, of decode_layers<layers>_final; with
+    ``lm_head`` too, of decode_layers<layers>_final_lm, whose last host tensor is the LM head's weight, its rows the
+    logits') and, with a weight format, of its _packed twin: the first layer's tensors fix the dims; the registry's
+    shape check holds each further layer's to them."""
+    def program_for(shapes, head_dim, eps, next_eps, *rest):
+        """``rest``: a _final_lm op's final_eps, then a _packed op's weights (and a _final_lm_packed op's head_weights,
+        the LM head's own packed format)."""
+        final_eps, rest = (rest[0], rest[1:]) if lm_head else (None, rest)
+        weights = rest[0] if rest else "bf16"
+        head_weights = rest[1] if len(rest) > 1 else weights
         try:
             if weights == "bf16":
                 one = _decode_attn_o_gemv_ffn_rms_gemv_rope(shapes[:_GROUP_FIRST], head_dim, eps, next_eps)
@@ -143,7 +149,8 @@ def _decode_layers(layers: int, ends_model: bool = False):
             raise BadArgument(exc.arg if shared else exc.arg + "_0", exc.expected, exc.given) from None
         p = dict(one.params)
         return catalog.decode_layers_program(layers, p["hidden"], p["q_dim"], p["intermediate"], eps, p["heads"],
-                                             p["kv_heads"], head_dim, p["capacity"], next_eps, weights, ends_model)
+                                             p["kv_heads"], head_dim, p["capacity"], next_eps, weights, ends_model,
+                                             (shapes[-1][0], final_eps, head_weights) if lm_head else None)
     return program_for
 
 
@@ -154,15 +161,19 @@ def _group_into(layers: int) -> tuple[tuple[str, str], ...]:
 
 
 def _decode_layers_ops() -> tuple[FusedOp, ...]:
-    """npu2.decode_layers<n> and npu2.decode_layers<n>_final (a group ending with the model's last layer), each
-    with a _packed twin."""
+    """npu2.decode_layers<n>, npu2.decode_layers<n>_final (a group ending with the model's last layer) and
+    npu2.decode_layers<n>_final_lm (that group, then the model's final norm and LM head), each with a _packed twin."""
     scalars = (("head_dim", "int"), ("eps", "float"), ("next_eps", "float"))
+    ends = (("", False, False), ("_final", True, False), ("_final_lm", True, True))
     return tuple(
-        FusedOp(f"decode_layers{n}" + ("_final" if final else "") + ("" if weights == "bf16" else "_packed"),
-                scalars + (() if weights == "bf16" else (_WEIGHTS,)), _decode_layers(n, final),
-                catalog.decode_layers_program(n, 64, 64, 128, 1e-5, 2, 1, 32, 128, 1e-5, weights, final),
+        FusedOp(f"decode_layers{n}{suffix}" + ("" if weights == "bf16" else "_packed"),
+                scalars + ((("final_eps", "float"),) if lm_head else ()) + (() if weights == "bf16" else (_WEIGHTS,))
+                + ((("head_weights", "str"),) if lm_head and weights != "bf16" else ()),
+                _decode_layers(n, final, lm_head),
+                catalog.decode_layers_program(n, 64, 64, 128, 1e-5, 2, 1, 32, 128, 1e-5, weights, final,
+                                              (256, 1e-6, weights) if lm_head else None),
                 _group_into(n - 1 if final else n))
-        for n in catalog.DECODE_GROUP_SIZES for final in (False, True) for weights in ("bf16", _EX_PACKED))
+        for n in catalog.DECODE_GROUP_SIZES for suffix, final, lm_head in ends for weights in ("bf16", _EX_PACKED))
 
 
 def decode_attn_length(length: int) -> torch.Tensor:

@@ -260,3 +260,26 @@ DECODE_GROUP_REFERENCES = {
     for suffix, layer, last in (
         ("", decode_attn_o_gemv_ffn_rms_gemv_rope_reference, decode_attn_o_gemv_ffn_reference),
         ("_packed", decode_attn_o_gemv_ffn_rms_gemv_rope_packed_reference, decode_attn_o_gemv_ffn_packed_reference))}
+
+
+def _with_lm_head(group_reference, head_reference):
+    """Reference of a decode_layers<n>_final_lm op: the _final group (``group_reference``) on all but the last two
+    tensors, then the model's final RMSNorm (``final_norm_w``, the ``final_eps`` scalar after the group's own) and the
+    LM head (``w_lm``, in its own format: the _packed op's last scalar) on its output; returns the group's results,
+    then final_normed and logits."""
+    def reference(*args):
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        scalars = args[len(tensors):]
+        final_norm_w, w_lm = tensors[-2:]
+        final_eps, packed, head_format = scalars[3], scalars[4:5], scalars[5:6]
+        results = group_reference(*tensors[:-2], *scalars[:3], *packed)
+        normed = rms_norm(results[0], final_norm_w, final_eps)
+        return (*results, normed, head_reference(normed, w_lm, *head_format))
+    return reference
+
+
+DECODE_GROUP_REFERENCES.update({
+    f"decode_layers{n}_final_lm{suffix}": _with_lm_head(DECODE_GROUP_REFERENCES[f"decode_layers{n}_final{suffix}"],
+                                                        head)
+    for n in DECODE_GROUP_SIZES
+    for suffix, head in (("", lm_head_gemv_reference), ("_packed", lm_head_gemv_packed_reference))})

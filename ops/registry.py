@@ -117,11 +117,13 @@ _POSITIVE_FLOAT = (lambda v: math.isfinite(v) and v > 0, "a finite float > 0")
 SCALAR_CHECKS = {
     "eps": _POSITIVE_FLOAT,
     "next_eps": _POSITIVE_FLOAT,
+    "final_eps": _POSITIVE_FLOAT,
     "precision": (lambda v: v in BF16_WEIGHT_PRECISIONS,
                   f"one of {', '.join(map(repr, BF16_WEIGHT_PRECISIONS))} (for {INTEGER_PRECISION!r}: the *_w8x2 ops, "
                   "over prepared weights)"),
     "head_dim": (lambda v: v > 0, "a positive int"),
     "weights": (lambda v: v in FORMATS, f"one of {', '.join(map(repr, FORMATS))} (a packed weight format)"),
+    "head_weights": (lambda v: v in FORMATS, f"one of {', '.join(map(repr, FORMATS))} (a packed weight format)"),
 }
 
 

@@ -44,11 +44,11 @@ o_gemv_ffn_rms_gemv_rope_into = INTO[o_gemv_ffn_rms_gemv_rope]
 o_gemv_ffn_rms_gemv_rope_packed_into = INTO[o_gemv_ffn_rms_gemv_rope_packed]
 decode_attn_o_gemv_ffn_rms_gemv_rope_into = INTO[decode_attn_o_gemv_ffn_rms_gemv_rope]
 decode_attn_o_gemv_ffn_rms_gemv_rope_packed_into = INTO[decode_attn_o_gemv_ffn_rms_gemv_rope_packed]
-# (layers, packed, ends the model) → the .into overload of the decode group op that runs that many layers in one
-# dispatch (the _final ones: the last of them is the model's last layer)
-decode_layers_into = {(n, packed, final): INTO[ALL_OPS[f"decode_layers{n}" + ("_final" if final else "")
-                                                       + ("_packed" if packed else "")]]
-                      for n in DECODE_GROUP_SIZES for packed in (False, True) for final in (False, True)}
+# (layers, packed, ends) → the .into overload of the decode group op that runs that many layers in one dispatch:
+# ends "" (layers go on after it), "_final" (its last layer is the model's last) or "_final_lm" (then the model's final
+# norm and LM head too)
+decode_layers_into = {(n, packed, ends): INTO[ALL_OPS[f"decode_layers{n}{ends}" + ("_packed" if packed else "")]]
+                      for n in DECODE_GROUP_SIZES for packed in (False, True) for ends in ("", "_final", "_final_lm")}
 
 
 class ChainedQkv(NamedTuple):
@@ -72,6 +72,17 @@ class GroupedLayers(NamedTuple):
     hidden: torch.Tensor  # the group's output, which HF hands each of them
     version: int
     lut_rows: tuple  # the decode step's LUT rows: a new step's differ, so a group left by an interrupted forward is not taken
+
+
+class HeadResults(NamedTuple):
+    """The model's final norm and logits, computed by the decode group that ran its last layer (a _final_lm group),
+    for HF's model.norm and lm_head calls that follow in the forward (``NpuFinalNorm``, ``NpuLmHead``)."""
+
+    hidden: torch.Tensor  # the group's output, which HF hands model.norm
+    version: int
+    normed: torch.Tensor  # (batch, 1, hidden): what model.norm returns for it
+    normed_version: int
+    logits: torch.Tensor  # (batch, 1, vocab): what lm_head returns for ``normed`` (or HF's last-row view of it)
 
 
 @dataclass(frozen=True)
@@ -183,6 +194,8 @@ class SharedState:
     chained: ChainedQkv | None = None  # the next layer's rms_gemv_rope results, computed by the layer before it
     grouped: GroupedLayers | None = None  # layers a group run of an earlier layer already computed
     warned_attentions: bool = False  # output_attentions=True ran HF's layers, and the user was told once
+    head: NpuFinalNorm | None = None  # the model's final norm, whose LM head the last decode group can run too
+    head_results: HeadResults | None = None  # that group's final norm and logits, until HF asks for them
     # packed projections' bf16 copies for prefill: per projection one NPU buffer, which each layer's prefill
     # dequantizes its own rows into before its ops run (a layer's runs end before the next layer writes)
     dequantized: dict = field(default_factory=dict)
@@ -760,6 +773,9 @@ class NpuDecoderLayer:
         if not members:
             return None
         ends_model = members[-1].next_layer is None
+        head = self.shared.head  # the final norm and LM head join a group ending the model, packed when its layers are
+        if not (ends_model and head is not None and head.joins() and (head.lm_head.packed is None) == (not packed)):
+            head = None
         # room for the K/V rows of the layer after each member that has one (which may grow its slabs), then the
         # members' views
         nexts = [_cache_rows(cache.layers[member.next_layer.layer_idx], batch)
@@ -771,7 +787,11 @@ class NpuDecoderLayer:
             return None
         for member in members:
             cache.layers[member.layer_idx].length = length
-        op = decode_layers_into[(1 + len(members), self.packed is not None, ends_model)]
+        op = decode_layers_into[(1 + len(members), self.packed is not None,
+                                 "_final_lm" if head else "_final" if ends_model else "")]
+        # the final norm's weight and the LM head's rows; the final eps; the LM head's own format when packed
+        head_args = ((head.norm.weight, head.lm_head.rows), (head.eps,), head.lm_head.packed[:1] if packed else ()) \
+            if head else ((), (), ())
         wo, norm2_w, w_gate_up, w_down = self.ffn_weights
         results = []
         for b, (a, x, lut) in enumerate(zip(on_device, inputs, lut_rows)):
@@ -781,9 +801,15 @@ class NpuDecoderLayer:
                 tensors += [member_views[b].k_cache, member_views[b].v_cache, *member.ffn_weights,
                             *(() if member.next_layer is None else member.next_layer.qkv_weights)]
             rows = [*targets[b], *(row for _, next_targets in nexts for row in next_targets[b])]
-            out = op(*tensors, *rows, self.head_dim, self.eps_mlp, self.next_layer.eps_attn, *packed)
-            results.append((out,) if ends_model else out)
+            out = op(*tensors, *head_args[0], *rows, self.head_dim, self.eps_mlp, self.next_layer.eps_attn,
+                     *head_args[1], *packed, *head_args[2])
+            results.append((out,) if ends_model and not head else out)
         result = _from_sequence_rows([r[0] for r in results])
+        if head:
+            normed = _from_sequence_rows([r[1] for r in results])
+            vocab = head.lm_head.weight.shape[0]
+            self.shared.head_results = HeadResults(result, result._version, normed, normed._version,
+                                                   _from_sequence_rows([r[2][:vocab] for r in results]))
         last = members[-1].next_layer
         if last is not None:
             self.shared.chained = ChainedQkv(last, result, result._version, lut_rows, last.eps_attn,
@@ -902,22 +928,55 @@ class NpuDecoderLayer:
         return result
 
 
+class NpuFinalNorm:
+    """Replaces the forward of the model's final norm (``model.model.norm``): for the hidden state a _final_lm decode
+    group returned, the final norm that group computed (it ran the LM head on it too: ``NpuLmHead`` hands out those
+    logits); for anything else, HF's norm. The emulated NPU's RMSNorm is HF's bit for bit."""
+
+    def __init__(self, norm, forward, lm_head: NpuLmHead, shared: SharedState):
+        """``forward``: the norm's own forward (HF's), which every other call runs."""
+        self.norm, self.forward, self.lm_head, self.shared = norm, forward, lm_head, shared
+
+    @property
+    def eps(self) -> float:
+        return float(self.norm.variance_epsilon)
+
+    def joins(self) -> bool:
+        """Whether the last decode group may run this norm and the LM head: nothing but HF's forward sees what either
+        returns (no hook or wrapper on them), so the results it hands back are all anyone reads."""
+        return not (sees_layer_outputs(self.norm, self) or sees_layer_outputs(self.lm_head.module, self.lm_head))
+
+    def __call__(self, hidden):
+        results, self.shared.head_results = self.shared.head_results, None
+        if results is not None and hidden is results.hidden and hidden._version == results.version:
+            self.shared.head_results = results  # for the LM head, next
+            return results.normed
+        return self.forward(hidden)
+
+
 class NpuLmHead:
     """Replaces ``lm_head.forward``: the one-row-per-sequence case (generate's ``logits_to_keep=1``) runs
-    lm_head_gemv; full-sequence logits, when asked for, use the same resident weight on the host. Both give
-    fp32 logits of bf16 products summed in fp32, so a token's logit does not depend on how it was asked for."""
+    lm_head_gemv, unless the decode group that ran the model's last layer already ran it on this very input (the
+    final norm it handed HF: ``NpuFinalNorm``); full-sequence logits, when asked for, use the same resident weight on
+    the host. All give fp32 logits of bf16 products summed in fp32, so a token's logit does not depend on how it was
+    asked for."""
 
     VOCAB_CHUNK = 8192  # weight rows widened to fp32 at a time: bounds the host path's extra memory
 
-    def __init__(self, lm_head, rows: tuple[str | None, torch.Tensor]):
+    def __init__(self, lm_head, rows: tuple[str | None, torch.Tensor], shared: SharedState):
         """``rows``: (None, the bf16 weight's NPU buffer) or (format, its int32 words of packed rows) when the LM head
         runs on quantized weights; either buffer holds catalog.lm_head_rows(vocab) rows, zero past the vocabulary."""
+        self.module = lm_head
         self.weight = lm_head.weight
         fmt, buffer = rows
         self.packed = None if fmt is None else rows
         self.rows = buffer
+        self.shared = shared
 
     def __call__(self, hidden):
+        results, self.shared.head_results = self.shared.head_results, None
+        if results is not None and _views_whole(hidden, results.normed, results.normed_version):
+            return results.logits
         if torch.is_grad_enabled():
             with torch.no_grad():
                 return self._logits(hidden)
@@ -942,3 +1001,10 @@ class NpuLmHead:
                 chunk = quant.dequantize(quant.weight_format(fmt), words[start:stop], self.weight.shape[1])
             logits[..., start:start + chunk.shape[0]] = F.linear(rows, chunk)
         return logits
+
+
+def _views_whole(t: torch.Tensor, of: torch.Tensor, version: int) -> bool:
+    """Whether ``t`` is ``of`` or a view of all of it (HF's ``hidden[:, -1:, :]`` of a one-token step), unchanged
+    since ``of`` had ``version``."""
+    return (t.data_ptr() == of.data_ptr() and t.shape == of.shape and t.stride() == of.stride()
+            and t.dtype == of.dtype and t._version == version)

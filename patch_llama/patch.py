@@ -14,7 +14,8 @@ from ..kernels.catalog import (AUTO_PRECISION, DECODE_GROUP_SIZES, DECODE_WEIGHT
                                integer_gemm_misfit, lm_head_rows, resolve_matmul_precision)
 from ..kernels.stitch import npu2_build_problem
 from .kv_cache import NpuKVCache
-from .layer import NpuDecoderLayer, NpuLmHead, PackedProjections, PrefillSettings, PreparedProjections, SharedState
+from .layer import (NpuDecoderLayer, NpuFinalNorm, NpuLmHead, PackedProjections, PrefillSettings, PreparedProjections,
+                    SharedState)
 from .gguf_file import PROJECTIONS, GgufFile
 from .spill import WeightSpill
 from .families import ModelFamily, family_of, supported
@@ -162,6 +163,16 @@ def _replace_forward(state: PatchState, module, forward) -> None:
     _set_instance_attr(state, module, attr, forward)
 
 
+def _join_final_norm(state: PatchState, norm, lm_head: NpuLmHead) -> None:
+    """The model's final norm hands HF what the last decode group computed for it (layer.NpuFinalNorm), so that group
+    runs the final norm and the LM head in its dispatch; HF's own forward (accelerate's saved one when hooked) does
+    every other call."""
+    hooked = hasattr(norm, "_hf_hook") and hasattr(norm, "_old_forward")
+    final = NpuFinalNorm(norm, norm._old_forward if hooked else norm.forward, lm_head, state.shared)
+    _replace_forward(state, norm, final)
+    state.shared.head = final
+
+
 class _LayerListWithSliceMemo(nn.ModuleList):
     """``model.model.layers`` while patched. HF's model forward loops over ``layers[:num_hidden_layers]`` on every
     call, and slicing a ModuleList builds a new one that registers every layer again (≈ 30 µs per decode token at 16
@@ -267,7 +278,7 @@ def _conversion_guard(apply):
 
 def _npu_weights(model) -> list[nn.Parameter]:
     """The parameters the npu2 ops read (each once, though tied embeddings appear twice)."""
-    modules = [model.lm_head]
+    modules = [model.lm_head, model.model.norm]
     for layer in model.model.layers:
         modules += [layer.input_layernorm, layer.post_attention_layernorm, layer.self_attn, layer.mlp]
     unique = {}
@@ -456,7 +467,9 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
     for layer, forward, following in zip(model.model.layers, patched, patched[1:] + [None]):
         forward.next_layer = following
         _replace_forward(state, layer, forward)
-    _replace_forward(state, model.lm_head, NpuLmHead(model.lm_head, head))
+    lm_head = NpuLmHead(model.lm_head, head, state.shared)
+    _replace_forward(state, model.lm_head, lm_head)
+    _join_final_norm(state, model.model.norm, lm_head)
     _memoize_layer_slices(state, model.model.layers)
     _tabulate_rotary(state, model.model.rotary_emb)
     _set_instance_attr(state, model, "_prepare_cache_for_generation",

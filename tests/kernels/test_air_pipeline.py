@@ -61,11 +61,13 @@ PROGRAMS.update({f"llama-{p.name}-2048": p for p in (
     catalog.decode_layers_program(4, LLAMA.hidden, LLAMA.q_dim, LLAMA.intermediate, LLAMA.eps, LLAMA.heads,
                                   LLAMA.kv_heads, LLAMA.head_dim, 2048, LLAMA.eps, weights)
     for weights in ("bf16", "q4_1"))})
-# A group that ends with the model's last layer (npu2.decode_layers<n>_final): SmolLM2's 30 layers end with two, run
-# over its GGUF's Q4_1 weights (156 s here; Llama-3.2-1B's four-layer bf16 one, 55 arguments, lowered by hand in 253 s at c504d68).
-PROGRAMS["smol-decode_layers2_final_packed-q4_1-2048"] = catalog.decode_layers_program(
+# A group that ends with the model's last layer and runs its final norm and LM head (npu2.decode_layers<n>_final_lm):
+# SmolLM2's 30 layers end with two, run over its GGUF's Q4_1 weights, its LM head the GGUF's Q8_0 embedding (the
+# group without the head: 156 s here; Llama-3.2-1B's four-layer bf16 one, 55 arguments, lowered by hand in 253 s at
+# c504d68).
+PROGRAMS["smol-decode_layers2_final_lm_packed-q4_1-2048"] = catalog.decode_layers_program(
     2, SMOL.hidden, SMOL.q_dim, SMOL.intermediate, SMOL.eps, SMOL.heads, SMOL.kv_heads, SMOL.head_dim, 2048, SMOL.eps,
-    "q4_1", ends_model=True)
+    "q4_1", ends_model=True, lm_head=(catalog.lm_head_rows(SMOL.vocab), SMOL.eps, "q8_0"))
 
 # Qwen2.5-0.5B's dims with its q/k/v biases (every Q/K/V Program adds them with bias_add launches): the default
 # prefill Programs at the smallest and largest buckets, the bf16-weight prefill GEMMs at the smallest, decode (its

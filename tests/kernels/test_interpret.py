@@ -75,9 +75,12 @@ CASES = [(p, None) for p in programs_for_model(SMALL, (16, 32)) if not p.name.en
       if {("qkv_bias", 1), ("next_qkv_bias", 1)} & set(p.params)],
     *[(p, None) for p in programs_for_model(SMALL_BIASED, (), weights="q4_1") if p.name == "rms_gemv_rope_packed"],
     # a decode group: two layers from their attention on in one Program, each layer's scratches reused by the next;
-    # and one that ends with the model's last layer (_final: no next layer's Q/K/V after it)
+    # one that ends with the model's last layer (_final: no next layer's Q/K/V after it); and one that runs the
+    # model's final norm and LM head after it (_final_lm; packed, its LM head in a format of its own)
     *[(decode_layers_program(2, 256, 256, 512, EPS, 4, 2, 64, 128, EPS, weights, final), None)
       for weights in ("bf16", "q4_1") for final in (False, True)],
+    *[(decode_layers_program(2, 256, 256, 512, EPS, 4, 2, 64, 128, EPS, weights, True, (512, 2 * EPS, head)), None)
+      for weights, head in (("bf16", "bf16"), ("q4_1", "q8_0"))],
 ]
 
 

@@ -53,15 +53,21 @@ def group_layer_tensors(config, g, packed: bool):
 def group_cases(config, cases, g):
     """Each decode group: its first layer is decode_attn_o_gemv_ffn_rms_gemv_rope(_packed)'s case, each further
     layer has tensors of its own (a mix-up of layers changes the results; a _final group's last layer has no next
-    layer's norm and Q/K/V); the whole group at the small configs."""
+    layer's norm and Q/K/V; a _final_lm group's final norm and LM head follow, the final eps after the others); the
+    whole group at the small configs."""
+    hidden, vocab = CONFIGS[config][0], CONFIGS[config][5]
     out = {}
     for suffix in ("", "_packed"):
         tensors, scalars, _ = cases["decode_attn_o_gemv_ffn_rms_gemv_rope" + suffix]
+        final_norm_w = (1.0 + 0.1 * torch.randn(hidden, generator=g)).bfloat16()
+        w_lm = (torch.randn(vocab, hidden, generator=g) * hidden ** -0.5).bfloat16()
+        head = [final_norm_w, _packed(w_lm) if suffix else w_lm]
         for n in DECODE_GROUP_SIZES:
             more = [t for _ in range(n - 1) for t in group_layer_tensors(config, g, bool(suffix))]
-            for final in ("", "_final"):
+            for final in ("", "_final", "_final_lm"):
                 name = f"decode_layers{n}{final}{suffix}"
-                out[name] = (list(tensors) + (more[:-4] if final else more), scalars,
+                out[name] = (list(tensors) + (more[:-4] if final else more) + (head if final == "_final_lm" else []),
+                             scalars[:3] + (3 * EPS,) + scalars[3:] + scalars[3:] if final == "_final_lm" else scalars,
                              reference.DECODE_GROUP_REFERENCES[name])
     return out
 
@@ -179,6 +185,11 @@ def test_op_matches_reference(runtime, config, name):
     ref = ref_fn(*tensors, *scalars)
     outs, refs = (out, ref) if isinstance(out, tuple) else ((out,), (ref,))
     assert len(outs) == len(refs)
+    if "_final_lm" in name:
+        # the logits at fp32 tolerance from the LM head's reference on the op's own final_normed (which is held to the
+        # reference chain at bf16 tolerance above it): the chain's bf16 differences would swamp an fp32 comparison
+        head = reference.lm_head_gemv_packed_reference if name.endswith("_packed") else reference.lm_head_gemv_reference
+        refs = (*refs[:-1], head(outs[-2], tensors[-1], *scalars[5:]))
     for o, r in zip(outs, refs):
         assert_close(o, r)
 

@@ -8,6 +8,7 @@ from torch_npu2 import patch_llama, unpatch_llama
 from torch_npu2.kernels import quant
 
 from .gate import check_topk_gate, greedy_with_topk
+from .test_smollm2 import lm_head_runs
 from .tiny import tiny_llama
 
 DIMS = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
@@ -33,9 +34,9 @@ def test_generates_what_hf_generates_on_the_dequantized_weights(runtime, fmt):
     expected = greedy_with_topk(reference, ids, 10)
     patch_llama(model, prefill_buckets=(16,), weights=fmt)
     runs = runtime.xrt.counters
-    before = runs["runs:lm_head_gemv_packed"]
+    before = lm_head_runs(runtime, "_packed")
     out = greedy_with_topk(model, ids, 10)
-    assert runs["runs:lm_head_gemv_packed"] - before == 10  # every new token's logits came from packed rows
+    assert lm_head_runs(runtime, "_packed") - before == 10  # every new token's logits came from packed rows
     check_topk_gate(*expected, *out, label=fmt)
     # the first token's logits (prefill, then the packed LM head) agree to fp32 summation and bf16 weight rounding
     assert torch.nn.functional.cosine_similarity(out[1][0, 0].float(), expected[1][0, 0].float(), dim=0) > 0.999
@@ -157,7 +158,8 @@ def test_a_failed_packing_leaves_the_bf16_weights_in_place(runtime, monkeypatch)
 def test_a_packed_decode_token_runs_its_layers_in_groups(runtime, layers):
     """With packed weights and the NpuKVCache a decode token runs as the bf16 one does (ARCHITECTURE.md, "One decode
     token"): every layer from its attention on, up to four in one dispatch (decode_layers<n>_packed), the last run
-    ending with the model's last layer (decode_layers<n>_final_packed); and the logits those of the unchained ops."""
+    ending with the model's last layer, the final norm and the LM head (decode_layers<n>_final_lm_packed); and the
+    logits those of the unchained ops."""
     model = tiny_llama(**DIMS, num_hidden_layers=layers)
     patch_llama(model, prefill_buckets=(16,), weights="q4_1")
     ids = torch.tensor([[1, 5, 7, 9, 11, 3]])
@@ -171,9 +173,9 @@ def test_a_packed_decode_token_runs_its_layers_in_groups(runtime, layers):
     runs(2)  # loads every Program
     (two, _), (three, chained) = runs(2), runs(3)
     token = {k[len("runs:"):]: three[k] - two[k] for k in three if k.startswith("runs:") and three[k] > two[k]}
-    grouped = {2: {"decode_layers2_final_packed": 1}, 3: {"decode_layers3_final_packed": 1},
-               6: {"decode_layers4_packed": 1, "decode_layers2_final_packed": 1}}[layers]
-    assert token == {"rms_gemv_rope_packed": 1, **grouped, "lm_head_gemv_packed": 1}
+    grouped = {2: {"decode_layers2_final_lm_packed": 1}, 3: {"decode_layers3_final_lm_packed": 1},
+               6: {"decode_layers4_packed": 1, "decode_layers2_final_lm_packed": 1}}[layers]
+    assert token == {"rms_gemv_rope_packed": 1, **grouped}
     for layer in model.model.layers:  # unchained: every layer rms_gemv_rope → decode_attn_o_gemv_ffn
         layer.forward.next_layer = None
     _, unchained = runs(3)

@@ -49,8 +49,8 @@ def test_layers_and_generation_match_hf(runtime, pair, name):
     report = compare_layers(reference, model, ids)
     assert report.worst().min_cosine >= 0.999, str(report)
     check_topk_gate(*greedy_with_topk(reference, ids, 16), *greedy_with_topk(model, ids, 16), label=name)
-    # the two layers decode in one dispatch (the second is the last: decode_layers2_final)
-    assert runtime.xrt.counters["runs:flash_attn"] >= 2 and runtime.xrt.counters["runs:decode_layers2_final"] >= 2
+    # the two layers decode in one dispatch with the final norm and LM head (decode_layers2_final_lm)
+    assert runtime.xrt.counters["runs:flash_attn"] >= 2 and runtime.xrt.counters["runs:decode_layers2_final_lm"] >= 2
 
 
 def test_prefill_pads_to_bucket_and_tracks_length(runtime, pair):
@@ -71,21 +71,23 @@ def test_prefill_pads_to_bucket_and_tracks_length(runtime, pair):
 def decode_runs(layers: int, most: int = DECODE_GROUP_SIZES[-1]) -> list[str]:
     """The Programs that run the layers from their attention on, in order: runs of up to ``most`` layers, each
     chaining into the next layer's Q/K/V (npu2.decode_layers<n>, or decode_attn_o_gemv_ffn_rms_gemv_rope for a layer
-    alone) but the last, which ends with the model's last layer (decode_layers<n>_final, or decode_attn_o_gemv_ffn)."""
+    alone) but the last, which ends with the model's last layer: decode_layers<n>_final_lm, which runs the model's
+    final norm and LM head too, or decode_attn_o_gemv_ffn for a last layer alone (the LM head then runs alone)."""
     sizes, left = [], layers
     while left:
         sizes.append(min(most, left))
         left -= sizes[-1]
     runs = [f"decode_layers{n}" if n > 1 else "decode_attn_o_gemv_ffn_rms_gemv_rope" for n in sizes[:-1]]
-    return runs + [f"decode_layers{sizes[-1]}_final" if sizes[-1] > 1 else "decode_attn_o_gemv_ffn"]
+    return runs + [f"decode_layers{sizes[-1]}_final_lm" if sizes[-1] > 1 else "decode_attn_o_gemv_ffn"]
 
 
 @pytest.mark.parametrize("layers", [2, 3, 7])
 def test_one_decode_token_moves_what_architecture_md_says(runtime, layers):
     """Per decode token of an L-layer model (L ≥ 2), with the NpuKVCache: rms_gemv_rope for the first layer; then
     every layer from its attention on, up to four in one dispatch, each run chaining into the next layer's Q/K/V
-    but the last, which ends with the model's last layer (``decode_runs``); the LM head. No weight bytes, 3 staged
-    host copies (the first layer's input once for each of the two Programs that read it; the LM head's row),
+    but the last, which ends with the model's last layer and runs the final norm and the LM head too
+    (``decode_runs``). No weight bytes, 2 staged host copies (the first layer's input once for each of the two
+    Programs that read it),
     2A − 1 syncs in place for A runs that attend (each one's q and input: the previous run's output BOs, bound as
     they are and flushed, never copied), 2 ranged syncs (the step's RoPE LUT row and attention length, written once
     into buffers every layer binds; the cache slabs are bound as they are and never flushed whole), the new K and V
@@ -104,11 +106,11 @@ def test_one_decode_token_moves_what_architecture_md_says(runtime, layers):
     token, token_xrt = stats3 - stats2, xrt3 - xrt2
     attending_runs = decode_runs(layers)
     attending = len(attending_runs)
-    assert token["runs"] == attending + 2
-    runs = Counter({"rms_gemv_rope": 1, "lm_head_gemv": 1, **Counter(attending_runs)})
+    assert token["runs"] == attending + 1
+    runs = Counter({"rms_gemv_rope": 1, **Counter(attending_runs)})
     assert {k[len("runs:"):]: v for k, v in token_xrt.items() if k.startswith("runs:")} == runs
     assert token_xrt["bytes_to_device:weight"] == 0 == xrt3["syncs_to_device:weight"]
-    assert token["host_copies"] == 3
+    assert token["host_copies"] == 2
     assert token["bo_inputs_synced"] == 2 * attending - 1
     config = model.config
     lut_row_bytes, length_bytes = config.hidden_size // config.num_attention_heads * 2, 4 * 2  # bf16
@@ -116,9 +118,9 @@ def test_one_decode_token_moves_what_architecture_md_says(runtime, layers):
     assert token["ranged_sync_bytes"] == lut_row_bytes + length_bytes
     assert token["sub_buffers"] == 2 * layers == token_xrt["sub_bos"]
     assert token_xrt["syncs_to_device"] == token["host_copies"] + token["bo_inputs_synced"] + token["ranged_syncs"]
-    # every layer's K and V rows; the first layer's q; out and the next q of every attending run but the last, out
-    # of the last; the logits
-    assert token_xrt["syncs_from_device"] == 2 * layers + 1 + 2 * (attending - 1) + 1 + 1
+    # every layer's K and V rows; the first layer's q; out and the next q of every attending run but the last, out,
+    # the final norm and the logits of the last
+    assert token_xrt["syncs_from_device"] == 2 * layers + 1 + 2 * (attending - 1) + 3
 
 
 def _group_runs(runtime) -> int:
@@ -127,7 +129,7 @@ def _group_runs(runtime) -> int:
 
 @pytest.mark.compat
 def test_decode_groups_give_the_layer_by_layer_logits_bit_for_bit(runtime):
-    """Seven layers decode as rms_gemv_rope, decode_layers4, decode_layers3_final and the LM head per token; the
+    """Seven layers decode as rms_gemv_rope, decode_layers4 and decode_layers3_final_lm per token; the
     logits are those of the layers one dispatch each, bit for bit (strict coherency). A forward hook on a layer
     (anything may read its output) keeps that layer out of every group: with one on each, no group runs."""
     model = patch_llama(tiny_llama(num_hidden_layers=7))
@@ -187,14 +189,46 @@ def test_any_code_that_may_see_a_layers_output_keeps_it_out_of_groups(runtime, h
         else:
             handle.remove()
     # with a hook on layer 2: layers 0-1 in one dispatch, layer 2 on its own, layers 3-4 in one
-    assert groups == ({} if hook == "global" else {"decode_layers2": 2, "decode_layers2_final": 2})
+    assert groups == ({} if hook == "global" else {"decode_layers2": 2, "decode_layers2_final_lm": 2})
     assert torch.equal(logits, expected)
+
+
+@pytest.mark.parametrize("hooked", ["norm", "lm_head"])
+def test_a_hook_on_the_final_norm_or_the_lm_head_keeps_them_out_of_the_last_group(runtime, hooked):
+    """The last decode group runs the model's final norm and LM head (decode_layers<n>_final_lm) only while nothing
+    but HF's forward sees what they return: with a forward hook on either, the group is a _final one, HF's norm and
+    lm_head_gemv run, the hook sees every call, and the logits are the same bit for bit; without it, the group takes
+    them again."""
+    model = patch_llama(tiny_llama(num_hidden_layers=3))
+    ids = prompt(9)
+
+    def decode():
+        before = runtime.xrt.counters.copy()
+        out = model.generate(ids, max_new_tokens=3, min_new_tokens=3, do_sample=False, output_logits=True,
+                             return_dict_in_generate=True)
+        runs = runtime.xrt.counters - before
+        return ({k[len("runs:"):]: n for k, n in runs.items()
+                 if k.startswith("runs:decode_layers") or k == "runs:lm_head_gemv"}, torch.stack(out.logits))
+
+    joined = {"decode_layers3_final_lm": 2, "lm_head_gemv": 1}  # the prefill's token has its LM head alone
+    runs, expected = decode()
+    assert runs == joined
+    seen = []
+    handle = (model.model.norm if hooked == "norm" else model.lm_head).register_forward_hook(
+        lambda module, args, out: seen.append(out))
+    try:
+        runs, logits = decode()
+    finally:
+        handle.remove()
+    assert runs == {"decode_layers3_final": 2, "lm_head_gemv": 3} and len(seen) == 3
+    assert torch.equal(logits, expected)
+    assert decode()[0] == joined
 
 
 @pytest.mark.parametrize("most, runs", [(1, {"decode_attn_o_gemv_ffn_rms_gemv_rope": 6, "decode_attn_o_gemv_ffn": 1}),
                                         (2, {"decode_layers2": 3, "decode_attn_o_gemv_ffn": 1}),
                                         (3, {"decode_layers3": 2, "decode_attn_o_gemv_ffn": 1}),
-                                        (4, {"decode_layers4": 1, "decode_layers3_final": 1})])
+                                        (4, {"decode_layers4": 1, "decode_layers3_final_lm": 1})])
 def test_decode_layers_per_dispatch_caps_the_groups(runtime, most, runs):
     """patch_llama(decode_layers_per_dispatch=n) runs at most n layers per decode dispatch (1: each on its own)."""
     model = patch_llama(tiny_llama(num_hidden_layers=7), decode_layers_per_dispatch=most)
@@ -473,7 +507,7 @@ def test_unpatch_restores_bit_identical_outputs(runtime):
         after = model(ids).logits
     assert torch.equal(before, after)
     assert not any(runtime.is_bo_backed(p) for p in model.parameters())
-    assert all("forward" not in layer.__dict__ for layer in model.model.layers)
+    assert all("forward" not in m.__dict__ for m in (*model.model.layers, model.model.norm, model.lm_head))
 
 
 def test_hf_slice_of_the_layers_is_kept_while_its_layers_are_the_same(runtime):
@@ -537,14 +571,13 @@ def test_a_rope_whose_frequencies_move_is_left_to_hf(runtime):
 
 def test_weights_become_bo_backed_views_held_once(runtime):
     model = tiny_llama(tie_word_embeddings=True)
-    weights = {id(p): p for p in model.parameters()}
-    weight_bytes = sum(p.numel() * 2 for p in weights.values() if p is not model.model.norm.weight)
+    weights = {id(p): p for p in model.parameters()}  # the final norm's too: the last decode group runs it
+    weight_bytes = sum(p.numel() * 2 for p in weights.values())
     vocab, hidden = model.lm_head.weight.shape  # the LM head's buffer pads the vocabulary to whole 256-row groups
     weight_bytes += (lm_head_rows(vocab) - vocab) * hidden * 2
     patch_llama(model)
     assert model.lm_head.weight is model.model.embed_tokens.weight
-    npu_params = [p for p in model.parameters() if p is not model.model.norm.weight]
-    assert all(runtime.is_bo_backed(p) for p in npu_params)
+    assert all(runtime.is_bo_backed(p) for p in model.parameters())
     assert runtime.stats["bo_bytes"] == weight_bytes  # one BO per distinct weight, nothing else yet
     for _ in range(2):
         model.generate(prompt(5), max_new_tokens=3, do_sample=False)
