@@ -155,6 +155,16 @@ def test_decode_groups_give_the_layer_by_layer_logits_bit_for_bit(runtime):
     assert torch.equal(grouped, one_by_one)
 
 
+def decode_runs_and_logits(runtime, model, ids, counted):
+    """Greedy generate() of 3 tokens: (runs of the Programs whose name ``counted`` accepts, the logits)."""
+    before = runtime.xrt.counters.copy()
+    out = model.generate(ids, max_new_tokens=3, min_new_tokens=3, do_sample=False, output_logits=True,
+                         return_dict_in_generate=True)
+    runs = runtime.xrt.counters - before
+    return ({k[len("runs:"):]: n for k, n in runs.items() if k.startswith("runs:") and counted(k[len("runs:"):])},
+            torch.stack(out.logits))
+
+
 @pytest.mark.parametrize("hook", ["global", "pre", "wrapped"])
 def test_any_code_that_may_see_a_layers_output_keeps_it_out_of_groups(runtime, hook):
     """A forward hook on every module, a forward pre-hook on a layer, or a wrapper around a layer's patched forward
@@ -164,12 +174,7 @@ def test_any_code_that_may_see_a_layers_output_keeps_it_out_of_groups(runtime, h
     ids = prompt(9)
 
     def decode():
-        before = runtime.xrt.counters.copy()
-        out = model.generate(ids, max_new_tokens=3, min_new_tokens=3, do_sample=False, output_logits=True,
-                             return_dict_in_generate=True)
-        runs = runtime.xrt.counters - before
-        return {k[len("runs:"):]: n for k, n in runs.items() if k.startswith("runs:decode_layers")}, \
-            torch.stack(out.logits)
+        return decode_runs_and_logits(runtime, model, ids, lambda name: name.startswith("decode_layers"))
 
     groups, expected = decode()
     assert groups == {"decode_layers4": 2}  # layers 0-3, in each of the two decode steps (layer 4 alone)
@@ -203,12 +208,8 @@ def test_a_hook_on_the_final_norm_or_the_lm_head_keeps_them_out_of_the_last_grou
     ids = prompt(9)
 
     def decode():
-        before = runtime.xrt.counters.copy()
-        out = model.generate(ids, max_new_tokens=3, min_new_tokens=3, do_sample=False, output_logits=True,
-                             return_dict_in_generate=True)
-        runs = runtime.xrt.counters - before
-        return ({k[len("runs:"):]: n for k, n in runs.items()
-                 if k.startswith("runs:decode_layers") or k == "runs:lm_head_gemv"}, torch.stack(out.logits))
+        return decode_runs_and_logits(runtime, model, ids,
+                                      lambda name: name.startswith("decode_layers") or name == "lm_head_gemv")
 
     joined = {"decode_layers3_final_lm": 2, "lm_head_gemv": 1}  # the prefill's token has its LM head alone
     runs, expected = decode()
