@@ -320,8 +320,8 @@ def _tuned_costs(prog, tuning: dict | None = None, precision: str | None = None)
 
 
 def _tuned_range(prog, tuning: dict | None = None, precision: str | None = None) -> Range:
-    """A Program's predicted ms at each end (see ``_tuned_costs``), one dispatch included."""
-    return tuple((end.dispatch_s + sum(l.seconds for l in launches)) * 1e3
+    """A Program's predicted ms at each end (see ``_tuned_costs``), one dispatch included (``timing.run_seconds``)."""
+    return tuple(timing.run_seconds(launches, end) * 1e3
                  for end, launches in zip(ENDS, _tuned_costs(prog, tuning, precision)))
 
 

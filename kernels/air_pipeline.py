@@ -198,6 +198,7 @@ class Lowering:
     devices: tuple[DeviceReport, ...]
     seconds: float
     l1: tuple[TileL1, ...]  # every compute tile at the addresses aiecc assigned
+    configures: int  # devices the main runtime sequence enters (aiex.configure), one per launch: kernels/timing.py
 
     def total(self, field: str) -> int:
         return sum(getattr(d, field) for d in self.devices)
@@ -206,13 +207,13 @@ class Lowering:
         return max(getattr(d, field) for d in self.devices)
 
 
-def _device_bodies(npu_module: str) -> dict[str, str]:
-    """Each named ``aie.device`` body of an npu-stage module (the unnamed main device is left out)."""
+def _device_bodies(npu_module: str, main: bool = False) -> dict[str | None, str]:
+    """Each named ``aie.device`` body of an npu-stage module, and with ``main`` the unnamed main device's (key None)."""
     starts = list(_DEVICE.finditer(npu_module))
     bodies = {}
     for i, match in enumerate(starts):
         end = starts[i + 1].start() if i + 1 < len(starts) else len(npu_module)
-        if match.group(1):
+        if match.group(1) or main:
             bodies[match.group(1)] = npu_module[match.end():end]
     return bodies
 
@@ -371,7 +372,9 @@ def lower_to_npu_insts(program: Program, keep_dir: Path | None = None) -> Loweri
     build_dir.mkdir(parents=True, exist_ok=True)
     npu_module = prepare(program, build_dir, tc)
     reports, tiles = [], []
-    for name, body in _device_bodies(npu_module.read_text()).items():
+    bodies = _device_bodies(npu_module.read_text(), main=True)
+    configures = len(re.findall(r"\baiex\.configure @", bodies.pop(None, "")))
+    for name, body in bodies.items():
         sequence = f"{name}_sequence"
         if f"aie.runtime_sequence @{sequence}(" not in body:
             continue  # a *_reset device: loaded by another segment's sequence, no sequence of its own
@@ -386,7 +389,7 @@ def lower_to_npu_insts(program: Program, keep_dir: Path | None = None) -> Loweri
         tiles += lowered_l1(program.name, launch, program.launches[launch].kind, name, placed)
     if not reports:
         raise CompileError(program.name, "aiecc", "air-to-aie produced no segment device", build_dir)
-    lowering = Lowering(program.name, tuple(reports), time.perf_counter() - started, tuple(tiles))
+    lowering = Lowering(program.name, tuple(reports), time.perf_counter() - started, tuple(tiles), configures)
     try:
         check_fits(lowering.l1)
     except L1BudgetError as exc:

@@ -37,7 +37,8 @@ IR — air.launch → air.segment → air.herd, scf.for trip counts, DMAs, compu
   buffer the previous step's last trip no longer uses) runs beside the previous step's last compute, and its
   closing writes to DDR run beside the next step's work, as far as DDR is idle then; between batches, steps
   run in sequence;
-* overheads: each air.launch iteration, each launch of the multi-launch ELF, one dispatch per Program run;
+* overheads: each air.launch iteration, each launch of the multi-launch ELF, one dispatch per Program run, and
+  entering each launch's device after the first (every launch is an aie.device of its own: ``CONFIGURE_S``);
 * branches: an ``scf.if`` is counted as the IR executes it. Its condition is evaluated (with the interpreter's
   integer arithmetic, ``kernels.interpret.IndexArithmetic``) at every point of the iteration space it depends
   on — launch ids, herd tile ids, enclosing ``scf.for`` induction variables — and the branch's work and bytes
@@ -110,6 +111,15 @@ DDR_BEST_BYTES_PER_S = max(drain_gemm_ddr_bytes(shape, tiles[0], tiles[3]) / mea
 DDR_GEMV_BYTES_PER_S = statistics.median(gemv_bytes(*shape) / (us * 1e-6)
                                          for shape, us in UPSTREAM_GEMV_STREAMS.items())
 LAUNCH_ITERATION_S = 3e-6  # assumption: an air.launch iteration reprograms shim BDs and waits, FACTS' smallest step
+# Entering another design inside one dispatch. Each launch of our ELF is an aie.device of its own, which the main
+# runtime sequence enters with an aiex.configure (air-to-aie; aiecc --expand-load-pdis turns it into PDI loads;
+# tests/kernels/test_air_pipeline.py counts one per launch in the real lowering). IRON measured that configure on
+# NPU2 inside its fused ELFs, which aiecc builds the same way (amd/IRON iron/lm/llama3/costs_npu2.json at 04e0f3e,
+# decode_costs_npu2.json at adbcfca, "calibrations"): its fixed part ("base_us") 37.4–43.7 µs, a switch between two
+# small designs ("switch_us") 42.9–47.4 µs. FACTS' 3–15 µs "step" is a design repeated without one (IRON's
+# "t_step_us", probe.py). A dispatch's own cost covers its first launch's configure: upstream's one-launch AIR ELFs
+# take ≈ 80 µs for tiny work (mlir-air kernel_registry/details/RoPE_bf16.md), inside FACTS' 50–110 µs.
+CONFIGURE_S = (37.4e-6, 47.4e-6)  # (fast: the lowest base measured, slow: the highest switch)
 
 
 # ---- the two ends of a prediction ------------------------------------------------------------------------------
@@ -120,6 +130,7 @@ class End:
     ddr_bytes_per_s: float
     dispatch_s: float               # FACTS.md: a dispatch costs 50–110 µs
     launch_s: float                 # FACTS.md: a step inside a multi-launch ELF costs 3–15 µs
+    configure_s: float              # entering each launch's device after the first (CONFIGURE_S)
     co_issue: bool                  # a cycle issues two loads, a store, a vector-unit op and a move (else one op)
     share_operands: bool            # an aie::mmul operand used by several calls is prepared once
     cheapest_arguments: bool        # a kernel's integer arguments at their cheapest (else dearest) values
@@ -129,14 +140,15 @@ class End:
 
 # KERNELS.md: scalar code on a tile runs ≈ 0.02–0.1 MAC/cycle (software-emulated float): 10–50 cycles per multiply
 # and add, 5–25 cycles per float operation.
-FAST = End("fast", DDR_BEST_BYTES_PER_S, 50e-6, 3e-6, True, True, True, 5.0,
+FAST = End("fast", DDR_BEST_BYTES_PER_S, 50e-6, 3e-6, CONFIGURE_S[0], True, True, True, 5.0,
            "DDR at 43.3 GB/s (the most upstream's measured runs imply); the core issues two loads, a store, one "
            "vector-unit op and one move per cycle; an mmul operand shared by calls is prepared once; kernels' "
-           "integer arguments at their cheapest; a scalar float op in 5 cycles; dispatch 50 µs, launch 3 µs")
-SLOW = End("slow", DDR_GEMV_BYTES_PER_S, 110e-6, 15e-6, False, False, False, 25.0,
+           "integer arguments at their cheapest; a scalar float op in 5 cycles; dispatch 50 µs, launch 3 µs, "
+           "entering each further launch's device 37.4 µs")
+SLOW = End("slow", DDR_GEMV_BYTES_PER_S, 110e-6, 15e-6, CONFIGURE_S[1], False, False, False, 25.0,
            "DDR at 32.1 GB/s (what upstream's standalone GEMVs stream); every core instruction in a cycle of its "
            "own, as the source writes it; kernels' integer arguments at their dearest; a scalar float op in 25 "
-           "cycles; dispatch 110 µs, launch 15 µs")
+           "cycles; dispatch 110 µs, launch 15 µs, entering each further launch's device 47.4 µs")
 ENDS = (FAST, SLOW)
 
 
@@ -851,11 +863,17 @@ class ProgramCost:
                 "conditions": [{"launch": l.kind, **asdict(c)} for l in self.launches for c in l.conditions]}
 
 
+def run_seconds(launches: list[LaunchCost], end: End) -> float:
+    """A Program run of ``launches`` at ``end``: one dispatch (its first launch's device configured with it), the
+    launches, and entering each further launch's device."""
+    return end.dispatch_s + (len(launches) - 1) * end.configure_s + sum(l.seconds for l in launches)
+
+
 def program_cost(program, end: End) -> ProgramCost:
-    """Predicted time of one run of ``program`` at ``end``: its launches and one dispatch."""
+    """Predicted time of one run of ``program`` at ``end`` (``run_seconds``)."""
     from .builders import build_launch
 
     launches = [launch_cost(build_launch(program, launch), program.compile_options, end, launch.p.get("precision"))
                 for launch in program.launches]
-    return ProgramCost(program.name, end.dispatch_s + sum(l.seconds for l in launches), launches)
+    return ProgramCost(program.name, run_seconds(launches, end), launches)
 

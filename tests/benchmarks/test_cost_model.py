@@ -66,8 +66,9 @@ def test_prefill_is_predicted_for_every_matmul_precision():
 
 
 def test_a_decode_token_pays_one_dispatch_per_layer_plus_the_first_layers_and_the_lm_heads():
-    """The chained Program is its two parts' launches in one dispatch, and a decode token follows NpuDecoderLayer:
-    rms_gemv_rope, then L−1 chained Programs, o_gemv_ffn, the LM head: L+2 dispatches, at each end."""
+    """The chained Program is its two parts' launches in one dispatch (its second part's first launch now entering
+    its device inside the run), and a decode token follows NpuDecoderLayer: rms_gemv_rope, then L−1 chained
+    Programs, o_gemv_ffn, the LM head: L+2 dispatches, at each end."""
     dims = cost_model.llama_1b_dims()
     cost = {name: cost_model.program_range(cost_model.program(name, dims))
             for name in ("rms_gemv_rope", "o_gemv_ffn", "o_gemv_ffn_rms_gemv_rope", "lm_head_gemv")}
@@ -75,7 +76,7 @@ def test_a_decode_token_pays_one_dispatch_per_layer_plus_the_first_layers_and_th
         chained, parts = cost["o_gemv_ffn_rms_gemv_rope"][index], (cost["o_gemv_ffn"][index],
                                                                     cost["rms_gemv_rope"][index])
         assert [l.kind for l in chained.launches] == [l.kind for p in parts for l in p.launches]
-        assert chained.seconds == pytest.approx(sum(p.seconds for p in parts) - end.dispatch_s)
+        assert chained.seconds == pytest.approx(sum(p.seconds for p in parts) - end.dispatch_s + end.configure_s)
         for layers in (1, 16):
             expected_s = sum(c[index].seconds for c in cost.values()) + (layers - 2) * chained.seconds
             assert cost_model.decode_ms(dims, layers)[index] == pytest.approx(expected_s * 1e3)
@@ -111,8 +112,8 @@ def test_the_decode_token_charges_the_attention_the_patched_model_runs_on_the_np
 def test_a_decode_group_costs_its_layers_launches_in_one_dispatch(weights):
     """Up to four layers per dispatch, the last group ending with the model's last layer and running the final norm
     and the LM head (5 dispatches per token of 16 layers, decode_dispatches): the token costs what its layers and the
-    LM head cost one dispatch each (18) less the 13 dispatches saved, plus the final norm's launch (HF's host norm
-    before), at each end."""
+    LM head cost one dispatch each (18) less the 13 dispatches saved, each leaving a launch to enter its device inside
+    a run, plus the final norm's launch (HF's host norm before) and its device, at each end."""
     from torch_npu2.kernels import catalog
 
     d = cost_model.llama_1b_dims()
@@ -131,8 +132,8 @@ def test_a_decode_group_costs_its_layers_launches_in_one_dispatch(weights):
     assert cost_model.decode_group_runs(17) == [4, 4, 4, 4, 1] and cost_model.decode_dispatches(17) == 7
     for end, grouped in enumerate(cost_model.token_ms(d, 16, 1024, weights)):
         one_each = 15 * chained[end].seconds + last[end].seconds + first[end].seconds + head[end].seconds
-        saved = (18 - 5) * cost_model.ENDS[end].dispatch_s
-        final_norm = last_group[end].launches[-2].seconds
+        saved = (18 - 5) * (cost_model.ENDS[end].dispatch_s - cost_model.ENDS[end].configure_s)
+        final_norm = last_group[end].launches[-2].seconds + cost_model.ENDS[end].configure_s
         assert grouped == pytest.approx((one_each - saved + final_norm) * 1e3, rel=1e-9)
 
 

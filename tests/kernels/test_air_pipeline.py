@@ -139,6 +139,7 @@ def test_program_lowers_to_npu_instructions(air_tools, monkeypatch, name):
     program = PROGRAMS[name]
     lowering = lower_to_npu_insts(program)
     assert len(lowering.devices) == len(program.launches)  # one aie.device per launch segment
+    assert lowering.configures == len(program.launches)  # each entered in turn: the timing model's CONFIGURE_S
     for device in lowering.devices:
         assert 1 <= device.compute_tiles <= 32 and device.memtiles <= 8 and 1 <= device.shim_tiles <= 8
         assert device.bds > 0 and device.dma_channels > 0 and device.instruction_words > 0

@@ -358,3 +358,16 @@ def test_the_fast_end_is_never_slower_than_the_slow_end(name, seq):
     for f, s in zip(fast.launches, slow.launches):
         assert f.seconds <= s.seconds and f.ddr_bytes == s.ddr_bytes
         assert all(f.compute_s[k] <= s.compute_s[k] for k in f.compute_s)
+
+
+@pytest.mark.parametrize("end", timing.ENDS, ids=lambda end: end.name)
+def test_a_run_pays_one_dispatch_and_enters_each_further_launchs_device(end):
+    """Every launch is an aie.device of its own: a run of n launches pays its dispatch, its launches and n − 1
+    configures (the first comes with the dispatch), whatever the launches cost."""
+    program = catalog.rms_gemv_rope_program(256, 4, 2, 64, 1e-5)
+    cost = timing.program_cost(program, end)
+    assert len(cost.launches) == 6
+    assert cost.seconds == pytest.approx(end.dispatch_s + 5 * end.configure_s + sum(l.seconds for l in cost.launches))
+    first = cost.launches[0]
+    assert timing.run_seconds([first], end) == pytest.approx(end.dispatch_s + first.seconds)
+    assert timing.CONFIGURE_S == (timing.FAST.configure_s, timing.SLOW.configure_s)
