@@ -118,7 +118,9 @@ LAUNCH_ITERATION_S = 3e-6  # assumption: an air.launch iteration reprograms shim
 # decode_costs_npu2.json at adbcfca, "calibrations"): its fixed part ("base_us") 37.4–43.7 µs, a switch between two
 # small designs ("switch_us") 42.9–47.4 µs. FACTS' 3–15 µs "step" is a design repeated without one (IRON's
 # "t_step_us", probe.py). A dispatch's own cost covers its first launch's configure: upstream's one-launch AIR ELFs
-# take ≈ 80 µs for tiny work (mlir-air kernel_registry/details/RoPE_bf16.md), inside FACTS' 50–110 µs.
+# take ≈ 80 µs for tiny work (mlir-air kernel_registry/details/RoPE_bf16.md), inside FACTS' 50–110 µs. IRON's designs
+# are small: mlir-air measured a full reload of a flash-attention device at ≈ 180–280 µs (commits 59beeb6, e0b9a29),
+# so the slow end is likely low for large devices; no source says how the cost grows with tiles, so it is not scaled.
 CONFIGURE_S = (37.4e-6, 47.4e-6)  # (fast: the lowest base measured, slow: the highest switch)
 
 
