@@ -48,6 +48,7 @@ BUILDERS = {builder.kind: builder for builder in (
     KindBuilder("rms_gemv", gemv_fused.build_rms_gemv, gemv_fused.RMS_PARAMS, gemv_fused.RMS_TUNING, gemm_class=True),
     _module_builder("swiglu_gemv_add", gemv_fused, gemv_fused.build_swiglu_add, gemm_class=True),
     _module_builder("rope", rope),
+    KindBuilder("rope_qk", rope.build_qk, rope.QK_PARAMS, rope.QK_TUNING),
     _module_builder("silu_mul", silu_mul),
     _module_builder("add", add),
     _module_builder("bias_add", bias_add),

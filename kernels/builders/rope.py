@@ -9,11 +9,17 @@ tiles, so there is no memtile staging. rope.o is built for (tile_rows, heads, he
 
 Constraints: head_dim a multiple of 32 (each half whole 16-lane vectors); herd divides rows; tile_rows
 divides each tile's rows; double-buffered x, out and LUT rows fit L1.
+
+rope_qk(heads, kv_heads, head_dim): a decode token's Q and K rows rotated in one launch (one position, one LUT
+row), so a decode layer enters one rope device instead of two (kernels/timing.py: each launch is a device of its
+own). The segment gathers q and k in a memtile buffer, one tile takes it with one stream and the LUT row with its
+other (a compute tile has two input channels), rotates all heads + kv_heads heads in one call, and writes the
+rotated Q and K rows out over its two output channels.
 """
 from __future__ import annotations
 
 from ..device import DEVICE
-from .ir import L1, WHOLE, LaunchBuilder, LaunchIR, MemRef, rows_window
+from .ir import L1, L2, WHOLE, LaunchBuilder, LaunchIR, MemRef, Window, rows_window
 from .npu2 import (L1_AVAILABLE, check_budget, check_operands, largest_dividing, nbytes, pingpong_copies, require,
                    row_shapes)
 
@@ -22,6 +28,9 @@ PARAMS = ("rows", "heads", "head_dim")
 TUNING = ("herd", "tile_rows")
 OBJECT = "rope.o"
 TILE_ROWS_CANDIDATES = (4, 2, 1)
+QK_KIND = "rope_qk"
+QK_PARAMS = ("heads", "kv_heads", "head_dim")
+QK_TUNING = ()
 
 
 def _l1_bytes(tile_rows: int, width: int, head_dim: int, rows_per_tile: int) -> dict[str, int]:
@@ -31,15 +40,19 @@ def _l1_bytes(tile_rows: int, width: int, head_dim: int, rows_per_tile: int) -> 
             f"lut rows x{copies}": copies * nbytes((tile_rows, head_dim), "bf16")}
 
 
+def _check_head_dim(kind: str, head_dim: int) -> None:
+    require(head_dim % (2 * DEVICE.vector_lanes) == 0, kind, "head_dim", head_dim,
+            f"must be a multiple of {2 * DEVICE.vector_lanes} so each rotated half is whole "
+            f"{DEVICE.vector_lanes}-lane vectors")
+
+
 def build(params: dict, operands, tuning: dict) -> LaunchIR:
     rows, heads, head_dim = params["rows"], params["heads"], params["head_dim"]
     width = heads * head_dim
     check_operands(KIND, operands, [("x", row_shapes(rows, width), "bf16"),
                                     ("lut", row_shapes(rows, head_dim), "bf16"),
                                     ("out", row_shapes(rows, width), "bf16")])
-    require(head_dim % (2 * DEVICE.vector_lanes) == 0, KIND, "head_dim", head_dim,
-            f"must be a multiple of {2 * DEVICE.vector_lanes} so each rotated half is whole "
-            f"{DEVICE.vector_lanes}-lane vectors")
+    _check_head_dim(KIND, head_dim)
     herd = tuning.get("herd", largest_dividing(rows, DEVICE.herd_candidates))
     require(herd <= DEVICE.columns, KIND, "herd", herd, f"a row-parallel herd spans at most {DEVICE.columns} columns")
     require(rows % herd == 0, KIND, "herd", herd, f"must divide rows={rows}")
@@ -74,3 +87,37 @@ def build(params: dict, operands, tuning: dict) -> LaunchIR:
                 b.dealloc(x_buf, lut_buf, out_buf)
     return b.finish(l1)
 
+
+def build_qk(params: dict, operands, tuning: dict) -> LaunchIR:
+    heads, kv_heads, head_dim = params["heads"], params["kv_heads"], params["head_dim"]
+    q, kv = heads * head_dim, kv_heads * head_dim
+    check_operands(QK_KIND, operands, [("q", {(q,)}, "bf16"), ("k", {(kv,)}, "bf16"), ("lut", {(head_dim,)}, "bf16"),
+                                       ("q_out", {(q,)}, "bf16"), ("k_out", {(kv,)}, "bf16")])
+    _check_head_dim(QK_KIND, head_dim)
+    width = q + kv
+    l1 = {"q and k": nbytes((width,), "bf16"), "lut": nbytes((head_dim,), "bf16"),
+          "rotated q and k": nbytes((width,), "bf16")}
+    check_budget(QK_KIND, "L1", l1, "fewer heads")
+
+    b = LaunchBuilder(QK_KIND, operands, ("q", "k", "lut", "q_out", "k_out"))
+    b.comment(f"rope_qk heads={heads} kv_heads={kv_heads} head_dim={head_dim}: one tile, one call over "
+              f"{heads + kv_heads} heads")
+    with b.launch(QK_KIND, (1, 1), b.operands) as (_, _, launch_args):
+        with b.segment(f"{QK_KIND}_seg", launch_args) as (_, _, (sq, sk, slut, sq_out, sk_out)):
+            qk = b.alloc(MemRef((width,), "bf16", L2), "qk_l2")
+            b.dma(qk, Window((0,), (q,), (1,)), sq, WHOLE)
+            b.dma(qk, Window((q,), (kv,), (1,)), sk, WHOLE)
+            with b.herd(f"{QK_KIND}_herd", (1, 1), [qk, slut, sq_out, sk_out], link_with=OBJECT) as (
+                    _, _, (hqk, hlut, hq_out, hk_out)):
+                x_buf = b.alloc(MemRef((width,), "bf16", L1), "x_l1")
+                lut_buf = b.alloc(MemRef((head_dim,), "bf16", L1), "lut_l1")
+                out_buf = b.alloc(MemRef((width,), "bf16", L1), "out_l1")
+                b.dma(x_buf, WHOLE, hqk, WHOLE)
+                b.dma(lut_buf, WHOLE, hlut, WHOLE)
+                b.call("rope_half_split_bf16", [x_buf, lut_buf, out_buf],
+                       {"ROPE_ROWS": 1, "ROPE_HEADS": heads + kv_heads, "ROPE_HEAD_DIM": head_dim})
+                b.dma(hq_out, WHOLE, out_buf, Window((0,), (q,), (1,)))
+                b.dma(hk_out, WHOLE, out_buf, Window((q,), (kv,), (1,)))
+                b.dealloc(x_buf, lut_buf, out_buf)
+            b.dealloc(qk)
+    return b.finish(l1)

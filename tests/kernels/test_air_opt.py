@@ -54,8 +54,8 @@ def test_module_parses_and_every_window_survives(air_tools, name):
 
 def test_air_opt_rejects_a_type_mismatch(air_tools):
     text = stitch(rms_gemv_rope_program(576, 9, 3, 64, 1e-5)).text
-    broken = text.replace("(memref<576xbf16, 2 : i32>, memref<576xbf16>)",
-                          "(memref<576xbf16, 2 : i32>, memref<577xbf16>)", 1)
+    broken = text.replace("(memref<1152xbf16, 1 : i32>, memref<576xbf16>)",
+                          "(memref<1152xbf16, 1 : i32>, memref<577xbf16>)", 1)
     assert broken != text
     result = air_opt(air_tools, broken)
     assert result.returncode != 0 and "error" in result.stderr

@@ -46,6 +46,9 @@ def operand_types(kind, p):
     if kind == "rope":
         width = p["heads"] * p["head_dim"]
         return bf16(row(p["rows"], width), row(p["rows"], p["head_dim"]), row(p["rows"], width))
+    if kind == "rope_qk":
+        q, kv = (p["heads"] * p["head_dim"],), (p["kv_heads"] * p["head_dim"],)
+        return bf16(q, kv, (p["head_dim"],), q, kv)
     if kind in ("silu_mul", "add"):
         return bf16(*[row(p["rows"], p["cols"])] * 3)
     if kind == "bias_add":
@@ -78,6 +81,7 @@ EXAMPLES = {
     "rms_gemv": dict(K=2048, N=8192, eps=1e-5),
     "swiglu_gemv_add": dict(K=8192, N=2048),
     "rope": dict(rows=2048, heads=32, head_dim=64),
+    "rope_qk": dict(heads=32, kv_heads=8, head_dim=64),
     "silu_mul": dict(rows=1, cols=8192),
     "add": dict(rows=2048, cols=2048),
     "bias_add": dict(rows=2048, cols=896),  # Qwen2.5-0.5B's q projection at 2048 tokens
@@ -152,6 +156,8 @@ def test_external_kernel_contract_names_and_objects():
 
 def test_calls_state_the_kernel_configuration_they_were_tiled_for():
     assert dict(build("rope").externs[0].defines) == {"ROPE_ROWS": 2, "ROPE_HEADS": 32, "ROPE_HEAD_DIM": 64}
+    # rope_qk rotates a token's Q and K heads in one call
+    assert dict(build("rope_qk").externs[0].defines) == {"ROPE_ROWS": 1, "ROPE_HEADS": 40, "ROPE_HEAD_DIM": 64}
     assert dict(build("silu_mul").externs[0].defines) == {"SILU_MUL_LEN": 1024}
     assert dict(build("gemv").externs[0].defines) == {"GEMV_ROWS": 1, "GEMV_K": 8192}
     assert {d.defines for d in build("attention").externs} == {
@@ -420,6 +426,8 @@ def test_builders_are_deterministic():
      r"rms_gemv launch: steps=1: a tile walks its 256 rows per step in 64 panels of 4, more than 32"),
     ("rope", dict(rows=16, heads=2, head_dim=48), None, r"rope launch: head_dim=48: must be a multiple of 32"),
     ("rope", {}, {"tile_rows": 3}, r"rope launch: tile_rows=3: must divide the 256 rows"),
+    ("rope_qk", dict(head_dim=48), None, r"rope_qk launch: head_dim=48: must be a multiple of 32"),
+    ("rope_qk", dict(heads=512), None, r"rope_qk launch: L1 bytes=\d+: exceeds"),
     ("rope", {}, {"tile_rows": 8}, r"rope launch: L1 bytes=\d+: exceeds"),
     ("silu_mul", {}, {"chunk": 100}, r"silu_mul launch: chunk=100: must be a multiple of 16"),
     ("add", dict(rows=3, cols=32), {"herd": 8}, r"add launch: herd=8: must divide rows=3"),

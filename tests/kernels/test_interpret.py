@@ -25,7 +25,7 @@ from torch_npu2.kernels.interpret import (Interpreter, KernelOverrun, OutOfBound
 from torch_npu2.kernels.catalog import (decode_layers_program, flash_attn_program, lm_head_gemv_program,
                                         o_ffn_program, o_ffn_w8x2_program, o_gemv_ffn_program,
                                         o_gemv_ffn_rms_gemv_rope_program, rms_gemms_rope_program,
-                                        rms_gemms_rope_w8x2_program)
+                                        rms_gemms_rope_w8x2_program, rms_gemv_rope_program)
 from torch_npu2.kernels.stitch import ObjectBuild, stitch
 
 needs_host_compiler = pytest.mark.skipif(host_build.host_compiler() is None,
@@ -225,7 +225,7 @@ def test_a_kernel_writing_past_its_argument_is_caught():
 def test_program_ir_matches_the_emulator(air_tools, program, tuning):
     check = check_program_ir(program, seed=1, tuning=tuning)
     assert check.passed, check.failures()
-    assert {c.name for c in check.comparisons} == {l.writes[0] for l in program.launches}
+    assert {c.name for c in check.comparisons} == {n for l in program.launches for n in l.writes}
 
 
 # The integer-GEMM Programs ("w8x2a16") at buckets 16 and 32, and tunings that reach what the defaults do not at these
@@ -341,6 +341,15 @@ def test_a_dropped_output_dma_fails(air_tools, printed):
     broken = mutate(air_tools, printed, r"\n[ ]*air\.dma_memcpy_nd [^\n]*(?![\s\S]*air\.dma_memcpy_nd)", "")
     with pytest.raises(UnwrittenOutput, match="k_roped"):
         run_mutated(broken)
+
+
+@needs_host_compiler
+def test_a_launchs_second_output_from_the_wrong_place_fails(air_tools):
+    # rope_qk writes two arguments; here its K rows leave from the start of the rotated Q instead of after it.
+    program = rms_gemv_rope_program(576, 9, 3, 64, EPS)
+    broken = mutate(air_tools, stitch(program).text, r"(%l3_k_out_3\[\] \[\] \[\], %l3_out_l1\[)%l3_c576_2\]",
+                    r"\1%l3_c0_2]")
+    assert [f.split(":")[0] for f in check_program_ir(program, seed=1, text=broken).failures()] == ["k_roped"]
 
 
 @needs_host_compiler

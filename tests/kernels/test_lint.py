@@ -65,14 +65,14 @@ def test_scalar_gemm_compute_fires_on_linalg_in_a_gemm_herd():
 
 
 def test_scalar_gemm_compute_passes_a_kernel_call_and_fires_on_scalar_arithmetic():
-    _, text = _launch_text(rms_gemv_rope_program(576, 9, 3, 64, 1e-5), "gemv")
-    assert "func.call @gemv_bf16" in text
-    assert check_core_compute(text, "gemv") == []
+    _, text = _launch_text(rms_gemv_rope_program(576, 9, 3, 64, 1e-5), "rms_gemv")
+    assert "func.call @gemv_rows_bf16" in text
+    assert check_core_compute(text, "rms_gemv") == []
     # the same herd with the kernel call replaced by a hand-written scalar multiply-add
-    call = next(line for line in text.splitlines() if "func.call @gemv_bf16" in line)
+    call = next(line for line in text.splitlines() if "func.call @gemv_rows_bf16" in line)
     indent = call[:len(call) - len(call.lstrip())]
     bad = text.replace(call, f"{indent}%prod = arith.mulf %a, %b : f32\n{indent}%sum = arith.addf %prod, %c : f32")
-    assert [m.split(" ")[0] for _, m in check_core_compute(bad, "gemv")] == ["arith.mulf", "arith.addf"]
+    assert [m.split(" ")[0] for _, m in check_core_compute(bad, "rms_gemv")] == ["arith.mulf", "arith.addf"]
     assert check_core_compute(bad, "rmsnorm") == []  # only GEMM-class launches must call a kernel
 
 

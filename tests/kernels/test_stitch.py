@@ -162,8 +162,8 @@ def test_launches_with_one_configuration_share_one_build():
     build; Q (N=576, 4 rows a call) has its own, with its symbols renamed."""
     result = stitch(rms_gemv_rope_program(576, 9, 3, 64, 1e-5))
     sections = launch_sections(result.text)
-    assert "@gemv_bf16(" in sections[1]
-    assert "@gemv_bf16_v2(" in sections[2] and "@gemv_bf16_v2(" in sections[3]
+    assert "@gemv_rows_bf16(" in sections[0]
+    assert "@gemv_rows_bf16_v2(" in sections[1] and "@gemv_rows_bf16_v2(" in sections[2]
     gemv_builds = [b for b in result.objects if b.source == "gemv.cc"]
     assert [b.object for b in gemv_builds] == ["gemv.o", "gemv_v2.o"]
     assert [dict(b.defines)["GEMV_ROWS"] for b in gemv_builds] == [4, 2]

@@ -189,7 +189,7 @@ def test_packed_weights_with_integer_prefill_gemms(runtime, monkeypatch):
     from torch_npu2.emulator import launches
 
     kinds = []
-    for kind in ("gemm", "gemm_int_swiglu", "gemv"):
+    for kind in ("gemm", "gemm_int_swiglu", "rms_gemv"):
         def spy(p, *tensors, kind=kind, run=launches.LAUNCH_KINDS[kind]):
             kinds.append((kind, "weights" in p))
             return run(p, *tensors)
@@ -199,6 +199,6 @@ def test_packed_weights_with_integer_prefill_gemms(runtime, monkeypatch):
     assert model.model.layers[0].forward.prepared is not None
     ids = torch.tensor([[1, 5, 7, 9, 11, 3]])
     check_topk_gate(*greedy_with_topk(reference, ids, 8), *greedy_with_topk(model, ids, 8), label="q4_1 + w8x2a16")
-    assert ("gemm_int_swiglu", False) in kinds and ("gemv", True) in kinds and all(k != "gemm" for k, _ in kinds)
+    assert ("gemm_int_swiglu", False) in kinds and ("rms_gemv", True) in kinds and all(k != "gemm" for k, _ in kinds)
     default = patch_llama(tiny_llama(**DIMS), prefill_buckets=(16,), weights="q4_1")
     assert default.model.layers[0].forward.prepared is None

@@ -679,10 +679,10 @@ def test_matmul_precision_reaches_the_prefill_gemms_only(runtime, pair, monkeypa
     from torch_npu2.emulator import launches
 
     seen = []
-    for kind in ("gemm", "gemv"):
-        def spy(p, a, w, kind=kind, run=launches.LAUNCH_KINDS[kind]):
+    for kind in ("gemm", "rms_gemv"):
+        def spy(p, *tensors, kind=kind, run=launches.LAUNCH_KINDS[kind]):
             seen.append((kind, p.get("precision")))
-            return run(p, a, w)
+            return run(p, *tensors)
         monkeypatch.setitem(launches.LAUNCH_KINDS, kind, spy)
     ids, logits = prompt(12), {}
     # at 16 rows the gate and up projections are gemm launches of their own (no gemm_swiglu)
@@ -695,7 +695,7 @@ def test_matmul_precision_reaches_the_prefill_gemms_only(runtime, pair, monkeypa
             logits[precision] = model(ids).logits
         model.generate(ids, max_new_tokens=2, do_sample=False)
         assert {p for kind, p in seen if kind == "gemm"} == expected
-        assert {p for kind, p in seen if kind == "gemv"} == {None}
+        assert {p for kind, p in seen if kind == "rms_gemv"} == {None}
     assert not torch.equal(logits["bf16"], logits["bfp16"])
     assert not torch.equal(logits["bfp16_gate_up"], logits["bf16"])
     assert not torch.equal(logits["bfp16_gate_up"], logits["bfp16"])
@@ -708,7 +708,7 @@ def test_integer_gemms_run_prefill_on_prepared_weights_and_keep_hf_tokens(runtim
     from torch_npu2.emulator import launches
 
     kinds = []
-    for kind in ("gemm", "gemm_int", "gemm_int_swiglu", "quantize_rows", "gemv"):
+    for kind in ("gemm", "gemm_int", "gemm_int_swiglu", "quantize_rows", "rms_gemv"):
         def spy(p, *tensors, kind=kind, run=launches.LAUNCH_KINDS[kind]):
             kinds.append(kind)
             return run(p, *tensors)
@@ -724,7 +724,7 @@ def test_integer_gemms_run_prefill_on_prepared_weights_and_keep_hf_tokens(runtim
             model(ids)
         assert "gemm" not in kinds and {"gemm_int", "gemm_int_swiglu", "quantize_rows"} <= set(kinds)
         check_topk_gate(*greedy_with_topk(reference, ids, 6), *greedy_with_topk(model, ids, 6), label=f"{length}")
-    assert "gemv" in kinds  # decode
+    assert "rms_gemv" in kinds  # decode
     unpatch_llama(model)
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), reference.parameters()))
 

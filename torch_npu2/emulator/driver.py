@@ -21,7 +21,7 @@ import torch
 
 from ..kernels.device import DEVICE
 from ..kernels.program import TORCH_DTYPES, Program, Role
-from .launches import LAUNCH_KINDS
+from .launches import run_launch
 
 
 ARTIFACT_FORMAT = "torch_npu2-emulator-program"
@@ -188,8 +188,8 @@ class _Run:
             arg.name: bo.device_view(TORCH_DTYPES[arg.dtype])[: arg.numel] for arg, bo in zip(self.program.args, self.bos)
         }
         for launch in self.program.launches:
-            result = LAUNCH_KINDS[launch.kind](launch.p, *(views[n] for n in launch.reads))
-            views[launch.writes[0]].copy_(result.reshape(-1))
+            for name, result in zip(launch.writes, run_launch(launch, [views[n] for n in launch.reads])):
+                views[name].copy_(result.reshape(-1))
 
     def wait2(self, timeout_ms: int = 0):
         return self._state

@@ -22,7 +22,7 @@ from ..kernels.catalog import decode_attn_length_digits
 from ..kernels.interpret import run_program_ir
 from ..kernels.program import TORCH_DTYPES, Program, Role
 from ..kernels.stitch import stitch
-from .launches import LAUNCH_KINDS
+from .launches import run_launch
 
 TOLERANCE = {torch.bfloat16: dict(max_rel=2.5e-2, min_cosine=0.9995),
              torch.float32: dict(max_rel=1e-4, min_cosine=0.99999)}
@@ -68,15 +68,15 @@ def emulate(program: Program, inputs: dict[str, torch.Tensor]) -> dict[str, torc
     """Every argument after the emulator's launches ran on ``inputs``."""
     values = dict(inputs)
     for launch in program.launches:
-        values[launch.writes[0]] = emulate_launch(program, launch, values)
+        values.update(emulate_launch(program, launch, values))
     return values
 
 
-def emulate_launch(program: Program, launch, values: dict[str, torch.Tensor]) -> torch.Tensor:
-    """What ``launch`` writes, emulated on ``values`` of the arguments it reads."""
-    out = program.arg(launch.writes[0])
-    result = LAUNCH_KINDS[launch.kind](launch.p, *(values[n] for n in launch.reads))
-    return result.reshape(out.shape).to(TORCH_DTYPES[out.dtype])
+def emulate_launch(program: Program, launch, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """What ``launch`` writes, by argument name, emulated on ``values`` of the arguments it reads."""
+    results = run_launch(launch, [values[n] for n in launch.reads])
+    return {name: result.reshape(program.arg(name).shape).to(TORCH_DTYPES[program.arg(name).dtype])
+            for name, result in zip(launch.writes, results)}
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,7 @@ def check_program_ir(program: Program, seed: int = 0, text: str | None = None,
     seconds = time.perf_counter() - started
     emulated = emulate(program, inputs)
     for launch in program.launches:  # fp32 results: emulated on what the interpreted launch read (module doc)
-        if program.arg(launch.writes[0]).dtype == "f32":
-            emulated[launch.writes[0]] = emulate_launch(program, launch, {**inputs, **interpreted})
+        if any(program.arg(n).dtype == "f32" for n in launch.writes):
+            emulated.update(emulate_launch(program, launch, {**inputs, **interpreted}))
     written = [a.name for a in program.args if a.role in (Role.SCRATCH, Role.OUTPUT)]
     return ProgramCheck(program, tuple(compare(n, interpreted[n], emulated[n]) for n in written), seconds)

@@ -109,6 +109,12 @@ def rope(p, x, lut):
     return torch.cat((lo * cos + (-hi) * sin, hi * cos + lo * sin), -1)
 
 
+def rope_qk(p, q, k, lut):
+    # one position's Q and K rows, each head as rope rotates it
+    return (rope(dict(rows=1, heads=p["heads"], head_dim=p["head_dim"]), q, lut),
+            rope(dict(rows=1, heads=p["kv_heads"], head_dim=p["head_dim"]), k, lut))
+
+
 def silu_mul(p, gate, up):
     # SiLU in fp32 rounded to bf16, then the bf16 product: HF's act_fn(gate) * up.
     return F.silu(gate) * up
@@ -209,6 +215,7 @@ LAUNCH_KINDS = {
     "gemm_swiglu": gemm_swiglu,
     "gemv": matmul,
     "rope": rope,
+    "rope_qk": rope_qk,
     "silu_mul": silu_mul,
     "add": add,
     "bias_add": bias_add,
@@ -223,3 +230,9 @@ LAUNCH_KINDS = {
     "gemm_int": gemm_int,
     "gemm_int_swiglu": gemm_int_swiglu,
 }
+
+
+def run_launch(launch, reads) -> tuple[torch.Tensor, ...]:
+    """What ``launch`` writes on the values it ``reads``: one tensor per name of ``launch.writes``, in order."""
+    result = LAUNCH_KINDS[launch.kind](launch.p, *reads)
+    return result if isinstance(result, tuple) else (result,)
