@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from torch_npu2.emulator.ir_check import compare, emulate, random_inputs
-from torch_npu2.emulator.ir_check import check_program_ir
+from torch_npu2.emulator.ir_check import ArgComparison, check_program_ir
 from torch_npu2.emulator.launches import LAUNCH_KINDS
 from torch_npu2.kernels import ModelDims, host_build, int_gemm, programs_for_model
 from torch_npu2.kernels.interpret import run_program_ir
@@ -243,17 +243,16 @@ W8X2_CASES = [(p, None) for p in programs_for_model(SMALL, (16, 32), "w8x2a16") 
 ]
 
 
-def w8x2_inputs(program, seed: int = 1) -> dict:
-    """random_inputs, with each integer GEMM's weight a prepared one (int_gemm.prepare_weight of a Linear's size)."""
-    inputs = random_inputs(program, seed)
-    generator = torch.Generator().manual_seed(seed + 1)
-    for launch in program.launches:
-        if launch.kind in ("gemm_int", "gemm_int_swiglu"):
-            halves = 2 if launch.kind == "gemm_int_swiglu" else 1
-            N, K = launch.p["N"], launch.p["K"]
-            weight = (torch.randn(halves * N, K, generator=generator) * K ** -0.5).bfloat16()
-            inputs[launch.reads[1]] = int_gemm.prepare_weight(weight, halves)
-    return inputs
+@needs_host_compiler
+def test_an_integer_programs_quantized_rows_are_checked_exactly(air_tools):
+    """check_program_ir (torch-npu2 check-kernels) on the default precision's integer Programs: their weights are
+    prepared ones, and the int32 quantized rows must equal the emulation of their launch exactly."""
+    program = W8X2_CASES[0][0]
+    check = check_program_ir(program, seed=1)
+    assert check.passed, check.failures()
+    quantized = [c for c in check.comparisons if program.arg(c.name).dtype == "i32"]
+    assert quantized and all(c.max_rel == 0 for c in quantized)
+    assert not ArgComparison("normed_q", 1e-9, 1.0).within(torch.int32)
 
 
 @needs_host_compiler
@@ -262,7 +261,7 @@ def test_integer_program_ir_matches_the_emulator_bit_for_bit(air_tools, program,
     """Each integer launch's output, as the IR computes it, equals the emulator's launch on the same inputs (what the
     IR's own earlier launches wrote) bit for bit; every written argument is within the op tests' tolerances of the
     emulated Program (the IR's RMSNorm rounds its statistic to bf16, the emulator's does not)."""
-    inputs = w8x2_inputs(program)
+    inputs = random_inputs(program, seed=1)  # integer GEMM weights prepared from normal ones
     interpreted = run_program_ir(program, inputs, stitched=stitch(program, tuning))
     for launch in program.launches:
         if launch.kind not in INTEGER_KINDS:

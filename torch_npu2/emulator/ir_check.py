@@ -8,7 +8,8 @@ Tolerances are the op tests' (tests/ops/test_fused_ops.py), by dtype: the larges
 fraction of the reference's largest magnitude, and the cosine similarity. An fp32 argument is compared with what its
 launch's emulation gives on the values the interpreted launch read: a bf16 input a rounding apart (one launch after
 another of a chain, each within the bf16 tolerance) moves an fp32 sum past the fp32 tolerance, as it moves a
-decode group's logits, computed after its layers.
+decode group's logits, computed after its layers. So is an integer argument (an integer GEMM's quantized input
+rows), which must equal it exactly: the quantization is exact integer arithmetic on the values read.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kernels import quant
+from ..kernels import int_gemm, quant
 from ..kernels.catalog import decode_attn_length_digits
 from ..kernels.interpret import run_program_ir
 from ..kernels.program import TORCH_DTYPES, Program, Role
@@ -30,10 +31,12 @@ TOLERANCE = {torch.bfloat16: dict(max_rel=2.5e-2, min_cosine=0.9995),
 
 def random_inputs(program: Program, seed: int = 0) -> dict[str, torch.Tensor]:
     """Normal bf16 values for every host argument; 2-D weights scaled by 1/sqrt(in_features), as a Linear's; a
-    packed weight holds such a weight quantized in the format of the launch that reads it."""
+    packed weight holds such a weight quantized in the format of the launch that reads it, an integer GEMM's weight
+    such a weight prepared (int_gemm.prepare_weight)."""
     generator = torch.Generator().manual_seed(seed)
     packed = {name: launch.p for launch in program.launches if "weights" in launch.p for name in launch.reads
               if program.arg(name).dtype == "i32"}
+    prepared = {launch.reads[1]: launch for launch in program.launches if launch.kind in INTEGER_GEMM_HALVES}
     # a decode attention's valid length (its 4th input, as digits): a position within the launch's capacity
     lengths = {launch.reads[3]: launch.p["capacity"] for launch in program.launches
                if launch.kind == "decode_attention"}
@@ -46,10 +49,24 @@ def random_inputs(program: Program, seed: int = 0) -> dict[str, torch.Tensor]:
         if arg.name in packed:
             inputs[arg.name] = _random_packed(packed[arg.name], arg, generator)
             continue
+        if arg.name in prepared:
+            inputs[arg.name] = _random_prepared(prepared[arg.name], generator)
+            continue
         scale = arg.shape[-1] ** -0.5 if arg.role is Role.WEIGHT and len(arg.shape) == 2 else 1.0
         values = torch.randn(arg.shape, generator=generator) * scale
         inputs[arg.name] = values.to(TORCH_DTYPES[arg.dtype])
     return inputs
+
+
+# the integer GEMM kinds, and the weights (halves) each one's prepared weight holds
+INTEGER_GEMM_HALVES = {"gemm_int": 1, "gemm_int_swiglu": 2}
+
+
+def _random_prepared(launch, generator) -> torch.Tensor:
+    """An integer GEMM's prepared weight, from a normal bf16 weight of a Linear's size ([gate | up] for a pair)."""
+    halves, N, K = INTEGER_GEMM_HALVES[launch.kind], launch.p["N"], launch.p["K"]
+    weight = (torch.randn(halves * N, K, generator=generator) * K ** -0.5).bfloat16()
+    return int_gemm.prepare_weight(weight, halves)
 
 
 def _random_packed(params: dict, arg, generator) -> torch.Tensor:
@@ -86,6 +103,8 @@ class ArgComparison:
     cosine: float
 
     def within(self, dtype: torch.dtype) -> bool:
+        if not dtype.is_floating_point:  # integer results are exact
+            return self.max_rel == 0
         tolerance = TOLERANCE[dtype]
         return self.max_rel <= tolerance["max_rel"] and self.cosine >= tolerance["min_cosine"]
 
@@ -127,8 +146,8 @@ def check_program_ir(program: Program, seed: int = 0, text: str | None = None,
     interpreted = run_program_ir(program, inputs, text=text, stitched=stitch(program, tuning))
     seconds = time.perf_counter() - started
     emulated = emulate(program, inputs)
-    for launch in program.launches:  # fp32 results: emulated on what the interpreted launch read (module doc)
-        if any(program.arg(n).dtype == "f32" for n in launch.writes):
+    for launch in program.launches:  # fp32 and integer results: emulated on what the interpreted launch read
+        if any(program.arg(n).dtype != "bf16" for n in launch.writes):
             emulated.update(emulate_launch(program, launch, {**inputs, **interpreted}))
     written = [a.name for a in program.args if a.role in (Role.SCRATCH, Role.OUTPUT)]
     return ProgramCheck(program, tuple(compare(n, interpreted[n], emulated[n]) for n in written), seconds)
