@@ -16,7 +16,7 @@ import torch
 from torch_npu2.emulator.ir_check import compare, emulate, random_inputs
 from torch_npu2.emulator.ir_check import ArgComparison, check_program_ir
 from torch_npu2.emulator.launches import LAUNCH_KINDS
-from torch_npu2.kernels import ModelDims, host_build, int_gemm, programs_for_model
+from torch_npu2.kernels import ModelDims, host_build, programs_for_model
 from torch_npu2.kernels.interpret import run_program_ir
 from torch_npu2.kernels.program import TORCH_DTYPES
 from torch_npu2.kernels.interpret import (Interpreter, KernelOverrun, OutOfBounds,
