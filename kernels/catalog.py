@@ -416,9 +416,10 @@ def rms_gemv_rope_program(hidden: int, heads: int, kv_heads: int, head_dim: int,
 
 def o_gemv_ffn_program(hidden: int, q_dim: int, intermediate: int, eps: float, weights: str = "bf16") -> Program:
     """The decode o_ffn in upstream's 3 fused launches (builders/gemv_fused.py says where and how they differ):
-    O projection + residual → RMSNorm + gate and up projections → SiLU·up + down projection + residual. Only the
-    post-attention residual (read again by the last launch) and the interleaved gate and up cross DDR between
-    launches. The gate and up projections read o_ffn's ``w_gate_up`` as 2F rows of H.
+    O projection + residual → RMSNorm + gate and up projections + SiLU·up → down projection + residual. Only the
+    post-attention residual (read again by the last launch) and the activation cross DDR between launches. The
+    gate and up projections read o_ffn's ``w_gate_up`` as 2F rows of H; the tile that projects a gate/up pair
+    joins it, so the activation is made once, not by every tile of the down launch.
 
     Host arguments are o_ffn's, in the same order: attn, wo, x, norm_w, w_gate_up, w_down. With packed
     ``weights`` each projection weight holds packed rows, w_gate_up a packed gate row then a packed up row.
@@ -436,15 +437,15 @@ def o_gemv_ffn_program(hidden: int, q_dim: int, intermediate: int, eps: float, w
             Arg("res1", (h,), "bf16", S),
             Arg("norm_w", (h,), "bf16", W),
             weight_arg("w_gate_up", f, h, weights, pieces=2),
-            Arg("gate_up", (2 * f,), "bf16", S),
+            Arg("act", (f,), "bf16", S),
             weight_arg("w_down", h, f, weights),
             Arg("out", (h,), "bf16", O),
         ),
         launches=(
             _launch("gemv_add", ["attn", "wo", "x"], ["res1"], K=q, N=h, **packed),
-            _launch("rms_gemv", ["res1", "norm_w", "w_gate_up"], ["gate_up"], K=h, N=2 * f, eps=eps, gate_up=1,
-                    **packed),
-            _launch("swiglu_gemv_add", ["gate_up", "w_down", "res1"], ["out"], K=f, N=h, **packed),
+            _launch("rms_gemv", ["res1", "norm_w", "w_gate_up"], ["act"], K=h, N=2 * f, eps=eps, gate_up=1,
+                    swiglu=1, **packed),
+            _launch("gemv_add", ["act", "w_down", "res1"], ["out"], K=f, N=h, **packed),
         ),
         compile_options=DECODE_OPTIONS,
     )
@@ -631,7 +632,7 @@ def decode_attn_o_gemv_ffn_program(hidden: int, q_dim: int, intermediate: int, e
 DECODE_GROUP_SIZES = (2, 3, 4)
 # Per layer of a group, its own arguments (the rest are the group's: the first layer's q and x, the length, the LUT
 # row, the device-only scratches every layer reuses, the last layer's out and next_q_roped).
-_GROUP_SHARED = ("length", "next_rope_lut", "attn", "res1", "gate_up", "next_q", "next_k")
+_GROUP_SHARED = ("length", "next_rope_lut", "attn", "res1", "act", "next_q", "next_k")
 
 
 def decode_layers_program(layers: int, hidden: int, q_dim: int, intermediate: int, eps: float, heads: int,

@@ -46,7 +46,6 @@ BUILDERS = {builder.kind: builder for builder in (
     _module_builder("gemv_f32", gemv, gemv.build_f32, gemm_class=True),
     _module_builder("gemv_add", gemv_fused, gemv_fused.build_add, gemm_class=True),
     KindBuilder("rms_gemv", gemv_fused.build_rms_gemv, gemv_fused.RMS_PARAMS, gemv_fused.RMS_TUNING, gemm_class=True),
-    _module_builder("swiglu_gemv_add", gemv_fused, gemv_fused.build_swiglu_add, gemm_class=True),
     _module_builder("rope", rope),
     KindBuilder("rope_qk", rope.build_qk, rope.QK_PARAMS, rope.QK_TUNING),
     _module_builder("silu_mul", silu_mul),

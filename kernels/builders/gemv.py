@@ -173,9 +173,12 @@ def double_buffered(rows_per_tile: int, tile_n: int, rows_per_call: int) -> bool
             and rows_per_call >= PACKED_MIN_ROWS)
 
 
-def split_rows(kind: str, N: int, tuning: dict, herd_candidates=DEVICE.herd_candidates) -> tuple[int, int, int]:
-    """(herd, steps, rows_per_tile): the widest herd dividing N, one launch step unless tuned."""
-    herd = tuning.get("herd", largest_dividing(N, herd_candidates))
+def split_rows(kind: str, N: int, tuning: dict, herd_candidates=DEVICE.herd_candidates,
+               granule: int = 1) -> tuple[int, int, int]:
+    """(herd, steps, rows_per_tile): the widest herd dividing N (into whole ``granule`` rows per tile when any
+    does), one launch step unless tuned."""
+    whole = largest_dividing(N // granule, herd_candidates) if N % granule == 0 else None
+    herd = tuning.get("herd", whole or largest_dividing(N, herd_candidates))
     require(herd is not None and herd <= DEVICE.columns, kind, "herd", herd,
             f"the herd spans at most {DEVICE.columns} columns")
     require(N % herd == 0, kind, "herd", herd, f"must divide N={N}")
@@ -248,14 +251,19 @@ def panel_windows(plan, K: int, panel_row0: str) -> tuple[Window, Window]:
 
 
 @contextmanager
-def panel_loop(b: LaunchBuilder, plan, step: Value):
-    """Inside a segment: loops over the step's panels; yields the panel's first DDR row.
+def panel_loop(b: LaunchBuilder, plan, step: Value, rows_per_value: int = 1):
+    """Inside a segment: loops over the step's panels; yields the panel's first DDR row, and with
+    ``rows_per_value`` > 1 also its first output value (a launch writing one value per that many rows).
 
-    One affine.apply of the step and the panel: air-split-l2-memref (0e3df89d) composes a chain of two into a
+    One affine.apply of the step and the panel each: air-split-l2-memref (0e3df89d) composes a chain of two into a
     map that uses two symbols but declares one, which fails to verify."""
+    def start(per: int, name: str) -> str:
+        return b.affine(f"s0 * {plan.herd * plan.rows_per_tile // per} + s1 * {plan.herd * plan.tile_n // per}",
+                        [step.ssa, panel], name)
+
     with b.loop(0, plan.panels, 1, "panel") as panel:
-        yield b.affine(f"s0 * {plan.herd * plan.rows_per_tile} + s1 * {plan.herd * plan.tile_n}", [step.ssa, panel],
-                       "panel_row0")
+        yield start(1, "panel_row0") if rows_per_value == 1 else (start(1, "panel_row0"),
+                                                                  start(rows_per_value, "panel_value0"))
 
 
 def _emit(b: LaunchBuilder, name: str, K: int, rows: int, plan: GemvPlan, out_dtype: str, weights: WeightRows) -> None:

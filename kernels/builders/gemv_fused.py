@@ -6,16 +6,17 @@ the post-attention residual, gate and up cross between launches.
   K=2048 a call takes ``rows_per_call`` whole rows (``gemv_partial_f32`` then ``gemv_add_bf16``); a longer
   K (Llama-3.2-1B's 8192-long down projection) is split: one loop over K chunks of ``k_chunk``, each call
   adding a chunk of all the tile's rows to fp32 partial sums in L1, then the rounding and the residual add.
-* swiglu_gemv_add(K, N): the same with ``x = silu(gate) * up`` made in each tile first from rms_gemv's interleaved
-  gate and up (``swiglu_bf16``, in place): the down projection with SwiGLU's product folded in.
 * rms_gemv(K, N, eps): ``y = W · (rmsnorm(x) * norm_w)``; each tile normalizes the whole x itself
   (``rmsnorm_bf16``: K MACs, small next to its rows' K MACs each), then walks its rows (``gemv_rows_bf16``).
   Optional param ``gate_up``: W is [w_gate | w_up] (N/2 × 2K, the two weights side by side in each row), read as
-  N rows of K, so that y interleaves gate and up (g0, u0, g1, u1, ...): both projections in one launch.
+  N rows of K, so that each tile's rows interleave gate and up (g0, u0, g1, u1, ...): both projections in one
+  launch. With ``swiglu`` as well, each tile applies SiLU·up to its pairs (``swiglu_bf16``, in place) before its
+  rows leave, and y is the N/2 products: the activation, made once per pair by the tile that projected it.
 
-o_gemv_ffn is gemv_add → rms_gemv (gate and up) → swiglu_gemv_add: upstream's three launches. Every launch keeps
-the unfused chain's rounding points (projection to bf16, then the add; gate and up to bf16, then SiLU and the
-product), so the fused Program computes what the 8-launch one did.
+o_gemv_ffn is gemv_add → rms_gemv (gate, up and SwiGLU) → gemv_add (down): upstream's three launches, with SwiGLU
+in the middle one (made in the down launch, every one of its tiles made the whole activation, once per panel).
+Every launch keeps the unfused chain's rounding points (projection to bf16, then the add; gate and up to bf16,
+then SiLU and the product), so the fused Program computes what the 8-launch one did.
 
 Departures from upstream, each for a limit of this AIR (0e3df89d) or of our weights:
 
@@ -23,17 +24,17 @@ Departures from upstream, each for a limit of this AIR (0e3df89d) or of our weig
   a second tile over one. This AIR lowers cascade channels (a 4-tile reduction over one reaches NPU
   instructions here), but it predates upstream's fixes for them: placement of cascade chains across 3+ herds
   (#1583), air-collapse-herd with cascades (#1554), and re-arming cascade locks when a single-trip launch is
-  dispatched again (#1694; before it the second dispatch hangs). The launches that would carry it (gemv_add,
-  swiglu_gemv_add, the plain gemvs) are single-trip and run once per token, so K-split partial sums stay in
+  dispatched again (#1694; before it the second dispatch hangs). The launches that would carry it (gemv_add and
+  the plain gemvs) are single-trip and run once per token, so K-split partial sums stay in
   the tile's own L1.
 * Gate and up in one stream. A compute tile has two S2MM channels, which this AIR cannot share between
   streams from different sources, so gate rows, up rows and the vector cannot arrive separately (two herds in
   one segment, or a panel filled from two buffers, were refused). The weights are one buffer instead,
   [w_gate | w_up] (F × 2H, the two side by side in each row: kernels/catalog.py), read as 2F rows of H, so a
-  tile's panel holds gate and up rows alternately and y interleaves them; the down launch's tiles apply
-  SiLU·up to the pair.
+  tile's panel holds gate and up rows alternately and its y interleaves them, pairs its ``swiglu`` calls
+  join.
 * Each tile gets exactly two streams: its weight rows, and one packed vector (x with the panel's residual
-  rows; x with the norm weight; the interleaved gate and up with the panel's residual rows) that the segment gathers in a
+  rows; x with the norm weight) that the segment gathers in a
   memtile from its DDR pieces and broadcasts to the herd. DDR → array streams are one per tile (AIR gives
   each tile's share of a panel its own memtile buffer, fed by its own shim channel) plus one per
   vector piece, at most 16 (two MM2S per shim tile).
@@ -58,7 +59,6 @@ from .ir import L1, L2, WHOLE, LaunchBuilder, LaunchIR, MemRef, Value, Window
 from .npu2 import L1_AVAILABLE, check_budget, check_operands, divisors_descending, nbytes, pingpong_copies, require
 
 ADD_KIND = "gemv_add"
-SWIGLU_ADD_KIND = "swiglu_gemv_add"
 RMS_KIND = "rms_gemv"
 PARAMS = ("K", "N")
 TUNING = ("herd", "steps", "tile_n", "rows_per_call", "k_chunk")
@@ -75,8 +75,10 @@ SHIM_MM2S_CHANNELS = DEVICE.shim_channels_per_direction * DEVICE.columns  # DDR 
 # shim BD with a stride-0 wrap, which aiecc rejects ("Stride 1 must be a positive integer") at 64 panels
 # (measured on rms_gemv K=576, N=2048; 32 panels lower).
 MAX_PANELS = 32
+# rms_gemv's SwiGLU panels: whole gate/up pairs, and swiglu_bf16 takes 16 pairs per vector step (gemv.cc).
+SWIGLU_PANEL_GRANULE = 32
 # DDR → array streams of each kind: (per tile of the widest herd, shared vector pieces).
-STREAMS = {ADD_KIND: (1, 2), SWIGLU_ADD_KIND: (1, 2), RMS_KIND: (1, 2)}
+STREAMS = {ADD_KIND: (1, 2), RMS_KIND: (1, 2)}
 
 
 @dataclass(frozen=True)
@@ -107,8 +109,8 @@ def _chunk_fits(k_chunk: int, weights: WeightRows) -> bool:
 
 
 def _vector_elements(kind: str, K: int, panel: int) -> int:
-    """The packed vector each tile gets: x or gate/up, then the panel's residual rows; or x, then the norm weight."""
-    return {ADD_KIND: K + panel, SWIGLU_ADD_KIND: 2 * K + panel, RMS_KIND: 2 * K}[kind]
+    """The packed vector each tile gets: x, then the panel's residual rows; or x, then the norm weight."""
+    return {ADD_KIND: K + panel, RMS_KIND: 2 * K}[kind]
 
 
 def _l1_bytes(kind: str, K: int, herd: int, tile_n: int, rows: int, k_chunk: int,
@@ -133,12 +135,13 @@ def _tiles_per_memtile(herd: int) -> int:
     return herd if herd <= DEVICE.rows else 1
 
 
-def _l2_bytes(kind: str, K: int, herd: int, tile_n: int, panels: int, weights: WeightRows = BF16_ROWS) -> dict[str, int]:
-    """The fullest memtile: the W rows and y of the tiles in its column, and maybe the packed vector, each
-    copied by the ping-pong transform of the panel loop."""
+def _l2_bytes(kind: str, K: int, herd: int, tile_n: int, panels: int, weights: WeightRows = BF16_ROWS,
+              per_value: int = 1) -> dict[str, int]:
+    """The fullest memtile: the W rows and y (a value per ``per_value`` rows) of the tiles in its column, and maybe
+    the packed vector, each copied by the ping-pong transform of the panel loop."""
     tiles, copies = _tiles_per_memtile(herd), pingpong_copies(panels)
     return {f"W rows of {tiles} tile(s) x{copies} (ping-pong)": copies * tiles * weights.nbytes(tile_n, K),
-            f"y of {tiles} tile(s) x{copies}": copies * tiles * nbytes((tile_n,), "bf16"),
+            f"y of {tiles} tile(s) x{copies}": copies * tiles * nbytes((tile_n // per_value,), "bf16"),
             f"packed vector x{copies}": copies * nbytes((_vector_elements(kind, K, tile_n * herd),), "bf16")}
 
 
@@ -167,15 +170,17 @@ def _candidates(kind: str, K: int, rows_per_tile: int, split: bool, tuning: dict
     return candidates
 
 
-def plan(kind: str, K: int, N: int, tuning: dict, weights: WeightRows = BF16_ROWS) -> FusedGemvPlan:
+def plan(kind: str, K: int, N: int, tuning: dict, weights: WeightRows = BF16_ROWS, panel_granule: int = 1,
+         per_value: int = 1) -> FusedGemvPlan:
     """Widest herd dividing N that the shim channels can feed; the fewest launch steps whose rows a tile walks
-    in at most ``MAX_PANELS`` panels that fit; then the panel (gemv.py's :func:`~.gemv.panel_candidates`) and
-    the most rows per call that fit L1 and a memtile (K in chunks when a row is longer than ``MAX_WHOLE_K``;
-    rms_gemv keeps K whole, its calls take the whole normed x)."""
+    in at most ``MAX_PANELS`` panels that fit; then the panel (gemv.py's :func:`~.gemv.panel_candidates`, a
+    multiple of ``panel_granule`` rows) and the most rows per call that fit L1 and a memtile (K in chunks when a
+    row is longer than ``MAX_WHOLE_K``; rms_gemv keeps K whole, its calls take the whole normed x). ``per_value``:
+    W rows per value of y."""
     require(K % GEMV_K_GRANULE == 0, kind, "K", K, f"must be a multiple of {GEMV_K_GRANULE} (gemv.cc's multiplier)")
     per_tile_streams, shared_streams = STREAMS[kind]
     fed = [h for h in DEVICE.herd_candidates if per_tile_streams * h + shared_streams <= SHIM_MM2S_CHANNELS]
-    herd, steps, rows_per_tile = split_rows(kind, N, tuning, fed)
+    herd, steps, rows_per_tile = split_rows(kind, N, tuning, fed, panel_granule)
     require(per_tile_streams * herd + shared_streams <= SHIM_MM2S_CHANNELS, kind, "herd", herd,
             f"{per_tile_streams} weight stream(s) per tile plus {shared_streams} vector pieces need more than "
             f"the {SHIM_MM2S_CHANNELS} shim MM2S channels")
@@ -183,7 +188,8 @@ def plan(kind: str, K: int, N: int, tuning: dict, weights: WeightRows = BF16_ROW
 
     def fits(rows_per_tile: int, tile_n: int, rows: int, k_chunk: int) -> bool:
         return (sum(_l1_bytes(kind, K, herd, tile_n, rows, k_chunk, weights).values()) <= L1_AVAILABLE
-                and sum(_l2_bytes(kind, K, herd, tile_n, rows_per_tile // tile_n, weights).values()) <= DEVICE.l2_bytes)
+                and sum(_l2_bytes(kind, K, herd, tile_n, rows_per_tile // tile_n, weights, per_value).values())
+                <= DEVICE.l2_bytes and tile_n % panel_granule == 0)
 
     step_choices = [steps] if "steps" in tuning else [
         s for s in reversed(divisors_descending(N // herd)) if whole_words(N // (herd * s), "bf16")
@@ -200,7 +206,10 @@ def plan(kind: str, K: int, N: int, tuning: dict, weights: WeightRows = BF16_ROW
         tile_n, rows_per_call, k_chunk = next((c for c in candidates if fits(rows_per_tile, *c)), candidates[-1])
     check_budget(kind, "L1", _l1_bytes(kind, K, herd, tile_n, rows_per_call, k_chunk, weights),
                  "K is too long for one tile" + ("" if kind == RMS_KIND else ", or lower k_chunk"))
-    check_budget(kind, "L2", _l2_bytes(kind, K, herd, tile_n, rows_per_tile // tile_n, weights), "lower tile_n")
+    check_budget(kind, "L2", _l2_bytes(kind, K, herd, tile_n, rows_per_tile // tile_n, weights, per_value),
+                 "lower tile_n")
+    require(tile_n % panel_granule == 0, kind, "tile_n", tile_n, f"must be a multiple of {panel_granule}"
+            + (" (whole gate/up pairs, 16 per swiglu_bf16 step)" if per_value == 2 else ""))
     require(rows_per_tile // tile_n <= MAX_PANELS, kind, "steps", steps,
             f"a tile walks its {rows_per_tile} rows per step in {rows_per_tile // tile_n} panels of {tile_n}, more "
             f"than {MAX_PANELS}: raise steps or tile_n")
@@ -208,58 +217,44 @@ def plan(kind: str, K: int, N: int, tuning: dict, weights: WeightRows = BF16_ROW
 
 
 def build_add(params: dict, operands, tuning: dict) -> LaunchIR:
-    return _build_add(ADD_KIND, params, operands, tuning)
-
-
-def build_swiglu_add(params: dict, operands, tuning: dict) -> LaunchIR:
-    return _build_add(SWIGLU_ADD_KIND, params, operands, tuning)
-
-
-def _build_add(kind: str, params: dict, operands, tuning: dict) -> LaunchIR:
+    kind = ADD_KIND
     K, N = params["K"], params["N"]
     weights = weight_rows(kind, params)
     R = weights.row(K)
-    inputs = [("x", {(K,)}, "bf16")] if kind == ADD_KIND else [("gate_up", {(2 * K,)}, "bf16")]  # interleaved
-    check_operands(kind, operands, [*inputs, ("W", {(N, R)}, weights.dtype), ("residual", {(N,)}, "bf16"),
-                                    ("y", {(N,)}, "bf16")])
+    check_operands(kind, operands, [("x", {(K,)}, "bf16"), ("W", {(N, R)}, weights.dtype),
+                                    ("residual", {(N,)}, "bf16"), ("y", {(N,)}, "bf16")])
     p = plan(kind, K, N, tuning, weights)
     panel = p.panel_rows
-    x_len = K if kind == ADD_KIND else 2 * K
-    b = LaunchBuilder(kind, operands, (*(role for role, _, _ in inputs), "w", "residual", "y"))
+    b = LaunchBuilder(kind, operands, ("x", "w", "residual", "y"))
     b.comment(f"{kind} K={K} N={N} weights={weights.name}: {describe(p)}, {p.rows_per_call} rows per call, K in "
               f"chunks of {p.k_chunk}")
     with b.launch(kind, (p.steps, 1), b.operands) as ((step, _), _, launch_args):
-        with b.segment(f"{kind}_seg", [Value(step, "index"), *launch_args]) as (_, _, (seg_step, *segment_args)):
-            *xs, sw, sr, sy = segment_args
-            vector = b.alloc(MemRef((x_len + panel,), "bf16", L2), "vector_l2")
+        with b.segment(f"{kind}_seg", [Value(step, "index"), *launch_args]) as (_, _, (seg_step, sx, sw, sr, sy)):
+            vector = b.alloc(MemRef((K + panel,), "bf16", L2), "vector_l2")
             w_panel = b.alloc(MemRef((panel, R), weights.dtype, L2), "w_l2")
             y_panel = b.alloc(MemRef((panel,), "bf16", L2), "y_l2")
             with panel_loop(b, p, seg_step) as panel_row0:
                 w_window, rows_window = panel_windows(p, R, panel_row0)
-                (piece,) = xs  # x, or the interleaved gate and up
-                b.dma(vector, Window((0,), (x_len,), (1,)), piece, WHOLE)
-                b.dma(vector, Window((x_len,), (panel,), (1,)), sr, rows_window)
+                b.dma(vector, Window((0,), (K,), (1,)), sx, WHOLE)
+                b.dma(vector, Window((K,), (panel,), (1,)), sr, rows_window)
                 b.dma(w_panel, WHOLE, sw, w_window)
                 with b.herd(f"{kind}_herd", (p.herd, 1), [vector, w_panel, y_panel], link_with=OBJECT) as (
                         (tx, _), _, (hv, hw, hy)):
-                    _emit_add_tile(b, kind, p, K, x_len, weights, tx, hv, hw, hy)
+                    _emit_add_tile(b, p, K, weights, tx, hv, hw, hy)
                 b.dma(sy, rows_window, y_panel, WHOLE)
             b.dealloc(vector, w_panel, y_panel)
     return b.finish(_l1_bytes(kind, K, p.herd, p.tile_n, p.rows_per_call, p.k_chunk, weights))
 
 
-def _emit_add_tile(b: LaunchBuilder, kind: str, p: FusedGemvPlan, K: int, x_len: int, weights: WeightRows,
-                   tx, hv, hw, hy) -> None:
+def _emit_add_tile(b: LaunchBuilder, p: FusedGemvPlan, K: int, weights: WeightRows, tx, hv, hw, hy) -> None:
     R, chunk = weights.row(K), weights.row(p.k_chunk)
-    vector = b.alloc(MemRef((x_len + p.panel_rows,), "bf16", L1), "vector_l1")
+    vector = b.alloc(MemRef((K + p.panel_rows,), "bf16", L1), "vector_l1")
     w_buf = b.alloc(MemRef((p.rows_per_call, chunk), weights.dtype, L1), "w_l1")
     partial = b.alloc(MemRef((p.rows_per_call,), "f32", L1), "partial_l1")
     y_buf = b.alloc(MemRef((p.tile_n,), "bf16", L1), "y_l1")
-    b.broadcast_dma(vector, WHOLE, hv, Window((0,), (x_len + p.panel_rows,), (1,)))
+    b.broadcast_dma(vector, WHOLE, hv, Window((0,), (K + p.panel_rows,), (1,)))
     config = weights.config(p.rows_per_call, p.k_chunk)
     partial_f32 = weights.symbol("gemv_partial_f32")
-    if kind == SWIGLU_ADD_KIND:  # x = silu(gate) * up from the interleaved pair, written over its first K
-        b.call("swiglu_bf16", [vector, Value(b.const(K, "i32"), "i32")], config)
     weights.prepare_x(b, vector, K, config)
     first_row = b.affine(f"s0 * {p.tile_n}", [tx], "tile_row0")
     if p.k_chunk == K:  # a row group per call: partial sums of the whole rows, then the add
@@ -267,7 +262,7 @@ def _emit_add_tile(b: LaunchBuilder, kind: str, p: FusedGemvPlan, K: int, x_len:
             w_row = b.affine(f"s0 * {p.tile_n} + s1", [tx, r], "w_row")
             b.dma(w_buf, WHOLE, hw, Window((w_row, 0), (p.rows_per_call, R), (R, 1)))
             b.call(partial_f32, [w_buf, vector, partial, Value(b.const(0, "i32"), "i32")], config)
-            residual_row = b.affine(f"s0 + {x_len}", [w_row], "residual_row")
+            residual_row = b.affine(f"s0 + {K}", [w_row], "residual_row")
             b.call("gemv_add_bf16", [partial, vector, y_buf, b.index_to_i32(residual_row, "residual_row0"),
                                      b.index_to_i32(r, "row0")], config)
     else:  # a K chunk of all the tile's rows per call, then the add
@@ -281,7 +276,7 @@ def _emit_add_tile(b: LaunchBuilder, kind: str, p: FusedGemvPlan, K: int, x_len:
                 b.dma(w_buf, WHOLE, hw, Window((first_row, column), (p.tile_n, chunk), (R, 1)))
                 k0 = b.affine(f"s0 * {p.k_chunk}", [c], "k0")
                 b.call(partial_f32, [w_buf, vector, partial, b.index_to_i32(k0, "k0_i32")], config)
-        residual_row = b.affine(f"s0 + {x_len}", [first_row], "residual_row")
+        residual_row = b.affine(f"s0 + {K}", [first_row], "residual_row")
         b.call("gemv_add_bf16", [partial, vector, y_buf, b.index_to_i32(residual_row, "residual_row0"),
                                  Value(b.const(0, "i32"), "i32")], config)
     b.dma(hy, Window((first_row,), (p.tile_n,), (1,)), y_buf, WHOLE)
@@ -294,35 +289,43 @@ def build_rms_gemv(params: dict, operands, tuning: dict) -> LaunchIR:
     weights = weight_rows(kind, params)
     R = weights.row(K)
     # gate_up: W is [w_gate | w_up] (N/2 × 2K; packed: each row a packed gate row then a packed up row), read as
-    # N rows of K, so y interleaves gate and up
-    w_shape = (N // 2, 2 * R) if params.get("gate_up") else (N, R)
-    require(not params.get("gate_up") or N % 2 == 0, kind, "N", N, "must be even for a [w_gate | w_up] weight")
+    # N rows of K, so a tile's rows interleave gate and up; swiglu: y is SiLU(gate)·up of each pair
+    gate_up, swiglu = bool(params.get("gate_up")), bool(params.get("swiglu"))
+    require(gate_up or not swiglu, kind, "swiglu", params.get("swiglu"), "needs gate_up (SiLU·up joins gate/up pairs)")
+    w_shape = (N // 2, 2 * R) if gate_up else (N, R)
+    require(not gate_up or N % 2 == 0, kind, "N", N, "must be even for a [w_gate | w_up] weight")
+    per_value = 2 if swiglu else 1  # W rows per value of y
     check_operands(kind, operands, [("x", {(K,)}, "bf16"), ("norm_w", {(K,)}, "bf16"),
-                                    ("W", {w_shape}, weights.dtype), ("y", {(N,)}, "bf16")])
-    p = plan(kind, K, N, tuning, weights)
+                                    ("W", {w_shape}, weights.dtype), ("y", {(N // per_value,)}, "bf16")])
+    p = plan(kind, K, N, tuning, weights, SWIGLU_PANEL_GRANULE if swiglu else 1, per_value)
     panel = p.panel_rows
     b = LaunchBuilder(kind, operands, ("x", "norm_w", "w", "y"))
-    b.comment(f"{kind} K={K} N={N} eps={eps} weights={weights.name}: {describe(p)}, {p.rows_per_call} rows per call")
+    b.comment(f"{kind} K={K} N={N} eps={eps} weights={weights.name}{', SwiGLU' if swiglu else ''}: {describe(p)}, "
+              f"{p.rows_per_call} rows per call")
     with b.launch(kind, (p.steps, 1), b.operands) as ((step, _), _, (x, norm_w, w, y)):
         with b.segment(f"{kind}_seg", [Value(step, "index"), x, norm_w, w, y]) as (_, _, (seg_step, sx, snw, sw, sy)):
             vector = b.alloc(MemRef((2 * K,), "bf16", L2), "vector_l2")
             w_panel = b.alloc(MemRef((panel, R), weights.dtype, L2), "w_l2")
-            y_panel = b.alloc(MemRef((panel,), "bf16", L2), "y_l2")
+            y_panel = b.alloc(MemRef((panel // per_value,), "bf16", L2), "y_l2")
             # x and the norm weight are loaded once; each panel streams only its weight rows
             b.dma(vector, Window((0,), (K,), (1,)), sx, WHOLE)
             b.dma(vector, Window((K,), (K,), (1,)), snw, WHOLE)
-            with panel_loop(b, p, seg_step) as panel_row0:
-                w_window, y_window = panel_windows(p, R, panel_row0)
+            with panel_loop(b, p, seg_step, per_value) as starts:
+                panel_row0, value0 = starts if swiglu else (starts, starts)
+                w_window, _ = panel_windows(p, R, panel_row0)
+                values = p.tile_n // per_value
+                y_window = Window((0, value0), (p.herd, values), (values, 1))
                 b.dma(w_panel, WHOLE, sw, w_window)
                 with b.herd(f"{kind}_herd", (p.herd, 1), [vector, w_panel, y_panel], link_with=OBJECT) as (
                         (tx, _), _, (hv, hw, hy)):
-                    _emit_rms_tile(b, p, K, eps, weights, tx, hv, hw, hy)
+                    _emit_rms_tile(b, p, K, eps, weights, swiglu, tx, hv, hw, hy)
                 b.dma(sy, y_window, y_panel, WHOLE)
             b.dealloc(vector, w_panel, y_panel)
     return b.finish(_l1_bytes(kind, K, p.herd, p.tile_n, p.rows_per_call, p.k_chunk, weights))
 
 
-def _emit_rms_tile(b: LaunchBuilder, p: FusedGemvPlan, K: int, eps: float, weights: WeightRows, tx, hv, hw, hy) -> None:
+def _emit_rms_tile(b: LaunchBuilder, p: FusedGemvPlan, K: int, eps: float, weights: WeightRows, swiglu: bool,
+                   tx, hv, hw, hy) -> None:
     R = weights.row(K)
     vector = b.alloc(MemRef((2 * K,), "bf16", L1), "vector_l1")
     normed = b.alloc(MemRef((K,), "bf16", L1), "normed_l1")
@@ -336,6 +339,10 @@ def _emit_rms_tile(b: LaunchBuilder, p: FusedGemvPlan, K: int, eps: float, weigh
         w_row = b.affine(f"s0 * {p.tile_n} + s1", [tx, r], "w_row")
         b.dma(w_buf, WHOLE, hw, Window((w_row, 0), (p.rows_per_call, R), (R, 1)))
         b.call(weights.symbol("gemv_rows_bf16"), [w_buf, normed, y_buf, b.index_to_i32(r, "row0")], config)
-    b.dma(hy, Window((b.affine(f"s0 * {p.tile_n}", [tx], "tile_row0"),), (p.tile_n,), (1,)), y_buf, WHOLE)
+    values = p.tile_n // 2 if swiglu else p.tile_n
+    if swiglu:  # the panel's gate/up pairs (whole: tile_n is even and so is every tile's first row), in place
+        b.call("swiglu_bf16", [y_buf, Value(b.const(values, "i32"), "i32")], config)
+    b.dma(hy, Window((b.affine(f"s0 * {values}", [tx], "tile_value0"),), (values,), (1,)), y_buf,
+          Window((0,), (values,), (1,)) if swiglu else WHOLE)
     b.dealloc(vector, normed, w_buf, y_buf)
 

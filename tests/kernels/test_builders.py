@@ -39,10 +39,9 @@ def operand_types(kind, p):
         return [*bf16((p["K"],), (p["N"], p["K"])), MemRef((p["N"],), "f32")]
     if kind == "gemv_add":
         return bf16((p["K"],), (p["N"], p["K"]), (p["N"],), (p["N"],))
-    if kind == "swiglu_gemv_add":
-        return bf16((2 * p["K"],), (p["N"], p["K"]), (p["N"],), (p["N"],))
-    if kind == "rms_gemv":
-        return bf16((p["K"],), (p["K"],), (p["N"], p["K"]), (p["N"],))
+    if kind == "rms_gemv":  # [w_gate | w_up] rows with gate_up, and SiLU·up of each pair with swiglu
+        w = (p["N"] // 2, 2 * p["K"]) if p.get("gate_up") else (p["N"], p["K"])
+        return bf16((p["K"],), (p["K"],), w, (p["N"] // 2 if p.get("swiglu") else p["N"],))
     if kind == "rope":
         width = p["heads"] * p["head_dim"]
         return bf16(row(p["rows"], width), row(p["rows"], p["head_dim"]), row(p["rows"], width))
@@ -79,7 +78,6 @@ EXAMPLES = {
     "gemv_f32": dict(K=2048, N=128256),
     "gemv_add": dict(K=2048, N=2048),
     "rms_gemv": dict(K=2048, N=8192, eps=1e-5),
-    "swiglu_gemv_add": dict(K=8192, N=2048),
     "rope": dict(rows=2048, heads=32, head_dim=64),
     "rope_qk": dict(heads=32, kv_heads=8, head_dim=64),
     "silu_mul": dict(rows=1, cols=8192),
@@ -93,6 +91,11 @@ EXAMPLES = {
     "gemm_int": dict(M=2048, K=2048, N=2048, tile_n=64),
     "gemm_int_swiglu": dict(M=2048, K=2048, N=8192, tile_n=32),
 }
+
+
+# o_gemv_ffn's gate/up launch (its SiLU·up joined in) and its down projection, at Llama-3.2-1B's sizes
+SWIGLU = dict(N=16384, gate_up=1, swiglu=1)
+DOWN = dict(K=8192, N=2048)
 
 
 def build(kind, tuning=None, **overrides):
@@ -145,8 +148,8 @@ def test_external_kernel_contract_names_and_objects():
     assert not any(build(kind).externs for kind in ("rmsnorm", "add", "bias_add", "stack"))
     assert [d.symbol for d in build("gemv_add").externs] == ["gemv_partial_f32", "gemv_add_bf16"]
     assert [d.symbol for d in build("rms_gemv").externs] == ["rmsnorm_bf16", "gemv_rows_bf16"]
-    assert [d.symbol for d in build("swiglu_gemv_add").externs] == ["swiglu_bf16", "gemv_partial_f32",
-                                                                    "gemv_add_bf16"]
+    assert [d.symbol for d in build("rms_gemv", **SWIGLU).externs] == ["rmsnorm_bf16", "gemv_rows_bf16",
+                                                                        "swiglu_bf16"]
     assert [d.symbol for d in build("quantize_rows").externs] == ["quantize_rows_prepare", "quantize_rows_chunk"]
     assert [d.symbol for d in build("gemm_int").externs] == ["gemm_int_zero_i32", "gemm_int_w8x2",
                                                              "gemm_int_drain_bf16"]
@@ -352,27 +355,28 @@ def test_decode_ffn_launches_plan_llama_sizes():
             "chunks of 2048") in build("gemv_add").text
     assert "herd 8x1, 1 launch step(s), 1024 rows per tile per step in 32 panels of 32, 4 rows per call" in \
         build("rms_gemv").text
-    down = build("swiglu_gemv_add").text
+    down = build("gemv_add", **DOWN).text
     assert ("herd 8x1, 1 launch step(s), 256 rows per tile per step in 32 panels of 8, 8 rows per call, K in chunks "
             "of 512") in down
     assert "memref<8x512xbf16, 2 : i32>" in down  # a chunk of all 8 rows per call
-    assert "memref<16448xbf16, 2 : i32>" in down  # gate, up and the panel's 64 residual rows: one L1 vector
-    assert dict(build("swiglu_gemv_add").externs[0].defines) == {"GEMV_ROWS": 8, "GEMV_K": 512}
-    for kind in ("gemv_add", "swiglu_gemv_add"):  # per-panel residual rows: every DDR → memtile DMA in the loop
-        ir = build(kind)
+    assert "memref<8256xbf16, 2 : i32>" in down  # the activation and the panel's 64 residual rows: one L1 vector
+    assert dict(build("gemv_add", **DOWN).externs[0].defines) == {"GEMV_ROWS": 8, "GEMV_K": 512}
+    for params in ({}, DOWN):  # per-panel residual rows: every DDR → memtile DMA in the loop
+        ir = build("gemv_add", **params)
         loop = _panel_loop(ir.text)
         assert loop.count("air.dma_memcpy_nd (%vector_l2") + loop.count("air.dma_memcpy_nd (%w_l2") == \
-            sum(1 for line in ir.text.splitlines() if re.match(r"\s*air\.dma_memcpy_nd \(%(vector|w)_l2", line)), kind
-    ir = build("rms_gemv")  # x and the norm weight once, before the loop; only the weight panels stream
-    loop = _panel_loop(ir.text)
-    assert loop.count("air.dma_memcpy_nd (%vector_l2") == 0 and loop.count("air.dma_memcpy_nd (%w_l2") == 1
-    assert ir.text.count("air.dma_memcpy_nd (%vector_l2") == 2
+            sum(1 for line in ir.text.splitlines() if re.match(r"\s*air\.dma_memcpy_nd \(%(vector|w)_l2", line)), params
+    for params in ({}, SWIGLU):  # x and the norm weight once, before the loop; only the weight panels stream
+        ir = build("rms_gemv", **params)
+        loop = _panel_loop(ir.text)
+        assert loop.count("air.dma_memcpy_nd (%vector_l2") == 0 and loop.count("air.dma_memcpy_nd (%w_l2") == 1
+        assert ir.text.count("air.dma_memcpy_nd (%vector_l2") == 2
 
 
 def test_decode_ffn_herds_take_two_streams_per_tile():
     """A compute tile has two S2MM channels: the weight rows and one packed vector, never a third stream."""
-    for kind in ("gemv_add", "rms_gemv", "swiglu_gemv_add"):
-        herd = next(op for op in hierarchy(build(kind).text) if op.op == "herd")
+    for kind, params in (("gemv_add", {}), ("gemv_add", DOWN), ("rms_gemv", {}), ("rms_gemv", SWIGLU)):
+        herd = next(op for op in hierarchy(build(kind, **params).text) if op.op == "herd")
         into_l1 = re.findall(r"air\.dma_memcpy_nd \((%[\w$.]+)\[", herd.body)
         l1_buffers = set(re.findall(r"(%[\w$.]+) = memref\.alloc\(\) : memref<[^>]*, 2 : i32>", herd.body))
         assert len({dst for dst in into_l1 if dst in l1_buffers}) == 2, kind
@@ -416,10 +420,12 @@ def test_builders_are_deterministic():
     ("gemv", {}, {"herd": 3}, r"gemv launch: herd=3: must divide N=2048"),
     ("gemv_f32", dict(K=2040), None, r"gemv_f32 launch: K=2040: must be a multiple of 32"),
     ("gemv_add", dict(K=8192), {"k_chunk": 2048}, r"gemv_add launch: k_chunk=2048: a split chunk spans at most"),
-    ("swiglu_gemv_add", {}, {"k_chunk": 512, "tile_n": 32}, r"swiglu_gemv_add launch: L1 bytes=\d+: exceeds"),
-    ("swiglu_gemv_add", {}, {"k_chunk": 1024},
-     r"swiglu_gemv_add launch: k_chunk=1024: a split chunk spans at most 512 elements \(one DMA dimension\)"),
-    ("swiglu_gemv_add", {}, {"rows_per_call": 4, "tile_n": 8}, r"rows_per_call=4: .*must equal tile_n"),
+    ("gemv_add", DOWN, {"k_chunk": 512, "tile_n": 32}, r"gemv_add launch: L1 bytes=\d+: exceeds"),
+    ("gemv_add", DOWN, {"k_chunk": 1024},
+     r"gemv_add launch: k_chunk=1024: a split chunk spans at most 512 elements \(one DMA dimension\)"),
+    ("gemv_add", DOWN, {"rows_per_call": 4, "tile_n": 8}, r"rows_per_call=4: .*must equal tile_n"),
+    ("rms_gemv", dict(swiglu=1), None, r"rms_gemv launch: swiglu=1: needs gate_up"),
+    ("rms_gemv", SWIGLU, {"tile_n": 16}, r"rms_gemv launch: tile_n=16: must be a multiple of 32 \(whole gate/up pairs"),
     ("rms_gemv", dict(K=8192), None, r"rms_gemv launch: L1 bytes=\d+: exceeds"),
     ("rms_gemv", {}, {"herd": 3}, r"rms_gemv launch: herd=3: must divide N=8192"),
     ("rms_gemv", dict(K=576, N=2048), {"tile_n": 4, "steps": 1},
@@ -595,11 +601,11 @@ def test_a_split_down_projection_chunk_fits_one_memtile_bd_dimension(monkeypatch
     from torch_npu2.kernels.builders import gemv_fused
     from torch_npu2.kernels.lint import check_windows
 
-    ir = build("swiglu_gemv_add", K=4864, N=896)
+    ir = build("gemv_add", K=4864, N=896)
     assert "K in chunks of 256" in ir.text.splitlines()[0]
     assert check_windows(ir.text) == []
     monkeypatch.setattr(gemv_fused, "MAX_SPLIT_K_CHUNK", 1024)  # the old cap
-    old = build("swiglu_gemv_add", K=4864, N=896)
+    old = build("gemv_add", K=4864, N=896)
     assert "K in chunks of 608" in old.text.splitlines()[0]
     assert any("size 608 on L2 (memtile) exceeds 512 elements" in p for p in check_windows(old.text))
 

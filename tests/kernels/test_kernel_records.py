@@ -125,4 +125,4 @@ def test_every_launch_kind_has_an_emulator_launch_and_gemm_class_kinds_multiply(
     for kind in GEMM_CLASS_KINDS:
         assert any(kernel_symbol(d.symbol).cost.kind in MATMUL_COSTS for d in build(kind).externs), kind
     assert set(GEMM_CLASS_KINDS) == {"gemm", "gemm_swiglu", "gemv", "gemv_f32", "gemv_add", "rms_gemv",
-                                     "swiglu_gemv_add", "gemm_int", "gemm_int_swiglu"}
+                                     "gemm_int", "gemm_int_swiglu"}

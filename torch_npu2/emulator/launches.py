@@ -87,15 +87,13 @@ def gemm_int_swiglu(p, a, w):
 
 
 def rms_gemv(p, x, norm_w, w):
-    # RMSNorm, then the projection rounded to bf16: the unfused rmsnorm → gemv.
-    return matmul(p, rmsnorm(dict(rows=1, cols=p["K"], eps=p["eps"]), x, norm_w).reshape(-1), w)
-
-
-def swiglu_gemv_add(p, gate_up, w, residual):
-    # gate and up interleaved (rms_gemv over [w_gate | w_up]); silu_mul's rounding, then gemv_add's: the unfused
-    # silu_mul → gemv → add.
-    pairs = gate_up.reshape(-1, 2)
-    return gemv_add(p, silu_mul(p, pairs[:, 0], pairs[:, 1]), w, residual)
+    # RMSNorm, then the projection rounded to bf16: the unfused rmsnorm → gemv. With ``swiglu`` (over
+    # [w_gate | w_up] rows, interleaved gate and up), silu_mul's rounding on each pair: the unfused gemv → silu_mul.
+    y = matmul(p, rmsnorm(dict(rows=1, cols=p["K"], eps=p["eps"]), x, norm_w).reshape(-1), w)
+    if not p.get("swiglu"):
+        return y
+    pairs = y.reshape(-1, 2)
+    return silu_mul(p, pairs[:, 0], pairs[:, 1])
 
 
 def rope(p, x, lut):
@@ -225,7 +223,6 @@ LAUNCH_KINDS = {
     "gemv_f32": gemv_f32,
     "gemv_add": gemv_add,
     "rms_gemv": rms_gemv,
-    "swiglu_gemv_add": swiglu_gemv_add,
     "quantize_rows": quantize_rows,
     "gemm_int": gemm_int,
     "gemm_int_swiglu": gemm_int_swiglu,
