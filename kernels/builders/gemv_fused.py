@@ -7,7 +7,11 @@ the post-attention residual, gate and up cross between launches.
   K (Llama-3.2-1B's 8192-long down projection) is split: one loop over K chunks of ``k_chunk``, each call
   adding a chunk of all the tile's rows to fp32 partial sums in L1, then the rounding and the residual add.
 * rms_gemv(K, N, eps): ``y = W · (rmsnorm(x) * norm_w)``; each tile normalizes the whole x itself
-  (``rmsnorm_bf16``: K MACs, small next to its rows' K MACs each), then walks its rows (``gemv_rows_bf16``).
+  (``rmsnorm_bf16``: about K MACs, once per panel, since the herd is entered per panel: next to the panel's
+  tile_n rows of K MACs each), then walks its rows (``gemv_rows_bf16``). Keeping the normalized x in a
+  segment-scope L1 slab across the panels' herds (as the GEMMs keep their accumulators) did not get through this
+  AIR: placement failed on some Programs ("operand does not dominate this use"), aiecc on others, and where both
+  passed aiecc placed more L1 than the plan.
   Optional param ``gate_up``: W is [w_gate | w_up] (N/2 × 2K, the two weights side by side in each row), read as
   N rows of K, so that each tile's rows interleave gate and up (g0, u0, g1, u1, ...): both projections in one
   launch. With ``swiglu`` as well, each tile applies SiLU·up to its pairs (``swiglu_bf16``, in place) before its
