@@ -1,6 +1,6 @@
 """The fused decode-FFN launches, after upstream's 3-launch o_gemv_ffn (mlir-air
 ``llms/shared/builders/o_gemv_ffn_multi.py``): no projection or norm result crosses DDR on its own; only
-the post-attention residual, gate and up cross between launches.
+the post-attention residual and the SwiGLU activation cross between launches.
 
 * gemv_add(K, N): ``y[N] = bf16(W[N, K] · x[K]) + residual[N]`` (upstream's ``matvec_2tile_add``). Up to
   K=2048 a call takes ``rows_per_call`` whole rows (``gemv_partial_f32`` then ``gemv_add_bf16``); a longer
@@ -17,8 +17,9 @@ the post-attention residual, gate and up cross between launches.
   launch. With ``swiglu`` as well, each tile applies SiLU·up to its pairs (``swiglu_bf16``, in place) before its
   rows leave, and y is the N/2 products: the activation, made once per pair by the tile that projected it.
 
-o_gemv_ffn is gemv_add → rms_gemv (gate, up and SwiGLU) → gemv_add (down): upstream's three launches, with SwiGLU
-in the middle one (made in the down launch, every one of its tiles made the whole activation, once per panel).
+o_gemv_ffn is gemv_add → rms_gemv (gate, up and SwiGLU) → gemv_add (down): upstream's three launches, SwiGLU in the
+middle one as upstream's ``matvec_swiglu_rms`` makes it (ours made it in the down launch before, where every tile
+made the whole activation once per panel).
 Every launch keeps the unfused chain's rounding points (projection to bf16, then the add; gate and up to bf16,
 then SiLU and the product), so the fused Program computes what the 8-launch one did.
 

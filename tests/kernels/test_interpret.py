@@ -55,10 +55,10 @@ CASES = [(p, None) for p in programs_for_model(SMALL, (16, 32)) if not p.name.en
     # 4 for a group of 7 as Qwen2.5-0.5B's), each a column block of the step's L2 buffer
     (flash_attn_program(2, 2, 64, 256), {1: dict(tile_q=16)}),
     (flash_attn_program(7, 1, 64, 512), {1: dict(tile_q=16)}),
-    # o_gemv_ffn: two launch steps and row groups for the residual GEMV, row groups for the normed one, and the
-    # K-split down projection (k_chunk < K)
-    (o_gemv_ffn_program(256, 256, 512, EPS), {0: dict(herd=2, tile_n=64, rows_per_call=16), 1: dict(rows_per_call=8),
-                                      2: dict(k_chunk=128)}),
+    # o_gemv_ffn: two launch steps and row groups for the residual GEMV, two launch steps of two panels for the
+    # normed gate/up one (each panel's SiLU·up values placed by step and panel), and the K-split down projection
+    (o_gemv_ffn_program(256, 256, 512, EPS), {0: dict(herd=2, tile_n=64, rows_per_call=16),
+                                              1: dict(steps=2, tile_n=32, rows_per_call=8), 2: dict(k_chunk=128)}),
     (o_ffn_program(256, 256, 512, EPS, 16, "bfp16"), {1: dict(chunk=64)}),
     # packed weights: every decode Program in each format, and the K-split down projection over whole groups
     *[(p, None) for weights in ("q4_0", "q4_1", "q8_0")
