@@ -105,7 +105,8 @@ class ModelDims:
     intermediate: int
     vocab: int
     eps: float
-    qkv_bias: bool = False  # the Q, K and V projections add a bias (Qwen2): the QKV Programs take bq, bk, bv
+    qkv_bias: bool = False  # the Q, K and V projections add a bias (Qwen2): prefill's QKV Programs take bq, bk, bv,
+    #                         decode's bqk = [bq | bk] and bv
 
     def __post_init__(self):
         for name in ("hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab"):
@@ -176,12 +177,12 @@ def _qkv_params(hidden, heads, kv_heads, head_dim, eps, rows, qkv_bias) -> tuple
              ("rows", rows)) + ((("qkv_bias", 1),) if qkv_bias else ()))
 
 
-def _qkv_tail(projections, rows, heads, kv_heads, head_dim, row_shape, qkv_bias: bool, decode: bool = False):
-    """The Q/K/V projections (``projections(output, weight)`` gives each one's launch), their biases when the model
-    has them, then half-split RoPE on Q and K: (the bias args, the outputs and scratch, the launches). A biased
-    projection writes ``<name>_proj`` and bias_add writes ``<name>`` from it (builders/bias_add.py says why it is a
-    launch of its own); unbiased, the launches and arguments are those of a model without the field. A ``decode``
-    token's one row of Q and of K rotate in one launch (rope_qk: one device to enter instead of two)."""
+def _qkv_tail(projections, rows, heads, kv_heads, head_dim, row_shape, qkv_bias: bool):
+    """The Q/K/V projections of prefill rows (``projections(output, weight)`` gives each one's launch), their biases
+    when the model has them, then half-split RoPE on Q and K: (the bias args, the outputs and scratch, the
+    launches). A biased projection writes ``<name>_proj`` and bias_add writes ``<name>`` from it
+    (builders/bias_add.py says why it is a launch of its own); unbiased, the launches and arguments are those of a
+    model without the field."""
     q, kv = heads * head_dim, kv_heads * head_dim
     width = {"q": q, "k": kv, "v": kv}
     biases = tuple(Arg(f"b{n}", (width[n],), "bf16", W) for n in "qkv") if qkv_bias else ()
@@ -195,36 +196,58 @@ def _qkv_tail(projections, rows, heads, kv_heads, head_dim, row_shape, qkv_bias:
                Arg("v", row_shape(kv), "bf16", O),
                Arg("q_roped", row_shape(q), "bf16", O),
                Arg("k_roped", row_shape(kv), "bf16", O))
-    if decode:
-        launches += (_launch("rope_qk", ["q", "k", "rope_lut"], ["q_roped", "k_roped"], heads=heads,
-                             kv_heads=kv_heads, head_dim=head_dim),)
-    else:
-        launches += (_launch("rope", ["q", "rope_lut"], ["q_roped"], rows=rows, heads=heads, head_dim=head_dim),
-                     _launch("rope", ["k", "rope_lut"], ["k_roped"], rows=rows, heads=kv_heads, head_dim=head_dim))
+    launches += (_launch("rope", ["q", "rope_lut"], ["q_roped"], rows=rows, heads=heads, head_dim=head_dim),
+                 _launch("rope", ["k", "rope_lut"], ["k_roped"], rows=rows, heads=kv_heads, head_dim=head_dim))
+    return biases, outputs, launches
+
+
+def _decode_qkv_tail(projections, heads, kv_heads, head_dim, qkv_bias: bool):
+    """A decode token's Q/K/V: the Q and K projections in one launch over ``wqk`` = [Wq; Wk] (their rows stacked, so
+    one GEMV writes the row [q | k]), V's over ``wv``, their biases when the model has them (``bqk`` = [bq | bk],
+    ``bv``), then RoPE on the token's Q and K rows in one launch (rope_qk); ``projections(output, weight)`` gives
+    each projection's launch. Returns (the bias args, the outputs and scratch, the launches), as _qkv_tail."""
+    q, kv = heads * head_dim, kv_heads * head_dim
+    width = {"qk": q + kv, "v": kv}
+    biases = (Arg("bqk", (q + kv,), "bf16", W), Arg("bv", (kv,), "bf16", W)) if qkv_bias else ()
+    raw = tuple(Arg(f"{n}_proj", (width[n],), "bf16", S) for n in width) if qkv_bias else ()
+    launches = tuple(projections(f"{n}_proj" if qkv_bias else n, f"w{n}") for n in width)
+    if qkv_bias:
+        launches += tuple(_launch("bias_add", [f"{n}_proj", f"b{n}"], [n], rows=1, cols=width[n]) for n in width)
+    outputs = (*raw,
+               Arg("qk", (q + kv,), "bf16", S),
+               Arg("v", (kv,), "bf16", O),
+               Arg("q_roped", (q,), "bf16", O),
+               Arg("k_roped", (kv,), "bf16", O))
+    launches += (_launch("rope_qk", ["qk", "rope_lut"], ["q_roped", "k_roped"], heads=heads, kv_heads=kv_heads,
+                         head_dim=head_dim),)
     return biases, outputs, launches
 
 
 def _rms_qkv_rope(name, hidden, heads, kv_heads, head_dim, eps, rows, matmul, row_shape, options,
                   precision=None, weights="bf16", qkv_bias=False) -> Program:
     """RMSNorm → Q/K/V projections (+ their biases) → half-split RoPE on Q and K (prefill GEMM or decode GEMV).
-    Host arguments: x, norm_w, wq, wk, wv, then bq, bk, bv when ``qkv_bias``, then rope_lut. A decode token's
-    projections each normalize x themselves (rms_gemv) and its Q and K rows rotate in one launch (rope_qk): every
-    launch is a device the run enters (kernels/timing.py), so four launches cost less than six."""
+    Host arguments: x, norm_w, the weights, their biases when ``qkv_bias``, then rope_lut; the weights are wq, wk,
+    wv (biases bq, bk, bv) for prefill rows, wqk = [Wq; Wk] and wv (biases bqk, bv) for a decode token. A decode
+    token's projections each normalize x themselves (rms_gemv), Q and K in one launch, and its Q and K rows rotate
+    in one launch (rope_qk): every launch is a device the run enters (kernels/timing.py), so three launches cost
+    less than upstream's six."""
     _check_attention_dims(heads, kv_heads, head_dim)
     h, q, kv, hd = hidden, heads * head_dim, kv_heads * head_dim, head_dim
     mm = _matmul_params(matmul, rows, precision, weights)
-    out_features = {"wq": q, "wk": kv, "wv": kv}
-    decode = matmul == "gemv"
-    if decode:
+    out_features = {"wq": q, "wk": kv, "wv": kv, "wqk": q + kv}
+    if matmul == "gemv":
         def projection(out, w):
             return _launch("rms_gemv", ["x", "norm_w", w], [out], eps=eps, **mm(h, out_features[w], w[1:]))
         norm, normed = (), ()
+        biases, outputs, launches = _decode_qkv_tail(projection, heads, kv_heads, hd, qkv_bias)
+        weight_args = (weight_arg("wqk", q + kv, h, weights), weight_arg("wv", kv, h, weights))
     else:
         def projection(out, w):
             return _launch(matmul, ["normed", w], [out], **mm(h, out_features[w], w[1:]))
         norm = (_launch("rmsnorm", ["x", "norm_w"], ["normed"], rows=rows, cols=h, eps=eps),)
         normed = (Arg("normed", row_shape(h), "bf16", S),)
-    biases, outputs, launches = _qkv_tail(projection, rows, heads, kv_heads, hd, row_shape, qkv_bias, decode)
+        biases, outputs, launches = _qkv_tail(projection, rows, heads, kv_heads, hd, row_shape, qkv_bias)
+        weight_args = tuple(weight_arg(w, out_features[w], h, weights) for w in ("wq", "wk", "wv"))
     return Program(
         name=name,
         params=_qkv_params(hidden, heads, kv_heads, head_dim, eps, rows, qkv_bias),
@@ -232,9 +255,7 @@ def _rms_qkv_rope(name, hidden, heads, kv_heads, head_dim, eps, rows, matmul, ro
             Arg("x", row_shape(h), "bf16", I),
             Arg("norm_w", (h,), "bf16", W),
             *normed,
-            weight_arg("wq", q, h, weights),
-            weight_arg("wk", kv, h, weights),
-            weight_arg("wv", kv, h, weights),
+            *weight_args,
             *biases,
             Arg("rope_lut", row_shape(hd), "bf16", I),
             *outputs,
@@ -628,11 +649,11 @@ def decode_attn_o_gemv_ffn_program(hidden: int, q_dim: int, intermediate: int, e
 
 
 # Decode layers one dispatch may chain (decode_layers_program), each size an op of its own (npu2.decode_layers<n>):
-# at most what a Program's argument limit allows (Llama-3.2-1B's four layers bind 61 arguments).
+# at most what a Program's argument limit allows (Llama-3.2-1B's four layers bind 56 arguments, five would bind 67).
 DECODE_GROUP_SIZES = (2, 3, 4)
 # Per layer of a group, its own arguments (the rest are the group's: the first layer's q and x, the length, the LUT
 # row, the device-only scratches every layer reuses, the last layer's out and next_q_roped).
-_GROUP_SHARED = ("length", "next_rope_lut", "attn", "res1", "act", "next_q", "next_k")
+_GROUP_SHARED = ("length", "next_rope_lut", "attn", "res1", "act", "next_qk")
 
 
 def decode_layers_program(layers: int, hidden: int, q_dim: int, intermediate: int, eps: float, heads: int,

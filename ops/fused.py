@@ -45,12 +45,37 @@ def _qkv_dims(shapes):
     return hidden, wq[0] // head_dim, _agreed(wk[0], wv[0]) // head_dim, head_dim
 
 
+def _qk_head_dim(lut, wqk, wv) -> int:
+    """A decode op's head_dim: the RoPE LUT's width, even, dividing wv's rows and wqk's (= [Wq; Wk], more rows than
+    wv). When it fits exactly one of the two weights, the other is the odd one out (as _rope_head_dim)."""
+    head_dim = lut[-1]
+    fits_v = head_dim > 0 and wv[0] % head_dim == 0
+    fits_qk = head_dim > 0 and wqk[0] % head_dim == 0 and wqk[0] > wv[0]
+    if head_dim > 0 and head_dim % 2 == 0 and fits_v != fits_qk:
+        if fits_v:
+            raise BadArgument("wqk", f"[Wq; Wk]: the Q rows, then as many K rows as wv has ({wv[0]}), a multiple of "
+                              f"head_dim {head_dim} (rope_lut's width) in all", f"shape {wqk}")
+        raise BadArgument("wv", f"rows that are a multiple of head_dim {head_dim} (rope_lut's width)", f"shape {wv}")
+    if head_dim <= 0 or head_dim % 2 or not fits_v:
+        raise BadArgument("rope_lut", f"an even width (head_dim) dividing the rows of wqk ({wqk[0]}) and wv ({wv[0]})",
+                          f"shape {lut}")
+    return head_dim
+
+
+def _decode_qkv_dims(shapes):
+    """A decode op's (hidden, heads, kv_heads, head_dim) from x, norm_w, wqk = [Wq; Wk], wv and the LUT row."""
+    x, norm_w, wqk, wv, lut = shapes
+    head_dim = _qk_head_dim(lut, wqk, wv)
+    hidden = _agreed(norm_w[0], wqk[1], wv[1], x[-1])
+    return hidden, (wqk[0] - wv[0]) // head_dim, wv[0] // head_dim, head_dim
+
+
 def _rms_gemms_rope(shapes, eps, precision, qkv_bias=False):
     return catalog.rms_gemms_rope_program(*_qkv_dims(shapes), eps, shapes[0][0], precision, qkv_bias)
 
 
 def _rms_gemv_rope(shapes, eps, qkv_bias=False):
-    return catalog.rms_gemv_rope_program(*_qkv_dims(shapes), eps, qkv_bias=qkv_bias)
+    return catalog.rms_gemv_rope_program(*_decode_qkv_dims(shapes), eps, qkv_bias=qkv_bias)
 
 
 def _ffn_dims(shapes):
@@ -72,7 +97,7 @@ def _o_gemv_ffn_rms_gemv_rope(shapes, eps, next_eps, qkv_bias=False):
     """o_gemv_ffn's arguments, then the next layer's rms_gemv_rope weights and LUT (its input is this op's out)."""
     hidden, q_dim, intermediate = _ffn_dims(shapes[:6])
     try:
-        _, heads, kv_heads, head_dim = _qkv_dims(((hidden,),) + tuple(shapes[6:]))
+        _, heads, kv_heads, head_dim = _decode_qkv_dims(((hidden,),) + tuple(shapes[6:]))
     except BadArgument as exc:
         raise BadArgument("next_" + exc.arg, exc.expected, exc.given) from None
     return catalog.o_gemv_ffn_rms_gemv_rope_program(hidden, q_dim, intermediate, eps, heads, kv_heads, head_dim,
@@ -106,7 +131,7 @@ def _decode_attn_o_gemv_ffn_rms_gemv_rope(shapes, head_dim, eps, next_eps, qkv_b
     heads, kv_heads, capacity = (dict(attention.params)[n] for n in ("heads", "kv_heads", "capacity"))
     hidden, q_dim, intermediate = _ffn_dims((shapes[0],) + tuple(shapes[4:9]))
     try:
-        _qkv_dims(((hidden,),) + tuple(shapes[9:]))
+        _decode_qkv_dims(((hidden,),) + tuple(shapes[9:]))
     except BadArgument as exc:
         raise BadArgument("next_" + exc.arg, exc.expected, exc.given) from None
     return catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_program(hidden, q_dim, intermediate, eps, heads, kv_heads,
@@ -124,7 +149,7 @@ def _decode_attn_o_gemv_ffn(shapes, head_dim, eps):
 
 # Host tensors of a decode group's first layer (decode_attn_o_gemv_ffn_rms_gemv_rope's; each further layer's follow:
 # catalog.decode_layers_program)
-_GROUP_FIRST = 14
+_GROUP_FIRST = 13
 
 
 def _decode_layers(layers: int, ends_model: bool = False, lm_head: bool = False):
@@ -191,10 +216,10 @@ def _lm_head_gemv(shapes):
 # (x, norm_w, attn, the LUT) and the weights' row counts; the registry's shape check then holds each weight to the
 # row bytes its format gives.
 def _rms_gemv_rope_packed(shapes, eps, weights, qkv_bias=False):
-    x, norm_w, wq, wk, wv, lut = shapes
-    head_dim = _rope_head_dim(lut, wq, wk)
-    return catalog.rms_gemv_rope_packed_program(_agreed(norm_w[0], x[-1]), wq[0] // head_dim,
-                                                _agreed(wk[0], wv[0]) // head_dim, head_dim, eps, weights, qkv_bias)
+    x, norm_w, wqk, wv, lut = shapes
+    head_dim = _qk_head_dim(lut, wqk, wv)
+    return catalog.rms_gemv_rope_packed_program(_agreed(norm_w[0], x[-1]), (wqk[0] - wv[0]) // head_dim,
+                                                wv[0] // head_dim, head_dim, eps, weights, qkv_bias)
 
 
 def _ffn_dims_packed(shapes):
@@ -208,14 +233,14 @@ def _o_gemv_ffn_packed(shapes, eps, weights):
 
 def _o_gemv_ffn_rms_gemv_rope_packed(shapes, eps, next_eps, weights, qkv_bias=False):
     hidden, q_dim, intermediate = _ffn_dims_packed(shapes[:6])
-    norm_w, wq, wk, wv, lut = shapes[6:]
+    norm_w, wqk, wv, lut = shapes[6:]
     try:
-        head_dim = _rope_head_dim(lut, wq, wk)
+        head_dim = _qk_head_dim(lut, wqk, wv)
     except BadArgument as exc:
         raise BadArgument("next_" + exc.arg, exc.expected, exc.given) from None
-    return catalog.o_gemv_ffn_rms_gemv_rope_packed_program(hidden, q_dim, intermediate, eps, wq[0] // head_dim,
-                                                           _agreed(wk[0], wv[0]) // head_dim, head_dim, next_eps,
-                                                           weights, qkv_bias)
+    return catalog.o_gemv_ffn_rms_gemv_rope_packed_program(hidden, q_dim, intermediate, eps,
+                                                           (wqk[0] - wv[0]) // head_dim, wv[0] // head_dim, head_dim,
+                                                           next_eps, weights, qkv_bias)
 
 
 def _decode_attn_o_gemv_ffn_rms_gemv_rope_packed(shapes, head_dim, eps, next_eps, weights, qkv_bias=False):
@@ -223,9 +248,9 @@ def _decode_attn_o_gemv_ffn_rms_gemv_rope_packed(shapes, head_dim, eps, next_eps
     attention = _decode_attn(shapes[:4], head_dim)
     heads, kv_heads, capacity = (dict(attention.params)[n] for n in ("heads", "kv_heads", "capacity"))
     hidden, q_dim, intermediate = _ffn_dims_packed((shapes[0],) + tuple(shapes[4:9]))
-    _, wq, wk, _, lut = shapes[9:]
+    _, wqk, wv, lut = shapes[9:]
     try:
-        _rope_head_dim(lut, wq, wk)
+        _qk_head_dim(lut, wqk, wv)
     except BadArgument as exc:
         raise BadArgument("next_" + exc.arg, exc.expected, exc.given) from None
     return catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_packed_program(hidden, q_dim, intermediate, eps, heads,
@@ -295,17 +320,18 @@ _NEXT_KV_ROWS = (("next_k_roped", "next_k_row"), ("next_v", "next_v_row"))
 
 
 def _qkv_op(name: str, scalars, program_for, example, qkv_bias: bool, into=()) -> FusedOp:
-    """An op that projects Q/K/V; with ``qkv_bias``, its twin ``<name>_qkv_bias`` (Qwen2's biases), which takes bq, bk
-    and bv after wv (next_bq, next_bk, next_bv after next_wv in the chained ops). ``example(qkv_bias)`` builds the
-    op's example Program; the registry's shape check holds the biases to the Program's (q_dim,) and (kv_dim,).
-    ``into``: FusedOp.into, the same for both."""
+    """An op that projects Q/K/V; with ``qkv_bias``, its twin ``<name>_qkv_bias`` (Qwen2's biases), which takes the
+    biases after wv: bq, bk, bv for prefill rows, bqk = [bq | bk] and bv for a decode token (next_bqk, next_bv after
+    next_wv in the chained ops). ``example(qkv_bias)`` builds the op's example Program; the registry's shape check
+    holds the biases to the Program's. ``into``: FusedOp.into, the same for both."""
     if not qkv_bias:
         return FusedOp(name, scalars, program_for, example(False), into)
-    biased = example(True)
-    at = next(i for i, arg in enumerate(biased.host_args) if arg.name.endswith("bq"))
+    biased, unbiased = example(True), {arg.name for arg in example(False).host_args}
+    at = next(i for i, arg in enumerate(biased.host_args) if arg.name not in unbiased)
+    count = len(biased.host_args) - len(unbiased)
 
     def biased_program_for(shapes, *values):
-        return program_for(shapes[:at] + shapes[at + 3:], *values, qkv_bias=True)
+        return program_for(shapes[:at] + shapes[at + count:], *values, qkv_bias=True)
 
     return FusedOp(name + "_qkv_bias", scalars, biased_program_for, biased, into)
 

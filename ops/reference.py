@@ -55,12 +55,26 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 def rms_gemms_rope_reference(x, norm_w, wq, wk, wv, rope_lut, eps, biases=(None, None, None)):
-    """Reference of npu2.rms_gemms_rope and npu2.rms_gemv_rope: returns (v, q_roped, k_roped). ``biases``: the
-    projections' (bq, bk, bv), as HF's biased ``F.linear``."""
+    """Reference of npu2.rms_gemms_rope: returns (v, q_roped, k_roped). ``biases``: the projections' (bq, bk, bv),
+    as HF's biased ``F.linear``."""
     head_dim = rope_lut.shape[-1]
     normed = rms_norm(x, norm_w, eps)
     q, k, v = (F.linear(normed, w, b) for w, b in zip((wq, wk, wv), biases))
     return v, rope_half_split(q, rope_lut, head_dim), rope_half_split(k, rope_lut, head_dim)
+
+
+def _split_qk(wqk, wv, biases):
+    """A decode op's wqk = [Wq; Wk] as (Wq, Wk) (Wk has wv's rows), and its biases (bqk, bv) as (bq, bk, bv)."""
+    kv = wv.shape[0]
+    bqk, bv = biases
+    return wqk[:-kv], wqk[-kv:], (None, None, None) if bqk is None else (bqk[:-kv], bqk[-kv:], bv)
+
+
+def rms_gemv_rope_reference(x, norm_w, wqk, wv, rope_lut, eps, biases=(None, None)):
+    """Reference of npu2.rms_gemv_rope: rms_gemms_rope's on one row, Q and K from wqk = [Wq; Wk]; ``biases``: (bqk,
+    bv), bqk = [bq | bk]."""
+    wq, wk, split = _split_qk(wqk, wv, biases)
+    return rms_gemms_rope_reference(x, norm_w, wq, wk, wv, rope_lut, eps, split)
 
 
 def _plus_biases(projections, biases):
@@ -77,12 +91,11 @@ def o_ffn_reference(attn, wo, x, norm_w, w_gate_up, w_down, eps):
     return res1 + F.linear(silu_mul(F.linear(normed, w_gate), F.linear(normed, w_up)), w_down)
 
 
-def o_gemv_ffn_rms_gemv_rope_reference(attn, wo, x, norm_w, w_gate_up, w_down, next_norm_w, next_wq, next_wk,
-                                       next_wv, next_rope_lut, eps, next_eps, biases=(None, None, None)):
+def o_gemv_ffn_rms_gemv_rope_reference(attn, wo, x, norm_w, w_gate_up, w_down, next_norm_w, next_wqk, next_wv,
+                                       next_rope_lut, eps, next_eps, biases=(None, None)):
     """Reference of npu2.o_gemv_ffn_rms_gemv_rope: (out, next layer's v, q_roped, k_roped)."""
     out = o_ffn_reference(attn, wo, x, norm_w, w_gate_up, w_down, eps)
-    return (out, *rms_gemms_rope_reference(out, next_norm_w, next_wq, next_wk, next_wv, next_rope_lut, next_eps,
-                                           biases))
+    return (out, *rms_gemv_rope_reference(out, next_norm_w, next_wqk, next_wv, next_rope_lut, next_eps, biases))
 
 
 def flash_attn_reference(q, k, v, head_dim):
@@ -104,12 +117,12 @@ def decode_attn_reference(q, k_cache, v_cache, length, head_dim):
 
 
 def decode_attn_o_gemv_ffn_rms_gemv_rope_reference(q, k_cache, v_cache, length, wo, x, norm_w, w_gate_up, w_down,
-                                                   next_norm_w, next_wq, next_wk, next_wv, next_rope_lut, head_dim,
-                                                   eps, next_eps, biases=(None, None, None)):
+                                                   next_norm_w, next_wqk, next_wv, next_rope_lut, head_dim, eps,
+                                                   next_eps, biases=(None, None)):
     """Reference of npu2.decode_attn_o_gemv_ffn_rms_gemv_rope: decode attention, then o_gemv_ffn_rms_gemv_rope."""
     attn = decode_attn_reference(q, k_cache, v_cache, length, head_dim)
-    return o_gemv_ffn_rms_gemv_rope_reference(attn, wo, x, norm_w, w_gate_up, w_down, next_norm_w, next_wq, next_wk,
-                                              next_wv, next_rope_lut, eps, next_eps, biases)
+    return o_gemv_ffn_rms_gemv_rope_reference(attn, wo, x, norm_w, w_gate_up, w_down, next_norm_w, next_wqk, next_wv,
+                                              next_rope_lut, eps, next_eps, biases)
 
 
 def decode_attn_o_gemv_ffn_reference(q, k_cache, v_cache, length, wo, x, norm_w, w_gate_up, w_down, head_dim, eps):
@@ -129,11 +142,12 @@ def _linear_packed(x, w, weights):
     return F.linear(x.float(), quant.dequantize(quant.weight_format(weights), w, x.shape[-1])).to(torch.bfloat16)
 
 
-def rms_gemv_rope_packed_reference(x, norm_w, wq, wk, wv, rope_lut, eps, weights, biases=(None, None, None)):
-    """Reference of npu2.rms_gemv_rope_packed: (v, q_roped, k_roped)."""
+def rms_gemv_rope_packed_reference(x, norm_w, wqk, wv, rope_lut, eps, weights, biases=(None, None)):
+    """Reference of npu2.rms_gemv_rope_packed: (v, q_roped, k_roped); wqk = [Wq; Wk] in packed rows."""
     head_dim = rope_lut.shape[-1]
     normed = rms_norm(x, norm_w, eps)
-    q, k, v = _plus_biases((_linear_packed(normed, w, weights) for w in (wq, wk, wv)), biases)
+    wq, wk, split = _split_qk(wqk, wv, biases)
+    q, k, v = _plus_biases((_linear_packed(normed, w, weights) for w in (wq, wk, wv)), split)
     return v, rope_half_split(q, rope_lut, head_dim), rope_half_split(k, rope_lut, head_dim)
 
 
@@ -146,23 +160,21 @@ def o_gemv_ffn_packed_reference(attn, wo, x, norm_w, w_gate_up, w_down, eps, wei
     return (res1.float() + _linear_packed(act, w_down, weights).float()).to(torch.bfloat16)
 
 
-def o_gemv_ffn_rms_gemv_rope_packed_reference(attn, wo, x, norm_w, w_gate_up, w_down, next_norm_w, next_wq, next_wk,
-                                              next_wv, next_rope_lut, eps, next_eps, weights,
-                                              biases=(None, None, None)):
+def o_gemv_ffn_rms_gemv_rope_packed_reference(attn, wo, x, norm_w, w_gate_up, w_down, next_norm_w, next_wqk, next_wv,
+                                              next_rope_lut, eps, next_eps, weights, biases=(None, None)):
     """Reference of npu2.o_gemv_ffn_rms_gemv_rope_packed: (out, next layer's v, q_roped, k_roped)."""
     out = o_gemv_ffn_packed_reference(attn, wo, x, norm_w, w_gate_up, w_down, eps, weights)
-    return (out, *rms_gemv_rope_packed_reference(out, next_norm_w, next_wq, next_wk, next_wv, next_rope_lut,
-                                                 next_eps, weights, biases))
+    return (out, *rms_gemv_rope_packed_reference(out, next_norm_w, next_wqk, next_wv, next_rope_lut, next_eps,
+                                                 weights, biases))
 
 
 def decode_attn_o_gemv_ffn_rms_gemv_rope_packed_reference(q, k_cache, v_cache, length, wo, x, norm_w, w_gate_up,
-                                                          w_down, next_norm_w, next_wq, next_wk, next_wv,
-                                                          next_rope_lut, head_dim, eps, next_eps, weights,
-                                                          biases=(None, None, None)):
+                                                          w_down, next_norm_w, next_wqk, next_wv, next_rope_lut,
+                                                          head_dim, eps, next_eps, weights, biases=(None, None)):
     """Reference of npu2.decode_attn_o_gemv_ffn_rms_gemv_rope_packed."""
     attn = decode_attn_reference(q, k_cache, v_cache, length, head_dim)
-    return o_gemv_ffn_rms_gemv_rope_packed_reference(attn, wo, x, norm_w, w_gate_up, w_down, next_norm_w, next_wq,
-                                                     next_wk, next_wv, next_rope_lut, eps, next_eps, weights, biases)
+    return o_gemv_ffn_rms_gemv_rope_packed_reference(attn, wo, x, norm_w, w_gate_up, w_down, next_norm_w, next_wqk,
+                                                     next_wv, next_rope_lut, eps, next_eps, weights, biases)
 
 
 def decode_attn_o_gemv_ffn_packed_reference(q, k_cache, v_cache, length, wo, x, norm_w, w_gate_up, w_down, head_dim,
@@ -204,22 +216,24 @@ def o_ffn_w8x2_reference(attn, wo, x, norm_w, w_gate_up, w_down, eps):
     return res1 + _linear_w8x2(silu_mul(*_linear_w8x2(normed, w_gate_up, halves=2)), w_down)
 
 
-# ---- the biased twins (``<op>_qkv_bias``): bq, bk, bv follow wv (next_wv) in the op's arguments ------------------
-def _qkv_biased(reference, at: int):
+# ---- the biased twins (``<op>_qkv_bias``): the biases follow wv (next_wv) in the op's arguments: bq, bk, bv for
+# prefill rows, bqk and bv for a decode token ---------------------------------------------------------------------
+def _qkv_biased(reference, at: int, count: int):
     def biased(*args):
-        return reference(*args[:at], *args[at + 3:], biases=tuple(args[at:at + 3]))
+        return reference(*args[:at], *args[at + count:], biases=tuple(args[at:at + count]))
     return biased
 
 
-rms_gemms_rope_qkv_bias_reference = _qkv_biased(rms_gemms_rope_reference, 5)
-rms_gemv_rope_packed_qkv_bias_reference = _qkv_biased(rms_gemv_rope_packed_reference, 5)
-rms_gemms_rope_w8x2_qkv_bias_reference = _qkv_biased(rms_gemms_rope_w8x2_reference, 5)
-o_gemv_ffn_rms_gemv_rope_qkv_bias_reference = _qkv_biased(o_gemv_ffn_rms_gemv_rope_reference, 10)
-o_gemv_ffn_rms_gemv_rope_packed_qkv_bias_reference = _qkv_biased(o_gemv_ffn_rms_gemv_rope_packed_reference, 10)
+rms_gemms_rope_qkv_bias_reference = _qkv_biased(rms_gemms_rope_reference, 5, 3)
+rms_gemv_rope_qkv_bias_reference = _qkv_biased(rms_gemv_rope_reference, 4, 2)
+rms_gemv_rope_packed_qkv_bias_reference = _qkv_biased(rms_gemv_rope_packed_reference, 4, 2)
+rms_gemms_rope_w8x2_qkv_bias_reference = _qkv_biased(rms_gemms_rope_w8x2_reference, 5, 3)
+o_gemv_ffn_rms_gemv_rope_qkv_bias_reference = _qkv_biased(o_gemv_ffn_rms_gemv_rope_reference, 9, 2)
+o_gemv_ffn_rms_gemv_rope_packed_qkv_bias_reference = _qkv_biased(o_gemv_ffn_rms_gemv_rope_packed_reference, 9, 2)
 decode_attn_o_gemv_ffn_rms_gemv_rope_qkv_bias_reference = _qkv_biased(
-    decode_attn_o_gemv_ffn_rms_gemv_rope_reference, 13)
+    decode_attn_o_gemv_ffn_rms_gemv_rope_reference, 12, 2)
 decode_attn_o_gemv_ffn_rms_gemv_rope_packed_qkv_bias_reference = _qkv_biased(
-    decode_attn_o_gemv_ffn_rms_gemv_rope_packed_reference, 13)
+    decode_attn_o_gemv_ffn_rms_gemv_rope_packed_reference, 12, 2)
 
 
 # ---- the decode groups (npu2.decode_layers<n>, catalog.decode_layers_program) -------------------------------------
@@ -229,9 +243,9 @@ def _decode_layers(layers: int, layer_reference, last_reference=None):
     last layer's out and q, then each layer's (next_v, next_k_roped). With ``last_reference`` (a
     decode_attn_o_gemv_ffn reference: a _final group), the last layer is the model's last, with no next layer: it
     returns only out, and the rows are those of the layers before it."""
-    first, per_layer = 14, 10
+    first, per_layer = 13, 9
     ends_model = last_reference is not None
-    tensor_count = first + per_layer * (layers - 1) - (4 if ends_model else 0)
+    tensor_count = first + per_layer * (layers - 1) - (3 if ends_model else 0)
 
     def reference(*args):
         tensors, scalars = args[:tensor_count], args[tensor_count:]

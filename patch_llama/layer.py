@@ -495,11 +495,10 @@ class _PositionedCache:
 
 @dataclass
 class Projections:
-    """A decoder layer's projection weights in NPU buffers, in a form its ops read; ``gate_up`` holds the gate and up
-    projections together."""
+    """A decoder layer's projection weights in NPU buffers, in the form its decode ops read: ``wqk`` holds the Q
+    projection's rows, then the K projection's ([Wq; Wk]), ``gate_up`` the gate and up projections together."""
 
-    wq: torch.Tensor
-    wk: torch.Tensor
+    wqk: torch.Tensor
     wv: torch.Tensor
     wo: torch.Tensor
     gate_up: torch.Tensor
@@ -530,22 +529,33 @@ class PackedProjections(Projections):
         return out
 
 
-class PreparedProjections(Projections):
+@dataclass
+class PreparedProjections:
     """The projections prepared for the integer prefill GEMMs (matmul precision "w8x2a16": kernels/int_gemm.py's
     tiles of two int8 terms and their scales, int32 words), beside the weights decode reads (bf16 or packed).
     ``gate_up`` is the [gate | up] pair, tile by tile."""
+
+    wq: torch.Tensor
+    wk: torch.Tensor
+    wv: torch.Tensor
+    wo: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
 
 
 class NpuDecoderLayer:
     """Callable that replaces one ``LlamaDecoderLayer.forward`` (bound per instance)."""
 
     def __init__(self, layer, shared: SharedState, signature: LayerSignature, *, gate_up: torch.Tensor | None = None,
+                 qk: torch.Tensor | None = None, qk_bias: torch.Tensor | None = None,
                  packed: PackedProjections | None = None, prepared: PreparedProjections | None = None):
         """``signature``: the installed transformers' decoder-layer signature, whose names the layer takes its
-        arguments by. Either ``gate_up``, the layer's gate and up weights side by side, [gate | up] (F × 2H), whose
-        halves its gate_proj.weight and up_proj.weight are (patch_llama lays them out so), or ``packed``, the
-        projections as packed rows, when the model runs with quantized weights; and ``prepared``, the projections
-        prepared for integer prefill GEMMs when the model runs them."""
+        arguments by. Either ``gate_up`` and ``qk``, the layer's gate and up weights side by side, [gate | up]
+        (F × 2H), and its Q and K weights stacked, [Wq; Wk], whose parts its gate_proj.weight, up_proj.weight,
+        q_proj.weight and k_proj.weight are (patch_llama lays them out so), or ``packed``, the projections as packed
+        rows, when the model runs with quantized weights; ``qk_bias``: [bq | bk], whose parts q_proj.bias and
+        k_proj.bias are, when the family has Q/K/V biases; and ``prepared``, the projections prepared for integer
+        prefill GEMMs when the model runs them."""
         self.signature = signature
         self.module = layer
         self.hf_forward = functools.partial(type(layer).forward, layer)  # HF's own layer, for output_attentions
@@ -559,15 +569,16 @@ class NpuDecoderLayer:
         self.input_norm, self.post_attention_norm = layer.input_layernorm, layer.post_attention_layernorm
         self.packed, self.prepared = packed, prepared
         # Q/K/V biases (a family with them, patch_llama/families.py): bf16 in every weight format, taken by the ops'
-        # _qkv_bias twins after wv
+        # _qkv_bias twins after wv: (bq, bk, bv) by prefill's, ([bq | bk], bv) by decode's
         self.qkv_biases = tuple(p.bias for p in (attn.q_proj, attn.k_proj, attn.v_proj) if p.bias is not None)
+        decode_biases = (qk_bias, attn.v_proj.bias) if self.qkv_biases else ()
+        # the decode ops' norm weight, [Wq; Wk], Wv and biases
         if packed is None:
-            self.qkv_weights = (layer.input_layernorm.weight, attn.q_proj.weight, attn.k_proj.weight,
-                                attn.v_proj.weight, *self.qkv_biases)
+            self.qkv_weights = (layer.input_layernorm.weight, qk, attn.v_proj.weight, *decode_biases)
             self.ffn_weights = (attn.o_proj.weight, layer.post_attention_layernorm.weight, gate_up,
                                 mlp.down_proj.weight)
         else:
-            self.qkv_weights = (layer.input_layernorm.weight, packed.wq, packed.wk, packed.wv, *self.qkv_biases)
+            self.qkv_weights = (layer.input_layernorm.weight, packed.wqk, packed.wv, *decode_biases)
             self.ffn_weights = (packed.wo, layer.post_attention_layernorm.weight, packed.gate_up, packed.down)
         self.hidden_size, self.q_dim = attn.q_proj.weight.shape[1], attn.q_proj.weight.shape[0]
         self.intermediate = mlp.down_proj.weight.shape[1]
@@ -854,17 +865,21 @@ class NpuDecoderLayer:
     def _prefill_weights(self, which: str):
         """The weights prefill's GEMMs take: the layer's own bf16 ones, those prepared for integer GEMMs, or its
         packed projections dequantized on the host (the prefill GEMMs do not read packed rows yet); "qkv": the
-        norm weight, the three projections and their biases if any."""
+        norm weight, the three projections (Q's and K's the two parts of one buffer, [Wq; Wk]) and their biases if
+        any."""
+        norm = self.qkv_weights[0]
         if self.prepared is not None:
             p = self.prepared
-            return (self.qkv_weights[0], p.wq, p.wk, p.wv, *self.qkv_biases) if which == "qkv" else \
+            return (norm, p.wq, p.wk, p.wv, *self.qkv_biases) if which == "qkv" else \
                 (p.wo, self.ffn_weights[1], p.gate_up, p.down)
         if self.packed is None:
-            return self.qkv_weights if which == "qkv" else self.ffn_weights
+            attn = self.module.self_attn
+            return (norm, attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, *self.qkv_biases) \
+                if which == "qkv" else self.ffn_weights
         h = self.hidden_size
         if which == "qkv":
-            return (self.qkv_weights[0], self._dequantized("wq", h), self._dequantized("wk", h),
-                    self._dequantized("wv", h), *self.qkv_biases)
+            qk = self._dequantized("wqk", h)
+            return (norm, qk[:self.q_dim], qk[self.q_dim:], self._dequantized("wv", h), *self.qkv_biases)
         return (self._dequantized("wo", self.q_dim), self.ffn_weights[1], self._dequantized("gate_up", h),
                 self._dequantized("down", self.intermediate))
 

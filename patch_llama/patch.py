@@ -301,6 +301,20 @@ def _pin_lm_head(runtime, weight: nn.Parameter) -> torch.Tensor:
     return rows
 
 
+def _pin_stacked(runtime, first: nn.Parameter, second: nn.Parameter) -> torch.Tensor:
+    """One NPU buffer of ``first``'s rows, then ``second``'s, which become its two row ranges (views: still one copy
+    of each)."""
+    stacked = runtime.pin(torch.cat((first.data, second.data)))
+    first.data, second.data = stacked[:first.shape[0]], stacked[first.shape[0]:]
+    return stacked
+
+
+def _pin_qk_bias(runtime, attn) -> torch.Tensor | None:
+    """[bq | bk] as one NPU buffer (the decode ops' ``bqk``), q_proj.bias and k_proj.bias its two parts; None for a
+    family without Q/K/V biases."""
+    return None if attn.q_proj.bias is None else _pin_stacked(runtime, attn.q_proj.bias, attn.k_proj.bias)
+
+
 def _pin_gate_up(runtime, mlp) -> torch.Tensor:
     """One NPU buffer [gate | up] (F × 2H, the two weights side by side in each row), the layout the FFN ops read;
     gate_proj.weight and up_proj.weight become its two halves (views: still one copy of each)."""
@@ -327,10 +341,12 @@ def _prepare_integer(runtime, layer, packed: PackedProjections | None = None) ->
 
     if packed is None:
         gate_up = torch.cat((mlp.gate_proj.weight.data, mlp.up_proj.weight.data))
-    else:  # each packed row holds a gate row, then an up row
+        wq, wk = attn.q_proj.weight.data, attn.k_proj.weight.data
+    else:  # each packed row holds a gate row, then an up row; wqk Q's rows, then K's
         pairs = packed.dequantized("gate_up", hidden)
         gate_up = torch.cat((pairs[:, :hidden], pairs[:, hidden:]))
-    return PreparedProjections(prepare(bf16(attn.q_proj, "wq", hidden)), prepare(bf16(attn.k_proj, "wk", hidden)),
+        wq, wk = packed.dequantized("wqk", hidden).split((q_dim, attn.k_proj.out_features))
+    return PreparedProjections(prepare(wq), prepare(wk),
                                prepare(bf16(attn.v_proj, "wv", hidden)), prepare(bf16(attn.o_proj, "wo", q_dim)),
                                prepare(gate_up, halves=2), prepare(bf16(mlp.down_proj, "down", intermediate)))
 
@@ -426,7 +442,10 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
                                                    context=getattr(model.config, "max_position_embeddings", None)),
                                    decode_group=decode_layers_per_dispatch),
                        weights=(weights, head_weights))
-    paired = {id(p) for layer in model.model.layers for p in (layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight)}
+    # pinned in pairs, as one buffer each: [gate | up], [Wq; Wk], [bq | bk]
+    paired = {id(p) for layer in model.model.layers for p in (
+        layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight, layer.self_attn.q_proj.weight,
+        layer.self_attn.k_proj.weight, layer.self_attn.q_proj.bias, layer.self_attn.k_proj.bias) if p is not None}
     paired |= {id(p) for p in packed_weights}  # packed: their bf16 weights go to the spill file, not to the NPU
     items = [p for p in _npu_weights(model) if id(p) not in paired] + list(model.model.layers)
     if progress:
@@ -446,12 +465,15 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
             elif packed:  # the projections packed (and prepared from the packed rows for integer prefill GEMMs)
                 rows = _pin_packed(state, runtime, item, weights, source)
                 integer = _prepare_integer(runtime, item, rows) if matmul_precision == INTEGER_PRECISION else None
-                per_layer.append((rows, integer))
+                per_layer.append(dict(packed=rows, prepared=integer, qk_bias=_pin_qk_bias(runtime, item.self_attn)))
                 _set_aside(state, [m.weight for m in _projections(item)])
-            else:  # a decoder layer: its gate and up weights, as one buffer (and integer copies for prefill)
+            else:  # a decoder layer: its gate and up weights, Q and K weights, as one buffer each (and integer
+                # copies for prefill)
                 gate_up = _pin_gate_up(runtime, item.mlp)
+                qk = _pin_stacked(runtime, item.self_attn.q_proj.weight, item.self_attn.k_proj.weight)
                 prepared = _prepare_integer(runtime, item) if matmul_precision == INTEGER_PRECISION else None
-                per_layer.append((gate_up, prepared))
+                per_layer.append(dict(gate_up=gate_up, qk=qk, prepared=prepared,
+                                      qk_bias=_pin_qk_bias(runtime, item.self_attn)))
         if packed:
             head = (head_weights, _pack_linear(state, runtime, model.lm_head, "lm_head", head_weights, source,
                                                lm_head_rows(model.lm_head.out_features)))
@@ -461,9 +483,8 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
         if state.spill is not None:
             state.spill.abandon()
         raise
-    patched = [NpuDecoderLayer(layer, state.shared, signature, packed=mine[0], prepared=mine[1]) if packed else
-               NpuDecoderLayer(layer, state.shared, signature, gate_up=mine[0], prepared=mine[1])
-               for layer, mine in zip(model.model.layers, per_layer)]
+    patched = [NpuDecoderLayer(layer, state.shared, signature, **mine) for layer, mine in zip(model.model.layers,
+                                                                                             per_layer)]
     for layer, forward, following in zip(model.model.layers, patched, patched[1:] + [None]):
         forward.next_layer = following
         _replace_forward(state, layer, forward)
@@ -561,7 +582,7 @@ def _remember_unloaded(state, module, fmt: str, words: torch.Tensor) -> None:
 
 def _pin_packed(state, runtime, layer, fmt: str, source) -> PackedProjections:
     """A decoder layer's projections packed into NPU buffers; [gate | up] as one buffer, each row a packed gate
-    row then a packed up row."""
+    row then a packed up row; [Wq; Wk] as one, Q's packed rows then K's."""
     index = layer.self_attn.layer_idx
     attn, mlp = layer.self_attn, layer.mlp
 
@@ -575,8 +596,13 @@ def _pin_packed(state, runtime, layer, fmt: str, source) -> PackedProjections:
         _set_instance_attr(state, module, "extra_repr", _describe_linear(module, fmt))
         width = gate_up.shape[1] // 2
         _remember_unloaded(state, module, fmt, gate_up[:, half * width:(half + 1) * width])
-    return PackedProjections(pack(attn.q_proj, "self_attn.q_proj"), pack(attn.k_proj, "self_attn.k_proj"),
-                             pack(attn.v_proj, "self_attn.v_proj"), pack(attn.o_proj, "self_attn.o_proj"),
+    qk = torch.cat([_packed_rows(m, f"{index}.self_attn.{n}", fmt, source) for m, n in
+                    ((attn.q_proj, "q_proj"), (attn.k_proj, "k_proj"))])
+    qk = runtime.pin(qk.view(torch.int32))
+    for rows, module in zip(qk.split((attn.q_proj.out_features, attn.k_proj.out_features)), (attn.q_proj, attn.k_proj)):
+        _set_instance_attr(state, module, "extra_repr", _describe_linear(module, fmt))
+        _remember_unloaded(state, module, fmt, rows)
+    return PackedProjections(qk, pack(attn.v_proj, "self_attn.v_proj"), pack(attn.o_proj, "self_attn.o_proj"),
                              gate_up, pack(mlp.down_proj, "mlp.down_proj"), format=fmt)
 
 

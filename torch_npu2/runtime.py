@@ -2,11 +2,11 @@
 
 The runtime talks to a pyxrt-shaped driver only (real ``pyxrt`` or ``EmulatedXrt``) and knows Programs,
 never models. A BO-backed tensor is an ordinary CPU tensor whose storage is a BO's host mapping; a
-registry maps that storage back to its BO, so a tensor handed to ``run`` is bound as its BO with no copy (an input
-that is a contiguous part of one, from a whole DMA word, as a sub-buffer of it: ``_bind_part``).
+registry maps that storage back to its BO, so a tensor handed to ``run`` is bound as its BO with no copy (a weight
+or input that is a contiguous part of one, from a whole DMA word, as a sub-buffer of it: ``_bind_part``).
 
-Coherency has one owner, ``Runtime.run``: weights are synced to the device once (``refresh`` after writing
-one in place); every input is synced (its own bytes only, if it is part of a BO; or copied into its staging buffer
+Coherency has one owner, ``Runtime.run``: weights are synced to the device once, their whole BO (a weight may
+be a part of one: ``refresh`` after writing one in place); every input is synced (its own bytes only, if it is part of a BO; or copied into its staging buffer
 and synced) before every run, and
 outputs are synced back after every run (an output the caller gives a place, ``run``'s ``into``, is written there
 through a sub-buffer and only its bytes come back). The exception is state the host writes in pieces
@@ -249,13 +249,13 @@ class Runtime:
 
     def _bind_host_arg(self, loaded: LoadedProgram, index: int, is_weight: bool, nbytes: int,
                        tensor: torch.Tensor) -> None:
-        """Bind the BO for a weight or input argument, syncing it as its role requires: a weight once, an input
-        every run (its bytes may have changed without its version counter moving)."""
+        """Bind the BO for a weight or input argument, syncing it as its role requires: a weight's BO once, an
+        input every run (its bytes may have changed without its version counter moving)."""
         # Bound as its BO only when it starts where a BO mapping starts: its storage is that mapping (no storage
         # can begin before one mapping and reach into another), at offset 0. One data_ptr() call tells both.
         buffer = self._resident.get(tensor.data_ptr())
         if buffer is None:
-            if is_weight or not self._bind_part(loaded, index, nbytes, tensor):
+            if not self._bind_part(loaded, index, nbytes, tensor, is_weight):
                 self._stage(loaded, index, nbytes, tensor)
             return
         bo = buffer.bo
@@ -268,8 +268,13 @@ class Runtime:
             bo.sync(self._sync_to, nbytes, 0)
             self.stats["bo_inputs_synced"] += 1
         elif not buffer.weight_synced:
-            bo.sync(self._sync_to, nbytes, 0)
-            buffer.weight_synced = True
+            self._sync_weight(buffer)
+
+    def _sync_weight(self, buffer: _Buffer) -> None:
+        """A weight's whole BO to the device, once: the weight bound may be only a part of it (a decode layer's
+        [Wq; Wk], of which prefill binds Q's and K's rows as two weights), and ``weight_synced`` is the BO's."""
+        buffer.bo.sync(self._sync_to, len(buffer.mapping), 0)
+        buffer.weight_synced = True
 
     def _part(self, tensor: torch.Tensor) -> tuple[_Buffer, int] | None:
         """(its buffer, its byte offset) when ``tensor`` is a contiguous part of a BO-backed tensor that a sub-buffer
@@ -280,10 +285,12 @@ class Runtime:
             return None
         return buffer, offset
 
-    def _bind_part(self, loaded: LoadedProgram, index: int, nbytes: int, tensor: torch.Tensor) -> bool:
-        """Bind an input that is part of a BO-backed tensor (``_part``: a KV cache slab of a batch's second
-        sequence, a row of a batch's output) as a sub-buffer of its BO, syncing just its bytes unless the host
-        syncs what it writes there; False if it is no such part (the caller stages a copy)."""
+    def _bind_part(self, loaded: LoadedProgram, index: int, nbytes: int, tensor: torch.Tensor,
+                   is_weight: bool = False) -> bool:
+        """Bind a weight or input that is part of a BO-backed tensor (``_part``: K's rows of a layer's [Wq; Wk], a KV
+        cache slab of a batch's second sequence, a row of a batch's output) as a sub-buffer of its BO, syncing a
+        weight's whole BO once, an input's bytes every run unless the host syncs what it writes there; False if it
+        is no such part (the caller stages a copy)."""
         part = self._part(tensor)
         if part is None:
             return False
@@ -297,9 +304,13 @@ class Runtime:
         if loaded.bound[index] is not bo:
             loaded.run.set_arg(index, bo)
             loaded.bound[index] = bo
-        if not buffer.synced_by_writer:
+        if buffer.synced_by_writer:
+            return True
+        if not is_weight:
             bo.sync(self._sync_to, nbytes, 0)
             self.stats["bo_inputs_synced"] += 1
+        elif not buffer.weight_synced:
+            self._sync_weight(buffer)
         return True
 
     def _stage(self, loaded: LoadedProgram, index: int, nbytes: int, tensor: torch.Tensor) -> None:
@@ -318,8 +329,8 @@ class Runtime:
 
     def _use_binding(self, loaded: LoadedProgram, key: tuple, tensors) -> None:
         """Make the binding of these weights (``key``: their host addresses) the one ``loaded`` runs with: a run of
-        its own, its weights bound and synced. Weights that are not all BO-backed are staged, i.e. copied, so
-        their binding is re-bound on every run."""
+        its own, its weights bound and synced. Weights that are not all whole BOs (host tensors staged, i.e. copied;
+        parts of one bound as sub-buffers) are bound again on every run."""
         binding = loaded.bindings.get(key)
         if binding is None:
             self.stats["bindings"] += 1

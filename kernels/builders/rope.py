@@ -12,9 +12,10 @@ divides each tile's rows; double-buffered x, out and LUT rows fit L1.
 
 rope_qk(heads, kv_heads, head_dim): a decode token's Q and K rows rotated in one launch (one position, one LUT
 row), so a decode layer enters one rope device instead of two (kernels/timing.py: each launch is a device of its
-own). The segment gathers q and k in a memtile buffer, one tile takes it with one stream and the LUT row with its
-other (a compute tile has two input channels), rotates all heads + kv_heads heads in one call, and writes the
-rotated Q and K rows out over its two output channels.
+own). Its input is the row [q | k] the Q and K projection writes (kernels/catalog.py: one GEMV over [Wq; Wk]); the
+segment stages it in a memtile buffer, one tile takes it with one stream and the LUT row with its other (a compute
+tile has two input channels), rotates all heads + kv_heads heads in one call, and writes the rotated Q and K rows
+out over its two output channels.
 """
 from __future__ import annotations
 
@@ -91,7 +92,7 @@ def build(params: dict, operands, tuning: dict) -> LaunchIR:
 def build_qk(params: dict, operands, tuning: dict) -> LaunchIR:
     heads, kv_heads, head_dim = params["heads"], params["kv_heads"], params["head_dim"]
     q, kv = heads * head_dim, kv_heads * head_dim
-    check_operands(QK_KIND, operands, [("q", {(q,)}, "bf16"), ("k", {(kv,)}, "bf16"), ("lut", {(head_dim,)}, "bf16"),
+    check_operands(QK_KIND, operands, [("qk", {(q + kv,)}, "bf16"), ("lut", {(head_dim,)}, "bf16"),
                                        ("q_out", {(q,)}, "bf16"), ("k_out", {(kv,)}, "bf16")])
     _check_head_dim(QK_KIND, head_dim)
     width = q + kv
@@ -99,14 +100,13 @@ def build_qk(params: dict, operands, tuning: dict) -> LaunchIR:
           "rotated q and k": nbytes((width,), "bf16")}
     check_budget(QK_KIND, "L1", l1, "fewer heads")
 
-    b = LaunchBuilder(QK_KIND, operands, ("q", "k", "lut", "q_out", "k_out"))
+    b = LaunchBuilder(QK_KIND, operands, ("qk", "lut", "q_out", "k_out"))
     b.comment(f"rope_qk heads={heads} kv_heads={kv_heads} head_dim={head_dim}: one tile, one call over "
               f"{heads + kv_heads} heads")
     with b.launch(QK_KIND, (1, 1), b.operands) as (_, _, launch_args):
-        with b.segment(f"{QK_KIND}_seg", launch_args) as (_, _, (sq, sk, slut, sq_out, sk_out)):
+        with b.segment(f"{QK_KIND}_seg", launch_args) as (_, _, (sqk, slut, sq_out, sk_out)):
             qk = b.alloc(MemRef((width,), "bf16", L2), "qk_l2")
-            b.dma(qk, Window((0,), (q,), (1,)), sq, WHOLE)
-            b.dma(qk, Window((q,), (kv,), (1,)), sk, WHOLE)
+            b.dma(qk, WHOLE, sqk, WHOLE)
             with b.herd(f"{QK_KIND}_herd", (1, 1), [qk, slut, sq_out, sk_out], link_with=OBJECT) as (
                     _, _, (hqk, hlut, hq_out, hk_out)):
                 x_buf = b.alloc(MemRef((width,), "bf16", L1), "x_l1")

@@ -54,8 +54,8 @@ PROGRAMS["llama-decode_attn_o_gemv_ffn_rms_gemv_rope_packed-q4_1-2048"] = \
                                                                 LLAMA.eps, LLAMA.heads, LLAMA.kv_heads, LLAMA.head_dim,
                                                                 2048, LLAMA.eps, "q4_1")
 
-# Four decode layers from their attention on in one ELF (npu2.decode_layers4: 32 launches, 61 arguments), over bf16
-# and packed Q4_1 weights: the slowest Programs here (468 s and 397 s on 2 busy cores), their placement stage in
+# Four decode layers from their attention on in one ELF (npu2.decode_layers4: 28 launches, 56 arguments), over bf16
+# and packed Q4_1 weights: the slowest Programs here (240 s and 432 s on 2 busy cores), their placement stage in
 # air-fuse-channels for most of it.
 PROGRAMS.update({f"llama-{p.name}-2048": p for p in (
     catalog.decode_layers_program(4, LLAMA.hidden, LLAMA.q_dim, LLAMA.intermediate, LLAMA.eps, LLAMA.heads,

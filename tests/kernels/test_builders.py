@@ -45,9 +45,9 @@ def operand_types(kind, p):
     if kind == "rope":
         width = p["heads"] * p["head_dim"]
         return bf16(row(p["rows"], width), row(p["rows"], p["head_dim"]), row(p["rows"], width))
-    if kind == "rope_qk":
+    if kind == "rope_qk":  # the row [q | k], the LUT row, then the rotated Q and K rows
         q, kv = (p["heads"] * p["head_dim"],), (p["kv_heads"] * p["head_dim"],)
-        return bf16(q, kv, (p["head_dim"],), q, kv)
+        return bf16((q[0] + kv[0],), (p["head_dim"],), q, kv)
     if kind in ("silu_mul", "add"):
         return bf16(*[row(p["rows"], p["cols"])] * 3)
     if kind == "bias_add":

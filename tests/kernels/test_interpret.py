@@ -346,8 +346,8 @@ def test_a_dropped_output_dma_fails(air_tools, printed):
 def test_a_launchs_second_output_from_the_wrong_place_fails(air_tools):
     # rope_qk writes two arguments; here its K rows leave from the start of the rotated Q instead of after it.
     program = rms_gemv_rope_program(576, 9, 3, 64, EPS)
-    broken = mutate(air_tools, stitch(program).text, r"(%l3_k_out_3\[\] \[\] \[\], %l3_out_l1\[)%l3_c576_2\]",
-                    r"\1%l3_c0_2]")
+    broken = mutate(air_tools, stitch(program).text, r"(%l2_k_out_3\[\] \[\] \[\], %l2_out_l1\[)%l2_c576\]",
+                    r"\1%l2_c0]")
     assert [f.split(":")[0] for f in check_program_ir(program, seed=1, text=broken).failures()] == ["k_roped"]
 
 

@@ -9,7 +9,8 @@ from torch_npu2.kernels import ModelDims, Program, programs_for_model
 from torch_npu2.kernels.builders import KERNEL_OBJECTS
 from torch_npu2.kernels.builders.ir import MemRef
 from torch_npu2.kernels.program import Arg, Launch, Role
-from torch_npu2.kernels.catalog import o_gemv_ffn_program, rms_gemms_rope_program, rms_gemv_rope_program
+from torch_npu2.kernels.catalog import (decode_layers_program, o_gemv_ffn_program, rms_gemms_rope_program,
+                                        rms_gemv_rope_program)
 from torch_npu2.kernels.stitch import ObjectBuild, emit_mlir, stitch
 from torch_npu2.kernels.mlir_text import index_constants
 
@@ -158,16 +159,23 @@ def test_rope_variants_get_suffixed_symbols_and_d_renamed_objects():
 
 
 def test_launches_with_one_configuration_share_one_build():
-    """SmolLM2's decode Q, K, V projections: K and V (K=576, N=192, 2 rows a call) are tiled alike and share one
-    build; Q (N=576, 4 rows a call) has its own, with its symbols renamed."""
+    """SmolLM2's decode projections of Q and K (N=768) and of V (N=192) are built alike (K=576, 2 rows a call) but
+    hand their calls y buffers of their own sizes, and a declaration has one type: two builds of the one
+    configuration, the second's symbols renamed. A second layer in the same dispatch calls the first layer's."""
     result = stitch(rms_gemv_rope_program(576, 9, 3, 64, 1e-5))
     sections = launch_sections(result.text)
-    assert "@gemv_rows_bf16(" in sections[0]
-    assert "@gemv_rows_bf16_v2(" in sections[1] and "@gemv_rows_bf16_v2(" in sections[2]
+    assert "@gemv_rows_bf16(" in sections[0] and "@gemv_rows_bf16_v2(" in sections[1]
     gemv_builds = [b for b in result.objects if b.source == "gemv.cc"]
     assert [b.object for b in gemv_builds] == ["gemv.o", "gemv_v2.o"]
-    assert [dict(b.defines)["GEMV_ROWS"] for b in gemv_builds] == [4, 2]
+    assert [dict(b.defines) for b in gemv_builds] == [{"GEMV_K": 576, "GEMV_ROWS": 2}] * 2
     assert dict(gemv_builds[1].renames) == {s: s + "_v2" for s in KERNEL_OBJECTS["gemv.o"].symbols}
+    group = decode_layers_program(2, 576, 576, 1536, 1e-5, 9, 3, 64, 256, 1e-5)
+    result = stitch(group)
+    sections = launch_sections(result.text)
+    per_layer = len(group.launches) // 2
+    calls = [sorted(set(re.findall(r"func\.call @(\w+)\(", s))) for s in sections]
+    assert calls[:per_layer] == calls[per_layer:]
+    assert len([b for b in result.objects if b.source == "gemv.cc"]) == 5  # the five GEMV launches of one layer
 
 
 def test_objects_cover_exactly_the_linked_kernels():

@@ -11,7 +11,7 @@ from torch_npu2.ops import ALL_OPS, INTO, decode_attn_length, device_empty, devi
 from torch_npu2.ops.fused import FUSED_OPS
 from torch_npu2.ops.registry import program_of
 
-from .helpers import CONFIGS, EPS, attn_args, ffn_args, qkv_args
+from .helpers import CONFIGS, EPS, attn_args, decode_qkv_args, ffn_args, qkv_args
 
 # By output dtype. bf16: the NPU path rounds to bf16 between launches and accumulates in fp32 inside them,
 # the reference rounds after every HF module op, so they differ by a few bf16 ulps of the output's scale.
@@ -43,11 +43,11 @@ def group_layer_tensors(config, g, packed: bool):
     ffn = -(-ffn // quant.BLOCK) * quant.BLOCK if packed else ffn
     k, v = decode_attn_args(heads, kv, hd, gen=g)[1:3]
     _, wo, _, norm_w, w_gate_up, w_down = ffn_args(hidden, heads, hd, ffn, seq, decode=True, gen=g)
-    _, next_norm_w, wq, wk, wv, _ = qkv_args(hidden, heads, kv, hd, seq, decode=True, gen=g)
+    _, next_norm_w, wqk, wv, _ = decode_qkv_args(hidden, heads, kv, hd, gen=g)
     if packed:
         w_gate_up = torch.cat((_packed(w_gate_up[:, :hidden]), _packed(w_gate_up[:, hidden:])), dim=1)
-        wo, w_down, wq, wk, wv = map(_packed, (wo, w_down, wq, wk, wv))
-    return [k, v, wo, norm_w, w_gate_up, w_down, next_norm_w, wq, wk, wv]
+        wo, w_down, wqk, wv = map(_packed, (wo, w_down, wqk, wv))
+    return [k, v, wo, norm_w, w_gate_up, w_down, next_norm_w, wqk, wv]
 
 
 def group_cases(config, cases, g):
@@ -66,7 +66,7 @@ def group_cases(config, cases, g):
             more = [t for _ in range(n - 1) for t in group_layer_tensors(config, g, bool(suffix))]
             for final in ("", "_final", "_final_lm"):
                 name = f"decode_layers{n}{final}{suffix}"
-                out[name] = (list(tensors) + (more[:-4] if final else more) + (head if final == "_final_lm" else []),
+                out[name] = (list(tensors) + (more[:-3] if final else more) + (head if final == "_final_lm" else []),
                              scalars[:3] + (3 * EPS,) + scalars[3:] + scalars[3:] if final == "_final_lm" else scalars,
                              reference.DECODE_GROUP_REFERENCES[name])
     return out
@@ -82,8 +82,9 @@ def qkv_bias_cases(cases, g):
         program = unbiased.program_for(tuple(tuple(t.shape) for t in tensors), *unbiased.with_defaults(scalars),
                                        qkv_bias=True)
         names = [a.name for a in program.host_args]
-        at = next(i for i, n in enumerate(names) if n.endswith("bq"))
-        biases = [torch.randn(program.host_args[at + i].shape, generator=g).bfloat16() for i in range(3)]
+        at = next(i for i, n in enumerate(names) if n.endswith(("bq", "bqk")))  # bq, bk, bv; or bqk, bv (decode)
+        count = len(names) - len(tensors)
+        biases = [torch.randn(program.host_args[at + i].shape, generator=g).bfloat16() for i in range(count)]
         out[name + "_qkv_bias"] = (list(tensors[:at]) + biases + list(tensors[at:]), scalars,
                                    getattr(reference, ref_fn.__name__.replace("_reference", "_qkv_bias_reference")))
     return out
@@ -93,21 +94,20 @@ def unbiased_cases(config, g):
     hidden, heads, kv, hd, ffn, vocab, seq = CONFIGS[config]
     return {
         "rms_gemms_rope": (qkv_args(hidden, heads, kv, hd, seq, gen=g), (EPS,), reference.rms_gemms_rope_reference),
-        "rms_gemv_rope": (qkv_args(hidden, heads, kv, hd, seq, decode=True, gen=g), (EPS,),
-                          reference.rms_gemms_rope_reference),
+        "rms_gemv_rope": (decode_qkv_args(hidden, heads, kv, hd, gen=g), (EPS,), reference.rms_gemv_rope_reference),
         "flash_attn": (attn_args(heads, kv, hd, seq, gen=g), (hd,), reference.flash_attn_reference),
         "o_ffn": (ffn_args(hidden, heads, hd, ffn, seq, gen=g), (EPS,), reference.o_ffn_reference),
         "o_gemv_ffn": (ffn_args(hidden, heads, hd, ffn, seq, decode=True, gen=g), (EPS,), reference.o_ffn_reference),
         "o_gemv_ffn_rms_gemv_rope": (
             ffn_args(hidden, heads, hd, ffn, seq, decode=True, gen=g)
-            + qkv_args(hidden, heads, kv, hd, seq, decode=True, gen=g)[1:], (EPS, 2 * EPS),
+            + decode_qkv_args(hidden, heads, kv, hd, gen=g)[1:], (EPS, 2 * EPS),
             reference.o_gemv_ffn_rms_gemv_rope_reference),
         "lm_head_gemv": ([torch.randn(hidden).bfloat16(), (torch.randn(vocab, hidden) * hidden ** -0.5).bfloat16()],
                          (), reference.lm_head_gemv_reference),
         "decode_attn": (decode_attn_args(heads, kv, hd, gen=g), (hd,), reference.decode_attn_reference),
         "decode_attn_o_gemv_ffn_rms_gemv_rope": (
             decode_attn_args(heads, kv, hd, gen=g) + ffn_args(hidden, heads, hd, ffn, seq, decode=True, gen=g)[1:]
-            + qkv_args(hidden, heads, kv, hd, seq, decode=True, gen=g)[1:], (hd, EPS, 2 * EPS),
+            + decode_qkv_args(hidden, heads, kv, hd, gen=g)[1:], (hd, EPS, 2 * EPS),
             reference.decode_attn_o_gemv_ffn_rms_gemv_rope_reference),
         "decode_attn_o_gemv_ffn": (
             decode_attn_args(heads, kv, hd, gen=g) + ffn_args(hidden, heads, hd, ffn, seq, decode=True, gen=g)[1:],
@@ -135,8 +135,8 @@ def packed_cases(config, g):
     32-element blocks), against the packed references."""
     hidden, heads, kv, hd, ffn, vocab, seq = CONFIGS[config]
     ffn = -(-ffn // quant.BLOCK) * quant.BLOCK
-    x, norm_w, wq, wk, wv, lut = qkv_args(hidden, heads, kv, hd, seq, decode=True, gen=g)
-    qkv = [x, norm_w, _packed(wq), _packed(wk), _packed(wv), lut]
+    x, norm_w, wqk, wv, lut = decode_qkv_args(hidden, heads, kv, hd, gen=g)
+    qkv = [x, norm_w, _packed(wqk), _packed(wv), lut]
     attn, wo, x2, norm2, w_gate_up, w_down = ffn_args(hidden, heads, hd, ffn, seq, decode=True, gen=g)
     gate_up = torch.cat((_packed(w_gate_up[:, :hidden]), _packed(w_gate_up[:, hidden:])), dim=1)
     ffn_tensors = [attn, _packed(wo), x2, norm2, gate_up, _packed(w_down)]
@@ -313,9 +313,9 @@ def test_a_group_into_the_caches_is_its_layers_one_run_each_bit_for_bit(runtime,
     run. Rows bound elsewhere (plain tensors) leave the caches as given, and the results differ: the check can
     fail."""
     tensors, scalars, _ = op_cases("odd")[name]
-    layers, first, per_layer = int(name[len("decode_layers")]), 14, 10
+    layers, first, per_layer = int(name[len("decode_layers")]), 13, 9
     final, packed = "_final" in name, name.endswith("_packed")
-    q, length, x, lut = tensors[0], tensors[3], tensors[5], tensors[13]
+    q, length, x, lut = tensors[0], tensors[3], tensors[5], tensors[12]
     rows = catalog.decode_attn_length_value(length.tolist())
     suffix = "_packed" if packed else ""
     single = INTO[ALL_OPS["decode_attn_o_gemv_ffn_rms_gemv_rope" + suffix]]
@@ -325,7 +325,7 @@ def test_a_group_into_the_caches_is_its_layers_one_run_each_bit_for_bit(runtime,
         """Layer j's own tensors: its K and V caches, then its o/FFN weights and the next layer's norm and Q/K/V
         (none for a _final group's last layer)."""
         if j == 0:
-            return (*tensors[1:3], tensors[4], *tensors[6:13])
+            return (*tensors[1:3], tensors[4], *tensors[6:12])
         return tensors[first + per_layer * (j - 1):first + per_layer * j]
 
     # each layer's K and V caches in NPU state, and (unless the group ends the model) the layer's after the group,
@@ -362,7 +362,7 @@ def test_a_group_into_the_caches_is_its_layers_one_run_each_bit_for_bit(runtime,
     assert not torch.equal(group(apart, [torch.zeros_like(k[0]) for k, v in apart[1:] for _ in (k, v)])[0], x_chain)
 
 
-@pytest.mark.parametrize("index, arg", [(1, "k_cache_0"), (4, "wo_0"), (16, "wo_1"), (14, "k_cache_1")])
+@pytest.mark.parametrize("index, arg", [(1, "k_cache_0"), (4, "wo_0"), (15, "wo_1"), (13, "k_cache_1")])
 def test_a_group_names_the_layers_argument_at_fault(runtime, index, arg):
     tensors, scalars, _ = op_cases("odd")["decode_layers2"]
     bad = list(tensors)
@@ -401,13 +401,18 @@ def _call_with(name, index, value):
     ("o_ffn", 4, "w_gate_up", lambda t: t[:, :-2].contiguous(), "shape (200, 192)"),
     ("lm_head_gemv", 0, "x", lambda t: t[:-2].contiguous(), "shape (96,)"),
     # The chained op names the next layer's arguments as such.
-    ("o_gemv_ffn_rms_gemv_rope", 8, "next_wk", lambda t: t[:-2].contiguous(), "rows that are a multiple of head_dim"),
+    ("o_gemv_ffn_rms_gemv_rope", 7, "next_wqk", lambda t: t[:-2].contiguous(), "[Wq; Wk]: the Q rows, then as many K "
+                                                                                "rows as wv has (32)"),
     ("o_gemv_ffn_rms_gemv_rope", 6, "next_norm_w", lambda t: t[:-2].contiguous(), "shape (96,)"),
-    ("o_gemv_ffn_rms_gemv_rope", 10, "next_rope_lut", lambda t: t[:-1].contiguous(), "an even width (head_dim)"),
+    ("o_gemv_ffn_rms_gemv_rope", 9, "next_rope_lut", lambda t: t[:-1].contiguous(), "an even width (head_dim)"),
     ("rms_gemms_rope", 5, "rope_lut", lambda t: t[:, :-1].contiguous(), "an even width (head_dim) dividing"),
     ("rms_gemms_rope", 5, "rope_lut", lambda t: t[:, :-2].contiguous(), "an even width (head_dim) dividing"),
     ("rms_gemms_rope", 2, "wq", lambda t: t[:-2].contiguous(), "rows that are a multiple of head_dim 16"),
-    ("rms_gemv_rope", 3, "wk", lambda t: t[:-2].contiguous(), "rows that are a multiple of head_dim 16"),
+    ("rms_gemv_rope", 2, "wqk", lambda t: t[:-2].contiguous(), "a multiple of head_dim 16 (rope_lut's width) in all"),
+    ("rms_gemv_rope", 3, "wv", lambda t: t[:-2].contiguous(), "rows that are a multiple of head_dim 16"),
+    ("rms_gemv_rope", 2, "wqk", lambda t: t[:, :-2].contiguous(), "shape (128, 96)"),
+    ("rms_gemv_rope", 4, "rope_lut", lambda t: t[:-2].contiguous(), "an even width (head_dim) dividing the rows of "
+                                                                    "wqk (128) and wv (32)"),
     ("rms_gemms_rope", 4, "wv", lambda t: t[:-16].contiguous(), "shape (32, 96)"),
     # Inference-only: with grad mode on, an argument requiring grad is refused (README, "Python API").
     ("rms_gemms_rope", 2, "wq", lambda t: t.requires_grad_(), "a tensor that does not require grad"),

@@ -47,7 +47,8 @@ def test_prefill_default_precision_is_bf16_numerics(runtime):
 
 
 def test_decode_gemv_stays_bf16(runtime):
-    v, _, _ = rms_gemv_rope_op(*hand_made_qkv(()), 1e-5)
+    x, norm_w, wq, wk, wv, lut = hand_made_qkv(())
+    v, _, _ = rms_gemv_rope_op(x, norm_w, torch.cat((wq, wk)), wv, lut, 1e-5)
     assert v[:3].float().tolist() == EXPECTED["bf16"]
 
 

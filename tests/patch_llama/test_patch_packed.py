@@ -51,13 +51,13 @@ def test_prefill_dequantizes_every_layer_into_the_same_npu_buffers(runtime):
     shared = model._torch_npu2_patch.shared
     layer = model.model.layers[0].forward
     one_layer = sum(getattr(layer.packed, n).shape[0] * k for n, k in (
-        ("wq", 128), ("wk", 128), ("wv", 128), ("wo", 128), ("gate_up", 256), ("down", 256))) * 2
+        ("wqk", 128), ("wv", 128), ("wo", 128), ("gate_up", 256), ("down", 256))) * 2
     copied = runtime.stats["host_copy_bytes"]
     with torch.no_grad():
         model(torch.tensor([[1, 5, 7, 9, 11, 3]]))
         model(torch.arange(1, 21).unsqueeze(0))  # the second bucket
     buffers = {name: t.data_ptr() for name, t in shared.dequantized.items()}
-    assert sorted(buffers) == ["down", "gate_up", "wk", "wo", "wq", "wv"]
+    assert sorted(buffers) == ["down", "gate_up", "wo", "wqk", "wv"]
     assert sum(t.nbytes for t in shared.dequantized.values()) == one_layer
     assert runtime.stats["host_copy_bytes"] - copied < one_layer  # activations only: the weights were bound
     # and their bytes are the last layer's, exactly

@@ -35,8 +35,9 @@ def _count_bias_adds(monkeypatch) -> list:
                                                        (BUILDABLE, "bfp16", 0.995)],
                          ids=["odd-bf16", "buildable-w8x2a16", "buildable-bfp16"])
 def test_layers_and_generation_match_hf_qwen2(runtime, pair, monkeypatch, dims, precision, min_cosine):
-    """Per-layer cosine and the top-5 gate against HF's Qwen2; prefill and every decode token add the three biases
-    on the NPU (bias_add after each projection), the decode layers chained as Llama's are."""
+    """Per-layer cosine and the top-5 gate against HF's Qwen2; prefill and every decode token add the biases on the
+    NPU (bias_add after each projection: prefill's three, a decode token's two, Q's and K's as one), the decode
+    layers chained as Llama's are."""
     reference, model = pair(tiny_qwen2(**dims))
     patch_llama(model, prefill_buckets=(16, 32), matmul_precision=precision)
     bias_adds = _count_bias_adds(monkeypatch)
@@ -47,7 +48,7 @@ def test_layers_and_generation_match_hf_qwen2(runtime, pair, monkeypatch, dims, 
     check_topk_gate(*greedy_with_topk(reference, ids, 12), *greedy_with_topk(model, ids, 12), label=precision)
     runs = runtime.xrt.counters - before
     assert runs["runs:decode_attn_o_gemv_ffn_rms_gemv_rope"] >= 11  # one layer boundary per decode token, chained
-    assert bias_adds.count(32) >= 3 * 2 and bias_adds.count(1) >= 3 * 2 * 11  # prefill rows, decode rows
+    assert bias_adds.count(32) >= 3 * 2 and bias_adds.count(1) >= 2 * 2 * 11  # prefill rows, decode rows
 
 
 def test_the_biases_change_what_qwen2_generates(runtime):

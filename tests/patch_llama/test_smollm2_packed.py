@@ -35,8 +35,10 @@ def test_the_packed_blocks_are_hf_weights_before_rounding(smollm2_packed):
     layer = model.model.layers[3]
     packed = layer.forward.packed if hasattr(layer.forward, "packed") else layer._old_forward.packed
     attn = reference.model.layers[3].self_attn
-    for name, module in (("wq", attn.q_proj), ("wk", attn.k_proj), ("wo", attn.o_proj)):
-        exact = packed.dequantized(name, module.in_features)
+    qk = packed.dequantized("wqk", attn.q_proj.in_features)  # Q's rows, then K's
+    for name, module, exact in (("wq", attn.q_proj, qk[:attn.q_proj.out_features]),
+                                ("wk", attn.k_proj, qk[attn.q_proj.out_features:]),
+                                ("wo", attn.o_proj, packed.dequantized("wo", attn.o_proj.in_features))):
         assert packed.format == "q4_1" and torch.equal(exact, module.weight), name
 
 

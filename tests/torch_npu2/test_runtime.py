@@ -12,7 +12,7 @@ from torch_npu2.targets import TargetUnavailable, resolve_target
 from torch_npu2.emulator import EmulatedXrt
 from torch_npu2.ops import ALL_OPS, reference
 
-from ..ops.helpers import EPS, attn_args, qkv_args
+from ..ops.helpers import EPS, attn_args, decode_qkv_args, qkv_args
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, SEQ = 96, 6, 2, 16, 7
 
@@ -35,6 +35,29 @@ def test_weights_sync_exactly_once_across_calls(runtime):
     assert c["syncs_to_device:input"] == 2 * 3  # x and the RoPE LUT, every call
     assert c["syncs_from_device:weight"] == 0 and c["syncs_to_device:scratch"] == 0
     assert runtime.stats["host_copy_bytes"] == 3 * (args[0].numel() + args[5].numel()) * 2
+
+
+def test_a_weight_that_is_part_of_a_buffer_is_bound_in_place_and_its_whole_buffer_synced_once(runtime):
+    """A patched layer's [Wq; Wk] is one buffer that prefill binds as two weights, Q's rows (the buffer's start) and
+    K's (a part of it, as a sub-buffer): no host copy, the whole buffer synced once, so decode's op over the whole
+    buffer reads every row as written (had only the rows of the first weight bound been synced, the strict
+    emulator would serve K's rows as they were before)."""
+    x, norm_w, wq, wk, wv, lut = qkv_args(HIDDEN, HEADS, KV_HEADS, HEAD_DIM, SEQ, gen=torch.Generator().manual_seed(3))
+    norm_w, wv = runtime.pin(norm_w), runtime.pin(wv)
+    qk = runtime.pin(torch.cat((wq, wk)))
+    q_rows, k_rows = qk[:wq.shape[0]], qk[wq.shape[0]:]
+    copies, subs = runtime.stats["host_copies"], runtime.stats["sub_buffers"]
+    for _ in range(2):
+        out = torch.ops.npu2.rms_gemms_rope(x, norm_w, q_rows, k_rows, wv, lut, EPS)
+    assert runtime.stats["host_copies"] == copies + 2 * 2  # x and the LUT only, every call
+    assert runtime.stats["sub_buffers"] == subs + 1  # K's rows
+    assert runtime.xrt.counters["syncs_to_device:weight"] == 3  # norm_w, wv, and [Wq; Wk] whole, once each
+    assert runtime.xrt.counters["bytes_to_device:weight"] == norm_w.nbytes + wv.nbytes + qk.nbytes
+    for got, want in zip(out, reference.rms_gemms_rope_reference(x, norm_w, wq, wk, wv, lut, EPS)):
+        torch.testing.assert_close(got, want, atol=3e-2, rtol=2e-2)
+    decoded = torch.ops.npu2.rms_gemv_rope(x[0], norm_w, qk, wv, lut[0], EPS)
+    for got, want in zip(decoded, reference.rms_gemv_rope_reference(x[0], norm_w, qk, wv, lut[0], EPS)):
+        torch.testing.assert_close(got, want, atol=3e-2, rtol=2e-2)
 
 
 def test_a_host_input_is_copied_every_run_even_when_written_behind_torch(runtime):
@@ -453,29 +476,29 @@ def test_an_output_given_a_place_is_written_there_and_left_out_of_the_results(ru
     """run(..., into=): a part of a state tensor receives the output through a sub-buffer (no copy: the strict
     emulator shows it only after the read-back of its bytes); a plain tensor through a copy; a tensor of the wrong
     size is refused by name."""
-    x, norm_w, wq, wk, wv, lut = qkv_args(64, 2, 1, 32, 1, decode=True)
-    v, q, k = ALL_OPS["rms_gemv_rope"](x, norm_w, wq, wk, wv, lut, EPS)
+    x, norm_w, wqk, wv, lut = decode_qkv_args(64, 2, 1, 32)
+    v, q, k = ALL_OPS["rms_gemv_rope"](x, norm_w, wqk, wv, lut, EPS)
     program = next(iter(runtime._loaded.values())).program
     state = runtime.empty_state((4, 32), torch.bfloat16)
     state.zero_()
     runtime.sync_written(state)
     copies = runtime.stats["host_copies"]
-    (q_only,) = runtime.run(program, [x, norm_w, wq, wk, wv, lut], into={0: state[2], 2: state[1]})
+    (q_only,) = runtime.run(program, [x, norm_w, wqk, wv, lut], into={0: state[2], 2: state[1]})
     assert torch.equal(q_only, q) and torch.equal(state[2], v) and torch.equal(state[1], k)
     assert not state[0].any() and not state[3].any()
-    assert runtime.stats["host_copies"] == copies + 6  # the host-tensor arguments' staging only
+    assert runtime.stats["host_copies"] == copies + 5  # the host-tensor arguments' staging only
     plain = torch.zeros(32, dtype=torch.bfloat16)
-    runtime.run(program, [x, norm_w, wq, wk, wv, lut], into={0: plain})
+    runtime.run(program, [x, norm_w, wqk, wv, lut], into={0: plain})
     assert torch.equal(plain, v)
     subs, copies = runtime.stats["sub_buffers"], runtime.stats["host_copies"]
     odd = runtime.empty_state((80,), torch.bfloat16)  # a row at an odd element: 2 bytes past a DMA word
-    runtime.run(program, [x, norm_w, wq, wk, wv, lut], into={0: odd[1:33]})
+    runtime.run(program, [x, norm_w, wqk, wv, lut], into={0: odd[1:33]})
     assert torch.equal(odd[1:33], v) and runtime.stats["sub_buffers"] == subs
-    assert runtime.stats["host_copies"] == copies + 7  # staged: the six host arguments and this output
+    assert runtime.stats["host_copies"] == copies + 6  # staged: the five host arguments and this output
     device = runtime._resident[odd.data_ptr()].bo.device_view(torch.bfloat16)
     assert torch.equal(device[1:33], v), "the copy into state reaches the device"
     with pytest.raises(ValueError, match="output v is 32 torch.bfloat16 elements, the tensor given for it 31"):
-        runtime.run(program, [x, norm_w, wq, wk, wv, lut], into={0: state[0, :31]})
+        runtime.run(program, [x, norm_w, wqk, wv, lut], into={0: state[0, :31]})
 
 
 def test_each_weight_set_keeps_its_own_binding_and_freed_weights_are_rebound(runtime):

@@ -107,10 +107,12 @@ def rope(p, x, lut):
     return torch.cat((lo * cos + (-hi) * sin, hi * cos + lo * sin), -1)
 
 
-def rope_qk(p, q, k, lut):
-    # one position's Q and K rows, each head as rope rotates it
-    return (rope(dict(rows=1, heads=p["heads"], head_dim=p["head_dim"]), q, lut),
-            rope(dict(rows=1, heads=p["kv_heads"], head_dim=p["head_dim"]), k, lut))
+def rope_qk(p, qk, lut):
+    # one position's Q and K rows (the row [q | k]), each head as rope rotates it
+    q_dim = p["heads"] * p["head_dim"]
+    flat = qk.reshape(-1)
+    return (rope(dict(rows=1, heads=p["heads"], head_dim=p["head_dim"]), flat[:q_dim], lut),
+            rope(dict(rows=1, heads=p["kv_heads"], head_dim=p["head_dim"]), flat[q_dim:], lut))
 
 
 def silu_mul(p, gate, up):
