@@ -301,28 +301,19 @@ def _pin_lm_head(runtime, weight: nn.Parameter) -> torch.Tensor:
     return rows
 
 
-def _pin_stacked(runtime, first: nn.Parameter, second: nn.Parameter) -> torch.Tensor:
-    """One NPU buffer of ``first``'s rows, then ``second``'s, which become its two row ranges (views: still one copy
-    of each)."""
-    stacked = runtime.pin(torch.cat((first.data, second.data)))
-    first.data, second.data = stacked[:first.shape[0]], stacked[first.shape[0]:]
-    return stacked
+def _pin_joined(runtime, first: nn.Parameter, second: nn.Parameter, dim: int = 0) -> torch.Tensor:
+    """One NPU buffer of ``first`` and ``second`` joined along ``dim`` (rows: [Wq; Wk]; columns: [gate | up]), whose
+    two parts they become (views: still one copy of each)."""
+    joined = runtime.pin(torch.cat((first.data, second.data), dim=dim))
+    size = first.shape[dim]
+    first.data, second.data = joined.narrow(dim, 0, size), joined.narrow(dim, size, second.shape[dim])
+    return joined
 
 
 def _pin_qk_bias(runtime, attn) -> torch.Tensor | None:
     """[bq | bk] as one NPU buffer (the decode ops' ``bqk``), q_proj.bias and k_proj.bias its two parts; None for a
     family without Q/K/V biases."""
-    return None if attn.q_proj.bias is None else _pin_stacked(runtime, attn.q_proj.bias, attn.k_proj.bias)
-
-
-def _pin_gate_up(runtime, mlp) -> torch.Tensor:
-    """One NPU buffer [gate | up] (F × 2H, the two weights side by side in each row), the layout the FFN ops read;
-    gate_proj.weight and up_proj.weight become its two halves (views: still one copy of each)."""
-    gate, up = mlp.gate_proj.weight, mlp.up_proj.weight
-    hidden = gate.shape[1]
-    gate_up = runtime.pin(torch.cat((gate.data, up.data), dim=1))
-    gate.data, up.data = gate_up[:, :hidden], gate_up[:, hidden:]
-    return gate_up
+    return None if attn.q_proj.bias is None else _pin_joined(runtime, attn.q_proj.bias, attn.k_proj.bias)
 
 
 def _prepare_integer(runtime, layer, packed: PackedProjections | None = None) -> PreparedProjections:
@@ -467,10 +458,10 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
                 integer = _prepare_integer(runtime, item, rows) if matmul_precision == INTEGER_PRECISION else None
                 per_layer.append(dict(packed=rows, prepared=integer, qk_bias=_pin_qk_bias(runtime, item.self_attn)))
                 _set_aside(state, [m.weight for m in _projections(item)])
-            else:  # a decoder layer: its gate and up weights, Q and K weights, as one buffer each (and integer
-                # copies for prefill)
-                gate_up = _pin_gate_up(runtime, item.mlp)
-                qk = _pin_stacked(runtime, item.self_attn.q_proj.weight, item.self_attn.k_proj.weight)
+            else:  # a decoder layer: [gate | up] (F × 2H, side by side in each row) and [Wq; Wk], one buffer each,
+                # the layouts the decode ops read (and integer copies for prefill)
+                gate_up = _pin_joined(runtime, item.mlp.gate_proj.weight, item.mlp.up_proj.weight, dim=1)
+                qk = _pin_joined(runtime, item.self_attn.q_proj.weight, item.self_attn.k_proj.weight)
                 prepared = _prepare_integer(runtime, item) if matmul_precision == INTEGER_PRECISION else None
                 per_layer.append(dict(gate_up=gate_up, qk=qk, prepared=prepared,
                                       qk_bias=_pin_qk_bias(runtime, item.self_attn)))

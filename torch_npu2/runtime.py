@@ -5,9 +5,9 @@ never models. A BO-backed tensor is an ordinary CPU tensor whose storage is a BO
 registry maps that storage back to its BO, so a tensor handed to ``run`` is bound as its BO with no copy (a weight
 or input that is a contiguous part of one, from a whole DMA word, as a sub-buffer of it: ``_bind_part``).
 
-Coherency has one owner, ``Runtime.run``: weights are synced to the device once, their whole BO (a weight may
-be a part of one: ``refresh`` after writing one in place); every input is synced (its own bytes only, if it is part of a BO; or copied into its staging buffer
-and synced) before every run, and
+Coherency has one owner, ``Runtime.run``: a weight's whole BO is synced to the device once (a weight may be a part
+of one; ``refresh`` after writing one in place); every input is synced (its own bytes only, if it is part of a BO;
+or copied into its staging buffer and synced) before every run, and
 outputs are synced back after every run (an output the caller gives a place, ``run``'s ``into``, is written there
 through a sub-buffer and only its bytes come back). The exception is state the host writes in pieces
 (``empty_state``: a KV cache's slabs): a run never syncs it; each host write reaches the device by ``sync_written``,

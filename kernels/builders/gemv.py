@@ -252,8 +252,8 @@ def panel_windows(plan, K: int, panel_row0: str) -> tuple[Window, Window]:
 
 @contextmanager
 def panel_loop(b: LaunchBuilder, plan, step: Value, rows_per_value: int = 1):
-    """Inside a segment: loops over the step's panels; yields the panel's first DDR row, and with
-    ``rows_per_value`` > 1 also its first output value (a launch writing one value per that many rows).
+    """Inside a segment: loops over the step's panels; yields (the panel's first DDR row, its first output value),
+    one and the same unless the launch writes one value per ``rows_per_value`` rows.
 
     One affine.apply of the step and the panel each: air-split-l2-memref (0e3df89d) composes a chain of two into a
     map that uses two symbols but declares one, which fails to verify."""
@@ -262,8 +262,8 @@ def panel_loop(b: LaunchBuilder, plan, step: Value, rows_per_value: int = 1):
                         [step.ssa, panel], name)
 
     with b.loop(0, plan.panels, 1, "panel") as panel:
-        yield start(1, "panel_row0") if rows_per_value == 1 else (start(1, "panel_row0"),
-                                                                  start(rows_per_value, "panel_value0"))
+        row0 = start(1, "panel_row0")
+        yield row0, row0 if rows_per_value == 1 else start(rows_per_value, "panel_value0")
 
 
 def _emit(b: LaunchBuilder, name: str, K: int, rows: int, plan: GemvPlan, out_dtype: str, weights: WeightRows) -> None:
@@ -275,7 +275,7 @@ def _emit(b: LaunchBuilder, name: str, K: int, rows: int, plan: GemvPlan, out_dt
             w_panel = b.alloc(MemRef((plan.herd, plan.tile_n, R), weights.dtype, L2), "w_l2")
             y_panel = b.alloc(MemRef((plan.herd, plan.tile_n), out_dtype, L2), "y_l2")
             b.dma(x_l2, WHOLE, sx, WHOLE)
-            with panel_loop(b, plan, seg_step) as panel_row0:
+            with panel_loop(b, plan, seg_step) as (panel_row0, _):
                 w_window, y_window = panel_windows(plan, R, panel_row0)
                 b.dma(w_panel, WHOLE, sw, w_window)
                 with b.herd(f"{name}_herd", (plan.herd, 1), [x_l2, w_panel, y_panel], link_with=OBJECT) as (

@@ -238,7 +238,7 @@ def build_add(params: dict, operands, tuning: dict) -> LaunchIR:
             vector = b.alloc(MemRef((K + panel,), "bf16", L2), "vector_l2")
             w_panel = b.alloc(MemRef((panel, R), weights.dtype, L2), "w_l2")
             y_panel = b.alloc(MemRef((panel,), "bf16", L2), "y_l2")
-            with panel_loop(b, p, seg_step) as panel_row0:
+            with panel_loop(b, p, seg_step) as (panel_row0, _):
                 w_window, rows_window = panel_windows(p, R, panel_row0)
                 b.dma(vector, Window((0,), (K,), (1,)), sx, WHOLE)
                 b.dma(vector, Window((K,), (panel,), (1,)), sr, rows_window)
@@ -315,8 +315,7 @@ def build_rms_gemv(params: dict, operands, tuning: dict) -> LaunchIR:
             # x and the norm weight are loaded once; each panel streams only its weight rows
             b.dma(vector, Window((0,), (K,), (1,)), sx, WHOLE)
             b.dma(vector, Window((K,), (K,), (1,)), snw, WHOLE)
-            with panel_loop(b, p, seg_step, per_value) as starts:
-                panel_row0, value0 = starts if swiglu else (starts, starts)
+            with panel_loop(b, p, seg_step, per_value) as (panel_row0, value0):
                 w_window, _ = panel_windows(p, R, panel_row0)
                 values = p.tile_n // per_value
                 y_window = Window((0, value0), (p.herd, values), (values, 1))

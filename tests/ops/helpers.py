@@ -35,7 +35,8 @@ def qkv_args(hidden, heads, kv_heads, head_dim, seq, decode=False, gen=None):
 
 
 def decode_qkv_args(hidden, heads, kv_heads, head_dim, gen=None):
-    """A decode op's x, norm_w, wqk = [Wq; Wk], wv and LUT row: qkv_args' decode tensors, Q's and K's weights stacked."""
+    """A decode op's x, norm_w, wqk = [Wq; Wk], wv and LUT row: qkv_args' decode tensors, Q's and K's weights
+    stacked."""
     x, norm_w, wq, wk, wv, lut = qkv_args(hidden, heads, kv_heads, head_dim, 1, decode=True, gen=gen)
     return [x, norm_w, torch.cat((wq, wk)), wv, lut]
 
