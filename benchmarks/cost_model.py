@@ -216,13 +216,24 @@ def decode_weight_bytes(dims, layers: int, weights: str = "bf16") -> int:
                for name, count in zip(DECODE_PROGRAMS, counts))
 
 
-def prefill_ms(dims, layers: int, chunks, precision: str = "bf16") -> Range:
+@lru_cache(maxsize=None)
+def dequantize_ms(dims, weights: str) -> Range:
+    """NPU time of one layer's dequantize_rows Programs (its packed projections to the bf16 rows prefill's GEMMs
+    read: what a layer with packed weights runs once per prefill, before its GEMMs)."""
+    from torch_npu2.kernels import catalog
+
+    costs = [program_range(prog) for prog in catalog.dequantize_programs(dims, weights)]
+    return tuple(sum(ends[index].seconds for ends in costs) * 1e3 for index in range(len(ENDS)))
+
+
+def prefill_ms(dims, layers: int, chunks, precision: str = "bf16", weights: str = "bf16") -> Range:
     """NPU time of a prefill over ``chunks`` [(start, stop, padded)] with the GEMMs at matmul ``precision``,
-    following NpuDecoderLayer: flash_attn runs on the NPU only for a single chunk (several chunks attend on the
-    host, not modelled here); then the LM head on the last row."""
+    following NpuDecoderLayer: each layer's packed projections dequantized once (``weights`` a packed format), then
+    per chunk its GEMMs; flash_attn runs on the NPU only for a single chunk (several chunks attend on the host, not
+    modelled here); then the LM head on the last row (bf16: the packed LM head's GEMV costs about a third)."""
     ends = []
     for index in range(len(ENDS)):
-        per_layer = 0.0
+        per_layer = 0.0 if weights == "bf16" else dequantize_ms(dims, weights)[index] / 1e3
         for _, _, padded in chunks:
             per_layer += (_seconds("rms_gemms_rope", dims, padded, precision)[index]
                           + _seconds("o_ffn", dims, padded, precision)[index])
@@ -276,7 +287,10 @@ def predictions(prompts=PROMPTS, host: dict | None = None) -> dict:
         prefill.append({"prompt_tokens": length, "buckets": [p for _, _, p in chunks],
                         "upstream_published_ms": PUBLISHED_PREFILL_2048_S * 1e3,
                         **{f"predicted_ms_{precision}": list(prefill_ms(dims, layers, chunks, precision))
-                           for precision in PRECISIONS}})
+                           for precision in PRECISIONS},
+                        # a model whose projections are packed Q4_1 (their default: bf16 GEMMs on the weights
+                        # dequantize_rows makes once per layer)
+                        "predicted_ms_bf16_q4_1_weights": list(prefill_ms(dims, layers, chunks, "bf16", "q4_1"))})
     npu_ms = token_ms(dims, layers, DECODE_CONTEXT)
     host_ms = host["token_ms"] if host else None
     total = [ms + (host_ms or 0.0) for ms in npu_ms]
@@ -506,6 +520,7 @@ def run(mode: str, out_dir, log=print) -> dict:
     for p in data["predictions"]["prefill"]:
         log(f"prefill {p['prompt_tokens']:5d} tokens: predicted " + ", ".join(
             f"{span(p[f'predicted_ms_{precision}'], 0)} ms ({precision})" for precision in PRECISIONS)
+            + f", {span(p['predicted_ms_bf16_q4_1_weights'], 0)} ms (bf16, over Q4_1 weights dequantized on the NPU)"
             + f"; upstream published {p['upstream_published_ms']:.0f} ms")
     log(decode_line(data["predictions"]["decode"]))
     head = data["headline"]

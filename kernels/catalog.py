@@ -809,6 +809,33 @@ def lm_head_gemv_packed_program(hidden: int, vocab: int, weights: str) -> Progra
     return lm_head_gemv_program(hidden, vocab, _packed_only(weights))
 
 
+def dequantize_rows_program(rows: int, in_features: int, weights: str) -> Program:
+    """A packed weight's rows (kernels/quant.py, format ``weights``) as its (rows, in_features) bf16 weight, GGUF's
+    values rounded once, made on the cores: what the prefill GEMMs read of a model that keeps its projections
+    packed (a [gate | up] weight as 2·F rows, its two halves each packed on its own)."""
+    return Program(
+        name="dequantize_rows",
+        params=(("rows", rows), ("in_features", in_features), ("weights", _packed_only(weights))),
+        args=(
+            weight_arg("w", rows, in_features, weights),
+            Arg("out", (rows, in_features), "bf16", O),
+        ),
+        launches=(
+            _launch("dequant_rows", ["w"], ["out"], K=in_features, N=rows, weights=weights),
+        ),
+        compile_options=DECODE_OPTIONS,
+    )
+
+
+def dequantize_programs(dims: ModelDims, weights: str) -> list[Program]:
+    """The dequantize_rows Programs a model with packed projections runs before prefill's GEMMs: [Wq; Wk], Wv, Wo,
+    [gate | up] and down."""
+    d, packed = dims, _packed_only(weights)
+    return [dequantize_rows_program(rows, k, packed) for rows, k in (
+        (d.q_dim + d.kv_heads * d.head_dim, d.hidden), (d.kv_heads * d.head_dim, d.hidden), (d.hidden, d.q_dim),
+        (2 * d.intermediate, d.hidden), (d.hidden, d.intermediate))]
+
+
 # The Programs built per prefill bucket (the others, decode's and the LM head's, once per model).
 PREFILL_PROGRAM_NAMES = ("rms_gemms_rope", "flash_attn", "o_ffn", "rms_gemms_rope_w8x2", "o_ffn_w8x2")
 
@@ -833,7 +860,8 @@ def programs_for_model(dims: ModelDims, prefill_buckets,
                        lm_head_weights: str | None = None) -> list[Program]:
     """Every Program a model needs: the prefill trio per bucket (its GEMMs in ``matmul_precision``; "auto":
     ``default_matmul_precision``), the decode pair and their chain across a layer boundary (projection weights as
-    ``weights``), and the LM head (``lm_head_weights``, by default ``weights``)."""
+    ``weights``), and the LM head (``lm_head_weights``, by default ``weights``); with packed ``weights`` and GEMMs
+    over bf16 weights, the dequantize_rows Programs that make them."""
     matmul_precision = resolve_matmul_precision(matmul_precision, dims, weights)
     _check_precision(matmul_precision)
     _check_weights(weights)
@@ -844,6 +872,8 @@ def programs_for_model(dims: ModelDims, prefill_buckets,
     out += [rms_gemv_rope_program(*attn, weights, d.qkv_bias), o_gemv_ffn_program(*ffn, weights),
             o_gemv_ffn_rms_gemv_rope_program(*ffn, d.heads, d.kv_heads, d.head_dim, d.eps, weights, d.qkv_bias),
             lm_head_gemv_program(d.hidden, lm_head_rows(d.vocab), lm_head_weights or weights)]
+    if weights != "bf16" and matmul_precision != INTEGER_PRECISION:  # prefill's GEMMs read the projections in bf16
+        out += dequantize_programs(d, weights)
     return out
 
 

@@ -251,6 +251,27 @@ def gemv_packed(w: torch.Tensor, x: torch.Tensor, weights: str, *, tile_rows: in
     return y[:rows].to(out_dtype)
 
 
+def dequant_rows(w: torch.Tensor, in_features: int, weights: str, *, tile_rows: int = 4,
+                 fast: bool = False) -> torch.Tensor:
+    """``gemv_q_dequant_bf16`` over a packed weight (kernels/quant.py, format ``weights``: w (out, row_bytes) uint8
+    or int32 words), ``tile_rows`` rows per call: the (out, in_features) bf16 weight."""
+    from .quant import GEMV_QUANT, as_bytes, weight_format
+    w = as_bytes(w)
+    row_bytes = weight_format(weights).row_bytes(in_features)
+    if w.dtype != torch.uint8 or w.dim() != 2 or w.shape[1] != row_bytes:
+        raise ValueError(f"w must be (rows, {row_bytes}) uint8 for {weights} rows of {in_features}, got "
+                         f"{tuple(w.shape)} {w.dtype}")
+    rows = w.shape[0]
+    padded_rows = _round_up(rows, tile_rows)
+    w_tiles = pad_rows(w, padded_rows)
+    library = load("gemv.cc", {"GEMV_ROWS": tile_rows, "GEMV_K": in_features, "GEMV_QUANT": GEMV_QUANT[weights]}, fast)
+    kernel = _function(library, "gemv_q_dequant_bf16")
+    out = torch.empty(padded_rows, in_features, dtype=torch.bfloat16)
+    for first in range(0, padded_rows, tile_rows):
+        kernel(w_tiles[first].data_ptr(), out[first].data_ptr())
+    return out[:rows]
+
+
 def gemv_add(w: torch.Tensor, x: torch.Tensor, residual: torch.Tensor, *, tile_rows: int = 8,
              k_chunk: int | None = None) -> torch.Tensor:
     """``bf16(W x) + residual`` the way the fused ``gemv_add`` launch walks it: per ``tile_rows`` rows,

@@ -13,6 +13,12 @@ def device_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return get_runtime().empty_state(tuple(int(d) for d in shape), dtype)
 
 
+def device_only_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialized tensor in its own NPU buffer that only ops write (through an ``.into`` overload) and read
+    (prefill's dequantized weights): never synced either way, so the host must neither read nor write it."""
+    return get_runtime().empty_device(tuple(int(d) for d in shape), dtype)
+
+
 def device_written(view: torch.Tensor) -> None:
     """The host wrote ``view``, part of a ``device_empty`` tensor: its bytes (only those) reach the device."""
     get_runtime().sync_written(view)

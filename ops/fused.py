@@ -272,6 +272,11 @@ def _lm_head_gemv_packed(shapes, weights):
     return catalog.lm_head_gemv_packed_program(x[0], w_lm[0], weights)
 
 
+def _dequantize_rows(shapes, in_features, weights):
+    w, = shapes
+    return catalog.dequantize_rows_program(w[0], in_features, weights)
+
+
 # Integer GEMMs ("w8x2a16"): a prepared weight's shape is (windows, window words) of its tiles, so the in features
 # come from the vectors and the out features from each weight at them; the registry's shape check then holds each
 # weight to the shape the Program gives it.
@@ -387,6 +392,10 @@ FUSED_OPS = {op.name: op for op in (
     FusedOp("lm_head_gemv_packed", (_WEIGHTS,), _lm_head_gemv_packed,
             catalog.lm_head_gemv_program(64, 16, weights=_EX_PACKED)),
     FusedOp("o_ffn_w8x2", (("eps", "float"),), _o_ffn_w8x2, catalog.o_ffn_w8x2_program(**_EX_PACKED_FFN, seq=2)),
+    # packed rows to bf16 weights on the NPU (what prefill's GEMMs read of packed projections); ``.into`` writes them
+    # into a buffer the caller keeps
+    FusedOp("dequantize_rows", (("in_features", "int"), _WEIGHTS), _dequantize_rows,
+            catalog.dequantize_rows_program(16, 64, _EX_PACKED), (("out", "out"),)),
     *_decode_layers_ops(),
 )}
 
@@ -402,7 +411,9 @@ o_gemv_ffn_rms_gemv_rope_packed, lm_head_gemv_packed = (ALL_OPS["o_gemv_ffn_rms_
                                                         ALL_OPS["lm_head_gemv_packed"])
 decode_attn_o_gemv_ffn_rms_gemv_rope_packed = ALL_OPS["decode_attn_o_gemv_ffn_rms_gemv_rope_packed"]
 rms_gemms_rope_w8x2, o_ffn_w8x2 = ALL_OPS["rms_gemms_rope_w8x2"], ALL_OPS["o_ffn_w8x2"]
-# Each decode op that projects K and V → its ``.into`` overload, which writes the K and V rows into a KV cache's rows.
+dequantize_rows = ALL_OPS["dequantize_rows"]
+# Each op with an ``.into`` overload → it: a decode op that projects K and V writes the K and V rows into a KV cache's
+# rows, dequantize_rows its bf16 rows into a buffer the caller keeps.
 INTO = {ALL_OPS[name]: register_into(op) for name, op in FUSED_OPS.items() if op.into}
 # Each Q/K/V-projecting op → its biased twin (families with q/k/v biases, patch_llama/families.py); ``.into``
 # overloads likewise.

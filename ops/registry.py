@@ -122,6 +122,7 @@ SCALAR_CHECKS = {
                   f"one of {', '.join(map(repr, BF16_WEIGHT_PRECISIONS))} (for {INTEGER_PRECISION!r}: the *_w8x2 ops, "
                   "over prepared weights)"),
     "head_dim": (lambda v: v > 0, "a positive int"),
+    "in_features": (lambda v: v > 0 and v % 32 == 0, "a positive multiple of 32 (whole 32-element blocks)"),
     "weights": (lambda v: v in FORMATS, f"one of {', '.join(map(repr, FORMATS))} (a packed weight format)"),
     "head_weights": (lambda v: v in FORMATS, f"one of {', '.join(map(repr, FORMATS))} (a packed weight format)"),
 }
@@ -172,26 +173,27 @@ def _check_into(op: FusedOp, program: Program, targets, real: bool) -> None:
 def register_into(op: FusedOp):
     """Defines ``torch.ops.npu2.<name>.into``: the op, with the outputs ``op.into`` names written into tensors the
     caller gives after its tensor arguments (a KV cache's rows: the NPU writes them in place, runtime.run's
-    ``into``); returns the other outputs. Returns the overload."""
+    ``into``); returns the other outputs (None when there are none). Returns the overload."""
     count, placed = len(op.example.host_args), len(op.into)
-    single = len(op.example.outputs) - placed == 1
+    returned = len(op.example.outputs) - placed
     positions = op.into_positions
+
+    def result(outputs):  # the schema's returns: none, one tensor, or a tuple
+        return None if returned == 0 else outputs[0] if returned == 1 else outputs
 
     def npu_impl(*args):
         tensors, targets = args[:count], args[count:count + placed]
         program = program_of(op, tensors, op.with_defaults(args[count + placed:]))
         _check_into(op, program, targets, real=True)
-        outputs = get_runtime().run(program, tensors, dict(zip(positions, targets)))
-        return outputs[0] if single else outputs
+        return result(get_runtime().run(program, tensors, dict(zip(positions, targets))))
 
     def fake_impl(*args):
         tensors, targets = args[:count], args[count:count + placed]
         program = program_of(op, tensors, op.with_defaults(args[count + placed:]), real=False)
         _check_into(op, program, targets, real=False)
         like = tensors[0]
-        outputs = tuple(like.new_empty(a.shape, dtype=TORCH_DTYPES[a.dtype])
-                        for i, a in enumerate(program.outputs) if i not in positions)
-        return outputs[0] if single else outputs
+        return result(tuple(like.new_empty(a.shape, dtype=TORCH_DTYPES[a.dtype])
+                            for i, a in enumerate(program.outputs) if i not in positions))
 
     _LIB.define(op.schema(into=True))
     _LIB.impl(f"{op.name}.into", torch.compiler.disable(npu_impl, reason="torch_npu2 runs an NPU Program"),

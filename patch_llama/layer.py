@@ -31,7 +31,7 @@ from ..kernels.catalog import (DECODE_ATTN_ROWS_MULTIPLE, DECODE_GROUP_SIZES, DE
 from ..kernels.program import pad_rows
 from ..ops import (ALL_OPS, INTO, QKV_BIASED, build_rope_lut, decode_attn, decode_attn_length, decode_attn_o_gemv_ffn,
                    decode_attn_o_gemv_ffn_packed, decode_attn_o_gemv_ffn_rms_gemv_rope,
-                   decode_attn_o_gemv_ffn_rms_gemv_rope_packed, device_empty,
+                   decode_attn_o_gemv_ffn_rms_gemv_rope_packed, dequantize_rows, device_empty, device_only_empty,
                    device_written, flash_attn, lm_head_gemv, lm_head_gemv_packed, o_ffn, o_gemv_ffn, o_gemv_ffn_packed,
                    o_ffn_w8x2, o_gemv_ffn_rms_gemv_rope, o_gemv_ffn_rms_gemv_rope_packed, rms_gemms_rope,
                    rms_gemms_rope_w8x2, rms_gemv_rope, rms_gemv_rope_packed)
@@ -196,16 +196,18 @@ class SharedState:
     warned_attentions: bool = False  # output_attentions=True ran HF's layers, and the user was told once
     head: NpuFinalNorm | None = None  # the model's final norm, whose LM head the last decode group can run too
     head_results: HeadResults | None = None  # that group's final norm and logits, until HF asks for them
-    # packed projections' bf16 copies for prefill: per projection one NPU buffer, which each layer's prefill
-    # dequantizes its own rows into before its ops run (a layer's runs end before the next layer writes)
+    # packed projections' bf16 copies for prefill: per projection one NPU buffer, only ever touched by ops, into which
+    # each layer's prefill has npu2.dequantize_rows write its own rows before its ops run (a layer's runs end before
+    # the next layer's write)
     dequantized: dict = field(default_factory=dict)
 
 
-def _npu_buffer(buffers: dict, name, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
-    """``buffers[name]``, an NPU buffer (``device_empty``) made on first use or when its shape or dtype changes."""
+def _npu_buffer(buffers: dict, name, shape: tuple, dtype: torch.dtype, make=device_empty) -> torch.Tensor:
+    """``buffers[name]``, an NPU buffer (``make``: ``device_empty``, or ``device_only_empty`` for one only ops touch)
+    made on first use or when its shape or dtype changes."""
     buffer = buffers.get(name)
     if buffer is None or tuple(buffer.shape) != shape or buffer.dtype != dtype:
-        buffer = buffers[name] = device_empty(shape, dtype)
+        buffer = buffers[name] = make(shape, dtype)
     return buffer
 
 
@@ -864,7 +866,7 @@ class NpuDecoderLayer:
 
     def _prefill_weights(self, which: str):
         """The weights prefill's GEMMs take: the layer's own bf16 ones, those prepared for integer GEMMs, or its
-        packed projections dequantized on the host (the prefill GEMMs do not read packed rows yet); "qkv": the
+        packed projections dequantized on the NPU (the prefill GEMMs do not read packed rows themselves); "qkv": the
         norm weight, the three projections (Q's and K's the two parts of one buffer, [Wq; Wk]) and their biases if
         any."""
         norm = self.qkv_weights[0]
@@ -884,15 +886,17 @@ class NpuDecoderLayer:
                 self._dequantized("down", self.intermediate))
 
     def _dequantized(self, name: str, in_features: int) -> torch.Tensor:
-        """Packed projection ``name`` as bf16 for prefill, in the model's NPU buffer for it: every layer rewrites the
-        same buffers, so the copies cost one layer's bf16 weights and ops bind them without staging a host copy."""
-        if torch.compiler.is_compiling():  # a buffer shared across calls would be a graph input mutated in place
-            return self.packed.dequantized(name, in_features)
+        """Packed projection ``name`` as bf16 for prefill, made on the NPU (npu2.dequantize_rows) in the model's NPU
+        buffer for it: every layer rewrites the same buffers, so the copies cost one layer's bf16 weights and ops
+        bind them without staging a host copy."""
         packed = getattr(self.packed, name)
-        shape = (packed.shape[0], (2 if name == "gate_up" else 1) * in_features)
-        buffer = self.packed.dequantized(name, in_features, _npu_buffer(self.shared.dequantized, name, shape,
-                                                                         torch.bfloat16))
-        device_written(buffer)
+        halves = 2 if name == "gate_up" else 1  # [gate | up]: each half packed on its own, dequantized as a row
+        rows = packed.view(halves * packed.shape[0], packed.shape[1] // halves)
+        if torch.compiler.is_compiling():  # a buffer shared across calls would be a graph input mutated in place
+            return dequantize_rows(rows, in_features, self.packed.format).view(packed.shape[0], -1)
+        buffer = _npu_buffer(self.shared.dequantized, name, (packed.shape[0], halves * in_features), torch.bfloat16,
+                             device_only_empty)  # the host never reads it: no sync back of 100+ MiB per layer
+        INTO[dequantize_rows](rows, buffer.view(rows.shape[0], in_features), in_features, self.packed.format)
         return buffer
 
     def _prefill(self, hidden, lut, mask, cache):

@@ -115,7 +115,8 @@ def _load_patched(args):
 
 
 def _prepare_decode_kernels(model, runtime) -> None:
-    """Load (and build if needed) the Programs every generated token uses, with a progress bar."""
+    """Load (and build if needed) the Programs every generated token uses (with packed weights, also the
+    dequantize_rows ones every prefill runs), with a progress bar."""
     from tqdm import tqdm
 
     from .kernels import programs_for_model
@@ -124,7 +125,7 @@ def _prepare_decode_kernels(model, runtime) -> None:
 
     weights, head_weights = decode_weights(model)
     programs = programs_for_model(model_dims(model.config), prefill_buckets=(), weights=weights,
-                                  lm_head_weights=head_weights)  # no prefill: decode's
+                                  lm_head_weights=head_weights)  # no prefill buckets: their Programs build per bucket
     for program in tqdm(programs, desc="preparing kernels", unit="program", file=sys.stderr):
         runtime.load(program)
 

@@ -13,7 +13,8 @@ through a sub-buffer and only its bytes come back). The exception is state the h
 (``empty_state``: a KV cache's slabs): a run never syncs it; each host write reaches the device by ``sync_written``,
 a ranged sync of just the bytes written (XRT's ``bo.sync(direction, size, offset)``), so a prefill or a reordered
 cache moves the rows written, not the whole cache (a decode token's K/V rows the NPU writes itself, through
-``into``). Inputs do not trust tensor version counters: torch.compile's
+``into``). Data only runs write and read (``empty_device``: prefill's dequantized weights) is never synced at all.
+Inputs do not trust tensor version counters: torch.compile's
 inductor reuses a dead op output's storage for its own kernels' results, written through raw pointers that
 leave the version unchanged, so "the device already holds this version" would serve stale bytes. An
 input's sync costs a cache flush of its bytes; the decode inputs are a few KB.
@@ -50,6 +51,7 @@ class _Buffer:
     mapping: np.ndarray  # uint8 view of bo.map(), taken once per BO
     weight_synced: bool = False  # a weight's bytes are on the device (weights are synced once)
     synced_by_writer: bool = False  # ``empty_state``'s: the host syncs what it writes (``sync_written``), runs never
+    device_only: bool = False  # ``empty_device``'s: only runs write it and read it; nothing syncs it either way
     # (byte offset, bytes) → a sub-buffer of ``bo`` that inputs at that place were bound as (``Runtime._bind_part``)
     parts: dict = field(default_factory=dict)
 
@@ -169,10 +171,12 @@ class Runtime:
         pinned.copy_(tensor)
         return pinned
 
-    def empty(self, shape: tuple, dtype: torch.dtype, synced_by_writer: bool = False) -> torch.Tensor:
+    def empty(self, shape: tuple, dtype: torch.dtype, synced_by_writer: bool = False,
+              device_only: bool = False) -> torch.Tensor:
         """An uninitialized BO-backed tensor of its own BO, resident until its storage dies (``pin``'s buffer)."""
         buffer = self._new_buffer(max(math.prod(shape) * dtype.itemsize, 1))
-        buffer.synced_by_writer = synced_by_writer
+        buffer.synced_by_writer = synced_by_writer or device_only
+        buffer.device_only = device_only
         tensor, lease = buffer.tensor(shape, dtype)
         address = tensor.untyped_storage().data_ptr()
         self._resident[address] = buffer
@@ -184,11 +188,17 @@ class Runtime:
         host write must be followed by ``sync_written`` of the bytes written, or the device keeps its old bytes."""
         return self.empty(shape, dtype, synced_by_writer=True)
 
+    def empty_device(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        """``empty`` for data that only runs write and read (prefill's dequantized weights: one run writes them through
+        ``run``'s ``into``, others bind them): never synced to or from the device, so its host view holds nothing
+        meaningful (on an NPU, or the emulator with strict coherency) and the host must neither read nor write it."""
+        return self.empty(shape, dtype, device_only=True)
+
     def sync_written(self, view: torch.Tensor) -> None:
         """Sync to the device just the bytes of ``view``, a view of an ``empty_state`` tensor the host has written:
         one ranged sync per contiguous piece (a view that is not contiguous is taken apart along its first dim)."""
         buffer = self._resident.get(view.untyped_storage().data_ptr())
-        if buffer is None or not buffer.synced_by_writer:
+        if buffer is None or not buffer.synced_by_writer or buffer.device_only:
             raise ValueError("sync_written: the tensor is not a view of an empty_state tensor")
         if view.numel() == 0:
             return
@@ -373,7 +383,9 @@ class Runtime:
         for position, (index, shape, dtype, nbytes, numel, size) in enumerate(loaded.output_plan):
             target = into.get(position) if into else None
             if target is not None:
-                placed.append(self._bind_into(loaded, index, nbytes, target, numel, shape, dtype, size))
+                returned = self._bind_into(loaded, index, nbytes, target, numel, shape, dtype, size)
+                if returned is not None:
+                    placed.append(returned)
                 continue
             out, buffer = self._lease(numel, shape, dtype, size)
             outputs.append(out)
@@ -400,7 +412,8 @@ class Runtime:
 
     def _bind_into(self, loaded: LoadedProgram, index: int, nbytes: int, target: torch.Tensor, numel: int,
                    shape: tuple, dtype: torch.dtype, size: int) -> tuple:
-        """Bind output ``index`` to ``target`` (``run``'s ``into``); returns what to sync (and copy) after the run:
+        """Bind output ``index`` to ``target`` (``run``'s ``into``); returns what to sync (and copy) after the run
+        (None for an ``empty_device`` target: nothing):
         (BO, bytes, offset, target, the staged output or None)."""
         if target.numel() != numel or target.dtype is not dtype:
             raise ValueError(f"{loaded.program.name}: output {loaded.program.args[index].name} is {numel} "
@@ -418,7 +431,7 @@ class Runtime:
             self.stats["sub_buffers"] += 1
         loaded.run.set_arg(index, bo)
         loaded.bound[index] = bo  # holds a sub-buffer while it is bound
-        return buffer.bo, nbytes, offset, target, None
+        return None if buffer.device_only else (buffer.bo, nbytes, offset, target, None)
 
     def close(self) -> None:
         """Release the driver objects this runtime holds in reverse order of creation, as pyxrt asks: first the

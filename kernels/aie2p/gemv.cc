@@ -46,6 +46,8 @@
 //   void gemv_q_partial_f32(const uint8_t *w, const bf16 *x, float *acc, int32_t k0)
 //     gemv_partial_f32 over a K chunk of packed rows (GEMV_K elements: whole groups of a longer row)
 //   void gemv_q_rows_bf16(const uint8_t *w, const bf16 *x, bf16 *y, int32_t row0)   gemv_rows_bf16 over packed rows
+//   void gemv_q_dequant_bf16(const uint8_t *w, bf16 *out)
+//     out (GEMV_ROWS x GEMV_K, row-major): the rows' weights, GGUF's fp32 values rounded once to bf16 (nearest-even)
 //   Each row's sum is of the exact weights times x, in fp32, every product exact. Transposed groups: each lane
 //   sums its block's (128 + q) x (Q8_0: q x), takes 128 sum(x) away (136 for Q4_0's q - 8), and the group's scales
 //   apply per lane: the lane's sum as three bf16 values times d as three bf16 values, plus sum(x) times m the
@@ -328,6 +330,68 @@ inline void transpose_groups(bf16_t *x, int length) {
     }
   }
 }
+// ---- dequantization (gemv_q_dequant_bf16): each weight bf16(d q + m), GGUF's fp32 value rounded once ----
+// d q is formed exactly (q or 128 + q, at most 8 bits, times d's three exact bf16 parts: every partial sum fits the
+// accumulator's 24 bits), the bias times d taken away exactly, then m added in one fp32 rounding (an exact m in an
+// accumulator of its own): the fp32 value gguf-py computes, rounded to bf16 once.
+inline Acc exact_value(const ExactScale &s, const Bf16Lanes &one) {
+  return mac_scaled(aie::zeros<accfloat, kBlock>(), one, s);
+}
+
+inline void dequant_row(const uint8_t *row, bf16_t *out, const Constants &k) {
+  const Bf16Lanes one = aie::broadcast<bfloat16, kBlock>(bfloat16(1.0f));
+  if constexpr (kTransposed) {
+    const Bf16Lanes minus_bias = k.minus_bias.template cast_to<bfloat16>();
+    for (int g = 0; g < kGroups; ++g) {
+      const uint8_t *group = row + g * kGroupBytes;
+      const uint8_t *scales = group + kGroupBlocks * kQuantBytes;
+      bf16_t *values = out + g * kGroupElements;  // [element i][block l] until transposed below
+      const ExactScale d = exact_scales(aie::load_v<kBlock>(reinterpret_cast<const int16 *>(scales)), k);
+      Acc offset = aie::zeros<accfloat, kBlock>();  // - bias d, exact (Q8_0: no bias)
+      if constexpr (kQuantBytes == 16)
+        offset = mac_scaled(offset, minus_bias, d);
+      Acc min = aie::zeros<accfloat, kBlock>();
+      if constexpr (kHasMin)
+        min = exact_value(
+            exact_scales(aie::load_v<kBlock>(reinterpret_cast<const int16 *>(scales + 2 * kGroupBlocks)), k), one);
+      auto store = [&](int i, const Bf16Lanes &lanes) {
+        Acc w = aie::add(mac_scaled(aie::zeros<accfloat, kBlock>(), lanes, d), offset);  // d q, exact
+        if constexpr (kHasMin)
+          w = aie::add(w, min);
+        aie::store_v(values + kBlock * i, w.template to_vector<bfloat16>());
+      };
+      if constexpr (kQuantBytes == 16) {
+        for (int t = 0; t < kBlock / 2; ++t) {
+          const Int16Lanes pairs =
+              aie::unpack(aie::load_v<2 * kBlock>(reinterpret_cast<const uint4 *>(group + kBlock * t)))
+                  .template cast_to<int16>();
+          store(2 * t, aie::bit_or(aie::bit_and(pairs, k.low4), k.lane_offset).template cast_to<bfloat16>());
+          store(2 * t + 1, aie::bit_or(aie::downshift(pairs, 8), k.lane_offset).template cast_to<bfloat16>());
+        }
+      } else {
+        for (int i = 0; i < kBlock; ++i)
+          store(i, aie::to_float<bfloat16>(
+                       aie::load_v<kBlock>(reinterpret_cast<const int8_t *>(group + kBlock * i)), 0));
+      }
+      transpose_groups(values, kGroupElements);
+    }
+  } else {
+    const uint8_t *scales = row + kGroupBlocks * kQuantBytes;
+    for (int b = 0; b < kBlocks; ++b) {
+      Acc w = mac_scaled(aie::zeros<accfloat, kBlock>(), block_quants(row + b * kQuantBytes),
+                         exact_scale(load_u16(scales + 2 * b)));
+      if constexpr (kHasMin)
+        w = aie::add(w, exact_value(exact_scale(load_u16(scales + 2 * (kGroupBlocks + b))), one));
+      aie::store_v(out + kBlock * b, w.template to_vector<bfloat16>());
+    }
+  }
+}
+
+inline void dequant_rows(const uint8_t *w, bf16_t *out) {
+  const Constants k = constants();
+  for (int m = 0; m < kRows; ++m)
+    dequant_row(w + m * kRowBytes, out + m * kDepth, k);
+}
 #else
 inline float fp16_to_float(uint16_t h) {
   const int field = (h >> 10) & 31;
@@ -448,6 +512,31 @@ inline void transpose_groups(bf16_t *x, int length) {
       for (int i = 0; i < kBlock; ++i)
         x[g + kBlock * i + l] = group[kBlock * l + i];
   }
+}
+// GGUF's weight of block b's element i, in fp32: d (q - 8), d q + m or d q.
+inline float packed_weight(const uint8_t *row, int b, int i) {
+  const int l = b % kGroupBlocks;
+  const uint8_t *group = row + (b / kGroupBlocks) * kGroupBytes;
+  const uint8_t *scales = group + kGroupBlocks * kQuantBytes;
+  int q;
+  if constexpr (kTransposed) {
+    q = int(lane_quant(group, i, l)) - (kQuantBytes == 16 ? kQuantBias : 0);
+  } else if constexpr (kQuantBytes == 32) {
+    q = int8_t(group[l * kQuantBytes + i]);
+  } else {
+    q = (group[l * kQuantBytes + i / 2] >> (4 * (i % 2))) & 15;
+    if constexpr (GEMV_QUANT == 40)
+      q = (q ^ 8) - 8;  // the stored nibble is int4 q - 8
+  }
+  const float dq = fp16_to_float(load_u16(scales + 2 * l)) * float(q);  // exact: 11 by at most 8 significant bits
+  return kHasMin ? dq + fp16_to_float(load_u16(scales + 2 * (kGroupBlocks + l))) : dq;
+}
+
+inline void dequant_rows(const uint8_t *w, bf16_t *out) {
+  for (int m = 0; m < kRows; ++m)
+    for (int b = 0; b < kBlocks; ++b)
+      for (int i = 0; i < kBlock; ++i)
+        out[m * kDepth + b * kBlock + i] = float_to_bf16(packed_weight(w + m * kRowBytes, b, i));
 }
 #endif
 
@@ -574,6 +663,12 @@ extern "C" void gemv_q_rows_bf16(const uint8_t *w, const bf16_t *x, bf16_t *y, i
   RoundToNearestEven rounding;
 #endif
   packed_row_dots(w, x, [y, row0](int m, float sum) { y[row0 + m] = to_bf16(sum); });
+}
+extern "C" void gemv_q_dequant_bf16(const uint8_t *w, bf16_t *out) {
+#if defined(__AIENGINE__)
+  RoundToNearestEven rounding;
+#endif
+  dequant_rows(w, out);
 }
 extern "C" void gemv_q_prepare_x(bf16_t *x, int32_t length) {
   if constexpr (kTransposed)  // element-order rows read x as it is

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..program import Launch, Program
-from . import (add, attention, bias_add, decode_attention, gemm, gemm_int, gemv, gemv_fused, quantize_rows, rmsnorm, rope,
-               silu_mul, stack)
+from . import (add, attention, bias_add, decode_attention, dequant, gemm, gemm_int, gemv, gemv_fused, quantize_rows,
+               rmsnorm, rope, silu_mul, stack)
 from .externs import EXTERNAL_KERNELS, KERNEL_OBJECTS, KernelObject
 from .ir import LaunchIR, MemRef
 from .npu2 import LaunchConstraintError, check_params, check_tuning
@@ -57,6 +57,7 @@ BUILDERS = {builder.kind: builder for builder in (
     _module_builder("quantize_rows", quantize_rows),
     _module_builder("gemm_int", gemm_int, gemm_class=True),
     _module_builder("gemm_int_swiglu", gemm_int, gemm_int.build_swiglu, gemm_class=True),
+    _module_builder("dequant_rows", dequant),
 )}
 
 

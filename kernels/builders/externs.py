@@ -21,7 +21,7 @@ first (``-D<symbol>=<symbol>_v<n>``). A memref reaches C as a bare pointer to it
   80 Q8_0) ``gemv_q_bf16``, ``gemv_q_bf16_f32``, ``gemv_q_partial_f32`` and ``gemv_q_rows_bf16``, the same
   signatures with ``const uint8_t *w``, reading x as ``gemv_q_prepare_x(bf16 *x, int32_t length)`` leaves it
   (transposed in place per 1024-element group when GEMV_K is a multiple of 1024; x alone, or at the head of a
-  longer vector)
+  longer vector), and ``gemv_q_dequant_bf16(const uint8_t *w, bf16 *out)`` (the rows as bf16 weights)
 * attention.o (attention.cc), configured by ATTN_TQ, ATTN_TK, ATTN_HEAD_DIM:
   ``attn_init_f32(float *row_max, float *row_sum, float *acc)``,
   ``attn_qk_tile_bf16(const bf16 *q, const bf16 *kv, float *scores, int32_t q_start, int32_t k_start)``,
@@ -173,6 +173,8 @@ EXTERNAL_KERNELS = (
         _symbol("gemv_q_rows_bf16", "rrpi", "vector_mac", *_GEMV),
         # x transposed for them, once per tile entry; reported over the vector it is handed (x, maybe more after it)
         _symbol("gemv_q_prepare_x", "pi", "vector_elementwise", LAST_OPERAND, work_arguments=_one_call_k),
+        # packed rows to bf16 weights, GGUF's values rounded once (the prefill GEMMs' weights: builders/dequant.py)
+        _symbol("gemv_q_dequant_bf16", "rw", "vector_elementwise", *_GEMV),
     ), _GEMV, ("GEMV_QUANT",)),
     KernelObject("attention.o", "attention.cc", (
         _symbol("attn_init_f32", "www", "vector_elementwise", "ATTN_TQ", "ATTN_HEAD_DIM"),

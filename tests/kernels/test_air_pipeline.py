@@ -32,8 +32,10 @@ PROGRAMS.update({f"{model}-{p.name}-{dict(p.params)['rows']}": p
                  for model, dims in (("smol", SMOL), ("llama", LLAMA))
                  for p in programs_for_model(dims, BUCKETS, "w8x2a16") if p.name.endswith("_w8x2")})
 
-# The decode Programs over packed Q4_1 weights (SmolLM2's LM head in its GGUF's Q8_0): W rows move as bytes.
-PROGRAMS.update({f"{model}-{p.name}-{weights}": p
+# The decode Programs over packed Q4_1 weights (SmolLM2's LM head in its GGUF's Q8_0): W rows move as bytes; and
+# the dequantize_rows Programs that make prefill's bf16 weights of them, one per projection (rows x in features).
+PROGRAMS.update({f"{model}-{p.name}-{weights}" + ("-{rows}x{in_features}".format(**dict(p.params))
+                                                  if p.name == "dequantize_rows" else ""): p
                  for model, dims, weights, head in (("smol", SMOL, "q4_1", "q8_0"), ("llama", LLAMA, "q4_1", "q4_1"))
                  for p in programs_for_model(dims, (), weights=weights, lm_head_weights=head)})
 

@@ -8,7 +8,7 @@ from torch_npu2.kernels.builders import (BUILDERS, EXTERNAL_KERNELS, KERNEL_OBJE
                                          build_launch)
 from torch_npu2.kernels.builders.ir import L1, LaunchBuilder, Window, rows_window
 from torch_npu2.kernels.builders.npu2 import L1_AVAILABLE
-from torch_npu2.kernels import host_build, int_gemm
+from torch_npu2.kernels import host_build, int_gemm, quant
 from torch_npu2.kernels.compile import KERNEL_SOURCE_DIR
 from torch_npu2.kernels.program import Arg, Launch, Program, Role
 from torch_npu2.kernels.catalog import o_ffn_program, o_gemv_ffn_program, rms_gemms_rope_program
@@ -54,6 +54,9 @@ def operand_types(kind, p):
         return bf16(row(p["rows"], p["cols"]), (p["cols"],), row(p["rows"], p["cols"]))
     if kind == "stack":
         return bf16((p["rows"], p["cols"]), (p["rows"], p["cols"]), (2, p["rows"], p["cols"]))
+    if kind == "dequant_rows":  # packed rows (int32 words) to bf16 rows
+        return [MemRef((p["N"], quant.weight_format(p["weights"]).row_bytes(p["K"]) // 4), "i32"),
+                MemRef((p["N"], p["K"]), BF16)]
     words = p.get("K", 0) // int_gemm.CALL_K * int_gemm.CALL_COLS // 2  # a quantized row (K a multiple of 32)
     if kind == "quantize_rows":
         return [MemRef((p["M"], p["K"]), BF16), MemRef((p["M"], words), "i32")]
@@ -90,6 +93,8 @@ EXAMPLES = {
     "quantize_rows": dict(M=2048, K=8192),
     "gemm_int": dict(M=2048, K=2048, N=2048, tile_n=64),
     "gemm_int_swiglu": dict(M=2048, K=2048, N=8192, tile_n=32),
+    # a [gate | up] weight's Q4_1 rows (each half packed on its own: 2·F rows) to the bf16 rows prefill's GEMMs read
+    "dequant_rows": dict(K=2048, N=16384, weights="q4_1"),
 }
 
 
@@ -151,6 +156,7 @@ def test_external_kernel_contract_names_and_objects():
     assert [d.symbol for d in build("rms_gemv", **SWIGLU).externs] == ["rmsnorm_bf16", "gemv_rows_bf16",
                                                                         "swiglu_bf16"]
     assert [d.symbol for d in build("quantize_rows").externs] == ["quantize_rows_prepare", "quantize_rows_chunk"]
+    assert [d.symbol for d in build("dequant_rows").externs] == ["gemv_q_dequant_bf16"]
     assert [d.symbol for d in build("gemm_int").externs] == ["gemm_int_zero_i32", "gemm_int_w8x2",
                                                              "gemm_int_drain_bf16"]
     assert [d.symbol for d in build("gemm_int_swiglu").externs] == ["gemm_int_zero_i32", "gemm_int_w8x2",
@@ -631,3 +637,23 @@ def test_attention_rows_take_parts_of_the_sequence_when_the_group_gives_them_no_
     assert "herd 8x1, tile_q 32, tile_kv 64, 16 rounds per core" in build("attention", heads=14, kv_heads=2,
                                                                           seq=4096).text.splitlines()[0]
     assert "herd 8x4, tile_q 32" in build("attention").text.splitlines()[0]  # Llama-3.2-1B's groups of 4: heads
+
+
+def test_dequant_rows_streams_packed_rows_in_and_bf16_rows_out_double_buffered():
+    ir = build("dequant_rows")
+    # Llama-3.2-1B's [gate | up] as 16384 Q4_1 rows: 8 tiles, each 2048 rows in panels whose calls AIR double-buffers
+    assert "herd 8x1, 1 launch step(s), 2048 rows per tile per step in 64 panels of 32, 4 rows per call" in ir.text
+    assert sum(size for _, size in ir.l1_buffers) == 2 * 4 * quant.Q4_1.row_bytes(2048) + 2 * 4 * 2048 * 2
+    assert [dict(d.defines) for d in ir.externs] == [{"GEMV_ROWS": 4, "GEMV_K": 2048, "GEMV_QUANT": 41}]
+    down = build("dequant_rows", K=8192, N=2048)  # a row of 8192 weights: one per call fits L1 twice
+    assert "256 rows per tile per step in 32 panels of 8, 1 rows per call" in down.text
+
+
+def test_dequant_rows_refuses_what_it_cannot_build():
+    with pytest.raises(LaunchConstraintError, match="weights='bf16'.*packed format"):
+        BUILDERS["dequant_rows"](dict(K=2048, N=64, weights="bf16"),
+                                 [MemRef((64, 2048), BF16), MemRef((64, 2048), BF16)])
+    with pytest.raises(LaunchConstraintError, match="K=48: must be a multiple of 32"):
+        BUILDERS["dequant_rows"](dict(K=48, N=64, weights="q8_0"), [MemRef((64, 16), "i32"), MemRef((64, 48), BF16)])
+    with pytest.raises(LaunchConstraintError, match="exceeds 61440 B per compute tile"):
+        build("dequant_rows", K=32768, N=64)  # one row's bf16 weights twice over L1

@@ -22,8 +22,8 @@ from torch_npu2.kernels.program import TORCH_DTYPES
 from torch_npu2.kernels.interpret import (Interpreter, KernelOverrun, OutOfBounds,
                                           TileAliasing, TileRace, UninitializedRead, UnsupportedOp,
                                           UnwrittenOutput, canonical_text)
-from torch_npu2.kernels.catalog import (decode_layers_program, flash_attn_program, lm_head_gemv_program,
-                                        o_ffn_program, o_ffn_w8x2_program, o_gemv_ffn_program,
+from torch_npu2.kernels.catalog import (decode_layers_program, dequantize_rows_program, flash_attn_program,
+                                        lm_head_gemv_program, o_ffn_program, o_ffn_w8x2_program, o_gemv_ffn_program,
                                         o_gemv_ffn_rms_gemv_rope_program, rms_gemms_rope_program,
                                         rms_gemms_rope_w8x2_program, rms_gemv_rope_program)
 from torch_npu2.kernels.stitch import ObjectBuild, stitch
@@ -69,6 +69,10 @@ CASES = [(p, None) for p in programs_for_model(SMALL, (16, 32)) if not p.name.en
     *[(o_gemv_ffn_rms_gemv_rope_program(1024, 1024, 1024, EPS, 16, 8, 64, EPS, weights), None)
       for weights in ("q4_0", "q4_1", "q8_0")],
     (lm_head_gemv_program(1024, 512, "q4_1"), None),
+    # packed rows to bf16 rows: whole 1024-element groups (each transposed back on the core) in every format, and the
+    # rows over two launch steps of several panels, their calls double-buffered
+    *[(dequantize_rows_program(64, 2048, weights), None) for weights in ("q4_0", "q4_1", "q8_0")],
+    (dequantize_rows_program(512, 256, "q4_1"), {0: dict(herd=4, steps=2, tile_n=16, rows_per_call=4)}),
     # Q/K/V biases (Qwen2): the biased Programs' bias_add launches, a bias row loaded once per tile for prefill rows
     # and chunk by chunk for a decode row
     *[(p, None) for p in programs_for_model(SMALL_BIASED, (16,), "bf16")

@@ -144,3 +144,17 @@ def test_transposed_rows_compute_what_the_readme_says(name):
     packed = _packed(name, torch.randn(16, K, generator=gen))
     x = torch.randn(K, generator=gen).to(torch.bfloat16)
     assert torch.equal(host_build.gemv_packed(packed, x, name, tile_rows=8), _lane_model(name, packed, x, K))
+
+
+@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("K", [576, 1536, 2048, 8192])
+def test_dequant_rows_is_ggufs_dequantization_rounded_once(name, K):
+    """gemv_q_dequant_bf16 (npu2.dequantize_rows' kernel) gives each weight GGUF's fp32 value rounded to bf16 once, bit
+    for bit: GGUF-quantized random weights, and rows whose scales and mins span fp16's normals and subnormals; whole
+    1024-element groups (transposed quants) and rows of another length, several rows per call."""
+    gen = torch.Generator().manual_seed(K + 1)
+    w = torch.randn(12, K, generator=gen) * torch.logspace(-3, 1, 12).reshape(12, 1) + torch.randn(12, 1, generator=gen)
+    for packed in (_packed(name, w), _exact_case(name, 12, K)[0]):
+        expected = quant.dequantize(quant.weight_format(name), packed, K, out=torch.empty(12, K, dtype=torch.bfloat16))
+        actual = host_build.dequant_rows(packed, K, name, tile_rows=4)
+        assert torch.equal(actual.view(torch.int16), expected.view(torch.int16))

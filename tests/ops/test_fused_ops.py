@@ -153,6 +153,8 @@ def packed_cases(config, g):
             reference.decode_attn_o_gemv_ffn_rms_gemv_rope_packed_reference),
         "decode_attn_o_gemv_ffn_packed": (decode_attn_args(heads, kv, hd, gen=g) + ffn_tensors[1:], (hd, EPS, "q4_1"),
                                           reference.decode_attn_o_gemv_ffn_packed_reference),
+        # a [gate | up] weight as prefill reads it: 2·F rows, each half packed on its own
+        "dequantize_rows": ([gate_up.view(2 * ffn, -1)], (hidden, "q4_1"), reference.dequantize_rows_reference),
     }
 
 
@@ -200,7 +202,8 @@ def test_opcheck(runtime, name):
     torch.library.opcheck(ALL_OPS[name], (*tensors, *scalars))
 
 
-INTO_OPS = [name for name in ALL_OPS if ALL_OPS[name] in INTO]
+# the ops whose ``.into`` writes a decode token's K and V rows
+INTO_OPS = [name for name in ALL_OPS if ALL_OPS[name] in INTO and name != "dequantize_rows"]
 
 
 def _rows_in_state(shapes, position: int):
@@ -240,6 +243,28 @@ def test_into_overload_writes_the_k_and_v_rows_where_it_is_told(runtime, name):
     plain = [torch.zeros_like(r) for r in rows_expected]
     into(*tensors, *plain, *scalars)
     assert all(torch.equal(p, r) for p, r in zip(plain, rows_expected))
+
+
+@pytest.mark.parametrize("weights", ["q4_0", "q4_1", "q8_0"])
+def test_dequantize_rows_is_ggufs_dequantization_bit_for_bit_into_a_buffer_the_caller_keeps(runtime, weights):
+    """npu2.dequantize_rows gives GGUF's exact weights rounded to bf16 once, in every format and both row layouts
+    (whole 1024-element groups, transposed in the kernel; and rows of another length); ``.into`` writes them into an
+    NPU buffer (bound as it is, read back in place) or a plain tensor (staged, then copied), and returns nothing."""
+    g = torch.Generator().manual_seed(7)
+    fmt = quant.weight_format(weights)
+    for in_features in (2048, 96):
+        blocks = torch.randint(0, 256, (24, in_features // quant.BLOCK, fmt.block_bytes()), generator=g,
+                               dtype=torch.uint8)
+        scales = (torch.rand(24, in_features // quant.BLOCK, 2 if fmt.has_min else 1, generator=g) - 0.5) / 64
+        blocks[..., :scales.shape[-1] * 2] = scales.half().view(torch.uint8).reshape(24, in_features // quant.BLOCK, -1)
+        packed = quant.from_gguf_blocks(fmt, blocks.reshape(24, -1), in_features).view(torch.int32)
+        expected = quant.dequantize(fmt, packed, in_features, out=torch.empty(24, in_features, dtype=torch.bfloat16))
+        out = ALL_OPS["dequantize_rows"](packed, in_features, weights)
+        assert torch.equal(out.view(torch.int16), expected.view(torch.int16))
+        kept, plain = device_empty((24, in_features), torch.bfloat16), torch.zeros(24, in_features, dtype=torch.bfloat16)
+        for target in (kept, plain):
+            assert INTO[ALL_OPS["dequantize_rows"]](packed, target, in_features, weights) is None
+            assert torch.equal(target.view(torch.int16), expected.view(torch.int16))
 
 
 def test_into_overload_refuses_a_row_of_the_wrong_shape_by_name(runtime):

@@ -43,9 +43,9 @@ def test_generates_what_hf_generates_on_the_dequantized_weights(runtime, fmt):
 
 
 def test_prefill_dequantizes_every_layer_into_the_same_npu_buffers(runtime):
-    """Packed prefill's bf16 weights are written into one NPU buffer per projection that every layer reuses: the
-    ops bind them (no host copy of a weight is staged) and they cost one layer's bf16 weights, however many layers
-    and prefill buckets run."""
+    """Packed prefill's bf16 weights are made by the NPU (npu2.dequantize_rows) in one NPU buffer per projection that
+    every layer reuses: the ops bind them (no host copy of a weight is staged) and they cost one layer's bf16
+    weights, however many layers and prefill buckets run."""
     model = tiny_llama(**DIMS, num_hidden_layers=3)
     patch_llama(model, prefill_buckets=(16, 32), weights="q4_1")
     shared = model._torch_npu2_patch.shared
@@ -60,9 +60,11 @@ def test_prefill_dequantizes_every_layer_into_the_same_npu_buffers(runtime):
     assert sorted(buffers) == ["down", "gate_up", "wo", "wqk", "wv"]
     assert sum(t.nbytes for t in shared.dequantized.values()) == one_layer
     assert runtime.stats["host_copy_bytes"] - copied < one_layer  # activations only: the weights were bound
-    # and their bytes are the last layer's, exactly
+    # made on the NPU, their device bytes are the last layer's, exactly; never synced back, the host views hold nothing
     last = model.model.layers[-1].forward.packed
-    assert torch.equal(shared.dequantized["down"], last.dequantized("down", 256))
+    down = shared.dequantized["down"]
+    on_device = runtime._resident[down.data_ptr()].bo.device_view(torch.bfloat16).view(down.shape)
+    assert torch.equal(on_device, last.dequantized("down", 256)) and not down.any()
 
 
 def test_unpatch_restores_the_bf16_weights_and_repr(runtime):

@@ -443,6 +443,32 @@ def test_sync_written_refuses_what_is_not_state(runtime):
         runtime.sync_written(torch.zeros(4))
 
 
+def test_device_only_data_is_written_by_one_run_and_read_by_another_and_never_synced(runtime):
+    """An empty_device tensor (prefill's dequantized weights) an op's ``.into`` writes and another op binds as a weight:
+    no byte of it crosses between host and device either way, and the second op reads what the first wrote on the
+    device (on the strict emulator the host view stays as it was made: zeros). The host cannot sync it as state."""
+    from torch_npu2.kernels import quant
+    from torch_npu2.ops import INTO
+
+    gen = torch.Generator().manual_seed(5)
+    w = (torch.randn(64, 256, generator=gen) / 16).bfloat16()
+    packed = runtime.pin(quant.quantize_q4_1(w).view(torch.int32))  # a weight's buffer: synced once
+    weight = runtime.empty_device((64, 256), torch.bfloat16)
+    x = torch.randn(256, generator=gen).bfloat16()
+    exact = quant.dequantize(quant.Q4_1, packed, 256).bfloat16()
+    INTO[ALL_OPS["dequantize_rows"]](packed, weight, 256, "q4_1")  # compiled and loaded before counting
+    to_device, from_device = runtime.xrt.counters["bytes_to_device"], runtime.xrt.counters["bytes_from_device"]
+    INTO[ALL_OPS["dequantize_rows"]](packed, weight, 256, "q4_1")
+    assert runtime.xrt.counters["bytes_from_device"] == from_device  # nothing read back
+    assert runtime.xrt.counters["bytes_to_device"] == to_device  # the packed weight was synced by the first run
+    assert not weight.any()  # the host view was never written
+    logits = torch.ops.npu2.lm_head_gemv(x, weight)
+    torch.testing.assert_close(logits, reference.lm_head_gemv_reference(x, exact), rtol=1e-4, atol=1e-4)
+    assert runtime.xrt.counters["bytes_to_device"] - to_device == x.nbytes  # x; the weight went nowhere
+    with pytest.raises(ValueError, match="not a view of an empty_state tensor"):
+        runtime.sync_written(weight)
+
+
 def test_emulated_ranged_sync_stays_inside_its_bo():
     xrt = EmulatedXrt(coherency="strict")
     bo = xrt.ext.bo(xrt.device(0), 64)

@@ -209,6 +209,13 @@ def gemv_f32(p, x, w):
     return host_build.gemv(w.reshape(p["N"], p["K"]), x, tile_rows=p["N"], out_dtype=torch.float32, fast=True)
 
 
+def dequant_rows(p, w):
+    """Packed rows as bf16 weights: GGUF's exact fp32 values (kernels/quant.py), rounded once."""
+    K = p["K"]
+    return quant.dequantize(quant.weight_format(p["weights"]), w.reshape(p["N"], -1), K,
+                            out=torch.empty(p["N"], K, dtype=torch.bfloat16))
+
+
 LAUNCH_KINDS = {
     "rmsnorm": rmsnorm,
     "gemm": matmul,
@@ -228,6 +235,7 @@ LAUNCH_KINDS = {
     "quantize_rows": quantize_rows,
     "gemm_int": gemm_int,
     "gemm_int_swiglu": gemm_int_swiglu,
+    "dequant_rows": dequant_rows,
 }
 
 
