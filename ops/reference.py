@@ -189,12 +189,12 @@ def lm_head_gemv_packed_reference(x, w_lm, weights):
     return F.linear(x.float(), quant.dequantize(quant.weight_format(weights), w_lm, x.shape[-1]))
 
 
-# ---- the integer-GEMM prefill ops ("w8x2a16"): kernels/int_gemm.py's numerics, HF's rounding points between -------
 def dequantize_rows_reference(w, in_features, weights):
     """Reference of npu2.dequantize_rows: GGUF's exact weights of packed rows, rounded to bf16 once."""
     return quant.dequantize(quant.weight_format(weights), w, in_features).to(torch.bfloat16)
 
 
+# ---- the integer-GEMM prefill ops ("w8x2a16"): kernels/int_gemm.py's numerics, HF's rounding points between -------
 def _linear_w8x2(x, words, halves: int = 1):
     """bf16 outputs of x (rows, K) times a prepared weight (a pair gives (gate, up))."""
     K = x.shape[-1]

@@ -516,14 +516,14 @@ class PackedProjections(Projections):
 
     DEQUANTIZE_ROWS = 256  # rows widened to fp32 at a time: a whole [gate | up]'s fp32 temporaries take GiBs
 
-    def dequantized(self, name: str, in_features: int, out: torch.Tensor | None = None) -> torch.Tensor:
-        """A projection as bf16, GGUF's exact weights rounded once (what prefill's bf16 GEMMs take for now), written
-        into ``out`` when given (its shape: the packed rows', each ``in_features`` wide; gate_up's twice)."""
+    def dequantized(self, name: str, in_features: int) -> torch.Tensor:
+        """A projection as bf16 on the host, GGUF's exact weights rounded once (what the integer prefill GEMMs' weights
+        are prepared from when the projections are packed): the packed rows' shape, each ``in_features`` wide
+        (gate_up's twice)."""
         fmt = quant.weight_format(self.format)
         packed = getattr(self, name)
         rows = packed.reshape(2 * packed.shape[0], -1) if name == "gate_up" else packed  # each half packed alone
-        if out is None:
-            out = torch.empty(packed.shape[0], rows.shape[0] // packed.shape[0] * in_features, dtype=torch.bfloat16)
+        out = torch.empty(packed.shape[0], rows.shape[0] // packed.shape[0] * in_features, dtype=torch.bfloat16)
         flat = out.view(rows.shape[0], in_features)
         for start in range(0, rows.shape[0], self.DEQUANTIZE_ROWS):
             chunk = rows[start:start + self.DEQUANTIZE_ROWS]

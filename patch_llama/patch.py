@@ -639,4 +639,12 @@ def decode_weights(model) -> tuple[str, str]:
     return state.weights
 
 
-__all__ = ["patch_llama", "unpatch_llama", "is_patched", "decode_weights", "DEFAULT_BUCKETS"]
+def prefill_precision(model) -> str:
+    """The matmul precision a patched model's prefill GEMMs run at (``patch_llama``'s, "auto" resolved)."""
+    state = getattr(model, STATE_ATTR, None)
+    if state is None:
+        raise ValueError("prefill_precision: the model is not patched")
+    return state.shared.settings.matmul_precision
+
+
+__all__ = ["patch_llama", "unpatch_llama", "is_patched", "decode_weights", "prefill_precision", "DEFAULT_BUCKETS"]

@@ -121,11 +121,11 @@ def _prepare_decode_kernels(model, runtime) -> None:
 
     from .kernels import programs_for_model
     from .patch_llama.families import model_dims
-    from .patch_llama.patch import decode_weights
+    from .patch_llama.patch import decode_weights, prefill_precision
 
     weights, head_weights = decode_weights(model)
-    programs = programs_for_model(model_dims(model.config), prefill_buckets=(), weights=weights,
-                                  lm_head_weights=head_weights)  # no prefill buckets: their Programs build per bucket
+    programs = programs_for_model(model_dims(model.config), (), prefill_precision(model), weights,
+                                  head_weights)  # no prefill buckets: their Programs build per bucket
     for program in tqdm(programs, desc="preparing kernels", unit="program", file=sys.stderr):
         runtime.load(program)
 

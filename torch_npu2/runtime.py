@@ -173,7 +173,8 @@ class Runtime:
 
     def empty(self, shape: tuple, dtype: torch.dtype, synced_by_writer: bool = False,
               device_only: bool = False) -> torch.Tensor:
-        """An uninitialized BO-backed tensor of its own BO, resident until its storage dies (``pin``'s buffer)."""
+        """An uninitialized BO-backed tensor of its own BO, resident until its storage dies (``pin``'s buffer);
+        ``synced_by_writer``: ``empty_state``'s, ``device_only``: ``empty_device``'s."""
         buffer = self._new_buffer(max(math.prod(shape) * dtype.itemsize, 1))
         buffer.synced_by_writer = synced_by_writer or device_only
         buffer.device_only = device_only
@@ -323,8 +324,18 @@ class Runtime:
             self._sync_weight(buffer)
         return True
 
+    def _refuse_device_only(self, loaded: LoadedProgram, index: int, tensor: torch.Tensor) -> None:
+        """A part of an ``empty_device`` buffer that cannot be bound in place would be staged, i.e. copied through its
+        host view, which holds nothing: refused, naming the argument."""
+        buffer = self._resident.get(tensor.untyped_storage().data_ptr())
+        if buffer is not None and buffer.device_only:
+            raise ValueError(f"{loaded.program.name}: argument '{loaded.program.args[index].name}' is a view of an "
+                             "empty_device buffer that cannot be bound in place (it must be contiguous and start at a "
+                             f"multiple of {DEVICE.dma_word_bytes} bytes): its bytes exist only on the device")
+
     def _stage(self, loaded: LoadedProgram, index: int, nbytes: int, tensor: torch.Tensor) -> None:
         """Bind the staging buffer of a host tensor argument and copy the tensor in."""
+        self._refuse_device_only(loaded, index, tensor)
         arg = loaded.program.args[index]
         key = (index, arg.shape, arg.dtype)
         staged = self._staging.get(key)
@@ -420,6 +431,7 @@ class Runtime:
                              f"{dtype} elements, the tensor given for it {target.numel()} {target.dtype}")
         part = self._part(target)
         if part is None:
+            self._refuse_device_only(loaded, index, target)
             staged, lease = self._lease(numel, shape, dtype, size)
             self._bind(loaded, index, lease.bo)
             return lease.bo, nbytes, 0, target, staged

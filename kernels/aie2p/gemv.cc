@@ -333,7 +333,8 @@ inline void transpose_groups(bf16_t *x, int length) {
 // ---- dequantization (gemv_q_dequant_bf16): each weight bf16(d q + m), GGUF's fp32 value rounded once ----
 // d q is formed exactly (q or 128 + q, at most 8 bits, times d's three exact bf16 parts: every partial sum fits the
 // accumulator's 24 bits), the bias times d taken away exactly, then m added in one fp32 rounding (an exact m in an
-// accumulator of its own): the fp32 value gguf-py computes, rounded to bf16 once.
+// accumulator of its own): the fp32 value gguf-py computes, rounded to bf16 once. (A zero weight under a negative
+// scale, q = 0 of Q8_0 or q = 8 of Q4_0, comes out +0 where gguf-py's is -0: the accumulator starts at +0.)
 inline Acc exact_value(const ExactScale &s, const Bf16Lanes &one) {
   return mac_scaled(aie::zeros<accfloat, kBlock>(), one, s);
 }

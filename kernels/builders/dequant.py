@@ -2,8 +2,8 @@
 through gemv.cc's ``gemv_q_dequant_bf16``: each weight GGUF's fp32 value rounded once to bf16.
 
 What the prefill GEMMs read when a model keeps its projections packed: the dequantization runs where the weights
-already are, instead of on the host, and writes the bf16 rows the GEMMs then stream from DDR (one round trip of
-the bf16 weight through DDR per prefill chunk; the GEMMs do not read packed rows themselves).
+already are, instead of on the host, and writes the bf16 rows the GEMMs then stream from DDR (each layer's bf16 rows
+written to DDR once per prefill and read back by its GEMMs; the GEMMs do not read packed rows themselves).
 
 Param ``weights``: the packed format ("q4_0", "q4_1", "q8_0"). W is its rows as (N, row_bytes / 4) 32-bit words.
 
@@ -19,10 +19,10 @@ and bf16 rows of a panel, times the ping-pong copies, one memtile; at most a shi
 from __future__ import annotations
 
 from ..device import DEVICE
-from .gemv import (GEMV_K_GRANULE, OBJECT, PINGPONG_TRIPS, ROWS_PER_CALL_CANDIDATES, GemvPlan, WeightRows, describe,
-                   panel_candidates, panel_loop, panel_windows, split_rows, weight_rows)
+from .gemv import (GEMV_K_GRANULE, MAX_TILE_N, MIN_PANELS, OBJECT, PINGPONG_TRIPS, ROWS_PER_CALL_CANDIDATES, GemvPlan,
+                   WeightRows, describe, panel_loop, panel_windows, split_rows, weight_rows)
 from .ir import L1, L2, WHOLE, LaunchBuilder, LaunchIR, MemRef, Value, Window
-from .npu2 import L1_AVAILABLE, check_budget, check_operands, nbytes, pingpong_copies, require
+from .npu2 import L1_AVAILABLE, check_budget, check_operands, divisors_descending, nbytes, pingpong_copies, require
 
 KIND = "dequant_rows"
 PARAMS = ("K", "N")
@@ -44,15 +44,29 @@ def _l2_bytes(K: int, tile_n: int, panels: int, weights: WeightRows) -> dict[str
             f"bf16 rows of one tile x{copies}": copies * nbytes((tile_n, K), "bf16")}
 
 
+def _panel_candidates(rows_per_tile: int, tuning: dict) -> list[int]:
+    """Panel heights to try, best first: the tuned one, or the divisors of a tile's rows up to gemv's MAX_TILE_N,
+    those leaving at least MIN_PANELS panels to stream first (largest first), then the rest (smallest first)."""
+    if "tile_n" in tuning:
+        require(rows_per_tile % tuning["tile_n"] == 0, KIND, "tile_n", tuning["tile_n"],
+                f"must divide the {rows_per_tile} rows a tile owns per step")
+        return [tuning["tile_n"]]
+    tiles = divisors_descending(rows_per_tile, MAX_TILE_N)
+    streaming = [t for t in tiles if rows_per_tile // t >= MIN_PANELS]
+    return streaming + sorted(t for t in tiles if t not in streaming)
+
+
 def plan(K: int, N: int, weights: WeightRows, tuning: dict) -> GemvPlan:
     """The widest herd dividing N and one launch step (unless tuned), then the most rows per call and, for it, the
-    first panel in gemv's order (``panel_candidates``) that fit L1 and a memtile, calls double-buffered first."""
+    first panel in gemv's order (``_panel_candidates``) that fit L1 and a memtile, calls double-buffered first."""
     herd, steps, rows_per_tile = split_rows(KIND, N, tuning)
     calls = [tuning["rows_per_call"]] if "rows_per_call" in tuning else list(ROWS_PER_CALL_CANDIDATES)
-    tiles = panel_candidates(KIND, rows_per_tile, "bf16", tuning)
+    tiles = _panel_candidates(rows_per_tile, tuning)
     candidates = [(t, r) for r in calls for t in tiles if t % r == 0]
     require(bool(candidates), KIND, "rows_per_call", calls[0], f"must divide tile_n (candidates {tiles})")
-    # calls that AIR double-buffers first: a tile then reads the next rows and writes the last ones while it works
+    # calls that AIR double-buffers first (an even trip count of at least PINGPONG_TRIPS: no odd trip left over with
+    # buffers of its own): a tile then reads the next rows and writes the last ones while it works. Unlike the packed
+    # GEMVs (gemv.double_buffered), a call shares no work among its rows, so any count of rows per call will do.
     overlapped = [c for c in candidates if c[0] // c[1] >= PINGPONG_TRIPS and (c[0] // c[1]) % 2 == 0]
     candidates = overlapped + [c for c in candidates if c not in overlapped]
 

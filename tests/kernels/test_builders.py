@@ -657,3 +657,7 @@ def test_dequant_rows_refuses_what_it_cannot_build():
         BUILDERS["dequant_rows"](dict(K=48, N=64, weights="q8_0"), [MemRef((64, 16), "i32"), MemRef((64, 48), BF16)])
     with pytest.raises(LaunchConstraintError, match="exceeds 61440 B per compute tile"):
         build("dequant_rows", K=32768, N=64)  # one row's bf16 weights twice over L1
+    with pytest.raises(LaunchConstraintError, match="tile_n=48: must divide the 256 rows a tile owns per step"):
+        build("dequant_rows", tuning={"tile_n": 48}, K=2048, N=2048)
+    # any row count: SmolLM2's 3 KV heads' 192 rows, or 24 (3 a tile, one panel row each)
+    assert "3 rows per tile per step in 3 panels of 1" in build("dequant_rows", K=576, N=24).text

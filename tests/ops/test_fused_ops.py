@@ -247,9 +247,10 @@ def test_into_overload_writes_the_k_and_v_rows_where_it_is_told(runtime, name):
 
 @pytest.mark.parametrize("weights", ["q4_0", "q4_1", "q8_0"])
 def test_dequantize_rows_is_ggufs_dequantization_bit_for_bit_into_a_buffer_the_caller_keeps(runtime, weights):
-    """npu2.dequantize_rows gives GGUF's exact weights rounded to bf16 once, in every format and both row layouts
-    (whole 1024-element groups, transposed in the kernel; and rows of another length); ``.into`` writes them into an
-    NPU buffer (bound as it is, read back in place) or a plain tensor (staged, then copied), and returns nothing."""
+    """npu2.dequantize_rows on the emulator gives GGUF's exact weights rounded to bf16 once, in every format and both
+    row layouts (whole 1024-element groups and rows of another length; the kernel's host build is held to the same in
+    tests/kernels/test_packed_gemv.py); ``.into`` writes them into an NPU buffer (bound as it is, read back in place)
+    or a plain tensor (staged, then copied), and returns nothing."""
     g = torch.Generator().manual_seed(7)
     fmt = quant.weight_format(weights)
     for in_features in (2048, 96):

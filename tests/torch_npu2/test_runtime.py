@@ -469,6 +469,25 @@ def test_device_only_data_is_written_by_one_run_and_read_by_another_and_never_sy
         runtime.sync_written(weight)
 
 
+def test_a_part_of_device_only_data_that_cannot_be_bound_in_place_is_refused(runtime):
+    """Staging a view of an empty_device buffer would copy its host view, which holds nothing: as an output ``.into``
+    writes (not contiguous) or as an argument (not at a whole DMA word), a view that cannot be bound in place is
+    refused before the run, naming the argument."""
+    from torch_npu2.kernels import quant
+    from torch_npu2.ops import INTO
+
+    packed = quant.quantize_q4_1(torch.ones(64, 256).bfloat16()).view(torch.int32)
+    wide = runtime.empty_device((64, 512), torch.bfloat16)
+    runs = runtime.stats["runs"]
+    with pytest.raises(ValueError, match="dequantize_rows: argument 'out' is a view of an empty_device buffer that "
+                                         "cannot be bound in place"):
+        INTO[ALL_OPS["dequantize_rows"]](packed, wide[:, :256], 256, "q4_1")
+    odd = runtime.empty_device((64 * 256 + 1,), torch.bfloat16)[1:].view(64, 256)  # 2 bytes into its buffer
+    with pytest.raises(ValueError, match="lm_head_gemv: argument 'w_lm' is a view of an empty_device buffer"):
+        torch.ops.npu2.lm_head_gemv(torch.ones(256).bfloat16(), odd)
+    assert runtime.stats["runs"] == runs
+
+
 def test_emulated_ranged_sync_stays_inside_its_bo():
     xrt = EmulatedXrt(coherency="strict")
     bo = xrt.ext.bo(xrt.device(0), 64)
