@@ -175,25 +175,24 @@ def register_into(op: FusedOp):
     caller gives after its tensor arguments (a KV cache's rows: the NPU writes them in place, runtime.run's
     ``into``); returns the other outputs (None when there are none). Returns the overload."""
     count, placed = len(op.example.host_args), len(op.into)
-    returned = len(op.example.outputs) - placed
+    returned = len(op.example.outputs) - placed  # the schema returns nothing, one tensor or a tuple
     positions = op.into_positions
-
-    def result(outputs):  # the schema's returns: none, one tensor, or a tuple
-        return None if returned == 0 else outputs[0] if returned == 1 else outputs
 
     def npu_impl(*args):
         tensors, targets = args[:count], args[count:count + placed]
         program = program_of(op, tensors, op.with_defaults(args[count + placed:]))
         _check_into(op, program, targets, real=True)
-        return result(get_runtime().run(program, tensors, dict(zip(positions, targets))))
+        outputs = get_runtime().run(program, tensors, dict(zip(positions, targets)))
+        return outputs[0] if returned == 1 else outputs if returned else None
 
     def fake_impl(*args):
         tensors, targets = args[:count], args[count:count + placed]
         program = program_of(op, tensors, op.with_defaults(args[count + placed:]), real=False)
         _check_into(op, program, targets, real=False)
         like = tensors[0]
-        return result(tuple(like.new_empty(a.shape, dtype=TORCH_DTYPES[a.dtype])
-                            for i, a in enumerate(program.outputs) if i not in positions))
+        outputs = tuple(like.new_empty(a.shape, dtype=TORCH_DTYPES[a.dtype])
+                        for i, a in enumerate(program.outputs) if i not in positions)
+        return outputs[0] if returned == 1 else outputs if returned else None
 
     _LIB.define(op.schema(into=True))
     _LIB.impl(f"{op.name}.into", torch.compiler.disable(npu_impl, reason="torch_npu2 runs an NPU Program"),

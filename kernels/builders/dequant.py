@@ -19,10 +19,10 @@ and bf16 rows of a panel, times the ping-pong copies, one memtile; at most a shi
 from __future__ import annotations
 
 from ..device import DEVICE
-from .gemv import (GEMV_K_GRANULE, MAX_TILE_N, MIN_PANELS, OBJECT, PINGPONG_TRIPS, ROWS_PER_CALL_CANDIDATES, GemvPlan,
-                   WeightRows, describe, panel_loop, panel_windows, split_rows, weight_rows)
+from .gemv import (GEMV_K_GRANULE, OBJECT, PINGPONG_TRIPS, ROWS_PER_CALL_CANDIDATES, GemvPlan, WeightRows, describe,
+                   panel_candidates, panel_loop, panel_windows, split_rows, weight_rows)
 from .ir import L1, L2, WHOLE, LaunchBuilder, LaunchIR, MemRef, Value, Window
-from .npu2 import L1_AVAILABLE, check_budget, check_operands, divisors_descending, nbytes, pingpong_copies, require
+from .npu2 import L1_AVAILABLE, check_budget, check_operands, nbytes, pingpong_copies, require
 
 KIND = "dequant_rows"
 PARAMS = ("K", "N")
@@ -44,24 +44,12 @@ def _l2_bytes(K: int, tile_n: int, panels: int, weights: WeightRows) -> dict[str
             f"bf16 rows of one tile x{copies}": copies * nbytes((tile_n, K), "bf16")}
 
 
-def _panel_candidates(rows_per_tile: int, tuning: dict) -> list[int]:
-    """Panel heights to try, best first: the tuned one, or the divisors of a tile's rows up to gemv's MAX_TILE_N,
-    those leaving at least MIN_PANELS panels to stream first (largest first), then the rest (smallest first)."""
-    if "tile_n" in tuning:
-        require(rows_per_tile % tuning["tile_n"] == 0, KIND, "tile_n", tuning["tile_n"],
-                f"must divide the {rows_per_tile} rows a tile owns per step")
-        return [tuning["tile_n"]]
-    tiles = divisors_descending(rows_per_tile, MAX_TILE_N)
-    streaming = [t for t in tiles if rows_per_tile // t >= MIN_PANELS]
-    return streaming + sorted(t for t in tiles if t not in streaming)
-
-
 def plan(K: int, N: int, weights: WeightRows, tuning: dict) -> GemvPlan:
     """The widest herd dividing N and one launch step (unless tuned), then the most rows per call and, for it, the
-    first panel in gemv's order (``_panel_candidates``) that fit L1 and a memtile, calls double-buffered first."""
+    first panel in gemv's order (``panel_candidates``) that fit L1 and a memtile, calls double-buffered first."""
     herd, steps, rows_per_tile = split_rows(KIND, N, tuning)
     calls = [tuning["rows_per_call"]] if "rows_per_call" in tuning else list(ROWS_PER_CALL_CANDIDATES)
-    tiles = _panel_candidates(rows_per_tile, tuning)
+    tiles = panel_candidates(KIND, rows_per_tile, None, tuning)  # an output row is K values: any height will do
     candidates = [(t, r) for r in calls for t in tiles if t % r == 0]
     require(bool(candidates), KIND, "rows_per_call", calls[0], f"must divide tile_n (candidates {tiles})")
     # calls that AIR double-buffers first (an even trip count of at least PINGPONG_TRIPS: no odd trip left over with

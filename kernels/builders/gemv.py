@@ -148,16 +148,20 @@ def whole_words(rows: int, dtype: str) -> bool:
     return nbytes((rows,), dtype) % DMA_GRANULE_BYTES == 0
 
 
-def panel_candidates(kind: str, rows_per_tile: int, dtype: str, tuning: dict) -> list[int]:
-    """Panel heights to try, best first: the tuned one, or the divisors of a tile's rows in whole words of y,
-    those leaving at least MIN_PANELS panels first (largest first), then the rest (smallest first)."""
+def panel_candidates(kind: str, rows_per_tile: int, dtype: str | None, tuning: dict) -> list[int]:
+    """Panel heights to try, best first: the tuned one, or the divisors of a tile's rows in whole words of y (a
+    value of ``dtype`` per row; None: each row's output is whole words whatever the height), those leaving at least
+    MIN_PANELS panels first (largest first), then the rest (smallest first)."""
+    def whole(t: int) -> bool:
+        return dtype is None or whole_words(t, dtype)
+
     if "tile_n" in tuning:
         tile_n = tuning["tile_n"]
-        require(rows_per_tile % tile_n == 0 and whole_words(tile_n, dtype), kind, "tile_n", tile_n,
-                f"must divide the {rows_per_tile} rows a tile owns per step and span whole "
-                f"{DMA_GRANULE_BYTES}-byte words of y")
+        require(rows_per_tile % tile_n == 0 and whole(tile_n), kind, "tile_n", tile_n,
+                f"must divide the {rows_per_tile} rows a tile owns per step" + (
+                    "" if dtype is None else f" and span whole {DMA_GRANULE_BYTES}-byte words of y"))
         return [tile_n]
-    tiles = [t for t in divisors_descending(rows_per_tile, MAX_TILE_N) if whole_words(t, dtype)]
+    tiles = [t for t in divisors_descending(rows_per_tile, MAX_TILE_N) if whole(t)]
     require(bool(tiles), kind, "N", rows_per_tile, f"a tile's {rows_per_tile} rows have no panel of whole "
             f"{DMA_GRANULE_BYTES}-byte words")
     streaming = [t for t in tiles if rows_per_tile // t >= MIN_PANELS]

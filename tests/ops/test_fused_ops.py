@@ -445,6 +445,8 @@ def _call_with(name, index, value):
     ("o_gemv_ffn", 0, "attn", lambda t: t.requires_grad_(), "a tensor that does not require grad"),
     # A meta tensor among CPU ones dispatches to the fake kernel, which names it.
     ("lm_head_gemv", 1, "w_lm", lambda t: t.to("meta"), "a CPU tensor like the other arguments"),
+    # packed rows whose width is not in_features' row of words
+    ("dequantize_rows", 0, "w", lambda t: t[:, :-4].contiguous(), "shape ("),
     ("rms_gemms_rope", 0, "x", lambda t: t.to("meta"), "a CPU tensor like the other arguments"),
 ])
 def test_bad_arguments_raise_naming_op_and_argument(runtime, name, index, arg, make, expected):
@@ -464,6 +466,8 @@ def test_bad_arguments_raise_naming_op_and_argument(runtime, name, index, arg, m
     ("rms_gemms_rope", (EPS, "fp8"), "precision", "one of 'bf16', 'bfp16', 'bfp16_gate_up' (for 'w8x2a16': the "
                                                   "*_w8x2 ops, over prepared weights), got 'fp8'"),
     ("flash_attn", (0,), "head_dim", "a positive int, got 0"),
+    ("dequantize_rows", (250, "q4_1"), "in_features", "a positive multiple of 32 (whole 32-element blocks), got 250"),
+    ("dequantize_rows", (256, "q5_k"), "weights", "one of 'q4_0', 'q4_1', 'q8_0' (a packed weight format), got 'q5_k'"),
 ])
 def test_bad_scalars_raise_naming_op_and_argument(runtime, name, scalars, arg, expected):
     tensors, _, _ = op_cases("odd")[name]
