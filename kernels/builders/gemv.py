@@ -170,10 +170,12 @@ def panel_candidates(kind: str, rows_per_tile: int, dtype: str | None, tuning: d
 
 def double_buffered(rows_per_tile: int, tile_n: int, rows_per_call: int) -> bool:
     """A plan packed calls prefer (they do enough work per row for the schedule to matter): its calls AIR
-    double-buffers (at least PINGPONG_TRIPS per panel: the ping-pong transform unrolls two trips away), its panels
-    in ping-pong pairs, and calls of at least PACKED_MIN_ROWS rows (a call's own work, x's per-block sums, is
-    shared by its rows)."""
-    return (tile_n // rows_per_call >= PINGPONG_TRIPS and (rows_per_tile // tile_n) % 2 == 0
+    double-buffers (an even count of at least PINGPONG_TRIPS per panel: the ping-pong transform unrolls two trips
+    away, and of an odd count it runs the last trip alone, on a third copy of the buffers), its panels in ping-pong
+    pairs, and calls of at least PACKED_MIN_ROWS rows (a call's own work, x's per-block sums, is shared by its
+    rows)."""
+    calls = tile_n // rows_per_call
+    return (calls >= PINGPONG_TRIPS and calls % 2 == 0 and (rows_per_tile // tile_n) % 2 == 0
             and rows_per_call >= PACKED_MIN_ROWS)
 
 

@@ -15,6 +15,7 @@ import subprocess
 import pytest
 
 from benchmarks import cost_model
+from torch_npu2.kernels import catalog
 from torch_npu2.kernels import timing
 from torch_npu2.kernels.timing import L1, PingPongBuffer
 from torch_npu2.kernels.air_pipeline import _module, _optimization_passes
@@ -26,15 +27,32 @@ from torch_npu2.kernels.program import CompileOptions
 from torch_npu2.kernels.stitch import stitch
 
 LABEL_PASS, TRANSFORM_PASS = "air-label-scf-for-to-ping-pong", "air-ping-pong-transform"
+DIMS, PACKED = cost_model.llama_1b_dims(), "q4_1"
 PROGRAMS = [("o_ffn", 16), ("o_ffn", 2048), ("rms_gemms_rope", 2048), ("flash_attn", 2048),
             ("o_ffn_w8x2", 16), ("o_ffn_w8x2", 2048), ("rms_gemms_rope_w8x2", 2048),
             ("rms_gemv_rope", None), ("o_gemv_ffn", None), ("lm_head_gemv", None),
-            ("decode_attn", 2048), ("decode_attn_o_gemv_ffn_rms_gemv_rope", 2048)]
+            ("decode_attn", 2048), ("decode_attn_o_gemv_ffn_rms_gemv_rope", 2048),
+            # packed weights (Q4_1): the decode GEMVs and the dequantize Programs prefill runs
+            ("rms_gemv_rope_packed", None), ("o_gemv_ffn_packed", None), ("lm_head_gemv_packed", None),
+            *((f"dequantize_rows_{i}", None) for i in range(len(catalog.dequantize_programs(DIMS, PACKED))))]
 # Buffers the label pass marks that the check below cannot prove filled first, and why each is safe: decode
 # attention's per-call scratch, which dattn_tile_bf16 writes before it reads it in every call that touches it
 # (kernels/aie2p/decode_attention.cc); its access letter "p" says only that a call past the length skips it.
 SCRATCH = {name: ["memref<256xf32, 2 : i32>", "memref<256xbf16, 2 : i32>"]
            for name in ("decode_attn", "decode_attn_o_gemv_ffn_rms_gemv_rope")}
+def _program(name: str, seq):
+    """The Program the parametrization names: Llama-3.2-1B's, its GEMMs at matmul precision w8x2a16 (``_w8x2``), its
+    projection weights packed (``_packed``), or its i-th dequantize Program (``dequantize_rows_<i>``)."""
+    if name.startswith("dequantize_rows_"):
+        return catalog.dequantize_programs(DIMS, PACKED)[int(name.rsplit("_", 1)[1])]
+    integer = name.endswith("_w8x2")  # the prefill Programs at matmul precision w8x2a16
+    packed = name.endswith("_packed")
+    program = cost_model.program(name.removesuffix("_w8x2").removesuffix("_packed"), DIMS, seq,
+                                 "w8x2a16" if integer else "bf16", PACKED if packed else "bf16")
+    assert program.name == name
+    return program
+
+
 _CONSTANT = re.compile(r"(%\w+) = arith\.constant (-?\d+) : index")
 _FOR = re.compile(r"scf\.for %\w+ = %\w+ to (%\w+) step (%\w+)(?: iter_args\(([^)]*)\))?")
 _HOISTED = re.compile(r"memref\.alloc\(\) \{hoist_alloc = true\} : memref<[^>]*, (\d) : i32>")
@@ -140,13 +158,13 @@ def _filled_by_gets(uses: list[str], alias: str, numel: int, constants: dict[str
 
 def _written_whole_by_call(use: str, alias: str, zeros: set[str]) -> bool:
     """Whether ``use`` is a kernel call that only writes the buffer (interpret.KERNEL_ARGUMENT_ACCESS: "w" at each
-    of its positions), or gemv_partial_f32 starting its sum there (k0 = 0)."""
+    of its positions), or gemv_partial_f32 (or its packed twin) starting its sum there (k0 = 0)."""
     if not (call := _CALL.search(use)):
         return False
     symbol, args, types = re.sub(r"_v\d+$", "", call.group(1)), split_top(call.group(2)), split_top(call.group(3))
     memrefs = [a for a, t in zip(args, types) if t.startswith("memref")]
     access = [KERNEL_ARGUMENT_ACCESS[symbol][i] for i, a in enumerate(memrefs) if a == alias]
-    starts_sum = symbol == "gemv_partial_f32" and args[3] in zeros
+    starts_sum = symbol in ("gemv_partial_f32", "gemv_q_partial_f32") and args[3] in zeros
     return bool(access) and all(a == "w" or (a == "p" and starts_sum) for a in access)
 
 
@@ -187,10 +205,7 @@ def model_pingpong(program) -> dict[str, set[PingPongBuffer]]:
 
 @pytest.mark.parametrize("name,seq", PROGRAMS)
 def test_the_model_double_buffers_exactly_what_air_does(air_tools, name, seq):
-    integer = name.endswith("_w8x2")  # the prefill Programs at matmul precision w8x2a16
-    program = cost_model.program(name.removesuffix("_w8x2"), cost_model.llama_1b_dims(), seq,
-                                 "w8x2a16" if integer else "bf16")
-    assert program.name == name
+    program = _program(name, seq)
     after_label, final = run_to_pingpong(air_tools, stitch(program).text, program.compile_options)
     air = air_pingpong(after_label)
     assert model_pingpong(program) == air

@@ -661,3 +661,22 @@ def test_dequant_rows_refuses_what_it_cannot_build():
         build("dequant_rows", tuning={"tile_n": 48}, K=2048, N=2048)
     # any row count: SmolLM2's 3 KV heads' 192 rows, or 24 (3 a tile, one panel row each)
     assert "3 rows per tile per step in 3 panels of 1" in build("dequant_rows", K=576, N=24).text
+
+
+def test_packed_gemv_calls_prefer_an_even_count_per_panel():
+    """AIR's ping-pong transform runs an odd count of calls as pairs plus a last call alone (on a third copy of the
+    buffers), so packed GEMVs prefer panels of an even count of calls: Llama-3.2-1B's [Wq; Wk] as 2560 Q4_1 rows (320
+    a tile) once went in panels of 20 rows, 5 calls of 4; now in 16-row panels of 4 calls (the timing model and AIR
+    agree on it: tests/benchmarks/test_cost_model_pingpong.py)."""
+    from torch_npu2.kernels.builders import build_launch
+    from torch_npu2.kernels.catalog import lm_head_gemv_program, rms_gemv_rope_program
+
+    programs = (rms_gemv_rope_program(2048, 32, 8, 64, 1e-5, "q4_1"), o_gemv_ffn_program(2048, 2048, 8192, 1e-5, "q4_0"),
+                lm_head_gemv_program(2048, 128256, "q8_0"))
+    headers = [re.search(r"(\d+) rows per tile per step in (\d+) panels of (\d+), (\d+) rows per call",
+                         build_launch(p, launch).text) for p in programs for launch in p.launches
+               if "weights" in launch.p]
+    assert headers[0].group(0) == "320 rows per tile per step in 20 panels of 16, 4 rows per call"
+    for header in headers:
+        calls = int(header[3]) // int(header[4])
+        assert calls % 2 == 0 or calls == 1, header.group(0)
