@@ -36,6 +36,7 @@ from pathlib import Path
 from .budgets import L1BudgetError, TileL1, check_fits, lowered_l1
 from .builders.ir import ELEMENT_BYTES, Dma, Window
 from .device import DEVICE
+from .lint import lint_lowered
 from .mlir_text import MlirTextError, dma_copies, index_constants
 from .program import CompileOptions, Program
 from .stitch import StitchedModule, stitch
@@ -337,9 +338,13 @@ def check_windows(program: str, stitched: StitchedModule, build_dir: Path, tc: T
                            + "\n".join(problems[:20]), build_dir)
 
 
+SHIM_BD_STAGE = "shim BD bounds"
+
+
 def prepare(program: Program, build_dir: Path, tc: Toolchain | None = None) -> Path:
-    """Stitch ``program``, check its DMA windows through air-opt, run the three pass stages; returns the
-    npu-stage module (``<build_dir>/npu.mlir``) that aiecc takes."""
+    """Stitch ``program``, check its DMA windows through air-opt, run the three pass stages and check that every
+    shim BD they made stays inside its argument (lint rule shim-bd-bounds); returns the npu-stage module
+    (``<build_dir>/npu.mlir``) that aiecc takes."""
     tc = tc or find_toolchain()
     check_windows(program.name, stitch(program), build_dir, tc)
     current = build_dir / "air.mlir"
@@ -353,6 +358,10 @@ def prepare(program: Program, build_dir: Path, tc: Toolchain | None = None) -> P
                                    build_dir)
             output.write_text(text)
         current = output
+    overruns = [f"{f.where}: {f.message}" for f in lint_lowered(program, current.read_text())
+                if f.rule == "shim-bd-bounds"]
+    if overruns:  # placement accepted it, but on the NPU these DMAs would move bytes outside their arguments
+        raise CompileError(program.name, SHIM_BD_STAGE, "\n".join(overruns[:8]), build_dir)
     return current
 
 

@@ -59,6 +59,7 @@ RULES = {
     "memtile-channels": f"more DMA channels than a memtile ({DEVICE.memtile_channels_per_direction} MM2S + "
                         f"{DEVICE.memtile_channels_per_direction} S2MM) has",
     "l1-budget": f"a compute tile's buffers, stack and headroom over its {DEVICE.l1_bytes // 1024} KiB of data memory",
+    "shim-bd-bounds": "a shim BD reaches past the argument it moves, or moves another length than its dimensions walk",
 }
 
 GEMM_CLASS_KINDS = tuple(kind for kind, builder in BUILDERS.items() if builder.gemm_class)
@@ -387,6 +388,22 @@ def _bd_side(type_text: str, dims_text: str, space: int) -> _Side:
     return _Side(space, memref.dtype, memref.shape, tuple(s for s, _ in dims), tuple(t for _, t in dims), ())
 
 
+def shim_bd_overrun(type_text: str, offset: int, length: int, dims_text: str | None) -> str | None:
+    """What is wrong with a runtime sequence's ``aie.dma_bd`` on an argument of ``type_text``, or None: its walk
+    (``offset`` plus each dimension's last step, outermost first; the innermost three make one pass of ``length``
+    elements, a fourth repeats it) must end inside the argument, and one pass must be ``length`` elements."""
+    numel = math.prod(parse_memref_type(type_text).shape)
+    dims = [(int(size), int(stride)) for size, stride in _BD_DIM.findall(dims_text or "")] or [(length, 1)]
+    last = offset + sum((size - 1) * stride for size, stride in dims)
+    one_pass = math.prod(size for size, _ in dims[-3:])
+    if last >= numel:
+        return (f"walks to element {last}, but the argument has {numel} (offset {offset}, dimensions {dims}): it "
+                "would move bytes outside the argument")
+    if one_pass != length:
+        return f"moves {length} elements where its dimensions {dims} walk {one_pass}"
+    return None
+
+
 def _memtile_channels(config: str) -> dict[str, dict[str, set[int]]]:
     channels: dict[str, dict[str, set[int]]] = {}
     for match in _MEMTILE_DMA.finditer(config):
@@ -463,6 +480,10 @@ def lint_lowered(program: Program, npu_module: str, lowering=None) -> list[Findi
                 space = L3 if in_sequence else parse_memref_type(type_text).space
                 for problem in window_problems(_bd_side(type_text, dims, space), lowered=True):
                     add("dma-wrap", f"aie.dma_bd on {type_text}: {problem}")
+        for type_text, offset, length, dims in _BD.findall(sequence):
+            overrun = shim_bd_overrun(type_text, int(offset), int(length), dims)
+            if overrun:
+                add("shim-bd-bounds", f"aie.dma_bd on {type_text} {overrun}")
         for column, peak in sorted(_live_shim_bds(sequence, column_of).items()):
             if peak > DEVICE.shim_bds:
                 add("shim-bd-budget", f"{peak} BDs live at once on shim column {column}; a shim tile has "
@@ -488,7 +509,7 @@ def lower_and_lint(program: Program) -> tuple[list[Finding], TileL1]:
     """``program`` lowered with the real AIR tools: the rules on what placement did, plus the static rules that
     the lowered module cannot answer (``EXACT_WHEN_LOWERED`` are taken from the lowered module alone); and the
     fullest compute tile at the addresses aiecc gave its buffers."""
-    from .air_pipeline import CompileError, lower_to_npu_insts
+    from .air_pipeline import SHIM_BD_STAGE, CompileError, lower_to_npu_insts
 
     build_dir = Path(tempfile.mkdtemp(prefix=f"torch_npu2-lint-{program.name}-"))
     try:
@@ -496,6 +517,9 @@ def lower_and_lint(program: Program) -> tuple[list[Finding], TileL1]:
         try:
             lowering = lower_to_npu_insts(program, keep_dir=build_dir)
         except CompileError as exc:
+            if exc.stage == SHIM_BD_STAGE:  # refused after the passes: their module says which BDs
+                return static + lint_lowered(program, (build_dir / "npu.mlir").read_text()), worst_tile(
+                    program_l1(program))
             if not isinstance(exc.__cause__, L1BudgetError):
                 raise
             return static + [_l1_finding(exc.__cause__.tile)], exc.__cause__.tile

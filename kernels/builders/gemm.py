@@ -250,14 +250,18 @@ def _emit(plan: GemmPlan, operands) -> LaunchIR:
             with b.herd(herd_name, herd_sizes, [acc], link_with=kernel) as ((tx, ty), _, (h_acc,)):
                 b.call("gemm_zero_f32", [b.slab(h_acc, [tx, ty])], defines)
             with b.loop(0, K, tile_k_l2, "k2") as k2:
-                # The L2 slices hold the block's rows in order: [herd, 1, tile, tile_k_l2] is (block, tile_k_l2).
-                b.dma(a_l2, WHOLE, sa, Window((row0, k2), (block_m, tile_k_l2), (K, 1)))
+                # The L2 slices hold the block's rows in order, read from DDR in their own rank [herd, 1, tile, k]:
+                # this AIR's air-split-l2-memref, splitting them by herd row or column, gives each piece the whole
+                # block when the DDR window is 2-D (README, "Shim BDs inside their arguments").
+                b.dma(a_l2, WHOLE, sa, Window((0, 0, row0, k2), (herd_m, 1, tile_m, tile_k_l2),
+                                              (tile_m * K, tile_m * K, K, 1)))
                 if swiglu:  # each herd column's slab: its gate rows, then the same rows' up half, K further along
                     b.dma(w_l2, WHOLE, sw, Window((0, 0, col0, k2), (herd_n, 2, tile_n, tile_k_l2),
                                                   (tile_n * 2 * K, K, 2 * K, 1)))
                 else:
                     k0 = b.affine(f"s0 + {w_col0}", [k2], "w_k0") if w_col0 else k2
-                    b.dma(w_l2, WHOLE, sw, Window((col0, k0), (block_n, tile_k_l2), (w_cols, 1)))
+                    b.dma(w_l2, WHOLE, sw, Window((0, 0, col0, k0), (herd_n, 1, tile_n, tile_k_l2),
+                                                  (tile_n * w_cols, tile_n * w_cols, w_cols, 1)))
                 with b.herd(herd_name, herd_sizes, [a_l2, w_l2, acc], link_with=kernel) as \
                         ((tx, ty), _, (ha, hw, h_acc)):
                     a_buf = b.alloc(MemRef((tile_k_l1 // BLOCK, blocks_m, BLOCK, BLOCK), "bf16", L1), "a_l1")

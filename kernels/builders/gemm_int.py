@@ -209,8 +209,10 @@ def _emit(plan: IntGemmPlan, operands) -> LaunchIR:
                 b.call("gemm_int_zero_i32", [b.slab(h_acc, [tx, ty])], defines)
             with b.loop(0, calls, calls_l2, "k2") as call0:
                 k_words = b.affine(f"s0 * {RUN_WORDS}", [call0], "k_words")
-                # each row's runs of the slice: one contiguous run of words per row
-                b.dma(a_l2, WHOLE, sa, Window((row0, k_words), (block_m, slice_words), (a_words, 1)))
+                # each row's runs of the slice: one contiguous run of words per row, in the memtile buffer's rank
+                # (gemm.py says why)
+                b.dma(a_l2, WHOLE, sa, Window((0, 0, row0, k_words), (herd_m, 1, tile_m, slice_words),
+                                              (tile_m * a_words, tile_m * a_words, a_words, 1)))
                 # each herd row's column tile: its windows of the slice, one contiguous run
                 b.dma(w_l2, WHOLE, sw, Window((tile0, call0, 0), (herd_n, calls_l2, window_words),
                                               (calls * window_words, window_words, 1)))

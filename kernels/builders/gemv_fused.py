@@ -44,6 +44,10 @@ Departures from upstream, each for a limit of this AIR (0e3df89d) or of our weig
   each tile's share of a panel its own memtile buffer, fed by its own shim channel) plus one per
   vector piece, at most 16 (two MM2S per shim tile).
 
+The memtile holds a panel as ``[herd][tile_n][row]`` (as gemv.py's), each tile reading its rows with its index
+leading: staged as ``[panel rows][row]`` while a tile read its rows a call at a time, this AIR's air-split-l2-memref
+gave each tile's DDR transfer the whole panel's rows (README, "Shim BDs inside their arguments").
+
 Schedule, as in gemv.py: each tile owns a contiguous run of rows per launch step (one step unless tuned) and
 walks it ``tile_n`` rows at a time; the segment loops over these panels, and each trip moves the packed
 vector (with the panel's residual rows) and the panel's weight rows DDR → memtile, enters the herd, and
@@ -236,7 +240,7 @@ def build_add(params: dict, operands, tuning: dict) -> LaunchIR:
     with b.launch(kind, (p.steps, 1), b.operands) as ((step, _), _, launch_args):
         with b.segment(f"{kind}_seg", [Value(step, "index"), *launch_args]) as (_, _, (seg_step, sx, sw, sr, sy)):
             vector = b.alloc(MemRef((K + panel,), "bf16", L2), "vector_l2")
-            w_panel = b.alloc(MemRef((panel, R), weights.dtype, L2), "w_l2")
+            w_panel = b.alloc(MemRef((p.herd, p.tile_n, R), weights.dtype, L2), "w_l2")
             y_panel = b.alloc(MemRef((panel,), "bf16", L2), "y_l2")
             with panel_loop(b, p, seg_step) as (panel_row0, _):
                 w_window, rows_window = panel_windows(p, R, panel_row0)
@@ -265,7 +269,7 @@ def _emit_add_tile(b: LaunchBuilder, p: FusedGemvPlan, K: int, weights: WeightRo
     if p.k_chunk == K:  # a row group per call: partial sums of the whole rows, then the add
         with b.loop(0, p.tile_n, p.rows_per_call, "r") as r:
             w_row = b.affine(f"s0 * {p.tile_n} + s1", [tx, r], "w_row")
-            b.dma(w_buf, WHOLE, hw, Window((w_row, 0), (p.rows_per_call, R), (R, 1)))
+            b.dma(w_buf, WHOLE, hw, Window((tx, r, 0), (1, p.rows_per_call, R), (p.tile_n * R, R, 1)))
             b.call(partial_f32, [w_buf, vector, partial, Value(b.const(0, "i32"), "i32")], config)
             residual_row = b.affine(f"s0 + {K}", [w_row], "residual_row")
             b.call("gemv_add_bf16", [partial, vector, y_buf, b.index_to_i32(residual_row, "residual_row0"),
@@ -273,12 +277,12 @@ def _emit_add_tile(b: LaunchBuilder, p: FusedGemvPlan, K: int, weights: WeightRo
     else:  # a K chunk of all the tile's rows per call, then the add
         if not weights.packed:
             with b.loop(0, K, p.k_chunk, "k0") as k0:
-                b.dma(w_buf, WHOLE, hw, Window((first_row, k0), (p.tile_n, p.k_chunk), (K, 1)))
+                b.dma(w_buf, WHOLE, hw, Window((tx, 0, k0), (1, p.tile_n, p.k_chunk), (p.tile_n * K, K, 1)))
                 b.call(partial_f32, [w_buf, vector, partial, b.index_to_i32(k0, "k0_i32")], config)
         else:  # packed rows: chunk c is words c·chunk of each row, elements c·k_chunk of x
             with b.loop(0, K // p.k_chunk, 1, "chunk") as c:
                 column = b.affine(f"s0 * {chunk}", [c], "chunk_word0")
-                b.dma(w_buf, WHOLE, hw, Window((first_row, column), (p.tile_n, chunk), (R, 1)))
+                b.dma(w_buf, WHOLE, hw, Window((tx, 0, column), (1, p.tile_n, chunk), (p.tile_n * R, R, 1)))
                 k0 = b.affine(f"s0 * {p.k_chunk}", [c], "k0")
                 b.call(partial_f32, [w_buf, vector, partial, b.index_to_i32(k0, "k0_i32")], config)
         residual_row = b.affine(f"s0 + {K}", [first_row], "residual_row")
@@ -310,7 +314,7 @@ def build_rms_gemv(params: dict, operands, tuning: dict) -> LaunchIR:
     with b.launch(kind, (p.steps, 1), b.operands) as ((step, _), _, (x, norm_w, w, y)):
         with b.segment(f"{kind}_seg", [Value(step, "index"), x, norm_w, w, y]) as (_, _, (seg_step, sx, snw, sw, sy)):
             vector = b.alloc(MemRef((2 * K,), "bf16", L2), "vector_l2")
-            w_panel = b.alloc(MemRef((panel, R), weights.dtype, L2), "w_l2")
+            w_panel = b.alloc(MemRef((p.herd, p.tile_n, R), weights.dtype, L2), "w_l2")
             y_panel = b.alloc(MemRef((panel // per_value,), "bf16", L2), "y_l2")
             # x and the norm weight are loaded once; each panel streams only its weight rows
             b.dma(vector, Window((0,), (K,), (1,)), sx, WHOLE)
@@ -340,8 +344,7 @@ def _emit_rms_tile(b: LaunchBuilder, p: FusedGemvPlan, K: int, eps: float, weigh
     b.call("rmsnorm_bf16", [vector, normed, Value(b.const(eps, "f32"), "f32")], config)
     weights.prepare_x(b, normed, K, config)
     with b.loop(0, p.tile_n, p.rows_per_call, "r") as r:
-        w_row = b.affine(f"s0 * {p.tile_n} + s1", [tx, r], "w_row")
-        b.dma(w_buf, WHOLE, hw, Window((w_row, 0), (p.rows_per_call, R), (R, 1)))
+        b.dma(w_buf, WHOLE, hw, Window((tx, r, 0), (1, p.rows_per_call, R), (p.tile_n * R, R, 1)))
         b.call(weights.symbol("gemv_rows_bf16"), [w_buf, normed, y_buf, b.index_to_i32(r, "row0")], config)
     values = p.tile_n // 2 if swiglu else p.tile_n
     if swiglu:  # the panel's gate/up pairs (whole: tile_n is even and so is every tile's first row), in place

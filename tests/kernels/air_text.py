@@ -33,3 +33,28 @@ def herd_headers(text: str) -> list[tuple[str, tuple[int, ...], str | None]]:
 def dma_endpoints(text: str) -> list[tuple[str, str]]:
     """(dst, src) SSA names of every air.dma_memcpy_nd, in text order."""
     return [(dma.dst.value, dma.src.value) for dma in dma_copies(text)]
+
+
+# Llama-3.2-1B's rms_gemv_rope over Q4_1 weights: its V projection (launch 1) moves each tile's 16-row panels of the
+# 512 x 320-word weight in one shim BD of 20,480 words; the first starts at element 0.
+PACKED_V_FIRST_BD = r"(aie\.dma_bd\(%arg\d+ : memref<512x320xi32>, )0, 20480"
+
+
+def shift_first_packed_v_bd(monkeypatch, offset: int) -> None:
+    """Makes the AIR pipeline's npu stage start the packed V projection's first weight BD at ``offset`` instead:
+    a stand-in for a pass that misplaces a DMA (what this AIR's L2 split did before the DDR windows took the memtile
+    buffers' rank)."""
+    import re
+
+    from torch_npu2.kernels import air_pipeline
+
+    real = air_pipeline._air_opt
+
+    def shifted(tc, name, stage, source, output, *rest):
+        real(tc, name, stage, source, output, *rest)
+        if stage == "npu":
+            text, count = re.subn(PACKED_V_FIRST_BD, rf"\g<1>{offset}, 20480", output.read_text(), count=1)
+            assert count == 1, "the packed V projection's first BD is not where the test expects it"
+            output.write_text(text)
+
+    monkeypatch.setattr(air_pipeline, "_air_opt", shifted)

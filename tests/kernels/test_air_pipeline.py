@@ -12,6 +12,8 @@ from torch_npu2.kernels.builders.npu2 import L1_AVAILABLE
 from torch_npu2.kernels.device import DEVICE
 from torch_npu2.kernels.program import Arg, CompileOptions, Launch, Program, Role
 
+from .air_text import shift_first_packed_v_bd
+
 SMOL = ModelDims(576, 9, 3, 64, 1536, 49152, 1e-5)
 LLAMA = ModelDims(2048, 32, 8, 64, 8192, 128256, 1e-5)
 BUCKETS = [16, 32, 64, 128, 256, 512, 1024, 2048]
@@ -139,7 +141,7 @@ def test_options_change_the_passes_aircc_changes():
 def test_program_lowers_to_npu_instructions(air_tools, monkeypatch, name):
     monkeypatch.setenv(TIMEOUT_VARIABLE, LOWERING_TIMEOUT)
     program = PROGRAMS[name]
-    lowering = lower_to_npu_insts(program)
+    lowering = lower_to_npu_insts(program)  # which refuses a shim BD outside its argument (the test below)
     assert len(lowering.devices) == len(program.launches)  # one aie.device per launch segment
     assert lowering.configures == len(program.launches)  # each entered in turn: the timing model's CONFIGURE_S
     for device in lowering.devices:
@@ -168,6 +170,18 @@ def test_program_lowers_to_npu_instructions(air_tools, monkeypatch, name):
         attention = next(d for d in lowering.devices if d.name.endswith("attention_seg"))
         rows = max(rows for rows in range(1, 5) if group % rows == 0)
         assert attention.compute_tiles == 8 * (rows if rows > 1 else 4)
+
+
+def test_a_shim_bd_past_its_argument_is_refused_after_the_passes(air_tools, monkeypatch):
+    """The passes' module is checked before aiecc takes it: a shim BD that walks past its argument (what this AIR's
+    L2 split made of the decode GEMVs and prefill GEMMs before their DDR windows took the memtile buffers' rank; here
+    a packed V projection's first weight BD moved a tile further on) stops the build, naming the launch and the BD."""
+    program = catalog.rms_gemv_rope_program(LLAMA.hidden, LLAMA.heads, LLAMA.kv_heads, LLAMA.head_dim, LLAMA.eps,
+                                            "q4_1")
+    shift_first_packed_v_bd(monkeypatch, 153600)
+    with pytest.raises(CompileError, match=r"shim BD bounds failed.*\n.*launch 1 \(rms_gemv\).*memref<512x320xi32> "
+                                           r"walks to element 281599, but the argument has 163840"):
+        lower_to_npu_insts(program)
 
 
 def test_a_failing_stage_names_the_pass_and_the_op(air_tools):

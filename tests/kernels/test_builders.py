@@ -487,7 +487,9 @@ def test_integer_gemm_windows_cut_the_kernels_layouts():
     window_words = int_gemm.window_bytes(64) // 4
     calls = 2048 // int_gemm.CALL_K
     sizes = [(d.dst.sizes, d.dst.strides, d.src.sizes, d.src.strides) for d in ir.dmas]
-    assert ((), (), (512, slice_words), (calls * int_gemm.CALL_COLS // 2, 1)) in sizes  # the block's rows, a slice
+    row_words = calls * int_gemm.CALL_COLS // 2
+    # the block's rows, a slice: per herd row its 64 rows (the memtile buffer's rank, which AIR splits by herd rows)
+    assert ((), (), (8, 1, 64, slice_words), (64 * row_words, 64 * row_words, row_words, 1)) in sizes
     assert ((), (), (4, 8, window_words), (calls * window_words, window_words, 1)) in sizes  # 4 column tiles' windows
     assert ((), (), (1, 9, 64, 2), (64 * slice_words, 2, slice_words, 1)) in sizes  # a call's A window
     assert ((), (), (1, 1, window_words), (8 * window_words, window_words, 1)) in sizes  # a call's W window

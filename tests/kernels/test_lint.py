@@ -9,8 +9,10 @@ from torch_npu2.kernels.builders import build_launch
 from torch_npu2.kernels.builders.ir import L1, L2, L3
 from torch_npu2.kernels.lint import (RULES, _Side, canonical_dims, check_core_compute, check_launch_ids,
                                      check_shim_bds, check_windows, launch_tiles, lint_launch_text, lint_lowered,
-                                     lint_program, lower_and_lint, window_problems)
+                                     lint_program, lower_and_lint, shim_bd_overrun, window_problems)
 from torch_npu2.kernels.catalog import flash_attn_program, lm_head_gemv_program, o_ffn_program, rms_gemv_rope_program
+
+from .air_text import shift_first_packed_v_bd
 
 SMOL = ModelDims(576, 9, 3, 64, 1536, 49152, 1e-5)
 LLAMA = ModelDims(2048, 32, 8, 64, 8192, 128256, 1e-5)
@@ -213,14 +215,14 @@ TASKS
   }
 """
 TASK = """      %tN = aiex.dma_configure_task_for @air_channel_0 {
-        aie.dma_bd(%arg0 : memref<64x64xbf16>, 0, 4096)
+        aie.dma_bd(%arg0 : memref<64x64xbf16>, SHIM_OFFSET, 4096)
         aie.end
       }"""
 
 
-def _lowered(memtile_channel=1, bd_size=64, shim_channel=1, tasks=2, freed=True):
-    body = "\n".join(TASK.replace("%tN", f"%t{n}") + (f"\n      aiex.dma_free_task(%t{n})" if freed else "")
-                     for n in range(tasks))
+def _lowered(memtile_channel=1, bd_size=64, shim_channel=1, tasks=2, freed=True, shim_offset=0):
+    body = "\n".join(TASK.replace("%tN", f"%t{n}").replace("SHIM_OFFSET", str(shim_offset))
+                     + (f"\n      aiex.dma_free_task(%t{n})" if freed else "") for n in range(tasks))
     return (LOWERED.replace("MEMTILE_CHANNEL", str(memtile_channel)).replace("BD_SIZE", str(bd_size))
             .replace("SHIM_CHANNEL", str(shim_channel)).replace("TASKS", body))
 
@@ -229,7 +231,8 @@ def test_lowered_rules_pass_a_good_module_and_fire_on_each_bad_one():
     program = o_ffn_program(576, 576, 1536, 1e-5, 16)
     assert lint_lowered(program, _lowered()) == []
     cases = {"memtile-channels": dict(memtile_channel=6), "dma-wrap": dict(bd_size=600),
-             "shim-channels": dict(shim_channel=2), "shim-bd-budget": dict(tasks=17, freed=False)}
+             "shim-channels": dict(shim_channel=2), "shim-bd-budget": dict(tasks=17, freed=False),
+             "shim-bd-bounds": dict(tasks=1, shim_offset=64)}  # a 64x64 argument's 4096 elements from element 64
     for rule, change in cases.items():
         findings = lint_lowered(program, _lowered(**change))
         assert [f.rule for f in findings] == [rule], (rule, findings)
@@ -275,3 +278,34 @@ def test_cli_prints_findings_per_program_and_exits_1(capsys, monkeypatch):
     assert len([line for line in out if line.startswith("decode_attn_o_gemv_ffn_rms_gemv_rope: no findings")]) == 2
     assert len([line for line in out if line.startswith("decode_attn_o_gemv_ffn: no findings")]) == 2
     assert out[-1] == "2 findings in 13 Programs"
+
+
+@pytest.mark.parametrize("offset,length,dims,problem", [
+    (0, 4096, "", None),
+    (4095, 1, "", None),
+    (4096, 1, "", "walks to element 4096"),
+    # a tile's 16 rows of 320 words per panel, 4 panels 128 rows apart (packed V rows, 512 x 320): in bounds
+    (5120 * 7, 20480, "<size = 4, stride = 40960>, <size = 8, stride = 640>, <size = 640, stride = 1>", None),
+    # what this AIR's L2 split made of it while each tile read its rows a few at a time: 16 tiles' worth per tile
+    (81920 * 7, 327680, "<size = 4, stride = 40960>, <size = 128, stride = 640>, <size = 640, stride = 1>",
+     "walks to element 778239"),
+    (0, 8192, "<size = 4, stride = 40960>, <size = 8, stride = 640>, <size = 640, stride = 1>", "moves 8192 elements"),
+    # a fourth dimension repeats the pass of the inner three
+    (0, 20480, "<size = 2, stride = 20480>, <size = 4, stride = 40960>, <size = 8, stride = 640>, "
+               "<size = 640, stride = 1>", None),
+])
+def test_shim_bd_overrun(offset, length, dims, problem):
+    shape = "memref<512x320xi32>" if dims else "memref<64x64xbf16>"
+    found = shim_bd_overrun(shape, offset, length, dims or None)
+    assert (found is None) if problem is None else (problem in found), found
+
+
+def test_lowering_reports_a_shim_bd_past_its_argument(air_tools, monkeypatch):
+    """lower_and_lint on a Program whose passes misplace a shim BD (air_text.shift_first_packed_v_bd): the build
+    stops before aiecc, and the lint reports the BD under shim-bd-bounds with the planned fullest tile."""
+    program = rms_gemv_rope_program(2048, 32, 8, 64, 1e-5, "q4_1")
+    shift_first_packed_v_bd(monkeypatch, 5120 * 8)  # the BD of a ninth tile: past the 512 rows
+    findings, fullest = lower_and_lint(program)
+    assert [(f.rule, f.where) for f in findings] == [("shim-bd-bounds", "launch 1 (rms_gemv), device @l1_rms_gemv_seg")]
+    assert "walks to element 168959, but the argument has 163840" in findings[0].message
+    assert fullest.fits
