@@ -277,7 +277,7 @@ def _emit_add_tile(b: LaunchBuilder, p: FusedGemvPlan, K: int, weights: WeightRo
     else:  # a K chunk of all the tile's rows per call, then the add
         if not weights.packed:
             with b.loop(0, K, p.k_chunk, "k0") as k0:
-                b.dma(w_buf, WHOLE, hw, Window((tx, 0, k0), (1, p.tile_n, p.k_chunk), (p.tile_n * K, K, 1)))
+                b.dma(w_buf, WHOLE, hw, Window((tx, 0, k0), (1, p.tile_n, p.k_chunk), (p.tile_n * R, R, 1)))
                 b.call(partial_f32, [w_buf, vector, partial, b.index_to_i32(k0, "k0_i32")], config)
         else:  # packed rows: chunk c is words c·chunk of each row, elements c·k_chunk of x
             with b.loop(0, K // p.k_chunk, 1, "chunk") as c:

@@ -40,6 +40,8 @@ PROGRAMS = [("o_ffn", 16), ("o_ffn", 2048), ("rms_gemms_rope", 2048), ("flash_at
 # (kernels/aie2p/decode_attention.cc); its access letter "p" says only that a call past the length skips it.
 SCRATCH = {name: ["memref<256xf32, 2 : i32>", "memref<256xbf16, 2 : i32>"]
            for name in ("decode_attn", "decode_attn_o_gemv_ffn_rms_gemv_rope")}
+
+
 def _program(name: str, seq):
     """The Program the parametrization names: Llama-3.2-1B's, its GEMMs at matmul precision w8x2a16 (``_w8x2``), its
     projection weights packed (``_packed``), or its i-th dequantize Program (``dequantize_rows_<i>``)."""

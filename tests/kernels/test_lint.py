@@ -293,6 +293,9 @@ def test_cli_prints_findings_per_program_and_exits_1(capsys, monkeypatch):
     # a fourth dimension repeats the pass of the inner three
     (0, 20480, "<size = 2, stride = 20480>, <size = 4, stride = 40960>, <size = 8, stride = 640>, "
                "<size = 640, stride = 1>", None),
+    # the same pass repeated once more: only the repeat dimension walks past the end
+    (0, 20480, "<size = 3, stride = 20480>, <size = 4, stride = 40960>, <size = 8, stride = 640>, "
+               "<size = 640, stride = 1>", "walks to element 168959"),
 ])
 def test_shim_bd_overrun(offset, length, dims, problem):
     shape = "memref<512x320xi32>" if dims else "memref<64x64xbf16>"
@@ -309,3 +312,14 @@ def test_lowering_reports_a_shim_bd_past_its_argument(air_tools, monkeypatch):
     assert [(f.rule, f.where) for f in findings] == [("shim-bd-bounds", "launch 1 (rms_gemv), device @l1_rms_gemv_seg")]
     assert "walks to element 168959, but the argument has 163840" in findings[0].message
     assert fullest.fits
+
+
+def test_a_shim_bd_the_check_cannot_read_is_a_finding():
+    """A runtime-sequence BD whose buffer type the check cannot parse (a memref with a layout) is reported, not
+    passed unchecked."""
+    program = o_ffn_program(576, 576, 1536, 1e-5, 16)
+    unreadable = _lowered(tasks=1).replace("aie.dma_bd(%arg0 : memref<64x64xbf16>,",
+                                           "aie.dma_bd(%arg0 : memref<64x64xbf16, strided<[64, 1]>>,")
+    findings = lint_lowered(program, unreadable)
+    assert [(f.rule, f.message) for f in findings] == [
+        ("shim-bd-bounds", "1 runtime-sequence aie.dma_bd(s) this check cannot read")]
