@@ -365,7 +365,7 @@ def upstream_gemm_replay() -> list[dict]:
 def upstream_attention_replay() -> list[dict]:
     """Upstream's standalone flash attention (``UPSTREAM_FLASH_ATTENTION``, 32 tiles at every shape) against our
     flash_attn Program of the same shape (its stack launch included; its herd spans 32 tiles where four query heads
-    share a KV head, or where the rows take parts of the sequence instead, up to 2048 positions): multiplies through
+    share a KV head, or where the rows take parts of the sequence instead): multiplies through
     BFP16 as upstream's, and exact as ours."""
     from torch_npu2.kernels import catalog
 

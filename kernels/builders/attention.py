@@ -11,9 +11,11 @@ shim's (a 3-D pattern thanks to stack's layout), so the kernel loads each operan
 Schedule: one launch step per (KV head, ``herd_heads`` query heads of its group); the step's herd spans the
 array: ``herd_q`` columns × ``herd_heads`` rows (8 × 4 = 32 tiles for Llama-3.2-1B's groups of 4). A group that
 no 2 to 4 rows divide (1: multi-head attention; 7: Qwen2.5-0.5B's) takes one head per step, and its ``q_rows``
-rows take parts of the sequence instead: the step's L2 buffer holds part y as its column block y, where the heads
-would be, so every core reads it as it reads a head (rows that read other rows of one column block crashed
-air-split-l2-memref).
+rows take parts of the sequence instead. The step's L2 buffers are then laid out column by column,
+[x][tile][tile_q][head_dim] with tile ``r*q_rows + y``, and filled by a DDR window of that rank, so that
+air-split-l2-memref gives each column's memtile its own tiles. (Part y as the step's column block y of a
+(positions, columns) buffer, filled through a 4-D window, lowered with each column's shim BDs taking twice its
+rows, past the argument's end.)
 
 * DDR → memtiles: the step's queries (all positions, its heads' columns), once per step; AIR splits the
   buffer across the memtiles by the columns that read it. The outputs go back the same way.
@@ -100,11 +102,7 @@ def build(params: dict, operands, tuning: dict) -> LaunchIR:
     require(herd_heads <= DEVICE.rows and group % herd_heads == 0, KIND, "herd_heads", herd_heads,
             f"must divide the group of {group} query heads per KV head and be at most {DEVICE.rows} (the array's rows)")
     block_q = herd_q * tile_q
-    # parts of the sequence on the rows: AIR leaves the step's L2 buffers whole, in one memtile (their windows are
-    # 4-D), so only while a head's queries and outputs fit one (up to 2048 positions of 64)
-    whole_step = {"the step's queries": nbytes((seq, head_dim), "bf16"), "its outputs": nbytes((seq, head_dim), "bf16")}
-    parts = herd_heads == 1 and sum(whole_step.values()) <= DEVICE.l2_bytes
-    q_rows = tuning.get("q_rows", divisors_descending(seq // block_q, DEVICE.rows)[0] if parts else 1)
+    q_rows = tuning.get("q_rows", divisors_descending(seq // block_q, DEVICE.rows)[0] if herd_heads == 1 else 1)
     require(q_rows == 1 or (herd_heads == 1 and q_rows <= DEVICE.rows and seq % (q_rows * block_q) == 0), KIND,
             "q_rows", q_rows, f"parts of the sequence on the rows need herd_heads=1, at most {DEVICE.rows} rows and "
             f"q_rows*herd_q*tile_q dividing seq={seq}")
@@ -115,18 +113,18 @@ def build(params: dict, operands, tuning: dict) -> LaunchIR:
             f"must divide seq={seq} and be a multiple of {KV_GRANULE}")
     l1 = _l1_bytes(tile_q, tile_kv, head_dim)
     check_budget(KIND, "L1", l1, "lower tile_q or tile_kv")
-    # AIR splits the step's query and output buffers across the memtiles of the herd's columns (not with q_rows).
-    rows, l2_rows = herd_heads * q_rows, seq // q_rows
+    # AIR splits the step's query and output buffers across the memtiles of the herd's columns.
+    rows = herd_heads * q_rows
     column_share = (seq // herd_q, herd_heads * head_dim)
-    check_budget(KIND, "L2", whole_step if q_rows > 1 else {"a column's queries": nbytes(column_share, "bf16"),
-                                                           "a column's outputs": nbytes(column_share, "bf16")},
-                 "lower q_rows to 1" if q_rows > 1 else "lower herd_heads")
+    check_budget(KIND, "L2", {"a column's queries": nbytes(column_share, "bf16"),
+                              "a column's outputs": nbytes(column_share, "bf16")},
+                 "raise herd_q or lower herd_heads")
 
     b = LaunchBuilder(KIND, operands, ("q", "kv", "out"))
     steps = (kv_heads, group // herd_heads)
     b.comment(f"attention seq={seq} heads={heads} kv_heads={kv_heads} head_dim={head_dim} causal={causal}: "
               f"herd {herd_q}x{rows}" + (f" (the sequence in {q_rows} parts)" if q_rows > 1 else "")
-              + f", tile_q {tile_q}, tile_kv {tile_kv}, {l2_rows // block_q} rounds per core, "
+              + f", tile_q {tile_q}, tile_kv {tile_kv}, {seq // (q_rows * block_q)} rounds per core, "
               f"{steps[0]}x{steps[1]} launch steps")
     with b.launch("attention", steps, b.operands) as ((kv_head, head_block), _, (q, kv, out)):
         indices = [Value(i, "index") for i in (kv_head, head_block)]
@@ -135,24 +133,21 @@ def build(params: dict, operands, tuning: dict) -> LaunchIR:
                                   "first_head")
             q_col = b.affine(f"s0 * {head_dim}", [first_head], "q_col")
             kv_col = b.affine(f"s0 * {head_dim}", [s_kv_head.ssa], "kv_col")
-            block_width = rows * head_dim
             # The step's queries and outputs, all rounds: AIR splits each across the memtiles by column.
-            q_l2 = b.alloc(MemRef((l2_rows, block_width), "bf16", L2), "q_l2")
-            o_l2 = b.alloc(MemRef((l2_rows, block_width), "bf16", L2), "o_l2")
             if q_rows == 1:
-                step_window, l2_window = Window((0, q_col), (seq, block_width), (q_dim, 1)), WHOLE
-            else:  # round r's part y (block_q positions) into column block y of L2 rows r*block_q…
-                rounds = l2_rows // block_q
-                step_window = Window((0, 0, 0, q_col), (rounds, q_rows, block_q, head_dim),
-                                     (q_rows * block_q * q_dim, block_q * q_dim, q_dim, 1))
-                l2_window = Window((0, 0, 0, 0), (rounds, q_rows, block_q, head_dim),
-                                   (block_q * block_width, head_dim, block_width, 1))
-            b.dma(q_l2, l2_window, sq, step_window)
+                l2_shape = (seq, rows * head_dim)
+                step_window = Window((0, q_col), l2_shape, (q_dim, 1))
+            else:  # column x's tiles first: [x][round*q_rows + part][tile_q][head_dim], the DDR window of that rank
+                l2_shape = (herd_q, seq // block_q, tile_q, head_dim)
+                step_window = Window((0, 0, 0, q_col), l2_shape, (tile_q * q_dim, block_q * q_dim, q_dim, 1))
+            q_l2 = b.alloc(MemRef(l2_shape, "bf16", L2), "q_l2")
+            o_l2 = b.alloc(MemRef(l2_shape, "bf16", L2), "o_l2")
+            b.dma(q_l2, WHOLE, sq, step_window)
             with b.herd("attention_herd", (herd_q, rows), [Value(kv_col, "index"), skv, q_l2, o_l2],
                         link_with=OBJECT) as ((tx, ty), _, (h_kv_col, hkv, hq, ho)):
                 _emit_core(b, tx, ty, h_kv_col.ssa, hkv, hq, ho,
                            _Tiling(seq, head_dim, tile_q, tile_kv, block_q, q_rows))
-            b.dma(so, step_window, o_l2, l2_window)
+            b.dma(so, step_window, o_l2, WHOLE)
             b.dealloc(q_l2, o_l2)
     return b.finish(l1)
 
@@ -164,13 +159,13 @@ class _Tiling:
     tile_q: int
     tile_kv: int
     block_q: int
-    q_rows: int  # >1: row y of the herd holds part y of the sequence (column block y of the step's L2), not a head
+    q_rows: int  # >1: row y of the herd holds part y of the sequence, not a head
 
 
 def _emit_core(b: LaunchBuilder, tx, ty, kv_col, kv, q_step, o_step, t: _Tiling) -> None:
     """One core's rounds: in each, its query tile against the key/value blocks its queries can see."""
     seq, head_dim, tile_q, tile_kv = t.seq, t.head_dim, t.tile_q, t.tile_kv
-    kv_dim, block_width = kv.type.shape[2], q_step.type.shape[-1]
+    kv_dim = kv.type.shape[2]
     q_buf = b.alloc(MemRef((tile_q * head_dim,), "bf16", L1), "q_l1")
     kv_buf = b.alloc(MemRef((2, tile_kv, head_dim), "bf16", L1), "kv_l1")
     scores = b.alloc(MemRef((tile_q * tile_kv,), "f32", L1), "scores_l1")
@@ -180,19 +175,26 @@ def _emit_core(b: LaunchBuilder, tx, ty, kv_col, kv, q_step, o_step, t: _Tiling)
     acc = b.alloc(MemRef((tile_q * head_dim,), "f32", L1), "acc_l1")
     out_buf = b.alloc(MemRef((tile_q * head_dim,), "bf16", L1), "out_l1")
     config = {"ATTN_TQ": tile_q, "ATTN_TK": tile_kv, "ATTN_HEAD_DIM": head_dim}
-    # the core's head: its columns of the step's queries and outputs, in 8-column blocks
-    local_col_block = b.affine(f"s0 * {head_dim // BLOCK}", [ty], "local_col_block")
-    with b.loop(0, seq // t.q_rows, t.block_q, "round") as first_row:
-        q_row = b.affine(f"s0 + s1 * {tile_q}", [first_row, tx], "q_row")  # in the step's L2 buffer
-        if t.q_rows == 1:  # the L2 row is the position
-            first_query = q_row
-            last_row = b.affine(f"s0 + s1 * {tile_q} + {tile_q - 1}", [first_row, tx], "last_row")
-        else:  # part y of round first_row / block_q
-            first_query = b.affine(f"s0 * {t.q_rows} + s2 * {t.block_q} + s1 * {tile_q}", [first_row, tx, ty],
-                                   "first_query")
-            last_row = b.affine(f"s0 + {tile_q - 1}", [first_query], "last_row")
+    if t.q_rows == 1:  # the core's head: its columns of the step's queries and outputs, in 8-column blocks
+        block_width = q_step.type.shape[-1]
+        local_col_block = b.affine(f"s0 * {head_dim // BLOCK}", [ty], "local_col_block")
+        rounds = b.loop(0, seq, t.block_q, "round")  # each round's first row
+    else:  # the core's part of each round: a tile of its column's share of the step's L2 buffers
+        tiles = q_step.type.shape[1]
+        rounds = b.loop(0, tiles // t.q_rows, 1, "round")
+    with rounds as round_index:
         # the tile in attention.cc's [head_dim/8][tile_q/8][8][8] blocks: a column block's rows are consecutive
-        tile_window = Window((local_col_block, q_row, 0), (head_dim // BLOCK, tile_q, BLOCK), (BLOCK, block_width, 1))
+        if t.q_rows == 1:  # the L2 row is the position
+            first_query = b.affine(f"s0 + s1 * {tile_q}", [round_index, tx], "q_row")
+            last_row = b.affine(f"s0 + s1 * {tile_q} + {tile_q - 1}", [round_index, tx], "last_row")
+            tile_window = Window((local_col_block, first_query, 0), (head_dim // BLOCK, tile_q, BLOCK),
+                                 (BLOCK, block_width, 1))
+        else:  # part y of round r: tile r*q_rows + y of column x's share, positions from that tile's block_q on
+            tile = b.affine(f"s0 * {t.q_rows} + s1", [round_index, ty], "tile")
+            first_query = b.affine(f"s0 * {t.block_q} + s1 * {tile_q}", [tile, tx], "first_query")
+            last_row = b.affine(f"s0 + {tile_q - 1}", [first_query], "last_row")
+            tile_window = Window((tx, tile, 0, 0, 0), (1, 1, head_dim // BLOCK, tile_q, BLOCK),
+                                 (tiles * tile_q * head_dim, tile_q * head_dim, BLOCK, head_dim, 1))
         b.dma(q_buf, WHOLE, q_step, tile_window)
         b.call("attn_init_f32", [row_max, row_sum, acc], config)
         q_start = b.index_to_i32(first_query, "q_start")

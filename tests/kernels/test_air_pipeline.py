@@ -137,20 +137,10 @@ def test_options_change_the_passes_aircc_changes():
         CompileOptions(runtime_loop_tiling_sizes=[4, 4])
 
 
-# Flash attention whose rows take parts of the sequence (a query-head group that 2 to 4 rows cannot divide: Qwen2.5-0.5B's
-# 7) lowers with each herd column's query and output BDs taking twice its rows, past the arguments' ends: refused by
-# the shim BD check, not yet fixed (README, "Shim BDs inside their arguments").
-SPLIT_SEQUENCE_ATTENTION = {"qwen2-flash_attn-2048"}
-
-
 @pytest.mark.parametrize("name", list(PROGRAMS))
 def test_program_lowers_to_npu_instructions(air_tools, monkeypatch, name):
     monkeypatch.setenv(TIMEOUT_VARIABLE, LOWERING_TIMEOUT)
     program = PROGRAMS[name]
-    if name in SPLIT_SEQUENCE_ATTENTION:
-        with pytest.raises(CompileError, match=r"shim BD bounds failed.*\n.*launch 1 \(attention\).*walks to element"):
-            lower_to_npu_insts(program)
-        return
     lowering = lower_to_npu_insts(program)  # which refuses a shim BD outside its argument (the test below)
     assert len(lowering.devices) == len(program.launches)  # one aie.device per launch segment
     assert lowering.configures == len(program.launches)  # each entered in turn: the timing model's CONFIGURE_S
@@ -180,6 +170,10 @@ def test_program_lowers_to_npu_instructions(air_tools, monkeypatch, name):
         attention = next(d for d in lowering.devices if d.name.endswith("attention_seg"))
         rows = max(rows for rows in range(1, 5) if group % rows == 0)
         assert attention.compute_tiles == 8 * (rows if rows > 1 else 4)
+        # AIR gave each column's memtile its own share of the step's queries and outputs: seq / 8 positions of the
+        # row's heads, or of the one head whose sequence the rows take in parts (their DDR window of the L2 rank)
+        seq, head_dim = dict(program.params)["seq"], dict(program.params)["head_dim"]
+        assert attention.l2_bytes == 2 * (seq // 8) * rows * head_dim * 2
 
 
 def test_a_shim_bd_past_its_argument_is_refused_after_the_passes(air_tools, monkeypatch):

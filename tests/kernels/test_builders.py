@@ -450,8 +450,8 @@ def test_builders_are_deterministic():
     ("attention", {}, {"herd_heads": 3}, r"attention launch: herd_heads=3: must divide the group of 4"),
     ("attention", {}, {"q_rows": 2}, r"attention launch: q_rows=2: parts of the sequence on the rows need "
                                      r"herd_heads=1"),
-    ("attention", dict(heads=7, kv_heads=1, seq=4096), {"q_rows": 4},
-     r"attention launch: L2 bytes=1048576: exceeds 524288 B of one memtile .*lower q_rows to 1"),
+    ("attention", dict(heads=7, kv_heads=1, seq=4096), {"herd_q": 1, "q_rows": 4},
+     r"attention launch: L2 bytes=1048576: exceeds 524288 B of one memtile .*raise herd_q or lower herd_heads"),
     ("gemm", {}, {"tile_x": 8}, r"gemm launch: tile_x=8: unknown tuning parameter"),
     ("quantize_rows", dict(M=16, K=96), None, r"quantize_rows launch: K=96: must be a multiple of 64"),
     ("quantize_rows", {}, {"herd": 3}, r"quantize_rows launch: herd=3: must divide M=2048"),
@@ -632,12 +632,14 @@ def test_an_lm_head_of_more_panels_than_a_shim_bd_wraps_is_refused_and_its_padde
 
 def test_attention_rows_take_parts_of_the_sequence_when_the_group_gives_them_no_heads():
     """Qwen2.5-0.5B's 14 heads over 2 KV heads (groups of 7): one head per step, its sequence in 4 parts on the rows,
-    the whole array; past 2048 positions a head's queries and outputs outgrow one memtile (AIR does not split these
-    L2 buffers) and the rows go back to one."""
-    header = build("attention", heads=14, kv_heads=2, seq=2048).text.splitlines()[0]
+    the whole array, each column's tiles first in the step's L2 buffers (one DDR window of their rank fills them);
+    a sequence of one round per core's block takes one row."""
+    ir = build("attention", heads=14, kv_heads=2, seq=2048)
+    header = ir.text.splitlines()[0]
     assert "herd 8x4 (the sequence in 4 parts), tile_q 32, tile_kv 64, 2 rounds per core, 2x7 launch steps" in header
-    assert "herd 8x1, tile_q 32, tile_kv 64, 16 rounds per core" in build("attention", heads=14, kv_heads=2,
-                                                                          seq=4096).text.splitlines()[0]
+    assert "memref<8x8x32x64xbf16, 1 : i32>" in ir.text  # [column][round*4 + part][tile_q][head_dim]
+    assert "herd 8x1, tile_q 8, tile_kv 64, 1 rounds per core" in build("attention", heads=14, kv_heads=2,
+                                                                       seq=64).text.splitlines()[0]
     assert "herd 8x4, tile_q 32" in build("attention").text.splitlines()[0]  # Llama-3.2-1B's groups of 4: heads
 
 
