@@ -499,9 +499,9 @@ def o_gemv_ffn_rms_gemv_rope_program(hidden: int, q_dim: int, intermediate: int,
 def flash_attn_program(heads: int, kv_heads: int, head_dim: int, seq: int) -> Program:
     """Causal GQA attention over one sequence, seq-first layout, scale 1/sqrt(head_dim).
 
-    K and V are first stacked into one (2, seq, kv_dim) buffer (each in 8-column blocks, builders/stack.py), so
-    that attention fetches a position block's keys and values with one DMA (see builders/attention.py).
-    """
+    K and V are first stacked into one (2, seq, kv_dim) buffer (KV head by KV head, each in 8-column blocks,
+    builders/stack.py), so that attention fetches a position block's keys and values with one DMA (see
+    builders/attention.py)."""
     _check_seq(seq)
     _check_attention_dims(heads, kv_heads, head_dim)
     q, kv = heads * head_dim, kv_heads * head_dim
@@ -516,7 +516,7 @@ def flash_attn_program(heads: int, kv_heads: int, head_dim: int, seq: int) -> Pr
             Arg("out", (seq, q), "bf16", O),
         ),
         launches=(
-            _launch("stack", ["k", "v"], ["kv"], rows=seq, cols=kv),
+            _launch("stack", ["k", "v"], ["kv"], rows=seq, cols=kv, head_dim=head_dim),
             _launch("attention", ["q", "kv"], ["out"], seq=seq, heads=heads, kv_heads=kv_heads,
                     head_dim=head_dim, causal=True),
         ),

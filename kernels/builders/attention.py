@@ -1,12 +1,13 @@
 """attention(seq, heads, kv_heads, head_dim, causal): flash attention, seq-first, GQA, scale 1/sqrt(head_dim).
 
 q/out are (seq, heads*head_dim), every head interleaved per position (the projections' natural output);
-kv is (2, seq, kv_heads*head_dim): the keys, then the values (a ``stack`` launch gathers them, each in
-8-column blocks of all positions), so one DMA brings a tile a key block and the value block of the same
-positions. The copies into a core and out of it lay the tiles out in the 8x8 blocks attention.cc's mmuls take
-(each block row-major; 8 contiguous values, 16 bytes, are the innermost run of every access pattern): the
-queries and outputs column block by column block by the memtile's 3-D pattern, the key/value block by the
-shim's (a 3-D pattern thanks to stack's layout), so the kernel loads each operand block whole.
+kv is (2, seq, kv_heads*head_dim), laid out KV head by KV head: its keys, then its values, each in 8-column
+blocks of all positions (a ``stack`` launch gathers them), so one DMA brings a tile a key block and the value
+block of the same positions, and one shim task streams a head's blocks to the herd in every round. The copies
+into a core and out of it lay the tiles out in the 8x8 blocks attention.cc's mmuls take (each block row-major;
+8 contiguous values, 16 bytes, are the innermost run of every access pattern): the queries and outputs column
+block by column block by the memtile's 3-D pattern, the key/value block by the shim's (a 3-D pattern thanks to
+stack's layout), so the kernel loads each operand block whole.
 
 Schedule: one launch step per (KV head, ``herd_heads`` query heads of its group); the step's herd spans the
 array: ``herd_q`` columns × ``herd_heads`` rows (8 × 4 = 32 tiles for Llama-3.2-1B's groups of 4). A group that
@@ -165,7 +166,6 @@ class _Tiling:
 def _emit_core(b: LaunchBuilder, tx, ty, kv_col, kv, q_step, o_step, t: _Tiling) -> None:
     """One core's rounds: in each, its query tile against the key/value blocks its queries can see."""
     seq, head_dim, tile_q, tile_kv = t.seq, t.head_dim, t.tile_q, t.tile_kv
-    kv_dim = kv.type.shape[2]
     q_buf = b.alloc(MemRef((tile_q * head_dim,), "bf16", L1), "q_l1")
     kv_buf = b.alloc(MemRef((2, tile_kv, head_dim), "bf16", L1), "kv_l1")
     scores = b.alloc(MemRef((tile_q * tile_kv,), "f32", L1), "scores_l1")
@@ -199,10 +199,11 @@ def _emit_core(b: LaunchBuilder, tx, ty, kv_col, kv, q_step, o_step, t: _Tiling)
         b.call("attn_init_f32", [row_max, row_sum, acc], config)
         q_start = b.index_to_i32(first_query, "q_start")
         with b.loop(0, seq, tile_kv, "kv") as k_first:
-            # keys then values, each in [head_dim/8][tile_kv/8][8][8] blocks: kv holds each 8-column block of
-            # all positions contiguously (the stack launch), so each of the head's column blocks is one run
-            b.dma(kv_buf, WHOLE, kv, Window((0, kv_col, 0, k_first, 0), (2, 1, head_dim // BLOCK, 1, tile_kv * BLOCK),
-                                            (seq * kv_dim, seq, seq * BLOCK, BLOCK, 1)))
+            # keys then values, each in [head_dim/8][tile_kv/8][8][8] blocks: kv holds the KV head's keys then its
+            # values, each 8-column block of all positions contiguously (the stack launch), so each column block is
+            # one run, and one stride steps from the keys' last column block to the values' first
+            b.dma(kv_buf, WHOLE, kv, Window((kv_col, 0, k_first, 0), (1, 2 * head_dim // BLOCK, 1, tile_kv * BLOCK),
+                                            (2 * seq, seq * BLOCK, BLOCK, 1)))
             with b.when(b.index_at_most(k_first, last_row, "visible")):
                 k_start = b.index_to_i32(k_first, "k_start")
                 b.call("attn_qk_tile_bf16", [q_buf, kv_buf, scores, q_start, k_start], config)

@@ -86,6 +86,12 @@ PROGRAMS["qwen2-decode_attn_o_gemv_ffn_rms_gemv_rope-2048"] = catalog.decode_att
     QWEN.hidden, QWEN.q_dim, QWEN.intermediate, QWEN.eps, QWEN.heads, QWEN.kv_heads, QWEN.head_dim, 2048, QWEN.eps,
     qkv_bias=True)
 
+# Flash attention past the default buckets (a prefill bucket of 4096): the key/value stream of every round is one
+# shim task per launch step (each KV head's keys and values one run of the stacked buffer), where the rounds' own
+# tasks ran out of shim buffer descriptors.
+PROGRAMS.update({f"{model}-flash_attn-4096": catalog.flash_attn_program(dims.heads, dims.kv_heads, dims.head_dim, 4096)
+                 for model, dims in (("llama", LLAMA), ("qwen2", QWEN))})
+
 # What aircc (mlir-air python/air/compiler/aircc/main.py at 0e3df89d) runs for `--device npu2` with its
 # defaults: written out here from that file, so a change to our replay has to be a deliberate one.
 AIRCC_PLACEMENT = (

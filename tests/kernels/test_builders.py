@@ -87,7 +87,7 @@ EXAMPLES = {
     "add": dict(rows=2048, cols=2048),
     "bias_add": dict(rows=2048, cols=896),  # Qwen2.5-0.5B's q projection at 2048 tokens
     "attention": dict(seq=2048, heads=32, kv_heads=8, head_dim=64, causal=True),
-    "stack": dict(rows=2048, cols=512),
+    "stack": dict(rows=2048, cols=512, head_dim=64),
     "decode_attention": dict(capacity=2048, heads=32, kv_heads=8, head_dim=64, tile_kv=64),
     # the integer GEMMs' kinds ("w8x2a16"): the down projection's input quantized, the O and gate/up projections
     "quantize_rows": dict(M=2048, K=8192),
@@ -453,6 +453,10 @@ def test_builders_are_deterministic():
     ("attention", dict(heads=7, kv_heads=1, seq=4096), {"herd_q": 1, "q_rows": 4},
      r"attention launch: L2 bytes=1048576: exceeds 524288 B of one memtile .*raise herd_q or lower herd_heads"),
     ("gemm", {}, {"tile_x": 8}, r"gemm launch: tile_x=8: unknown tuning parameter"),
+    ("stack", dict(head_dim=48), None, r"stack launch: head_dim=48: must be a multiple of 16 dividing cols=512"),
+    ("stack", {}, {"herd": 3}, r"stack launch: herd=3: must divide the 8 heads"),
+    ("stack", dict(cols=128), {"herd": 3}, r"stack launch: herd=3: must divide the 32 blocks of 64 rows"),
+    ("stack", {}, {"block": 12}, r"stack launch: block=12: must be a multiple of 8 dividing rows=2048"),
     ("quantize_rows", dict(M=16, K=96), None, r"quantize_rows launch: K=96: must be a multiple of 64"),
     ("quantize_rows", {}, {"herd": 3}, r"quantize_rows launch: herd=3: must divide M=2048"),
     ("quantize_rows", {}, {"herd": 16}, r"quantize_rows launch: herd=16: a row-parallel herd spans at most 8"),
@@ -628,6 +632,19 @@ def test_an_lm_head_of_more_panels_than_a_shim_bd_wraps_is_refused_and_its_padde
         build("gemv_f32", K=896, N=151936)
     assert lm_head_rows(151936) == 152064 and lm_head_rows(128256) == 128256 and lm_head_rows(49152) == 49152
     assert "in 132 panels of 144" in build("gemv_f32", K=896, N=152064).text.splitlines()[0]
+
+
+def test_stack_lays_each_kv_head_out_whole_and_spreads_heads_or_rows_over_the_herd():
+    """Llama-3.2-1B's 8 KV heads: one per tile, all rows in blocks; Qwen2.5-0.5B's 2: every head on each tile, the rows
+    spread; either way each output transfer lands a block of one head's rows in that head's run of the buffer."""
+    llama = build("stack")
+    assert "herd 8x1, 1 heads and 32 blocks of 64 rows per tile" in llama.text.splitlines()[0]
+    assert "herd 8x1, 2 heads and 4 blocks of 64 rows per tile" in build("stack", cols=128).text.splitlines()[0]
+    assert "herd 8x1, 3 heads and 1 blocks of 8 rows per tile" in build("stack", rows=64, cols=192).text.splitlines()[0]
+    # into out (2, 2048, 512): from head h's run (stride 2*64*2048), input i's half of it (64*2048), 8-column blocks
+    # (stride 2048*8) of the block's rows (stride 8)
+    to_out = llama.dmas[1].dst
+    assert (to_out.sizes, to_out.strides) == ((1, 1, 1, 64, 8, 8), (131072, 262144, 8, 8, 16384, 1))
 
 
 def test_attention_rows_take_parts_of_the_sequence_when_the_group_gives_them_no_heads():

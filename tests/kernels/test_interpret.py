@@ -55,6 +55,10 @@ CASES = [(p, None) for p in programs_for_model(SMALL, (16, 32)) if not p.name.en
     # 4 for a group of 7 as Qwen2.5-0.5B's), each a column block of the step's L2 buffer
     (flash_attn_program(2, 2, 64, 256), {1: dict(tile_q=16)}),
     (flash_attn_program(7, 1, 64, 512), {1: dict(tile_q=16)}),
+    # as many KV heads as the array has columns: the stack launch spreads the heads, not the rows (one head per tile
+    # in blocks, then two)
+    (flash_attn_program(8, 8, 64, 128), {0: dict(block=32)}),
+    (flash_attn_program(8, 8, 64, 128), {0: dict(herd=4, block=64)}),
     # o_gemv_ffn: two launch steps and row groups for the residual GEMV, two launch steps of two panels for the
     # normed gate/up one (each panel's SiLU·up values placed by step and panel), and the K-split down projection
     (o_gemv_ffn_program(256, 256, 512, EPS), {0: dict(herd=2, tile_n=64, rows_per_call=16),

@@ -136,9 +136,11 @@ KV_BLOCK = 8  # stack lays each input out in 8-column blocks (kernels/builders/s
 
 
 def stack(p, first, second):
-    rows, cols = p["rows"], p["cols"]
+    """[head][first, second][8-column block][row][8] (builders/stack.py), as a (2, rows, cols) tensor."""
+    rows, cols, hd = p["rows"], p["cols"], p["head_dim"]
     pair = torch.stack((first.reshape(rows, cols), second.reshape(rows, cols)))
-    return pair.reshape(2, rows, cols // KV_BLOCK, KV_BLOCK).permute(0, 2, 1, 3).reshape(2, rows, cols)
+    blocks = pair.reshape(2, rows, cols // hd, hd // KV_BLOCK, KV_BLOCK).permute(2, 0, 3, 1, 4)
+    return blocks.reshape(2, rows, cols)
 
 
 def attention(p, q, kv):
@@ -148,9 +150,8 @@ def attention(p, q, kv):
     seq, heads, kv_heads, hd = p["seq"], p["heads"], p["kv_heads"], p["head_dim"]
     group = heads // kv_heads
     qh = q.reshape(seq, heads, hd).transpose(0, 1)
-    kv_dim = kv_heads * hd
-    rows = kv.reshape(2, kv_dim // KV_BLOCK, seq, KV_BLOCK).permute(0, 2, 1, 3)  # stack's 8-column blocks
-    kh, vh = rows.reshape(2, seq, kv_heads, hd).transpose(1, 2)
+    # stack's layout: [KV head][keys, values][8-column block][position][8]
+    kh, vh = kv.reshape(kv_heads, 2, hd // KV_BLOCK, seq, KV_BLOCK).permute(1, 0, 3, 2, 4).reshape(2, kv_heads, seq, hd)
     out = torch.empty(heads, seq, hd, dtype=torch.bfloat16)
     for start in range(0, seq, ATTENTION_QUERY_BLOCK):
         stop = min(seq, start + ATTENTION_QUERY_BLOCK)
