@@ -1,4 +1,4 @@
-"""Work split shared by the elementwise kinds (add, silu_mul, stack): fixed-size chunks of a (rows, cols) array,
+"""Work split shared by the elementwise kinds (add, silu_mul, bias_add): fixed-size chunks of a (rows, cols) array,
 and the one builder of the binary kinds (``out = f(lhs, rhs)``), which differ only in what a chunk computes.
 
 Each row is cut into chunks of ``chunk`` elements. Several rows (prefill) go to a row-parallel herd whole:

@@ -48,9 +48,10 @@ def build(params: dict, operands, tuning: dict) -> LaunchIR:
             f"must be a multiple of {DEVICE.vector_lanes} dividing cols={cols}")
     heads = cols // head_dim
     on_heads = heads >= DEVICE.columns  # the herd spreads the heads, else the rows
-    # the longest block that fits L1 and, when the herd spreads the rows, still gives every column a share
+    # the longest block that fits L1 with the most ping-pong copies (3: an odd trip count) and, when the herd spreads
+    # the rows, still gives every column a share
     fitting = [b for b in BLOCK_CANDIDATES
-               if rows % b == 0 and sum(_l1_bytes(b, head_dim, 2).values()) <= L1_AVAILABLE]
+               if rows % b == 0 and sum(_l1_bytes(b, head_dim, 3).values()) <= L1_AVAILABLE]
     block = tuning.get("block", next((b for b in fitting if on_heads or rows // b >= DEVICE.columns),
                                      fitting[-1] if fitting else None))
     require(block is not None and block % BLOCK == 0 and rows % block == 0, KIND, "block", block,

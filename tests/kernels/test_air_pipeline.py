@@ -91,6 +91,8 @@ PROGRAMS["qwen2-decode_attn_o_gemv_ffn_rms_gemv_rope-2048"] = catalog.decode_att
 # tasks ran out of shim buffer descriptors.
 PROGRAMS.update({f"{model}-flash_attn-4096": catalog.flash_attn_program(dims.heads, dims.kv_heads, dims.head_dim, 4096)
                  for model, dims in (("llama", LLAMA), ("qwen2", QWEN))})
+# upstream's longest flash attention (2 heads, 16384 positions: benchmarks' replay), each memtile full with its share
+PROGRAMS["upstream-flash_attn-16384"] = catalog.flash_attn_program(2, 2, 64, 16384)
 
 # What aircc (mlir-air python/air/compiler/aircc/main.py at 0e3df89d) runs for `--device npu2` with its
 # defaults: written out here from that file, so a change to our replay has to be a deliberate one.

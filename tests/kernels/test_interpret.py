@@ -52,9 +52,11 @@ CASES = [(p, None) for p in programs_for_model(SMALL, (16, 32)) if not p.name.en
      {1: dict(herd_m=2, herd_n=2, tile_m=16, tile_n=32, tile_k_l2=64, tile_k_l1=32, drain_n=8)}),
     (flash_attn_program(4, 2, 64, 128), {1: dict(herd_q=2, tile_q=16, tile_kv=32)}),
     # heads that no 2 to 4 rows divide among them: the rows take parts of the sequence (2 for multi-head attention,
-    # 4 for a group of 7 as Qwen2.5-0.5B's), each a column block of the step's L2 buffer
+    # 4 for a group of 7 as Qwen2.5-0.5B's), each column's tiles first in the step's L2 buffers; then two rounds per
+    # core, and the stack launch spreading the rows with several blocks per tile
     (flash_attn_program(2, 2, 64, 256), {1: dict(tile_q=16)}),
     (flash_attn_program(7, 1, 64, 512), {1: dict(tile_q=16)}),
+    (flash_attn_program(7, 1, 64, 512), {0: dict(herd=2, block=16), 1: dict(tile_q=16, q_rows=2)}),
     # as many KV heads as the array has columns: the stack launch spreads the heads, not the rows (one head per tile
     # in blocks, then two)
     (flash_attn_program(8, 8, 64, 128), {0: dict(block=32)}),
