@@ -47,6 +47,7 @@ def build(params: dict, operands, tuning: dict) -> LaunchIR:
     require(head_dim % DEVICE.vector_lanes == 0 and cols % head_dim == 0, KIND, "head_dim", head_dim,
             f"must be a multiple of {DEVICE.vector_lanes} dividing cols={cols}")
     heads = cols // head_dim
+    require(rows % BLOCK == 0, KIND, "rows", rows, f"must be a multiple of {BLOCK} (blocks of 8-row multiples)")
     on_heads = heads >= DEVICE.columns  # the herd spreads the heads, else the rows
     # the longest block that fits L1 with the most ping-pong copies (3: an odd trip count) and, when the herd spreads
     # the rows, still gives every column a share

@@ -457,6 +457,7 @@ def test_builders_are_deterministic():
     ("stack", {}, {"herd": 3}, r"stack launch: herd=3: must divide the 8 heads"),
     ("stack", dict(cols=128), {"herd": 3}, r"stack launch: herd=3: must divide the 32 blocks of 64 rows"),
     ("stack", {}, {"block": 12}, r"stack launch: block=12: must be a multiple of 8 dividing rows=2048"),
+    ("stack", dict(rows=7), None, r"stack launch: rows=7: must be a multiple of 8"),
     ("quantize_rows", dict(M=16, K=96), None, r"quantize_rows launch: K=96: must be a multiple of 64"),
     ("quantize_rows", {}, {"herd": 3}, r"quantize_rows launch: herd=3: must divide M=2048"),
     ("quantize_rows", {}, {"herd": 16}, r"quantize_rows launch: herd=16: a row-parallel herd spans at most 8"),
