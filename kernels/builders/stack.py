@@ -50,12 +50,12 @@ def build(params: dict, operands, tuning: dict) -> LaunchIR:
     require(rows % BLOCK == 0, KIND, "rows", rows, f"must be a multiple of {BLOCK} (blocks of 8-row multiples)")
     on_heads = heads >= DEVICE.columns  # the herd spreads the heads, else the rows
     # the longest block that fits L1 with the most ping-pong copies (3: an odd trip count) and, when the herd spreads
-    # the rows, still gives every column a share
+    # the rows, still gives every column a share; else the shortest, which the L1 check below judges with its own copies
     fitting = [b for b in BLOCK_CANDIDATES
                if rows % b == 0 and sum(_l1_bytes(b, head_dim, 3).values()) <= L1_AVAILABLE]
     block = tuning.get("block", next((b for b in fitting if on_heads or rows // b >= DEVICE.columns),
-                                     fitting[-1] if fitting else None))
-    require(block is not None and block % BLOCK == 0 and rows % block == 0, KIND, "block", block,
+                                     fitting[-1] if fitting else BLOCK))
+    require(block % BLOCK == 0 and rows % block == 0, KIND, "block", block,
             f"must be a multiple of {BLOCK} dividing rows={rows}")
     spread = heads if on_heads else rows // block
     herd = tuning.get("herd", divisors_descending(spread, DEVICE.columns)[0])

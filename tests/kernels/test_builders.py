@@ -644,6 +644,8 @@ def test_stack_lays_each_kv_head_out_whole_and_spreads_heads_or_rows_over_the_he
     assert "herd 8x1, 3 heads and 1 blocks of 8 rows per tile" in build("stack", rows=64, cols=192).text.splitlines()[0]
     # a block sized for an odd trip count's three ping-pong copies: 32 rows of 96 fit with them, 64 would not
     assert "6 blocks of 32 rows" in build("stack", rows=192, cols=768, head_dim=96).text.splitlines()[0]
+    # a head too wide for three copies of any block still builds with one copy of the shortest
+    assert "1 heads and 1 blocks of 8 rows" in build("stack", rows=16, cols=1024, head_dim=1024).text.splitlines()[0]
     # into out (2, 2048, 512): from head h's run (stride 2*64*2048), input i's half of it (64*2048), 8-column blocks
     # (stride 2048*8) of the block's rows (stride 8)
     to_out = llama.dmas[1].dst
