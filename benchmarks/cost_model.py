@@ -156,11 +156,12 @@ def decode_with_attention_ms(dims, layers: int, context: int, weights: str = "bf
 
 
 def decode_chained_ms(dims, layers: int, context: int, weights: str = "bf16") -> Range:
-    """A token as the patched model runs it (patch_llama/layer.py, ``NpuDecoderLayer._decode_group``):
-    rms_gemv_rope for the first layer; every layer from its attention on, up to ``DECODE_GROUP_SIZES[-1]`` in one
-    dispatch (``decode_group_runs``), the last group running the model's final norm and LM head too
-    (decode_layers<n>_final_lm); a last layer alone (decode_attn_o_gemv_ffn) leaves the LM head a dispatch of its own
-    (projection weights and LM head as ``weights``)."""
+    """A token as the patched model runs it (patch_llama/layer.py, ``NpuDecoderLayer._decode_group``): every layer
+    from its attention on, up to ``DECODE_GROUP_SIZES[-1]`` in one dispatch (``decode_group_runs``), the first group
+    starting with the first layer's rms_gemv_rope (decode_layers<n>_qkv; a first layer alone runs it as a dispatch
+    of its own), the last group running the model's final norm and LM head too (decode_layers<n>_final_lm); a last
+    layer alone (decode_attn_o_gemv_ffn) leaves the LM head a dispatch of its own (projection weights and LM head as
+    ``weights``)."""
     from torch_npu2.kernels import catalog
 
     d = dims
@@ -170,16 +171,18 @@ def decode_chained_ms(dims, layers: int, context: int, weights: str = "bf16") ->
         ends_model = index == len(sizes) - 1
         if n > 1:
             head = (catalog.lm_head_rows(d.vocab), d.eps, weights) if ends_model else None
-            program = catalog.decode_layers_program(n, d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads,
-                                                    d.head_dim, capacity, d.eps, weights, ends_model, head)
+            run = catalog.decode_layers_program(n, d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads,
+                                                d.head_dim, capacity, d.eps, weights, ends_model, head,
+                                                first_qkv=index == 0)
         else:  # only the last run can be shorter than a full group: the model's last layer alone
             assert ends_model, sizes
-            program = catalog.decode_attn_o_gemv_ffn_program(d.hidden, d.q_dim, d.intermediate, d.eps, d.heads,
-                                                             d.kv_heads, d.head_dim, capacity, weights)
+            run = catalog.decode_attn_o_gemv_ffn_program(d.hidden, d.q_dim, d.intermediate, d.eps, d.heads,
+                                                         d.kv_heads, d.head_dim, capacity, weights)
             runs.append(program_range(catalog.lm_head_gemv_program(d.hidden, catalog.lm_head_rows(d.vocab), weights)))
-        runs.append(program_range(program))
-    first = _seconds("rms_gemv_rope", dims, None, "bf16", weights)
-    return tuple((sum(run[end].seconds for run in runs) + first[end]) * 1e3 for end in range(len(ENDS)))
+        runs.append(program_range(run))
+    if sizes[0] == 1:
+        runs.append(program_range(program("rms_gemv_rope", dims, None, "bf16", weights)))
+    return tuple(sum(run[end].seconds for run in runs) * 1e3 for end in range(len(ENDS)))
 
 
 def decode_group_runs(layers: int) -> list[int]:
@@ -197,10 +200,11 @@ def decode_group_runs(layers: int) -> list[int]:
 
 
 def decode_dispatches(layers: int) -> int:
-    """Dispatches per decode token: rms_gemv_rope and the runs from attention on, the last of which runs the LM head
-    unless it is a last layer alone (the LM head then a dispatch of its own)."""
+    """Dispatches per decode token: the runs of layers, the first of which runs the first layer's rms_gemv_rope
+    unless it is a layer alone (rms_gemv_rope then a dispatch of its own), the last the LM head unless it is a layer
+    alone (the LM head then a dispatch of its own)."""
     runs = decode_group_runs(layers)
-    return len(runs) + 1 + (runs[-1] == 1)
+    return len(runs) + (runs[0] == 1) + (runs[-1] == 1)
 
 
 def token_ms(dims, layers: int, context: int, weights: str = "bf16") -> Range:

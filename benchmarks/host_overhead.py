@@ -58,10 +58,11 @@ BATCH = 2  # prompts in the batch also measured: of one length, then all but the
 DRIVER_COUNTERS = ("runs", "syncs_to_device", "syncs_from_device", "bytes_to_device", "bytes_from_device")
 # the ops a decode layer calls: with the NpuKVCache its attention runs on the NPU, alone or chained
 # (an op's "_into" name: its .into overload, which writes the K and V rows into the cache)
-# and the decode groups' ("decode_layers<n>[_final[_lm]]_into": several layers in one run, the _final ones ending with
-# the model's last layer, the _final_lm ones running the final norm and the LM head too,
-# patch_llama.layer.decode_layers_into)
-GROUP_OPS = tuple(f"decode_layers{n}{ends}_into" for n in DECODE_GROUP_SIZES for ends in ("", "_final", "_final_lm"))
+# and the decode groups' ("decode_layers<n>[_qkv][_final[_lm]]_into": several layers in one run, the _qkv ones
+# starting with their first layer's Q/K/V, the _final ones ending with the model's last layer, the _final_lm ones
+# running the final norm and the LM head too, patch_llama.layer.decode_layers_into)
+GROUP_OPS = tuple(f"decode_layers{n}{qkv}{ends}_into" for n in DECODE_GROUP_SIZES for qkv in ("", "_qkv")
+                  for ends in ("", "_final", "_final_lm"))
 LAYER_DECODE_OPS = ("rms_gemv_rope", "rms_gemv_rope_into", "decode_attn", "decode_attn_o_gemv_ffn_rms_gemv_rope",
                     "decode_attn_o_gemv_ffn_rms_gemv_rope_into", "o_gemv_ffn_rms_gemv_rope",
                     "o_gemv_ffn_rms_gemv_rope_into", "o_gemv_ffn", "decode_attn_o_gemv_ffn") + GROUP_OPS
@@ -122,8 +123,8 @@ class OpTimer:
         for name in MODULE_OPS + ATTENTION:
             self._replace(layer_module, name, self._wrap(name, getattr(layer_module, name)))
         self._replace(layer_module, "decode_layers_into",
-                      {(n, packed, ends): self._wrap(f"decode_layers{n}{ends}_into", op)
-                       for (n, packed, ends), op in layer_module.decode_layers_into.items()})
+                      {(n, packed, qkv, ends): self._wrap(f"decode_layers{n}{qkv}{ends}_into", op)
+                       for (n, packed, qkv, ends), op in layer_module.decode_layers_into.items()})
         self._replace(self.runtime, "run", self._wrap_runtime_run(self.runtime.run))
         # each patched layer's whole call, timed at its NpuDecoderLayer's class: a wrapper around a module's forward
         # would keep the layer out of decode groups, as any code that may see its output does

@@ -659,7 +659,7 @@ _GROUP_SHARED = ("length", "next_rope_lut", "attn", "res1", "act", "next_qk")
 def decode_layers_program(layers: int, hidden: int, q_dim: int, intermediate: int, eps: float, heads: int,
                           kv_heads: int, head_dim: int, capacity: int, next_eps: float,
                           weights: str = "bf16", ends_model: bool = False,
-                          lm_head: tuple[int, float, str] | None = None) -> Program:
+                          lm_head: tuple[int, float, str] | None = None, first_qkv: bool = False) -> Program:
     """``layers`` decode layers in one dispatch, each from its attention on as decode_attn_o_gemv_ffn_rms_gemv_rope
     (decode attention, o_gemv_ffn, the next layer's rms_gemv_rope), layer j+1 attending with the query and hidden
     state layer j computed (device-only scratches).
@@ -674,6 +674,12 @@ def decode_layers_program(layers: int, hidden: int, q_dim: int, intermediate: in
     (decode_layers<n>_final_lm), the model's final RMSNorm and its LM head follow in the same
     dispatch: host arguments ``final_norm_w`` and ``w_lm`` after the layers', outputs ``final_normed`` (the final
     norm's bf16 output) and ``logits`` (lm_head_gemv's) after the others.
+
+    With ``first_qkv`` (decode_layers<n>_qkv...) the first layer's own rms_gemv_rope runs first in the same dispatch,
+    on ``x`` with ``next_eps`` (every layer of a group normalizes its input with one eps) and the step's LUT row: its
+    weights ``first_norm_w``, ``first_wqk``, ``first_wv`` lead the host arguments, ``q`` becomes a device-only
+    scratch, and its K/V rows ``first_v`` and ``first_k_roped`` follow ``out`` (and ``next_q_roped``) among the
+    outputs; bound to the first layer's cache rows at ``length``-1, its attention reads them in the same run.
 
     Layer j+1 attends over ``k_cache_<j+1>``/``v_cache_<j+1>`` as they are when it runs: a caller that binds
     ``next_k_roped_<j>``/``next_v_<j>`` to those caches' rows at ``length``-1 (the ``.into`` overload, an
@@ -705,16 +711,30 @@ def decode_layers_program(layers: int, hidden: int, q_dim: int, intermediate: in
             name = renamed(arg.name, j)
             role = S if name in ("q_mid", "hidden_mid") else arg.role
             by_name.setdefault(name, Arg(name, arg.shape, arg.dtype, role))
-    ordered = list(by_name.values())
-    outputs = (["out"] + ([] if ends_model else ["next_q_roped"])
-               + [f"{n}_{j}" for j in range(last if ends_model else layers) for n in ("next_v", "next_k_roped")])
-    args = ([a for a in ordered if a.role in (Role.INPUT, Role.WEIGHT)] + [a for a in ordered if a.role is S]
-            + [by_name[n] for n in outputs])
     launches = tuple(Launch(l.kind, l.params, tuple(renamed(n, j) for n in l.reads),
                             tuple(renamed(n, j) for n in l.writes))
                      for j in range(layers) for l in (final if j == last else one).launches)
-    name = f"decode_layers{layers}" + ("_final" if ends_model else "")
-    params = (("layers", layers), *one.params)
+    first_rows = []
+    if first_qkv:
+        qkv = rms_gemv_rope_program(hidden, heads, kv_heads, head_dim, next_eps, weights)
+        # its input and LUT row are the group's; its Q the first layer's attention reads; its scratch the group's
+        qkv_names = {"x": "x", "rope_lut": "next_rope_lut", "q_roped": "q", "qk": "next_qk",
+                     "v": "first_v", "k_roped": "first_k_roped"}
+        first_rows = ["first_v", "first_k_roped"]
+        by_name = {**{f"first_{a.name}": Arg(f"first_{a.name}", a.shape, a.dtype, a.role)
+                      for a in qkv.args if a.role is Role.WEIGHT},
+                   **by_name, "q": Arg("q", by_name["q"].shape, by_name["q"].dtype, S)}
+        by_name.update({n: Arg(n, a.shape, a.dtype, a.role) for a in qkv.args
+                        for n in [qkv_names.get(a.name)] if n is not None and n not in by_name})
+        launches = tuple(Launch(l.kind, l.params, tuple(qkv_names.get(n, f"first_{n}") for n in l.reads),
+                                tuple(qkv_names[n] for n in l.writes)) for l in qkv.launches) + launches
+    ordered = list(by_name.values())
+    outputs = (["out"] + ([] if ends_model else ["next_q_roped"]) + first_rows
+               + [f"{n}_{j}" for j in range(last if ends_model else layers) for n in ("next_v", "next_k_roped")])
+    args = ([a for a in ordered if a.role in (Role.INPUT, Role.WEIGHT)] + [a for a in ordered if a.role is S]
+            + [by_name[n] for n in outputs])
+    name = f"decode_layers{layers}" + ("_qkv" if first_qkv else "") + ("_final" if ends_model else "")
+    params = (("layers", layers), *one.params, *((("first_qkv", 1),) if first_qkv else ()))
     if lm_head is not None:
         name += "_lm"
         vocab, final_eps, head_weights = lm_head

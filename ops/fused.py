@@ -152,17 +152,30 @@ def _decode_attn_o_gemv_ffn(shapes, head_dim, eps):
 _GROUP_FIRST = 13
 
 
-def _decode_layers(layers: int, ends_model: bool = False, lm_head: bool = False):
+def _decode_layers(layers: int, ends_model: bool = False, lm_head: bool = False, first_qkv: bool = False):
     """The program_for of npu2.decode_layers<layers> (with ``ends_model``, of decode_layers<layers>_final; with
     ``lm_head`` too, of decode_layers<layers>_final_lm, whose last host tensor is the LM head's weight, its rows the
-    logits') and, with a weight format, of its _packed twin: the first layer's tensors fix the dims; the registry's
-    shape check holds each further layer's to them."""
+    logits; with ``first_qkv``, of the _qkv op, whose first three host tensors are the first layer's own
+    rms_gemv_rope weights and which takes no q) and, with a weight format, of its _packed twin: the first layer's
+    tensors fix the dims; the registry's shape check holds each further layer's to them."""
     def program_for(shapes, head_dim, eps, next_eps, *rest):
         """``rest``: a _final_lm op's final_eps, then a _packed op's weights (and a _final_lm_packed op's head_weights,
         the LM head's own packed format)."""
         final_eps, rest = (rest[0], rest[1:]) if lm_head else (None, rest)
         weights = rest[0] if rest else "bf16"
         head_weights = rest[1] if len(rest) > 1 else weights
+        if first_qkv:  # the query the first layer's rms_gemv_rope makes stands in for the q it does not take
+            first, shapes = shapes[:3], shapes[3:]
+            x, lut = shapes[4], shapes[11]  # k_cache, v_cache, length, wo, x, ..., next_rope_lut: no q
+            qkv_shapes = (x, *first, lut)
+            try:
+                qkv = (_rms_gemv_rope(qkv_shapes, next_eps) if weights == "bf16"
+                       else _rms_gemv_rope_packed(qkv_shapes, next_eps, weights))
+            except BadArgument as exc:
+                group_name = {"x": "x", "rope_lut": "next_rope_lut"}.get(exc.arg, "first_" + exc.arg)
+                raise BadArgument(group_name, exc.expected, exc.given) from None
+            heads, dim = (dict(qkv.params)[n] for n in ("heads", "head_dim"))
+            shapes = ((heads * dim,), *shapes)
         try:
             if weights == "bf16":
                 one = _decode_attn_o_gemv_ffn_rms_gemv_rope(shapes[:_GROUP_FIRST], head_dim, eps, next_eps)
@@ -175,7 +188,7 @@ def _decode_layers(layers: int, ends_model: bool = False, lm_head: bool = False)
         p = dict(one.params)
         return catalog.decode_layers_program(layers, p["hidden"], p["q_dim"], p["intermediate"], eps, p["heads"],
                                              p["kv_heads"], head_dim, p["capacity"], next_eps, weights, ends_model,
-                                             (shapes[-1][0], final_eps, head_weights) if lm_head else None)
+                                             (shapes[-1][0], final_eps, head_weights) if lm_head else None, first_qkv)
     return program_for
 
 
@@ -187,18 +200,20 @@ def _group_into(layers: int) -> tuple[tuple[str, str], ...]:
 
 def _decode_layers_ops() -> tuple[FusedOp, ...]:
     """npu2.decode_layers<n>, npu2.decode_layers<n>_final (a group ending with the model's last layer) and
-    npu2.decode_layers<n>_final_lm (that group, then the model's final norm and LM head), each with a _packed twin."""
+    npu2.decode_layers<n>_final_lm (that group, then the model's final norm and LM head), each with a _qkv twin
+    (decode_layers<n>_qkv[_final[_lm]]: the first layer's rms_gemv_rope too) and each with a _packed twin."""
     scalars = (("head_dim", "int"), ("eps", "float"), ("next_eps", "float"))
     ends = (("", False, False), ("_final", True, False), ("_final_lm", True, True))
     return tuple(
-        FusedOp(f"decode_layers{n}{suffix}" + ("" if weights == "bf16" else "_packed"),
+        FusedOp(f"decode_layers{n}{'_qkv' if first_qkv else ''}{suffix}" + ("" if weights == "bf16" else "_packed"),
                 scalars + ((("final_eps", "float"),) if lm_head else ()) + (() if weights == "bf16" else (_WEIGHTS,))
                 + ((("head_weights", "str"),) if lm_head and weights != "bf16" else ()),
-                _decode_layers(n, final, lm_head),
+                _decode_layers(n, final, lm_head, first_qkv),
                 catalog.decode_layers_program(n, 64, 64, 128, 1e-5, 2, 1, 32, 128, 1e-5, weights, final,
-                                              (256, 1e-6, weights) if lm_head else None),
-                _group_into(n - 1 if final else n))
-        for n in catalog.DECODE_GROUP_SIZES for suffix, final, lm_head in ends for weights in ("bf16", _EX_PACKED))
+                                              (256, 1e-6, weights) if lm_head else None, first_qkv),
+                (_FIRST_KV_ROWS if first_qkv else ()) + _group_into(n - 1 if final else n))
+        for n in catalog.DECODE_GROUP_SIZES for first_qkv in (False, True) for suffix, final, lm_head in ends
+        for weights in ("bf16", _EX_PACKED))
 
 
 def decode_attn_length(length: int) -> torch.Tensor:
@@ -322,6 +337,7 @@ _EX_PACKED_FFN = dict(hidden=64, q_dim=64, intermediate=128, eps=1e-5)
 # layer's)
 _KV_ROWS = (("k_roped", "k_row"), ("v", "v_row"))
 _NEXT_KV_ROWS = (("next_k_roped", "next_k_row"), ("next_v", "next_v_row"))
+_FIRST_KV_ROWS = (("first_k_roped", "first_k_row"), ("first_v", "first_v_row"))
 
 
 def _qkv_op(name: str, scalars, program_for, example, qkv_bias: bool, into=()) -> FusedOp:

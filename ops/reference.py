@@ -302,3 +302,27 @@ DECODE_GROUP_REFERENCES.update({
                                                         head)
     for n in DECODE_GROUP_SIZES
     for suffix, head in (("", lm_head_gemv_reference), ("_packed", lm_head_gemv_packed_reference))})
+
+
+def _with_first_qkv(group_reference, qkv_reference, ends_model: bool, lm_head: bool):
+    """Reference of a decode_layers<n>_qkv[_final[_lm]] op: the first layer's rms_gemv_rope (its weights the first
+    three tensors, on the group's x and LUT row with next_eps, in the group's weight format) makes the q the group
+    (``group_reference``) then takes first; its K/V rows follow the group's out (and next_q_roped)."""
+    def reference(*args):
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        scalars = args[len(tensors):]
+        first, rest = tensors[:3], tensors[3:]
+        x, lut = rest[4], rest[11]  # k_cache, v_cache, length, wo, x, ..., next_rope_lut
+        weights = scalars[4 if lm_head else 3:][:1]  # a _packed op's format, after final_eps in a _final_lm op
+        v, q, k = qkv_reference(x, *first, lut, scalars[2], *weights)
+        results = group_reference(q, *rest, *scalars)
+        kept = 1 if ends_model else 2
+        return (*results[:kept], v, k, *results[kept:])
+    return reference
+
+
+DECODE_GROUP_REFERENCES.update({
+    f"decode_layers{n}_qkv{ends}{suffix}": _with_first_qkv(DECODE_GROUP_REFERENCES[f"decode_layers{n}{ends}{suffix}"],
+                                                           qkv, bool(ends), ends == "_final_lm")
+    for n in DECODE_GROUP_SIZES for ends in ("", "_final", "_final_lm")
+    for suffix, qkv in (("", rms_gemv_rope_reference), ("_packed", rms_gemv_rope_packed_reference))})

@@ -44,11 +44,13 @@ o_gemv_ffn_rms_gemv_rope_into = INTO[o_gemv_ffn_rms_gemv_rope]
 o_gemv_ffn_rms_gemv_rope_packed_into = INTO[o_gemv_ffn_rms_gemv_rope_packed]
 decode_attn_o_gemv_ffn_rms_gemv_rope_into = INTO[decode_attn_o_gemv_ffn_rms_gemv_rope]
 decode_attn_o_gemv_ffn_rms_gemv_rope_packed_into = INTO[decode_attn_o_gemv_ffn_rms_gemv_rope_packed]
-# (layers, packed, ends) → the .into overload of the decode group op that runs that many layers in one dispatch:
-# ends "" (layers go on after it), "_final" (its last layer is the model's last) or "_final_lm" (then the model's final
-# norm and LM head too)
-decode_layers_into = {(n, packed, ends): INTO[ALL_OPS[f"decode_layers{n}{ends}" + ("_packed" if packed else "")]]
-                      for n in DECODE_GROUP_SIZES for packed in (False, True) for ends in ("", "_final", "_final_lm")}
+# (layers, packed, qkv, ends) → the .into overload of the decode group op that runs that many layers in one
+# dispatch: qkv "_qkv" (its first layer's rms_gemv_rope too) or ""; ends "" (layers go on after it), "_final" (its last
+# layer is the model's last) or "_final_lm" (then the model's final norm and LM head too)
+decode_layers_into = {(n, packed, qkv, ends):
+                      INTO[ALL_OPS[f"decode_layers{n}{qkv}{ends}" + ("_packed" if packed else "")]]
+                      for n in DECODE_GROUP_SIZES for packed in (False, True) for qkv in ("", "_qkv")
+                      for ends in ("", "_final", "_final_lm")}
 
 
 class ChainedQkv(NamedTuple):
@@ -688,7 +690,10 @@ class NpuDecoderLayer:
         slabs = cache.layers[self.layer_idx] if type(cache) is NpuKVCache and not compiling else None
         rows = None if compiling else self._chained_rows(hidden, lut_rows, eps, slabs)
         packed = () if self.packed is None else (self.packed.format,)
-        if rows is None and slabs is not None:
+        if rows is None and slabs is not None:  # no run made this layer's Q/K/V: with the layers after it, if any join
+            result = self._qkv_group(inputs, lut_rows, mask, cache, slabs, packed)
+            if result is not None:
+                return result
             _, targets = _cache_rows(slabs, batch)
             into = self._projecting(rms_gemv_rope_into if self.packed is None else rms_gemv_rope_packed_into)
             rows = [(None, into(x, *self.qkv_weights, lut, k_row, v_row, eps, *packed), None)
@@ -766,7 +771,35 @@ class NpuDecoderLayer:
                 and cache.layers[layer.layer_idx].length == length - 1
                 and not sees_layer_outputs(layer.module, layer))
 
-    def _decode_group(self, on_device, inputs, lut_rows, mask, cache, targets, packed):
+    def _qkv_group(self, inputs, lut_rows, mask, cache, slabs, packed):
+        """This layer whole and the layers after it that can join, in one run per sequence of
+        npu2.decode_layers<n>_qkv.into: ``_decode_group``, with this layer's rms_gemv_rope first in the same run,
+        writing its K/V rows into ``slabs`` at this step's position, where its attention reads them. None if this
+        layer cannot lead such a group (its Q/K/V normalized with another eps than the group's next_eps, a next layer
+        of another weight format, a mask or views the NPU kernel cannot take, no layer joining): then nothing ran and
+        no layer's length moved."""
+        following, batch = self.next_layer, len(inputs)
+        if (following is None or self.qkv_biases or self.shared.decode_group < 2
+                or (following.packed is None) != (self.packed is None) or self.eps_attn != following.eps_attn):
+            return None
+        position, own_rows = _cache_rows(slabs, batch)
+        length, memos = position + 1, self.shared.memos
+        starts = memos.decode_starts(mask, batch, length)
+        if starts is None:
+            return None
+        digits = [memos.length_digits(length - s, slot=b + 1 if s else 0) for b, s in enumerate(starts)]
+        on_device = [_slab_attention(None, slabs, b, starts[b], length, self.head_dim, self.scale, digits[b])
+                     for b in range(batch)]
+        if any(a is None for a in on_device):
+            return None
+        _, targets = _cache_rows(cache.layers[following.layer_idx], batch)
+        slabs.length = length
+        result = self._decode_group(on_device, inputs, lut_rows, mask, cache, targets, packed, own_rows)
+        if result is None:
+            slabs.length = position
+        return result
+
+    def _decode_group(self, on_device, inputs, lut_rows, mask, cache, targets, packed, own_rows=None):
         """This layer from its attention on and the layers after it that can join (``_joins``; at most
         ``SharedState.decode_group`` in all, patch_llama's decode_layers_per_dispatch), one run per sequence of
         npu2.decode_layers<n>.into: each layer's K/V rows of the layer after it go into that layer's slabs at this
@@ -774,7 +807,8 @@ class NpuDecoderLayer:
         (HF hands it to each of them in turn: ``_ran_in_group``) after leaving the next layer's Q for it as a
         ChainedQkv, unless the last is the model's last layer (npu2.decode_layers<n>_final); None if no layer joins
         (or their slabs cannot be read in place: nothing was run then, and no layer's length moved). Layers with
-        Q/K/V biases (Qwen2) run one per dispatch: the group ops take none."""
+        Q/K/V biases (Qwen2) run one per dispatch: the group ops take none. ``own_rows``: this layer's own K/V rows
+        per sequence when its rms_gemv_rope runs first in the run (``_qkv_group``; ``on_device``'s q is None then)."""
         length, batch = cache.layers[self.layer_idx].length, len(inputs)
         members, layer = [], self.next_layer
         # a hook on this layer would see the last layer's output
@@ -800,7 +834,7 @@ class NpuDecoderLayer:
             return None
         for member in members:
             cache.layers[member.layer_idx].length = length
-        op = decode_layers_into[(1 + len(members), self.packed is not None,
+        op = decode_layers_into[(1 + len(members), self.packed is not None, "" if own_rows is None else "_qkv",
                                  "_final_lm" if head else "_final" if ends_model else "")]
         # the final norm's weight and the LM head's rows; the final eps; the LM head's own format when packed
         head_args = ((head.norm.weight, head.lm_head.rows), (head.eps,), head.lm_head.packed[:1] if packed else ()) \
@@ -808,12 +842,13 @@ class NpuDecoderLayer:
         wo, norm2_w, w_gate_up, w_down = self.ffn_weights
         results = []
         for b, (a, x, lut) in enumerate(zip(on_device, inputs, lut_rows)):
-            tensors = [a.q, a.k_cache, a.v_cache, a.length, wo, x, norm2_w, w_gate_up, w_down,
-                       *self.next_layer.qkv_weights, lut]
+            tensors = [*((a.q,) if own_rows is None else self.qkv_weights), a.k_cache, a.v_cache, a.length, wo, x,
+                       norm2_w, w_gate_up, w_down, *self.next_layer.qkv_weights, lut]
             for member, member_views in zip(members, views):
                 tensors += [member_views[b].k_cache, member_views[b].v_cache, *member.ffn_weights,
                             *(() if member.next_layer is None else member.next_layer.qkv_weights)]
-            rows = [*targets[b], *(row for _, next_targets in nexts for row in next_targets[b])]
+            rows = [*(() if own_rows is None else own_rows[b]), *targets[b],
+                    *(row for _, next_targets in nexts for row in next_targets[b])]
             out = op(*tensors, *head_args[0], *rows, self.head_dim, self.eps_mlp, self.next_layer.eps_attn,
                      *head_args[1], *packed, *head_args[2])
             results.append((out,) if ends_model and not head else out)

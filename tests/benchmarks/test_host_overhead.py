@@ -25,10 +25,10 @@ def test_report_is_json_with_the_expected_fields(report):
     assert [c["cache"] for c in data["contexts"]] == ["npu"] * 2
     assert [c["cache"] for c in data["hf_cache_contexts"]] == ["hf"] * 2
     # 2 layers, decode only: the first chains into the second; with the NpuKVCache attention runs on the NPU, both
-    # layers from the first one's attention on in one run (a group ending with the model's last layer, which runs the
+    # layers from the first one's Q/K/V on in one run (a group ending with the model's last layer, which runs the
     # final norm and the LM head too), and the NPU writes the K and V rows into the cache (the ops' .into overloads);
     # with HF's cache the LM head runs on its own
-    layer_ops = {"npu": ("rms_gemv_rope_into", "decode_layers2_final_lm_into"),
+    layer_ops = {"npu": ("decode_layers2_qkv_final_lm_into",),
                  "hf": ("rms_gemv_rope", "o_gemv_ffn_rms_gemv_rope", "o_gemv_ffn", "lm_head_gemv")}
     for context in data["contexts"] + data["hf_cache_contexts"]:
         on_npu = context["cache"] == "npu"
@@ -40,7 +40,7 @@ def test_report_is_json_with_the_expected_fields(report):
         for name in ops:
             assert context["ops"][name]["calls_per_token"] == 1
         # the first forward feeds the last prompt token over the filled cache, then 4 decode steps: L + 2 runs each
-        # with HF's cache, 2 with the NpuKVCache (rms_gemv_rope, the group with the LM head)
+        # with HF's cache, 1 with the NpuKVCache (the group with the first Q/K/V and the LM head)
         assert context["per_generate_counts"]["runs"] == 5 * len(ops)
         # per forward: the LUT row; with the NpuKVCache also the length, and nothing of the cache (the NPU writes
         # the new K and V rows; the slabs are never synced whole)
@@ -53,7 +53,7 @@ def test_report_is_json_with_the_expected_fields(report):
         counts = context["per_generate_counts"]
         assert context["cache"] == "npu" and context["host_attention_ms"] == 0
         assert counts["host_copy_bytes"] <= counts["host_copies"] * data["hidden"] * 2
-        assert counts["runs"] == 2 * 5 * 2  # per sequence, as one
+        assert counts["runs"] == 2 * 5 * 1  # per sequence, as one
     dispatch = data["dispatch"]
     assert dispatch["library_define_impl_us"] > 0 and dispatch["custom_op_us"] > 0
     assert data["hf_framework"]["token_ms"] > 0
@@ -89,7 +89,7 @@ def test_grouped_layers_are_timed_and_the_timer_leaves_no_wrapper():
         torch_npu2.patch_llama(model)
         with host_overhead.OpTimer(model, runtime) as timer:
             common.timed_generate(model, common.random_prompt(6, model.config.vocab_size), 3)
-    assert timer.calls("decode_layers4_final_lm_into") == 3  # layers 0-3 and the head in one run per decode step
+    assert timer.calls("decode_layers4_qkv_final_lm_into") == 3  # layers 0-3 and the head: one run per decode step
     assert [timer.calls(f"layer{i}") for i in range(4)] == [4] * 4  # the prefill and the 3 decode steps
     assert NpuDecoderLayer.__call__ is call
 

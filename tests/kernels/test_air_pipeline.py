@@ -58,13 +58,15 @@ PROGRAMS["llama-decode_attn_o_gemv_ffn_rms_gemv_rope_packed-q4_1-2048"] = \
                                                                 LLAMA.eps, LLAMA.heads, LLAMA.kv_heads, LLAMA.head_dim,
                                                                 2048, LLAMA.eps, "q4_1")
 
-# Four decode layers from their attention on in one ELF (npu2.decode_layers4: 28 launches, 56 arguments), over bf16
-# and packed Q4_1 weights: the slowest Programs here (240 s and 432 s on 2 busy cores), their placement stage in
+# Four decode layers in one ELF, over bf16 weights starting with the first layer's Q/K/V (npu2.decode_layers4_qkv, a
+# token's first run: 31 launches, 61 arguments) and over packed Q4_1 weights from their attention on
+# (npu2.decode_layers4_packed: 28 launches, 56 arguments): the slowest Programs here (425 s for the _qkv one beside
+# other tests; 240 s and 432 s for the bf16 and Q4_1 ones without Q/K/V on 2 busy cores), their placement stage in
 # air-fuse-channels for most of it.
 PROGRAMS.update({f"llama-{p.name}-2048": p for p in (
     catalog.decode_layers_program(4, LLAMA.hidden, LLAMA.q_dim, LLAMA.intermediate, LLAMA.eps, LLAMA.heads,
-                                  LLAMA.kv_heads, LLAMA.head_dim, 2048, LLAMA.eps, weights)
-    for weights in ("bf16", "q4_1"))})
+                                  LLAMA.kv_heads, LLAMA.head_dim, 2048, LLAMA.eps, weights, first_qkv=first_qkv)
+    for weights, first_qkv in (("bf16", True), ("q4_1", False)))})
 # A group that ends with the model's last layer and runs its final norm and LM head (npu2.decode_layers<n>_final_lm):
 # SmolLM2's 30 layers end with two, run over its GGUF's Q4_1 weights, its LM head the GGUF's Q8_0 embedding (the
 # group without the head: 156 s here; Llama-3.2-1B's four-layer bf16 one, 55 arguments, lowered by hand in 253 s at

@@ -91,6 +91,10 @@ CASES = [(p, None) for p in programs_for_model(SMALL, (16, 32)) if not p.name.en
       for weights in ("bf16", "q4_1") for final in (False, True)],
     *[(decode_layers_program(2, 256, 256, 512, EPS, 4, 2, 64, 128, EPS, weights, True, (512, 2 * EPS, head)), None)
       for weights, head in (("bf16", "bf16"), ("q4_1", "q8_0"))],
+    # a group that starts with its first layer's rms_gemv_rope (_qkv), whose attention reads the query it made
+    (decode_layers_program(2, 256, 256, 512, EPS, 4, 2, 64, 128, EPS, first_qkv=True), None),
+    (decode_layers_program(2, 256, 256, 512, EPS, 4, 2, 64, 128, EPS, "q4_1", True, (512, 2 * EPS, "q8_0"),
+                           first_qkv=True), None),
 ]
 
 

@@ -102,6 +102,10 @@ def test_decode_groups_fit_the_argument_limit_up_to_four_layers():
         sizes = [len(decode_layers_program(n, 2048, 2048, 8192, 1e-5, 32, 8, 64, 2048, 1e-5, weights).args)
                  for n in DECODE_GROUP_SIZES]
         assert sizes == [34, 45, 56] and max(sizes) <= MAX_KERNEL_ARGS
+        # a group that starts with its first layer's Q/K/V: three weights and two K/V rows more, no q
+        leading = [len(decode_layers_program(n, 2048, 2048, 8192, 1e-5, 32, 8, 64, 2048, 1e-5, weights,
+                                             first_qkv=True).args) for n in DECODE_GROUP_SIZES]
+        assert leading == [39, 50, 61] and max(leading) <= MAX_KERNEL_ARGS
     with pytest.raises(ValueError, match="a decode group chains 2, 3, 4 layers, got 5"):
         decode_layers_program(5, 2048, 2048, 8192, 1e-5, 32, 8, 64, 2048, 1e-5)
 

@@ -62,13 +62,18 @@ def group_cases(config, cases, g):
         final_norm_w = (1.0 + 0.1 * torch.randn(hidden, generator=g)).bfloat16()
         w_lm = (torch.randn(vocab, hidden, generator=g) * hidden ** -0.5).bfloat16()
         head = [final_norm_w, _packed(w_lm) if suffix else w_lm]
+        # a _qkv group's first layer's own norm and Q/K/V weights, in place of its q
+        _, *first, _ = decode_qkv_args(hidden, *CONFIGS[config][1:4], gen=g)
+        first = [first[0], *map(_packed, first[1:])] if suffix else first
         for n in DECODE_GROUP_SIZES:
             more = [t for _ in range(n - 1) for t in group_layer_tensors(config, g, bool(suffix))]
             for final in ("", "_final", "_final_lm"):
-                name = f"decode_layers{n}{final}{suffix}"
-                out[name] = (list(tensors) + (more[:-3] if final else more) + (head if final == "_final_lm" else []),
-                             scalars[:3] + (3 * EPS,) + scalars[3:] + scalars[3:] if final == "_final_lm" else scalars,
-                             reference.DECODE_GROUP_REFERENCES[name])
+                layers = list(tensors) + (more[:-3] if final else more) + (head if final == "_final_lm" else [])
+                group_scalars = (scalars[:3] + (3 * EPS,) + scalars[3:] + scalars[3:] if final == "_final_lm"
+                                 else scalars)
+                for qkv, group_tensors in (("", layers), ("_qkv", first + layers[1:])):
+                    name = f"decode_layers{n}{qkv}{final}{suffix}"
+                    out[name] = (group_tensors, group_scalars, reference.DECODE_GROUP_REFERENCES[name])
     return out
 
 
@@ -331,14 +336,18 @@ def _in_state(tensor: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("name", ["decode_layers3", "decode_layers2_packed", "decode_layers3_final",
-                                  "decode_layers2_final_packed"])
+                                  "decode_layers2_final_packed", "decode_layers3_qkv",
+                                  "decode_layers2_qkv_final_packed"])
 def test_a_group_into_the_caches_is_its_layers_one_run_each_bit_for_bit(runtime, name):
     """A decode group whose K/V rows go into the next layers' caches at the last position (``.into``) gives what
     its layers give as decode_attn_o_gemv_ffn_rms_gemv_rope(.into) one run each (a _final group's last layer as
-    decode_attn_o_gemv_ffn): every layer after the first attends over the row the layer before it wrote in the same
-    run. Rows bound elsewhere (plain tensors) leave the caches as given, and the results differ: the check can
-    fail."""
+    decode_attn_o_gemv_ffn; a _qkv group's first layer after rms_gemv_rope.into onto its own cache): every layer
+    attends over the row the run wrote before it. Rows bound elsewhere (plain tensors) leave the caches as given,
+    and the results differ: the check can fail."""
     tensors, scalars, _ = op_cases("odd")[name]
+    first_qkv = "_qkv" in name
+    if first_qkv:  # the first layer's own norm and Q/K/V weights, then the group's tensors but q
+        first_weights, tensors = tensors[:3], [None, *tensors[3:]]
     layers, first, per_layer = int(name[len("decode_layers")]), 13, 9
     final, packed = "_final" in name, name.endswith("_packed")
     q, length, x, lut = tensors[0], tensors[3], tensors[5], tensors[12]
@@ -362,13 +371,20 @@ def test_a_group_into_the_caches_is_its_layers_one_run_each_bit_for_bit(runtime,
         return [[_in_state(t) for t in own(j % layers)[:2]] for j in range(followed)]
 
     def group(states, targets):
-        args = [q, *states[0], length, own(0)[2], x, *own(0)[3:], lut]
+        args = [*(first_weights if first_qkv else [q]), *states[0], length, own(0)[2], x, *own(0)[3:], lut]
         args += [t for j in range(1, layers) for t in (*states[j], *own(j)[2:])]
         out = INTO[ALL_OPS[name]](*args, *targets, *scalars)
         return (out,) if final else out  # out, and unless the group ends the model the next layer's q
 
+    def own_rows(states):
+        """The rows a _qkv group's first rms_gemv_rope writes: the first layer's own, at the last position."""
+        return [states[0][0][rows - 1], states[0][1][rows - 1]] if first_qkv else []
+
     chain = caches()
     x_chain, q_chain = x, q
+    if first_qkv:
+        q_chain = INTO[ALL_OPS["rms_gemv_rope" + suffix]](x, *first_weights, lut, *own_rows(chain), scalars[2],
+                                                          *scalars[3:])
     for j in range(layers):
         wo, *rest = own(j)[2:]
         if final and j == layers - 1:  # head_dim, eps (and the weight format): not next_eps
@@ -379,22 +395,27 @@ def test_a_group_into_the_caches_is_its_layers_one_run_each_bit_for_bit(runtime,
                                       chain[j + 1][0][rows - 1], chain[j + 1][1][rows - 1], *scalars)
 
     grouped = caches()
-    outs = group(grouped, [row for k, v in grouped[1:] for row in (k[rows - 1], v[rows - 1])])
+    outs = group(grouped, own_rows(grouped) + [row for k, v in grouped[1:] for row in (k[rows - 1], v[rows - 1])])
     assert torch.equal(outs[0], x_chain) and (final or torch.equal(outs[1], q_chain))
     for (k, v), (k_expected, v_expected) in zip(grouped, chain):
         assert torch.equal(k[:rows], k_expected[:rows]) and torch.equal(v[:rows], v_expected[:rows])
 
     apart = caches()
-    assert not torch.equal(group(apart, [torch.zeros_like(k[0]) for k, v in apart[1:] for _ in (k, v)])[0], x_chain)
+    elsewhere = [torch.zeros_like(k[0]) for k, v in (apart if first_qkv else apart[1:]) for _ in (k, v)]
+    assert not torch.equal(group(apart, elsewhere)[0], x_chain)
 
 
-@pytest.mark.parametrize("index, arg", [(1, "k_cache_0"), (4, "wo_0"), (15, "wo_1"), (13, "k_cache_1")])
-def test_a_group_names_the_layers_argument_at_fault(runtime, index, arg):
-    tensors, scalars, _ = op_cases("odd")["decode_layers2"]
+@pytest.mark.parametrize("name, index, arg", [
+    ("decode_layers2", 1, "k_cache_0"), ("decode_layers2", 4, "wo_0"), ("decode_layers2", 15, "wo_1"),
+    ("decode_layers2", 13, "k_cache_1"), ("decode_layers2_qkv", 0, "first_norm_w"),
+    ("decode_layers2_qkv", 1, "first_wqk"), ("decode_layers2_qkv", 3, "k_cache_0"), ("decode_layers2_qkv", 7, "x"),
+    ("decode_layers2_qkv", 14, "next_rope_lut")])
+def test_a_group_names_the_layers_argument_at_fault(runtime, name, index, arg):
+    tensors, scalars, _ = op_cases("odd")[name]
     bad = list(tensors)
     bad[index] = bad[index][:-1]
-    with pytest.raises(ValueError, match=rf"npu2.decode_layers2: argument '{arg}' expected"):
-        ALL_OPS["decode_layers2"](*bad, *scalars)
+    with pytest.raises(ValueError, match=rf"npu2.{name}: argument '{arg}' expected"):
+        ALL_OPS[name](*bad, *scalars)
 
 
 def test_outputs_never_alias_inputs(runtime):

@@ -84,16 +84,16 @@ class _CharTokenizer:
 
 def test_batch_with_left_padding_runs_the_npu2_ops(runtime):
     """Decode attention included: the padded sequence attends on the NPU from its first real row, so both decode
-    layers of each sequence run as one op from the first layer's attention on, the final norm and the LM head with
-    them (decode_layers2_final_lm); the first token's LM head (after the prefill) runs alone."""
+    layers of each sequence run as one op from the first layer's Q/K/V on, the final norm and the LM head with
+    them (decode_layers2_qkv_final_lm); the first token's LM head (after the prefill) runs alone."""
     model = tiny_llama()
     patch_llama(model)
     ids = torch.tensor([[0, 0, 5, 6, 7, 8], [9, 10, 11, 12, 13, 14]])
     mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
     with CountNpu2Calls() as counter:
         model.generate(ids, attention_mask=mask, max_new_tokens=3, min_new_tokens=3, do_sample=False, pad_token_id=0)
-    chained = {"decode_layers2_final_lm"}
-    assert PREFILL_OPS | {"rms_gemv_rope", "lm_head_gemv"} | chained <= set(counter.calls), counter.calls
+    chained = {"decode_layers2_qkv_final_lm"}
+    assert PREFILL_OPS | {"lm_head_gemv"} | chained <= set(counter.calls), counter.calls
     assert "o_gemv_ffn" not in counter.calls  # no layer attended on the host
 
 

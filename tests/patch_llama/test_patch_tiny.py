@@ -49,8 +49,10 @@ def test_layers_and_generation_match_hf(runtime, pair, name):
     report = compare_layers(reference, model, ids)
     assert report.worst().min_cosine >= 0.999, str(report)
     check_topk_gate(*greedy_with_topk(reference, ids, 16), *greedy_with_topk(model, ids, 16), label=name)
-    # the two layers decode in one dispatch with the final norm and LM head (decode_layers2_final_lm)
-    assert runtime.xrt.counters["runs:flash_attn"] >= 2 and runtime.xrt.counters["runs:decode_layers2_final_lm"] >= 2
+    # the two layers decode in one dispatch with the first one's Q/K/V, the final norm and the LM head
+    # (decode_layers2_qkv_final_lm)
+    assert (runtime.xrt.counters["runs:flash_attn"] >= 2
+            and runtime.xrt.counters["runs:decode_layers2_qkv_final_lm"] >= 2)
 
 
 def test_prefill_pads_to_bucket_and_tracks_length(runtime, pair):
@@ -69,30 +71,32 @@ def test_prefill_pads_to_bucket_and_tracks_length(runtime, pair):
 
 
 def decode_runs(layers: int, most: int = DECODE_GROUP_SIZES[-1]) -> list[str]:
-    """The Programs that run the layers from their attention on, in order: runs of up to ``most`` layers, each
-    chaining into the next layer's Q/K/V (npu2.decode_layers<n>, or decode_attn_o_gemv_ffn_rms_gemv_rope for a layer
-    alone) but the last, which ends with the model's last layer: decode_layers<n>_final_lm, which runs the model's
-    final norm and LM head too, or decode_attn_o_gemv_ffn for a last layer alone (the LM head then runs alone)."""
+    """The Programs a decode token runs, in order: runs of up to ``most`` layers, each chaining into the next
+    layer's Q/K/V (npu2.decode_layers<n>, or decode_attn_o_gemv_ffn_rms_gemv_rope for a layer alone) but the last,
+    which ends with the model's last layer: decode_layers<n>_final_lm, which runs the model's final norm and LM head
+    too, or decode_attn_o_gemv_ffn for a last layer alone (the LM head then runs alone). The first run of several
+    layers is a _qkv one (its first layer's Q/K/V too); a first layer alone has rms_gemv_rope run before it."""
     sizes, left = [], layers
     while left:
         sizes.append(min(most, left))
         left -= sizes[-1]
     runs = [f"decode_layers{n}" if n > 1 else "decode_attn_o_gemv_ffn_rms_gemv_rope" for n in sizes[:-1]]
-    return runs + [f"decode_layers{sizes[-1]}_final_lm" if sizes[-1] > 1 else "decode_attn_o_gemv_ffn"]
+    runs += [f"decode_layers{sizes[-1]}_final_lm" if sizes[-1] > 1 else "decode_attn_o_gemv_ffn"]
+    if sizes[0] == 1:
+        return ["rms_gemv_rope", *runs]
+    return [runs[0].replace(f"decode_layers{sizes[0]}", f"decode_layers{sizes[0]}_qkv"), *runs[1:]]
 
 
 @pytest.mark.parametrize("layers", [2, 3, 7])
 def test_one_decode_token_moves_what_architecture_md_says(runtime, layers):
-    """Per decode token of an L-layer model (L ≥ 2), with the NpuKVCache: rms_gemv_rope for the first layer; then
-    every layer from its attention on, up to four in one dispatch, each run chaining into the next layer's Q/K/V
-    but the last, which ends with the model's last layer and runs the final norm and the LM head too
-    (``decode_runs``). No weight bytes, 2 staged host copies (the first layer's input once for each of the two
-    Programs that read it),
-    2A − 1 syncs in place for A runs that attend (each one's q and input: the previous run's output BOs, bound as
-    they are and flushed, never copied), 2 ranged syncs (the step's RoPE LUT row and attention length, written once
-    into buffers every layer binds; the cache slabs are bound as they are and never flushed whole), the new K and V
-    row of every layer written by the NPU into the cache through 2L sub-buffers, never by the host, and one
-    read-back per op output (a K or V row's: just its bytes)."""
+    """Per decode token of an L-layer model (L ≥ 2), with the NpuKVCache: every layer, up to four in one dispatch,
+    the first run starting with the first layer's Q/K/V, each run chaining into the next layer's Q/K/V but the last,
+    which ends with the model's last layer and runs the final norm and the LM head too (``decode_runs``). No weight
+    bytes, 1 staged host copy (the first layer's input), 2(A − 1) syncs in place for A runs (each later one's q and
+    input: the previous run's output BOs, bound as they are and flushed, never copied), 2 ranged syncs (the step's
+    RoPE LUT row and attention length, written once into buffers every layer binds; the cache slabs are bound as
+    they are and never flushed whole), the new K and V row of every layer written by the NPU into the cache through
+    2L sub-buffers, never by the host, and one read-back per op output (a K or V row's: just its bytes)."""
     model = patch_llama(tiny_llama(num_hidden_layers=layers))
     ids = prompt(9)
 
@@ -104,23 +108,21 @@ def test_one_decode_token_moves_what_architecture_md_says(runtime, layers):
     counts(2)  # loads every Program and syncs the weights
     (stats2, xrt2), (stats3, xrt3) = counts(2), counts(3)  # the same prefill; the second decodes one more token
     token, token_xrt = stats3 - stats2, xrt3 - xrt2
-    attending_runs = decode_runs(layers)
-    attending = len(attending_runs)
-    assert token["runs"] == attending + 1
-    runs = Counter({"rms_gemv_rope": 1, **Counter(attending_runs)})
-    assert {k[len("runs:"):]: v for k, v in token_xrt.items() if k.startswith("runs:")} == runs
+    runs = decode_runs(layers)
+    assert token["runs"] == len(runs)
+    assert {k[len("runs:"):]: v for k, v in token_xrt.items() if k.startswith("runs:")} == Counter(runs)
     assert token_xrt["bytes_to_device:weight"] == 0 == xrt3["syncs_to_device:weight"]
-    assert token["host_copies"] == 2
-    assert token["bo_inputs_synced"] == 2 * attending - 1
+    assert token["host_copies"] == 1
+    assert token["bo_inputs_synced"] == 2 * (len(runs) - 1)
     config = model.config
     lut_row_bytes, length_bytes = config.hidden_size // config.num_attention_heads * 2, 4 * 2  # bf16
     assert token["ranged_syncs"] == 2
     assert token["ranged_sync_bytes"] == lut_row_bytes + length_bytes
     assert token["sub_buffers"] == 2 * layers == token_xrt["sub_bos"]
     assert token_xrt["syncs_to_device"] == token["host_copies"] + token["bo_inputs_synced"] + token["ranged_syncs"]
-    # every layer's K and V rows; the first layer's q; out and the next q of every attending run but the last, out,
-    # the final norm and the logits of the last
-    assert token_xrt["syncs_from_device"] == 2 * layers + 1 + 2 * (attending - 1) + 3
+    # every layer's K and V rows; out and the next q of every run but the last, out, the final norm and the logits
+    # of the last
+    assert token_xrt["syncs_from_device"] == 2 * layers + 2 * (len(runs) - 1) + 3
 
 
 def _group_runs(runtime) -> int:
@@ -129,7 +131,7 @@ def _group_runs(runtime) -> int:
 
 @pytest.mark.compat
 def test_decode_groups_give_the_layer_by_layer_logits_bit_for_bit(runtime):
-    """Seven layers decode as rms_gemv_rope, decode_layers4 and decode_layers3_final_lm per token; the
+    """Seven layers decode as decode_layers4_qkv and decode_layers3_final_lm per token; the
     logits are those of the layers one dispatch each, bit for bit (strict coherency). A forward hook on a layer
     (anything may read its output) keeps that layer out of every group: with one on each, no group runs."""
     model = patch_llama(tiny_llama(num_hidden_layers=7))
@@ -177,7 +179,7 @@ def test_any_code_that_may_see_a_layers_output_keeps_it_out_of_groups(runtime, h
         return decode_runs_and_logits(runtime, model, ids, lambda name: name.startswith("decode_layers"))
 
     groups, expected = decode()
-    assert groups == {"decode_layers4": 2}  # layers 0-3, in each of the two decode steps (layer 4 alone)
+    assert groups == {"decode_layers4_qkv": 2}  # layers 0-3, in each of the two decode steps (layer 4 alone)
     layer = model.model.layers[2]
     if hook == "global":
         handle = torch.nn.modules.module.register_module_forward_hook(lambda module, args, out: None)
@@ -194,7 +196,7 @@ def test_any_code_that_may_see_a_layers_output_keeps_it_out_of_groups(runtime, h
         else:
             handle.remove()
     # with a hook on layer 2: layers 0-1 in one dispatch, layer 2 on its own, layers 3-4 in one
-    assert groups == ({} if hook == "global" else {"decode_layers2": 2, "decode_layers2_final_lm": 2})
+    assert groups == ({} if hook == "global" else {"decode_layers2_qkv": 2, "decode_layers2_final_lm": 2})
     assert torch.equal(logits, expected)
 
 
@@ -211,7 +213,7 @@ def test_a_hook_on_the_final_norm_or_the_lm_head_keeps_them_out_of_the_last_grou
         return decode_runs_and_logits(runtime, model, ids,
                                       lambda name: name.startswith("decode_layers") or name == "lm_head_gemv")
 
-    joined = {"decode_layers3_final_lm": 2, "lm_head_gemv": 1}  # the prefill's token has its LM head alone
+    joined = {"decode_layers3_qkv_final_lm": 2, "lm_head_gemv": 1}  # the prefill's token has its LM head alone
     runs, expected = decode()
     assert runs == joined
     seen = []
@@ -221,15 +223,17 @@ def test_a_hook_on_the_final_norm_or_the_lm_head_keeps_them_out_of_the_last_grou
         runs, logits = decode()
     finally:
         handle.remove()
-    assert runs == {"decode_layers3_final": 2, "lm_head_gemv": 3} and len(seen) == 3
+    assert runs == {"decode_layers3_qkv_final": 2, "lm_head_gemv": 3} and len(seen) == 3
     assert torch.equal(logits, expected)
     assert decode()[0] == joined
 
 
 @pytest.mark.parametrize("most, runs", [(1, {"decode_attn_o_gemv_ffn_rms_gemv_rope": 6, "decode_attn_o_gemv_ffn": 1}),
-                                        (2, {"decode_layers2": 3, "decode_attn_o_gemv_ffn": 1}),
-                                        (3, {"decode_layers3": 2, "decode_attn_o_gemv_ffn": 1}),
-                                        (4, {"decode_layers4": 1, "decode_layers3_final_lm": 1})])
+                                        (2, {"decode_layers2_qkv": 1, "decode_layers2": 2,
+                                             "decode_attn_o_gemv_ffn": 1}),
+                                        (3, {"decode_layers3_qkv": 1, "decode_layers3": 1,
+                                             "decode_attn_o_gemv_ffn": 1}),
+                                        (4, {"decode_layers4_qkv": 1, "decode_layers3_final_lm": 1})])
 def test_decode_layers_per_dispatch_caps_the_groups(runtime, most, runs):
     """patch_llama(decode_layers_per_dispatch=n) runs at most n layers per decode dispatch (1: each on its own)."""
     model = patch_llama(tiny_llama(num_hidden_layers=7), decode_layers_per_dispatch=most)
@@ -351,9 +355,10 @@ def test_a_batch_decodes_over_every_sequences_cache_in_place(runtime, padded, la
 
 @pytest.mark.parametrize("edit", [None, "in_place", "replaced", "reordered"])
 def test_chained_decode_layers_match_unchained_ones_and_see_hook_edits(runtime, edit):
-    """A decode layer runs the next layer's rms_gemv_rope in its own dispatch; the logits are bit-identical to
-    layers that do not chain. A forward hook on layer 0 that edits its output (in place, or by returning a new
-    tensor) makes layer 1 recompute from the edited state (layer 2 still takes layer 1's chained results);
+    """A decode layer runs the next layer's rms_gemv_rope in its own dispatch, and the first layer's runs in the
+    group it leads; the logits are bit-identical to layers that do not chain (each its own rms_gemv_rope). A forward
+    hook on layer 0 that edits its output (in place, or by returning a new tensor) keeps it out of groups (its
+    rms_gemv_rope runs alone) and makes layer 1 recompute from the edited state, in the group it leads with layer 2;
     layers reordered after patching each compute their own."""
     def halve(module, args, output):
         if edit == "in_place":
@@ -378,7 +383,7 @@ def test_chained_decode_layers_match_unchained_ones_and_see_hook_edits(runtime, 
         runs.append((runtime.xrt.counters - before)["runs:rms_gemv_rope"])
     assert torch.equal(logits[0], logits[1])
     decode_steps = 3  # 4 new tokens: the first comes from the prefill
-    assert runs == [decode_steps * {None: 1, "in_place": 2, "replaced": 2, "reordered": 3}[edit], decode_steps * 3]
+    assert runs == [decode_steps * {None: 0, "in_place": 1, "replaced": 1, "reordered": 3}[edit], decode_steps * 3]
 
 
 def test_prompt_longer_than_largest_bucket_is_chunked(runtime, pair):

@@ -55,9 +55,10 @@ def all_prompts(tokenizer):
 
 def lm_head_runs(runtime, suffix: str = "") -> int:
     """Runs of the LM head: alone (lm_head_gemv, a prefill's token) or with the last decode group (a decode token's:
-    decode_layers<n>_final_lm)."""
+    decode_layers<n>[_qkv]_final_lm)."""
+    grouped = rf"runs:decode_layers\d(_qkv)?_final_lm{suffix}"
     return sum(v for k, v in runtime.xrt.counters.items()
-               if k == f"runs:lm_head_gemv{suffix}" or re.fullmatch(rf"runs:decode_layers\d_final_lm{suffix}", k))
+               if k == f"runs:lm_head_gemv{suffix}" or re.fullmatch(grouped, k))
 
 
 def test_topk_gate_on_varied_prompts(smollm2):
