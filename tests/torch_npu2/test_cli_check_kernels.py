@@ -29,7 +29,8 @@ def small_model(tmp_path, monkeypatch):
 def test_check_kernels_prints_one_row_per_program(air_tools, small_model, capsys):
     assert main(["check-kernels", "--model", str(small_model)]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"^rms_gemv_rope +\w+ +\d\.\d+e-\d+ +(0\.99\d+|1\.0+) +\d+\.\ds  ok$", out, re.M), out
+    # an exact match prints 0.000e+00 (seen where the host build's and torch's bf16 rounding agreed everywhere)
+    assert re.search(r"^rms_gemv_rope +\w+ +\d\.\d+e[-+]\d+ +(0\.99\d+|1\.0+) +\d+\.\ds  ok$", out, re.M), out
     assert re.search(r"^lm_head_gemv +logits .* ok$", out, re.M), out
     assert re.search(r"^rms_gemms_rope_w8x2_\d+ +\w+ .* ok$", out, re.M), out
     assert "3 of 3 Programs match the emulator" in out
