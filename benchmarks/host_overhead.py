@@ -52,6 +52,7 @@ SETTINGS = {
 }
 TARGET_MS = 1.5
 FLAT_RATIO = 1.15  # issue 25: the longest context's token at most this many times the shortest's
+DISPATCH_TARGET = 2  # issue 25: dispatches per decode token of the whole model
 CACHES = ("npu", "hf")  # the patched model's NpuKVCache, HF's DynamicCache
 HOST_THREADS = 1
 BATCH = 2  # prompts in the batch also measured: of one length, then all but the first left-padded
@@ -396,6 +397,28 @@ def plot(report: dict, path) -> None:
     common.save_figure(fig, path)
 
 
+def issue_targets(report: dict) -> list[dict]:
+    """Issue 25's targets, met or missed, from a ``host_report``: host time per decode token at each context, the
+    longest context's over the shortest's, and dispatches per decode token."""
+    contexts = report["contexts"]
+    shortest, longest = contexts[0], contexts[-1]
+    targets = [common.target(
+        f"host time per decode token incl. host attention, NpuKVCache, 1B shape, context {c['context_tokens']}",
+        f"≤ {TARGET_MS} ms", f"{c['token_ms']:.2f} ms", c["token_ms"] <= TARGET_MS) for c in contexts]
+    if longest is not shortest:
+        ratio = longest["token_ms"] / shortest["token_ms"]
+        targets.append(common.target(
+            f"host time per decode token, context {longest['context_tokens']} over context "
+            f"{shortest['context_tokens']}", f"≤ {FLAT_RATIO}", f"{ratio:.2f}", ratio <= FLAT_RATIO))
+    # every forward of a measured generate() is a decode-shaped step: the first feeds the prompt's last token
+    counts = shortest["per_generate_counts"]
+    dispatches = counts["runs"] / (counts["decode_steps"] + counts["first_forward_tokens"])
+    targets.append(common.target(
+        "dispatches per decode token, NpuKVCache, 1B shape (issue 25: ≤ 2, or what a run's 64-argument limit allows)",
+        f"≤ {DISPATCH_TARGET}", f"{dispatches:g}", dispatches <= DISPATCH_TARGET))
+    return targets
+
+
 def run(mode: str, out_dir, log=print) -> dict:
     started = time.perf_counter()
     settings = SETTINGS[mode]
@@ -403,15 +426,7 @@ def run(mode: str, out_dir, log=print) -> dict:
     report = host_report(common.llama_1b(), **settings, log=log)
     worst = max(report["contexts"], key=lambda c: c["host_overhead_ms"])
     shortest = report["contexts"][0]
-    targets = [common.target(
-        f"host time per decode token incl. host attention, NpuKVCache, 1B shape, context {c['context_tokens']}",
-        f"≤ {TARGET_MS} ms", f"{c['token_ms']:.2f} ms", c["token_ms"] <= TARGET_MS) for c in report["contexts"]]
-    longest = report["contexts"][-1]
-    if longest is not shortest:
-        ratio = longest["token_ms"] / shortest["token_ms"]
-        targets.append(common.target(
-            f"host time per decode token, context {longest['context_tokens']} over context "
-            f"{shortest['context_tokens']}", f"≤ {FLAT_RATIO}", f"{ratio:.2f}", ratio <= FLAT_RATIO))
+    targets = issue_targets(report)
     log(f"host: overhead {shortest['host_overhead_ms']:.2f} ms/token at context {shortest['context_tokens']}, "
         f"worst {worst['host_overhead_ms']:.2f} ms; bare dispatch {report['dispatch']['library_dispatch_us']:.1f} µs")
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -59,6 +59,19 @@ def test_report_is_json_with_the_expected_fields(report):
     assert data["hf_framework"]["token_ms"] > 0
 
 
+def test_issue_targets_count_the_dispatches_per_decode_token(report):
+    """The tiny model's two layers and LM head decode in one dispatch per token (decode_layers2_qkv_final_lm): the
+    dispatch target is met; five dispatches per token would miss it."""
+    targets = host_overhead.issue_targets(report)
+    assert len(targets) == 2 + 1 + 1  # two contexts, their ratio, the dispatches
+    dispatch = targets[-1]
+    assert dispatch["measured"] == "1" and dispatch["met"]
+    counts = report["contexts"][0]["per_generate_counts"]
+    more = {**report, "contexts": [{**report["contexts"][0],
+                                    "per_generate_counts": {**counts, "runs": 5 * counts["runs"]}}]}
+    assert host_overhead.issue_targets(more)[-1]["measured"] == "5" and not host_overhead.issue_targets(more)[-1]["met"]
+
+
 def test_each_run_starts_from_the_filled_cache(report):
     """The cache is cropped back between runs: every run decodes at the context it is labelled with."""
     from benchmarks.host_overhead import _rewound, filled_cache
