@@ -183,6 +183,8 @@ def _decode_layers(layers: int, ends_model: bool = False, lm_head: bool = False,
                 one = _decode_attn_o_gemv_ffn_rms_gemv_rope_packed(shapes[:_GROUP_FIRST], head_dim, eps, next_eps,
                                                                    weights)
         except BadArgument as exc:  # the first layer's own arguments are suffixed _0 in the group
+            if exc.arg == "q" and first_qkv:  # the q made from first_wqk's rows: not an argument of the op
+                raise BadArgument("first_wqk", exc.expected, exc.given) from None
             shared = exc.arg in ("q", "x", "length", "next_rope_lut")
             raise BadArgument(exc.arg if shared else exc.arg + "_0", exc.expected, exc.given) from None
         p = dict(one.params)

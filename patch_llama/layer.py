@@ -12,7 +12,8 @@ caches it attends over HF's tensors on the host (``_host_attention``).
 In decode, a layer followed by another runs o_gemv_ffn_rms_gemv_rope instead of o_gemv_ffn: the next
 layer's rms_gemv_rope in the same dispatch, on this layer's output. The next layer takes those results
 only if the hidden state it is handed is that output, unmodified, at the same positions; otherwise (a
-hook replaced or edited it, layers were reordered) it runs rms_gemv_rope itself.
+hook replaced or edited it, layers were reordered) it runs rms_gemv_rope itself: at the head of the decode group
+it leads with the layers after it (npu2.decode_layers<n>_qkv, ``NpuDecoderLayer._qkv_group``), else alone.
 """
 from __future__ import annotations
 
@@ -780,7 +781,8 @@ class NpuDecoderLayer:
         no layer's length moved."""
         following, batch = self.next_layer, len(inputs)
         if (following is None or self.qkv_biases or self.shared.decode_group < 2
-                or (following.packed is None) != (self.packed is None) or self.eps_attn != following.eps_attn):
+                or (following.packed is None) != (self.packed is None) or self.eps_attn != following.eps_attn
+                or sees_layer_outputs(self.module, self)):
             return None
         position, own_rows = _cache_rows(slabs, batch)
         length, memos = position + 1, self.shared.memos

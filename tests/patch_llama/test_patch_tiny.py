@@ -249,6 +249,24 @@ def test_decode_layers_per_dispatch_caps_the_groups(runtime, most, runs):
     assert {k[len("runs:"):]: n for k, n in token.items() if k.startswith("runs:decode_")} == runs
 
 
+def test_a_first_layer_normalized_with_another_eps_projects_its_qkv_alone(runtime):
+    """A _qkv group normalizes its first layer's input with the group's next_eps: a first layer whose input norm has
+    another eps runs rms_gemv_rope alone, then the group from its attention on, and gives the logits of the layers
+    one per dispatch; with the eps alike, the group takes its Q/K/V again."""
+    ids = prompt(9)
+
+    def decode(most, eps):
+        model = patch_llama(tiny_llama(num_hidden_layers=3), decode_layers_per_dispatch=most)
+        model.model.layers[0].input_layernorm.variance_epsilon = eps
+        return decode_runs_and_logits(runtime, model, ids, lambda name: name.startswith(("decode_", "rms_gemv")))
+
+    eps = tiny_llama().config.rms_norm_eps
+    runs, logits = decode(4, 3 * eps)
+    assert runs == {"rms_gemv_rope": 2, "decode_layers3_final_lm": 2}
+    assert torch.equal(logits, decode(1, 3 * eps)[1])
+    assert decode(4, eps)[0] == {"decode_layers3_qkv_final_lm": 2}
+
+
 @pytest.mark.parametrize("most", [0, 5, 2.0, True, "4"])
 def test_a_bad_decode_layers_per_dispatch_is_refused_before_the_model_is_touched(most):
     model = tiny_llama()
