@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import int_gemm
-from .program import Arg, CompileOptions, Launch, Program, Role
+from .device import DEVICE
+from .program import DTYPE_BYTES, Arg, CompileOptions, Launch, Program, Role, View
 from .quant import FORMATS, weight_format
 
 W, I, S, O = Role.WEIGHT, Role.INPUT, Role.SCRATCH, Role.OUTPUT
@@ -749,8 +750,30 @@ def decode_layers_program(layers: int, hidden: int, q_dim: int, intermediate: in
         launches += (_launch("rmsnorm", ["out", "final_norm_w"], ["final_normed"], rows=1, cols=hidden, eps=final_eps),
                      *(Launch(l.kind, l.params, tuple("final_normed" if n == "x" else n for n in l.reads), l.writes)
                        for l in head.launches))
-    return Program(name=_decode_name(name, weights), params=params, args=tuple(args), launches=launches,
-                   compile_options=DECODE_OPTIONS)
+    return _scratch_in_arena(Program(name=_decode_name(name, weights), params=params, args=tuple(args),
+                                     launches=launches, compile_options=DECODE_OPTIONS))
+
+
+def _scratch_in_arena(program: Program) -> Program:
+    """``program`` with its device-only scratches as views of one scratch argument per dtype (``scratch_<dtype>``,
+    where the first of them was): a decode group's seven bf16 scratches take one of the ELF's argument slots
+    (MAX_KERNEL_ARGS), not seven. Each view starts at a whole DMA word."""
+    scratches = [a for a in program.args if a.role is S]
+    views, ends = [], {}
+    for arg in scratches:
+        align = DEVICE.dma_word_bytes // DTYPE_BYTES[arg.dtype] or 1
+        start = -(-ends.get(arg.dtype, 0) // align) * align
+        views.append(View(arg.name, f"scratch_{arg.dtype}", start, arg.shape, arg.dtype))
+        ends[arg.dtype] = start + arg.numel
+    args, placed = [], set()
+    for arg in program.args:
+        if arg.role is not S:
+            args.append(arg)
+        elif arg.dtype not in placed:
+            placed.add(arg.dtype)
+            args.append(Arg(f"scratch_{arg.dtype}", (ends[arg.dtype],), arg.dtype, S))
+    return Program(program.name, tuple(args), program.launches, program.params, program.compile_options,
+                   tuple(views))
 
 
 # A patched model's LM head holds its weight rows padded with zero rows to a multiple of this (``lm_head_rows``), so

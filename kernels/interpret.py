@@ -759,8 +759,14 @@ def run_program_ir(program: Program, inputs: dict[str, torch.Tensor], text: str 
     stitched = stitched or stitch(program)
     text = text if text is not None else canonical_text(program, stitched)
     buffers = Interpreter(text, stitched.objects).run(program.name, [inputs.get(a.name) for a in program.args])
-    for arg, buffer in zip(program.args, buffers):
-        if arg.role in (Role.SCRATCH, Role.OUTPUT) and not bool(buffer.written.all()):
-            raise UnwrittenOutput(f"{program.name}: {int((~buffer.written).sum())} of {buffer.numel} elements of "
+    values = {a.name: (b.data.reshape(b.shape), b.written) for a, b in zip(program.args, buffers)}
+    for view in program.views:  # its region of the arena (whose gaps between views nothing writes)
+        data, written = values[view.arena]
+        numel = program.arg(view.name).numel
+        values[view.name] = (data[view.offset: view.offset + numel], written[view.offset: view.offset + numel])
+    for arg in program.buffers:
+        written = values[arg.name][1]
+        if arg.role in (Role.SCRATCH, Role.OUTPUT) and not bool(written.all()):
+            raise UnwrittenOutput(f"{program.name}: {int((~written).sum())} of {written.numel()} elements of "
                                   f"{arg.role.value} {arg.name!r} were never written")
-    return {a.name: b.data.reshape(b.shape) for a, b in zip(program.args, buffers)}
+    return {name: data.reshape(program.arg(name).shape) for name, (data, _) in values.items()}

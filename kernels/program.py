@@ -15,6 +15,8 @@ from functools import cached_property
 
 import torch
 
+from .device import DEVICE
+
 # "i32": 32-bit words, the dtype of packed block-quantized weights (kernels/quant.py): their rows are whole words,
 # and DMAs of words keep a BD dimension within its 512-element wrap where bytes would not (a 640-byte row chunk).
 DTYPE_BYTES = {"bf16": 2, "f32": 4, "i32": 4}
@@ -57,6 +59,20 @@ class Arg:
     @cached_property
     def nbytes(self) -> int:
         return self.numel * DTYPE_BYTES[self.dtype]
+
+
+@dataclass(frozen=True)
+class View:
+    """A named region of an arena argument that launches read and write as if it were an argument of its own: the
+    ``numel(shape)`` elements from element ``offset`` of ``arena`` (same dtype), its role the arena's. Many buffers
+    then take one of the ELF's argument slots (MAX_KERNEL_ARGS); the builders address a view's DMAs inside the
+    arena (kernels/builders/ir.py, ``MemRef.arena``)."""
+
+    name: str
+    arena: str
+    offset: int
+    shape: tuple[int, ...]
+    dtype: str
 
 
 @dataclass(frozen=True)
@@ -145,15 +161,19 @@ class Program:
     launches: tuple[Launch, ...]
     params: tuple[tuple[str, object], ...] = field(default=())
     compile_options: CompileOptions = field(default=CompileOptions())
+    views: tuple[View, ...] = field(default=())
 
     def __post_init__(self):
         names = [a.name for a in self.args]
         if len(names) > MAX_KERNEL_ARGS:
             raise ValueError(f"Program {self.name}: {len(names)} arguments, more than the {MAX_KERNEL_ARGS} buffers "
                              "one run may bind")
-        if len(set(names)) != len(names):
-            raise ValueError(f"Program {self.name}: duplicate argument names in {names}")
-        known = set(names)
+        if len(set(names + [v.name for v in self.views])) != len(names) + len(self.views):
+            raise ValueError(f"Program {self.name}: duplicate argument or view names in "
+                             f"{names + [v.name for v in self.views]}")
+        self._check_views()
+        arenas = {v.arena for v in self.views}
+        known = set(names + [v.name for v in self.views]) - arenas  # launches use an arena through its views
         written: set[str] = set()
         for i, launch in enumerate(self.launches):
             for n in launch.reads + launch.writes:
@@ -167,19 +187,58 @@ class Program:
                 if self.arg(n).role in (Role.WEIGHT, Role.INPUT):
                     raise ValueError(f"Program {self.name}: launch {i} ({launch.kind}) writes {self.arg(n).role.value} {n!r}")
             written.update(launch.writes)
-        for a in self.args:
+        for a in self.buffers:
             if a.role in (Role.SCRATCH, Role.OUTPUT) and a.name not in written:
                 raise ValueError(f"Program {self.name}: {a.role.value} {a.name!r} is never written")
 
+    def _check_views(self) -> None:
+        args = {a.name: a for a in self.args}
+        taken: dict[str, list[tuple[int, int, str]]] = {}
+        for v in self.views:
+            arena = args.get(v.arena)
+            if arena is None:
+                raise ValueError(f"Program {self.name}: view {v.name!r} is in {v.arena!r}, which is no argument")
+            if len(arena.shape) != 1 or v.dtype != arena.dtype or arena.role is not Role.SCRATCH:
+                raise ValueError(f"Program {self.name}: view {v.name!r}'s arena {v.arena!r} must be a 1-D scratch "
+                                 f"argument of its dtype {v.dtype}, got {arena.role.value} {arena.dtype} "
+                                 f"{arena.shape}")
+            numel = Arg(v.name, v.shape, v.dtype, arena.role).numel
+            word = DEVICE.dma_word_bytes  # a shim DMA's base address is a whole word
+            if v.offset < 0 or v.offset * DTYPE_BYTES[v.dtype] % word or v.offset + numel > arena.numel:
+                raise ValueError(f"Program {self.name}: view {v.name!r} ({numel} elements at {v.offset}) must start "
+                                 f"at a multiple of {word} bytes inside {v.arena!r} ({arena.numel} elements)")
+            taken.setdefault(v.arena, []).append((v.offset, v.offset + numel, v.name))
+        for arena, spans in taken.items():
+            spans.sort()
+            for (_, end, first), (start, _, second) in zip(spans, spans[1:]):
+                if start < end:
+                    raise ValueError(f"Program {self.name}: views {first!r} and {second!r} overlap in {arena!r}")
+
     def arg(self, name: str) -> Arg:
+        """The argument, or the view (as an Arg of its arena's role), called ``name``."""
         return self._by_name[name]
+
+    @cached_property
+    def buffers(self) -> tuple[Arg, ...]:
+        """What launches read and write by name: the arguments that hold no views, then the views (as Args)."""
+        arenas = {v.arena for v in self.views}
+        return (*(a for a in self.args if a.name not in arenas),
+                *(Arg(v.name, v.shape, v.dtype, self._by_name[v.name].role) for v in self.views))
+
+    def view(self, name: str) -> View | None:
+        return self._views.get(name)
+
+    @cached_property
+    def _views(self) -> dict[str, View]:
+        return {v.name: v for v in self.views}
 
     def index(self, name: str) -> int:
         return self._index[name]
 
     @cached_property
     def _by_name(self) -> dict[str, Arg]:
-        return {a.name: a for a in self.args}
+        args = {a.name: a for a in self.args}
+        return {**args, **{v.name: Arg(v.name, v.shape, v.dtype, args[v.arena].role) for v in self.views}}
 
     @cached_property
     def _index(self) -> dict[str, int]:
@@ -207,6 +266,8 @@ class Program:
                 for l in self.launches
             ],
             "compile_options": self.compile_options.to_json(),
+            **({"views": [{"name": v.name, "arena": v.arena, "offset": v.offset, "shape": list(v.shape),
+                           "dtype": v.dtype} for v in self.views]} if self.views else {}),
         }
 
     @classmethod
@@ -220,6 +281,8 @@ class Program:
                 for l in data["launches"]
             ),
             compile_options=CompileOptions.from_json(data["compile_options"]),
+            views=tuple(View(v["name"], v["arena"], v["offset"], tuple(v["shape"]), v["dtype"])
+                        for v in data.get("views", ())),
         )
 
     @cached_property

@@ -156,7 +156,8 @@ def stitch(program: Program, tuning: dict[int, dict] | None = None) -> StitchedM
         dmas += ir.dmas
         symbols, objects = variants.assign(ir.externs)
         prefix = LAUNCH_PREFIX.format(index=index)
-        text = _rename(ir.text, prefix, list(launch.reads + launch.writes), symbols, objects)
+        operands = [view.arena if (view := program.view(n)) else n for n in launch.reads + launch.writes]
+        text = _rename(ir.text, prefix, operands, symbols, objects)
         bodies.append((_describe(index, launch), text))
 
     arg_types = [MemRef(tuple(a.shape), a.dtype) for a in program.args]

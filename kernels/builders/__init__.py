@@ -62,7 +62,13 @@ BUILDERS = {builder.kind: builder for builder in (
 
 
 def operand_types(program: Program, launch: Launch) -> list[MemRef]:
-    return [MemRef(tuple(program.arg(n).shape), program.arg(n).dtype) for n in launch.reads + launch.writes]
+    """The launch's operands (reads then writes) as L3 memrefs; a view's carries its place in its arena."""
+    types = []
+    for name in launch.reads + launch.writes:
+        arg, view = program.arg(name), program.view(name)
+        arena = None if view is None else (program.arg(view.arena).numel, view.offset)
+        types.append(MemRef(tuple(arg.shape), arg.dtype, arena=arena))
+    return types
 
 
 def build_launch(program: Program, launch: Launch, tuning: dict | None = None) -> LaunchIR:

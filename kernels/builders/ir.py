@@ -32,8 +32,13 @@ class MemRef:
     dtype: str
     space: int = L3
     layout: str = ""  # e.g. "strided<[64, 1], offset: ?>" for a subview
+    # (arena elements, element offset) for a Program view (kernels/program.py, View): the builder plans with the
+    # view's shape, the text types it as its 1-D arena argument and LaunchBuilder.dma moves its windows there
+    arena: tuple[int, int] | None = None
 
     def __str__(self) -> str:
+        if self.arena is not None:
+            return f"memref<{self.arena[0]}x{self.dtype}>"
         parts = ["x".join(str(d) for d in self.shape) + "x" + self.dtype if self.shape else self.dtype]
         if self.layout:
             parts.append(self.layout)
@@ -129,6 +134,10 @@ def extern_declaration(symbol: str, arg_types, object_name: str) -> str:
 def float_literal(value: float) -> str:
     """An MLIR float literal: MLIR needs the '.', and ten significant digits round-trip any f32."""
     return f"{float(value):.9e}"
+
+
+def _row_major(shape) -> tuple[int, ...]:
+    return tuple(math.prod(shape[d + 1:]) for d in range(len(shape)))
 
 
 def _strided_layout(shape: tuple[int, ...], keep: int) -> str:
@@ -257,6 +266,7 @@ class LaunchBuilder:
         if dst.type.dtype != src.type.dtype:
             raise ValueError(f"{self.kind} DMA: cannot convert {src.type.dtype} to {dst.type.dtype}")
         sides = []
+        dst_window, src_window = self._in_arena(dst.type, dst_window), self._in_arena(src.type, src_window)
         for value, window in ((dst, dst_window), (src, src_window)):
             if not len(window.offsets) == len(window.sizes) == len(window.strides):
                 raise ValueError(f"{self.kind} DMA: window {window} needs as many offsets, sizes and strides")
@@ -265,6 +275,26 @@ class LaunchBuilder:
             sides.append(value.ssa + " ".join(f"[{', '.join(values)}]" for values in lists))
         self.emit(f"air.dma_memcpy_nd ({sides[0]}, {sides[1]}) : ({dst.type}, {src.type})")
         self._dmas.append(Dma(dst_window, src_window))
+
+    def _in_arena(self, ref, window: Window) -> Window:
+        """``window`` of a view (``ref.arena``) as the same elements of its arena: the view's start added to the
+        offset of a dimension whose stride divides it (the innermost, stride 1, for any view the Program allows).
+        A memref.reinterpret_cast of the arena would say the same to air-opt, but mlir-aie (c668d2cb) drops a
+        cast's offset when it lowers a runtime sequence's BDs to NPU instructions: every view would read the
+        arena's start (tests/kernels/test_air_pipeline.py lowers a view and finds its offset in the instructions)."""
+        if not isinstance(ref, MemRef) or ref.arena is None:
+            return window
+        if not window.sizes:
+            window = Window((0,) * len(ref.shape), ref.shape, _row_major(ref.shape))
+        start = ref.arena[1]
+        for dim in reversed(range(len(window.strides))):
+            stride = window.strides[dim]
+            if start % stride == 0:
+                offset, shift = window.offsets[dim], start // stride
+                moved = offset + shift if isinstance(offset, int) else self.affine(f"s0 + {shift}", [offset], "at")
+                return Window(window.offsets[:dim] + (moved,) + window.offsets[dim + 1:], window.sizes,
+                              window.strides)
+        raise ValueError(f"{self.kind} DMA: no stride of {window} divides its view's start {start} in its arena")
 
     def broadcast_dma(self, dst: Value, dst_window: Window, src: Value, src_window: Window) -> None:
         """A copy every tile of a herd makes alike (AIR turns it into one broadcast stream), before a loop.

@@ -1,6 +1,7 @@
 """aircc's npu2 flow replayed with the real AIR binaries: the pass pipelines, every Program lowered to NPU
 instructions for SmolLM2-135M and Llama-3.2-1B dims, and failures that name the pass."""
 import dataclasses
+import re
 
 import pytest
 
@@ -10,7 +11,7 @@ from torch_npu2.kernels.air_pipeline import (TIMEOUT_VARIABLE, CompileError, air
 from torch_npu2.kernels.budgets import program_l1
 from torch_npu2.kernels.builders.npu2 import L1_AVAILABLE
 from torch_npu2.kernels.device import DEVICE
-from torch_npu2.kernels.program import Arg, CompileOptions, Launch, Program, Role
+from torch_npu2.kernels.program import Arg, CompileOptions, Launch, Program, Role, View
 
 from .air_text import shift_first_packed_v_bd
 
@@ -59,10 +60,10 @@ PROGRAMS["llama-decode_attn_o_gemv_ffn_rms_gemv_rope_packed-q4_1-2048"] = \
                                                                 2048, LLAMA.eps, "q4_1")
 
 # Four decode layers in one ELF, over bf16 weights starting with the first layer's Q/K/V (npu2.decode_layers4_qkv, a
-# token's first run: 31 launches, 61 arguments) and over packed Q4_1 weights from their attention on
-# (npu2.decode_layers4_packed: 28 launches, 56 arguments): the slowest Programs here (425 s for the _qkv one beside
-# other tests; 240 s and 432 s for the bf16 and Q4_1 ones without Q/K/V on 2 busy cores), their placement stage in
-# air-fuse-channels for most of it.
+# token's first run: 31 launches, 55 arguments, its seven scratches views of one) and over packed Q4_1 weights from
+# their attention on (npu2.decode_layers4_packed: 28 launches, 51 arguments): the slowest Programs here (425 s for
+# the _qkv one beside other tests; 240 s and 432 s for the bf16 and Q4_1 ones without Q/K/V on 2 busy cores), their
+# placement stage in air-fuse-channels for most of it.
 PROGRAMS.update({f"llama-{p.name}-2048": p for p in (
     catalog.decode_layers_program(4, LLAMA.hidden, LLAMA.q_dim, LLAMA.intermediate, LLAMA.eps, LLAMA.heads,
                                   LLAMA.kv_heads, LLAMA.head_dim, 2048, LLAMA.eps, weights, first_qkv=first_qkv)
@@ -184,6 +185,29 @@ def test_program_lowers_to_npu_instructions(air_tools, monkeypatch, name):
         # row's heads, or of the one head whose sequence the rows take in parts (their DDR window of the L2 rank)
         seq, head_dim = dict(program.params)["seq"], dict(program.params)["head_dim"]
         assert attention.l2_bytes == 2 * (seq // 8) * rows * head_dim * 2
+
+
+def test_views_reach_the_npu_instructions_at_their_place_in_the_arena(air_tools, tmp_path):
+    """A Program's views (a decode group's scratches) are DMA windows inside one arena argument: every shim BD a
+    launch makes of its views is address-patched onto that argument at a byte inside a view it touches, and each
+    view's first byte is one of them. A view addressed from the arena's start (what a memref.reinterpret_cast's
+    offset becomes in this mlir-aie's lowering) would patch byte 0, which no view here holds."""
+    cols = 1024
+    args = (Arg("x", (cols,), "bf16", Role.INPUT), Arg("arena", (4096,), "bf16", Role.SCRATCH),
+            Arg("out", (cols,), "bf16", Role.OUTPUT))
+    views = (View("s", "arena", 256, (cols,), "bf16"), View("t", "arena", 2048, (cols,), "bf16"))
+    add = (("rows", 1), ("cols", cols))
+    launches = (Launch("add", add, ("x", "x"), ("s",)), Launch("add", add, ("s", "x"), ("t",)),
+                Launch("add", add, ("t", "s"), ("out",)))
+    program = Program("views_probe", args, launches, views=views)
+    lower_to_npu_insts(program, keep_dir=tmp_path)
+    spans = {v.name: range(2 * v.offset, 2 * (v.offset + cols)) for v in views}
+    for index, launch in enumerate(launches):
+        (lowered,) = (tmp_path / f"aiecc_l{index}_add_seg").glob("*_npu_lowered.mlir")
+        patched = [int(plus) for plus in re.findall(r"arg_idx = 1 : i32, arg_plus = (\d+)", lowered.read_text())]
+        touched = [spans[n] for n in launch.reads + launch.writes if n in spans]
+        assert patched and all(any(byte in span for span in touched) for byte in patched), (index, patched)
+        assert {span.start for span in touched} <= set(patched), (index, patched)
 
 
 def test_a_shim_bd_past_its_argument_is_refused_after_the_passes(air_tools, monkeypatch):

@@ -4,7 +4,7 @@ import pytest
 from torch_npu2.kernels import Arg, Launch, ModelDims, Program, Role, programs_for_model
 from torch_npu2.kernels.catalog import (DECODE_GROUP_SIZES, decode_layers_program, lm_head_gemv_program,
                                         o_ffn_program, rms_gemms_rope_program)
-from torch_npu2.kernels.program import MAX_KERNEL_ARGS
+from torch_npu2.kernels.program import MAX_KERNEL_ARGS, View
 
 SMOL = ModelDims(576, 9, 3, 64, 1536, 49152, 1e-5)
 
@@ -83,6 +83,49 @@ def test_invalid_programs_are_rejected(launches, message):
         Program("bad", args, launches)
 
 
+_ARENA_ARGS = (Arg("a", (4,), "bf16", Role.INPUT), Arg("arena", (16,), "bf16", Role.SCRATCH),
+               Arg("o", (4,), "bf16", Role.OUTPUT))
+_THROUGH_VIEWS = (Launch("add", (), ("a", "a"), ("s",)), Launch("add", (), ("s", "a"), ("t",)),
+                  Launch("add", (), ("t", "s"), ("o",)))
+
+
+def test_views_are_buffers_in_their_arena():
+    views = (View("s", "arena", 0, (4,), "bf16"), View("t", "arena", 8, (2, 2), "bf16"))
+    program = Program("arena", _ARENA_ARGS, _THROUGH_VIEWS, views=views)
+    assert [a.name for a in program.args] == ["a", "arena", "o"]  # one ELF argument for both
+    assert program.arg("t") == Arg("t", (2, 2), "bf16", Role.SCRATCH) and program.view("t") == views[1]
+    assert [a.name for a in program.buffers] == ["a", "o", "s", "t"]
+    again = Program.from_json(program.to_json())
+    assert again == program and again.key == program.key
+    moved = Program("arena", _ARENA_ARGS, _THROUGH_VIEWS, views=(views[0], View("t", "arena", 4, (2, 2), "bf16")))
+    assert moved.key != program.key
+
+
+@pytest.mark.parametrize("views,launches,message", [
+    ((View("s", "arena", 0, (4,), "bf16"), View("t", "arena", 2, (4,), "bf16")), _THROUGH_VIEWS,
+     "views 's' and 't' overlap in 'arena'"),
+    ((View("s", "arena", 0, (4,), "bf16"), View("t", "arena", 13, (2,), "bf16")), _THROUGH_VIEWS,
+     "view 't' .* must start at a multiple of 4 bytes"),
+    ((View("s", "arena", 0, (4,), "bf16"), View("t", "arena", 14, (4,), "bf16")), _THROUGH_VIEWS,
+     r"view 't' \(4 elements at 14\) .* inside 'arena' \(16 elements\)"),
+    ((View("s", "arena", 0, (4,), "bf16"), View("t", "nowhere", 0, (4,), "bf16")), _THROUGH_VIEWS,
+     "view 't' is in 'nowhere', which is no argument"),
+    ((View("s", "arena", 0, (4,), "bf16"), View("t", "o", 0, (4,), "bf16")), _THROUGH_VIEWS,
+     "view 't'.s arena 'o' must be a 1-D scratch argument"),
+    ((View("s", "arena", 0, (4,), "f32"), View("t", "arena", 8, (4,), "bf16")), _THROUGH_VIEWS,
+     "view 's'.s arena 'arena' must be a 1-D scratch argument of its dtype f32"),
+    ((View("s", "arena", 0, (4,), "bf16"), View("t", "arena", 8, (4,), "bf16")),
+     (*_THROUGH_VIEWS, Launch("add", (), ("arena", "a"), ("o",))), "unknown argument 'arena'"),
+    ((View("s", "arena", 0, (4,), "bf16"), View("a", "arena", 8, (4,), "bf16")), _THROUGH_VIEWS,
+     "duplicate argument or view names"),
+    ((View("s", "arena", 0, (4,), "bf16"), View("t", "arena", 8, (4,), "bf16"), View("u", "arena", 12, (4,), "bf16")),
+     _THROUGH_VIEWS, "scratch 'u' is never written"),
+])
+def test_invalid_views_are_rejected(views, launches, message):
+    with pytest.raises(ValueError, match=message):
+        Program("bad", _ARENA_ARGS, launches, views=views)
+
+
 @pytest.mark.parametrize("inputs", [MAX_KERNEL_ARGS - 1, MAX_KERNEL_ARGS])
 def test_a_program_binds_at_most_the_drivers_argument_buffers(inputs):
     """A run binds at most MAX_KERNEL_ARGS buffers: one more argument is refused when the Program is declared, so the
@@ -101,11 +144,16 @@ def test_decode_groups_fit_the_argument_limit_up_to_four_layers():
     for weights in ("bf16", "q4_1"):
         sizes = [len(decode_layers_program(n, 2048, 2048, 8192, 1e-5, 32, 8, 64, 2048, 1e-5, weights).args)
                  for n in DECODE_GROUP_SIZES]
-        assert sizes == [34, 45, 56] and max(sizes) <= MAX_KERNEL_ARGS
-        # a group that starts with its first layer's Q/K/V: three weights and two K/V rows more, no q
+        # 11 per layer, and the group's x, q, length, LUT row, out, next_q_roped and one scratch arena
+        assert sizes == [29, 40, 51] and max(sizes) <= MAX_KERNEL_ARGS
+        # a group that starts with its first layer's Q/K/V: three weights and two K/V rows more, q a scratch view
         leading = [len(decode_layers_program(n, 2048, 2048, 8192, 1e-5, 32, 8, 64, 2048, 1e-5, weights,
                                              first_qkv=True).args) for n in DECODE_GROUP_SIZES]
-        assert leading == [39, 50, 61] and max(leading) <= MAX_KERNEL_ARGS
+        assert leading == [33, 44, 55] and max(leading) <= MAX_KERNEL_ARGS
+        group = decode_layers_program(4, 2048, 2048, 8192, 1e-5, 32, 8, 64, 2048, 1e-5, weights, first_qkv=True)
+        assert [(v.name, v.offset) for v in group.views] == [
+            ("q", 0), ("attn", 2048), ("res1", 4096), ("act", 6144), ("hidden_mid", 14336), ("next_qk", 16384),
+            ("q_mid", 18944)] and group.arg("scratch_bf16").shape == (18944 + 2048,)
     with pytest.raises(ValueError, match="a decode group chains 2, 3, 4 layers, got 5"):
         decode_layers_program(5, 2048, 2048, 8192, 1e-5, 32, 8, 64, 2048, 1e-5)
 

@@ -208,3 +208,16 @@ def test_arg_names_that_would_clash_with_launch_prefixes_are_rejected():
     program = Program("clash", args, (Launch("add", (("cols", 16), ("rows", 1)), ("l0_x", "l0_x"), ("o",)),))
     with pytest.raises(ValueError, match="argument name 'l0_x' cannot be an SSA name"):
         stitch(program)
+
+
+def test_a_views_launches_move_its_arena():
+    """A decode group's scratches are views of one argument: the function takes the arena, each launch's DMAs read
+    and write it where the Program names a view, and the other arguments as before."""
+    program = decode_layers_program(2, 256, 256, 512, 1e-5, 4, 2, 64, 128, 1e-5, first_qkv=True)
+    text = stitch(program).text
+    assert [n for n, _ in func_signature(text, program.name)] == [a.name for a in program.args]
+    arena = {v.name: v.arena for v in program.views}
+    assert set(arena.values()) == {"scratch_bf16"} and len(arena) == 7
+    as_args = lambda names: [arena.get(n, n) for n in names]  # noqa: E731
+    assert dataflow(text) == [(set(as_args(l.reads)), set(as_args(l.writes)), as_args(l.reads + l.writes))
+                              for l in program.launches]

@@ -187,6 +187,8 @@ class _Run:
         views = {
             arg.name: bo.device_view(TORCH_DTYPES[arg.dtype])[: arg.numel] for arg, bo in zip(self.program.args, self.bos)
         }
+        for view in self.program.views:  # a region of its arena's buffer, as the NPU addresses it
+            views[view.name] = views[view.arena][view.offset: view.offset + self.program.arg(view.name).numel]
         for launch in self.program.launches:
             for name, result in zip(launch.writes, run_launch(launch, [views[n] for n in launch.reads])):
                 views[name].copy_(result.reshape(-1))

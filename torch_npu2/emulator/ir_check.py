@@ -149,5 +149,5 @@ def check_program_ir(program: Program, seed: int = 0, text: str | None = None,
     for launch in program.launches:  # fp32 and integer results: emulated on what the interpreted launch read
         if any(program.arg(n).dtype != "bf16" for n in launch.writes):
             emulated.update(emulate_launch(program, launch, {**inputs, **interpreted}))
-    written = [a.name for a in program.args if a.role in (Role.SCRATCH, Role.OUTPUT)]
+    written = [a.name for a in program.buffers if a.role in (Role.SCRATCH, Role.OUTPUT)]
     return ProgramCheck(program, tuple(compare(n, interpreted[n], emulated[n]) for n in written), seconds)
