@@ -6,7 +6,9 @@ record, kernels/device.py, holds them),
 parametrized by a Program's :class:`CompileOptions`:
 
 1. placement: ``air-insert-launch-around-herd`` … dependency analysis, broadcast detection, DMA → channel
-   conversion, L2 splitting, ping-pong … ``air-place-herds``;
+   conversion, L2 splitting, ping-pong … ``air-place-herds``, run on each launch alone and the placed launches
+   joined into one module (``place_launches``: the stage's time over a whole module explodes with its launches;
+   the joined module lowers to the same devices);
 2. ``air-to-aie{device=npu2 …}`` + ``air-merge-unrolled-devices``: one ``aie.device`` per launch segment,
    plus the main device whose runtime sequence configures and runs them in order; every core gets the Program's
    ``stack_size`` (this air-opt predates air-to-aie's ``stack-size`` option, mlir-air #1547, which sets the
@@ -39,7 +41,7 @@ from .device import DEVICE
 from .lint import lint_lowered
 from .mlir_text import MlirTextError, dma_copies, index_constants
 from .program import CompileOptions, Program
-from .stitch import StitchedModule, stitch
+from .stitch import LAUNCH_PREFIX, StitchedModule, stitch
 from .toolchain import Toolchain, ToolchainMissing, find_toolchain, missing_lowering_tools
 
 TIMEOUT_VARIABLE = "TORCH_NPU2_AIR_TIMEOUT"
@@ -341,14 +343,91 @@ def check_windows(program: str, stitched: StitchedModule, build_dir: Path, tc: T
 SHIM_BD_STAGE = "shim BD bounds"
 
 
+# What aircc's placement stage leaves at module level and in the function, per launch placed alone: attribute
+# aliases (affine maps and sets), channels, the kernels' declarations, the function's top-level values, DMA ids.
+_ALIAS = re.compile(r"^#([A-Za-z_][\w$.]*) = ", re.M)
+_CHANNEL = re.compile(r"@channel_(\d+)\b")
+_DMA_ID = re.compile(r"\bid = (\d+) : i32")
+_TOP_VALUE = re.compile(r"^    (%[\w$.-]+)(?::\d+)? = ", re.M)
+
+
+def join_placed(program: Program, placed: list[str]) -> str:
+    """One module of ``placed``, the placement stage's output for each launch of ``program`` placed alone (in a
+    module with the Program's whole signature): each launch's aliases, channels and function-level values renamed
+    apart (``l<index>``), its DMA ids moved past the launches before it, the kernels declared once, the launches in
+    order in one function. An ``air.launch`` region is isolated from above, so nothing inside one names anything
+    of another; the launches' async tokens no longer order them, and need not: the main runtime sequence configures
+    and runs each launch's device in turn (``tests/kernels/test_air_pipeline.py`` lowers Programs both ways and
+    finds the same devices and runtime sequences)."""
+    aliases, channels, declarations, body = [], [], {}, []
+    signature, next_id = None, 0
+    for index, text in enumerate(placed):
+        prefix = LAUNCH_PREFIX.format(index=index)
+        defined = _ALIAS.findall(text)
+        if defined:
+            uses = re.compile(r"#(" + "|".join(map(re.escape, defined)) + r")(?![\w$.])")
+            text = uses.sub(lambda m: f"#{prefix}{m.group(1)}", text)
+        text = _CHANNEL.sub(lambda m: f"@{prefix}channel_{m.group(1)}", text)
+        ids = [int(i) for i in _DMA_ID.findall(text)]
+        text = _DMA_ID.sub(lambda m, base=next_id: f"id = {int(m.group(1)) + base} : i32", text)
+        next_id += max(ids, default=0)
+        lines = text.splitlines()
+        opening = next(i for i, line in enumerate(lines) if line.startswith(f"  func.func @{program.name}("))
+        closing = next(i for i in range(opening, len(lines)) if lines[i] == "    return")
+        if signature not in (None, lines[opening]):
+            raise ValueError(f"launch {index} was placed with another signature:\n{lines[opening]}")
+        signature = lines[opening]
+        for line in lines[:opening]:
+            if line.startswith("#"):
+                aliases.append(line)
+            elif line.startswith("  air.channel "):
+                channels.append(line)
+            elif line.startswith("  func.func private "):
+                declarations.setdefault(line)
+            elif line.strip() and line != "module {":
+                raise ValueError(f"launch {index} placed alone left an op at module level that cannot be joined: "
+                                 f"{line.strip()[:200]}")
+        own = set(_TOP_VALUE.findall("\n".join(lines[opening + 1:closing])))
+        rename = lambda m: f"%{prefix}{m.group(0)[1:]}" if m.group(0) in own else m.group(0)  # noqa: E731
+        body += [re.sub(r"%[\w$.-]+", rename, line) if not line.startswith("     ") else line
+                 for line in lines[opening + 1:closing]]
+    return "\n".join([*aliases, "module {", *channels, *declarations, signature, *body, "    return", "  }", "}", ""])
+
+
+def place_launches(program: Program, stitched: StitchedModule, build_dir: Path, tc: Toolchain) -> Path:
+    """aircc's placement stage, run on each launch alone and the results joined (``join_placed``) into
+    ``<build_dir>/placement.mlir``. Over a whole multi-launch module the stage's time grows far faster than the
+    launches (Llama-3.2-1B's 31-launch decode group: 331 s whole, 3.5 s launch by launch); each launch becomes a
+    device of its own either way."""
+    placed = []
+    for index in range(len(stitched.launch_texts)):
+        source, output = build_dir / f"air.l{index}.mlir", build_dir / f"placement.l{index}.mlir"
+        source.write_text(stitched.launch_module(index))
+        _air_opt(tc, program.name, "placement", source, output, placement_pipeline(program.compile_options),
+                 build_dir)
+        placed.append(output.read_text())
+    joined = build_dir / "placement.mlir"
+    try:
+        joined.write_text(join_placed(program, placed))
+    except ValueError as exc:
+        raise CompileError(program.name, "placement", str(exc), build_dir) from None
+    return joined
+
+
 def prepare(program: Program, build_dir: Path, tc: Toolchain | None = None) -> Path:
-    """Stitch ``program``, check its DMA windows through air-opt, run the three pass stages and check that every
-    shim BD they made stays inside its argument (lint rule shim-bd-bounds); returns the npu-stage module
-    (``<build_dir>/npu.mlir``) that aiecc takes."""
+    """Stitch ``program``, check its DMA windows through air-opt, run the three pass stages (placement launch by
+    launch: ``place_launches``) and check that every shim BD they made stays inside its argument (lint rule
+    shim-bd-bounds); returns the npu-stage module (``<build_dir>/npu.mlir``) that aiecc takes."""
     tc = tc or find_toolchain()
-    check_windows(program.name, stitch(program), build_dir, tc)
-    current = build_dir / "air.mlir"
-    for stage, pipeline in PASS_STAGES:
+    stitched = stitch(program)
+    check_windows(program.name, stitched, build_dir, tc)
+    return lower_placed(program, place_launches(program, stitched, build_dir, tc), build_dir, tc)
+
+
+def lower_placed(program: Program, placed: Path, build_dir: Path, tc: Toolchain) -> Path:
+    """The stages after placement on ``placed``, the shim BD check, and the npu-stage module's path."""
+    current = placed
+    for stage, pipeline in PASS_STAGES[1:]:
         output = build_dir / f"{stage}.mlir"
         _air_opt(tc, program.name, stage, current, output, pipeline(program.compile_options), build_dir)
         if stage == "air-to-aie":

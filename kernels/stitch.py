@@ -47,6 +47,15 @@ class StitchedModule:
     text: str
     objects: tuple[ObjectBuild, ...]
     dmas: tuple[Dma, ...]  # every launch's DMAs, in text order
+    # the text split at the launches: everything before the first launch's body, each body, everything after
+    prologue: str = ""
+    launch_texts: tuple[str, ...] = ()
+    epilogue: str = ""
+
+    def launch_module(self, index: int) -> str:
+        """The module with launch ``index`` only: the same declarations and function signature (air-opt places a
+        launch alone in it, kernels/air_pipeline.py)."""
+        return self.prologue + self.launch_texts[index] + self.epilogue
 
 
 class _KernelVariants:
@@ -167,11 +176,11 @@ def stitch(program: Program, tuning: dict[int, dict] | None = None) -> StitchedM
     lines += ["  " + d for d in variants.declarations()]
     signature = ", ".join(f"%{a.name}: {t}" for a, t in zip(program.args, arg_types))
     lines.append(f"  func.func @{program.name}({signature}) {{")
-    for description, text in bodies:
-        lines.append(f"    // {description}")
-        lines += ["    " + line for line in text.splitlines()]
-    lines += ["    return", "  }", "}", ""]
-    return StitchedModule(program.name, "\n".join(lines), variants.object_builds(), tuple(dmas))
+    launch_texts = tuple("\n".join([f"    // {description}", *("    " + line for line in text.splitlines())]) + "\n"
+                         for description, text in bodies)
+    prologue, epilogue = "\n".join(lines) + "\n", "\n".join(["    return", "  }", "}", ""])
+    return StitchedModule(program.name, prologue + "".join(launch_texts) + epilogue, variants.object_builds(),
+                          tuple(dmas), prologue, launch_texts, epilogue)
 
 
 def emit_mlir(program: Program) -> str:

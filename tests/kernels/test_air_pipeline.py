@@ -2,10 +2,12 @@
 instructions for SmolLM2-135M and Llama-3.2-1B dims, and failures that name the pass."""
 import dataclasses
 import re
+import subprocess
 
 import pytest
 
 from torch_npu2.kernels import ModelDims, catalog, programs_for_model
+from torch_npu2.kernels import air_pipeline
 from torch_npu2.kernels.air_pipeline import (TIMEOUT_VARIABLE, CompileError, air_to_aie_pipeline, lower_to_npu_insts,
                                              npu_pipeline, placement_pipeline)
 from torch_npu2.kernels.budgets import program_l1
@@ -18,8 +20,8 @@ from .air_text import shift_first_packed_v_bd
 SMOL = ModelDims(576, 9, 3, 64, 1536, 49152, 1e-5)
 LLAMA = ModelDims(2048, 32, 8, 64, 8192, 128256, 1e-5)
 BUCKETS = [16, 32, 64, 128, 256, 512, 1024, 2048]
-# The slowest Programs (the four-layer decode groups below) spend up to about 5 minutes in one air-opt stage; a pass
-# that stops making progress fails its test here instead of running into CI's time limit.
+# The slowest Programs (the four-layer decode groups below) spent up to about 5 minutes in one air-opt stage when it
+# placed the whole module; a pass that stops making progress fails its test here instead of running into CI's limit.
 LOWERING_TIMEOUT = "900"
 PROGRAMS = {f"{model}-{p.name}-{dict(p.params).get('rows', dict(p.params).get('seq'))}": p
             for model, dims in (("smol", SMOL), ("llama", LLAMA)) for p in programs_for_model(dims, BUCKETS, "bf16")}
@@ -61,9 +63,9 @@ PROGRAMS["llama-decode_attn_o_gemv_ffn_rms_gemv_rope_packed-q4_1-2048"] = \
 
 # Four decode layers in one ELF, over bf16 weights starting with the first layer's Q/K/V (npu2.decode_layers4_qkv, a
 # token's first run: 31 launches, 55 arguments, its seven scratches views of one) and over packed Q4_1 weights from
-# their attention on (npu2.decode_layers4_packed: 28 launches, 51 arguments): the slowest Programs here (425 s for
-# the _qkv one beside other tests; 240 s and 432 s for the bf16 and Q4_1 ones without Q/K/V on 2 busy cores), their
-# placement stage in air-fuse-channels for most of it.
+# their attention on (npu2.decode_layers4_packed: 28 launches, 51 arguments): the slowest Programs here, 234 s for
+# both with the launches placed one by one, most of it aiecc's run per device (placed as one module, as aircc does,
+# the _qkv one took 425 s, nearly all in air-fuse-channels).
 PROGRAMS.update({f"llama-{p.name}-2048": p for p in (
     catalog.decode_layers_program(4, LLAMA.hidden, LLAMA.q_dim, LLAMA.intermediate, LLAMA.eps, LLAMA.heads,
                                   LLAMA.kv_heads, LLAMA.head_dim, 2048, LLAMA.eps, weights, first_qkv=first_qkv)
@@ -208,6 +210,70 @@ def test_views_reach_the_npu_instructions_at_their_place_in_the_arena(air_tools,
         touched = [spans[n] for n in launch.reads + launch.writes if n in spans]
         assert patched and all(any(byte in span for span in touched) for byte in patched), (index, patched)
         assert {span.start for span in touched} <= set(patched), (index, patched)
+
+
+# Programs lowered both ways below: a decode chain (6 launches), the integer-GEMM prefill projections (7: broadcast
+# streams), flash attention (its options omit ping-pong) and a two-layer _qkv decode group over scratch views (17).
+JOINED = {
+    "smol-o_gemv_ffn_rms_gemv_rope": catalog.o_gemv_ffn_rms_gemv_rope_program(
+        SMOL.hidden, SMOL.q_dim, SMOL.intermediate, SMOL.eps, SMOL.heads, SMOL.kv_heads, SMOL.head_dim, SMOL.eps),
+    "smol-rms_gemms_rope_w8x2-16": catalog.rms_gemms_rope_w8x2_program(SMOL.hidden, SMOL.heads, SMOL.kv_heads,
+                                                                       SMOL.head_dim, SMOL.eps, 16),
+    "smol-flash_attn-64": catalog.flash_attn_program(SMOL.heads, SMOL.kv_heads, SMOL.head_dim, 64),
+    "smol-decode_layers2_qkv-256": catalog.decode_layers_program(
+        2, SMOL.hidden, SMOL.q_dim, SMOL.intermediate, SMOL.eps, SMOL.heads, SMOL.kv_heads, SMOL.head_dim, 256,
+        SMOL.eps, first_qkv=True),
+}
+
+
+def _canonical(npu_module: str) -> str:
+    """An npu-stage module with its channels numbered in order of first mention (joining renames them apart)."""
+    names: dict[str, str] = {}
+    return re.sub(r"(?:l\d+_)?channel_\d+", lambda m: names.setdefault(m.group(0), f"channel#{len(names)}"),
+                  npu_module)
+
+
+def _lowered_whole(program: Program, build_dir, tc) -> str:
+    """The npu-stage module with aircc's placement stage run over the whole stitched module, as aircc runs it."""
+    build_dir.mkdir()
+    air_pipeline.check_windows(program.name, air_pipeline.stitch(program), build_dir, tc)
+    placed = build_dir / "placement.mlir"
+    subprocess.run([str(tc.air_opt), str(build_dir / "air.mlir"), "-o", str(placed),
+                    f"--pass-pipeline={placement_pipeline(program.compile_options)}"], check=True,
+                   capture_output=True)
+    return air_pipeline.lower_placed(program, placed, build_dir, tc).read_text()
+
+
+@pytest.mark.parametrize("name", list(JOINED))
+def test_launches_placed_one_by_one_lower_to_the_whole_modules_devices(air_tools, tmp_path, name):
+    """prepare() places each launch alone and joins them (placement over a whole multi-launch module takes time far
+    out of proportion to its launches): the npu-stage module, every device and the main runtime sequence, is the
+    one aircc's whole-module placement gives, but for the channels' names."""
+    program = JOINED[name]
+    (tmp_path / "apart").mkdir()
+    apart = air_pipeline.prepare(program, tmp_path / "apart", air_tools).read_text()
+    assert _canonical(apart) == _canonical(_lowered_whole(program, tmp_path / "whole", air_tools))
+
+
+def test_the_joined_module_comparison_sees_launches_out_of_order(air_tools, tmp_path, monkeypatch):
+    """The comparison above is not blind: joining the same placed launches in reverse order gives another module."""
+    program = JOINED["smol-o_gemv_ffn_rms_gemv_rope"]
+    join = air_pipeline.join_placed
+    monkeypatch.setattr(air_pipeline, "join_placed", lambda p, placed: join(p, placed[::-1]))
+    (tmp_path / "apart").mkdir()
+    apart = air_pipeline.prepare(program, tmp_path / "apart", air_tools).read_text()
+    assert _canonical(apart) != _canonical(_lowered_whole(program, tmp_path / "whole", air_tools))
+
+
+def test_joining_refuses_what_it_cannot_join():
+    program = JOINED["smol-o_gemv_ffn_rms_gemv_rope"]
+    head = f"module {{\n  func.func @{program.name}(%arg0: memref<4xbf16>) {{\n    return\n  }}\n}}\n"
+    with pytest.raises(ValueError, match="launch 1 placed alone left an op at module level that cannot be joined: "
+                                         "memref.global"):
+        air_pipeline.join_placed(program, [head, head.replace("module {", 'module {\n  memref.global "private" @g')])
+    other = head.replace("memref<4xbf16>", "memref<8xbf16>")
+    with pytest.raises(ValueError, match="launch 1 was placed with another signature"):
+        air_pipeline.join_placed(program, [head, other])
 
 
 def test_a_shim_bd_past_its_argument_is_refused_after_the_passes(air_tools, monkeypatch):
