@@ -48,9 +48,9 @@ class StitchedModule:
     objects: tuple[ObjectBuild, ...]
     dmas: tuple[Dma, ...]  # every launch's DMAs, in text order
     # the text split at the launches: everything before the first launch's body, each body, everything after
-    prologue: str = ""
-    launch_texts: tuple[str, ...] = ()
-    epilogue: str = ""
+    prologue: str
+    launch_texts: tuple[str, ...]
+    epilogue: str
 
     def launch_module(self, index: int) -> str:
         """The module with launch ``index`` only: the same declarations and function signature (air-opt places a
