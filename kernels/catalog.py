@@ -756,8 +756,10 @@ def decode_layers_program(layers: int, hidden: int, q_dim: int, intermediate: in
 
 def _scratch_in_arena(program: Program) -> Program:
     """``program`` with its device-only scratches as views of one scratch argument per dtype (``scratch_<dtype>``,
-    where the first of them was): a decode group's seven bf16 scratches take one of the ELF's argument slots
-    (MAX_KERNEL_ARGS), not seven. Each view starts at a whole DMA word."""
+    where the first of them was): a decode group's six bf16 scratches (seven in a _qkv group) take one of the ELF's
+    argument slots (MAX_KERNEL_ARGS). Each view starts at a whole DMA word."""
+    if program.views:
+        raise ValueError(f"Program {program.name} has views already; its scratches cannot move into a new arena")
     scratches = [a for a in program.args if a.role is S]
     views, ends = [], {}
     for arg in scratches:

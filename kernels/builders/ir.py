@@ -265,11 +265,12 @@ class LaunchBuilder:
             raise ValueError(f"{self.kind} DMA: moves {src_count} elements into {dst_count}")
         if dst.type.dtype != src.type.dtype:
             raise ValueError(f"{self.kind} DMA: cannot convert {src.type.dtype} to {dst.type.dtype}")
+        for window in (dst_window, src_window):
+            if not len(window.offsets) == len(window.sizes) == len(window.strides):
+                raise ValueError(f"{self.kind} DMA: window {window} needs as many offsets, sizes and strides")
         sides = []
         dst_window, src_window = self._in_arena(dst.type, dst_window), self._in_arena(src.type, src_window)
         for value, window in ((dst, dst_window), (src, src_window)):
-            if not len(window.offsets) == len(window.sizes) == len(window.strides):
-                raise ValueError(f"{self.kind} DMA: window {window} needs as many offsets, sizes and strides")
             lists = [[o if isinstance(o, str) else self.const(o) for o in window.offsets],
                      [self.const(s) for s in window.sizes], [self.const(s) for s in window.strides]]
             sides.append(value.ssa + " ".join(f"[{', '.join(values)}]" for values in lists))
@@ -278,18 +279,26 @@ class LaunchBuilder:
 
     def _in_arena(self, ref, window: Window) -> Window:
         """``window`` of a view (``ref.arena``) as the same elements of its arena: the view's start added to the
-        offset of a dimension whose stride divides it (the innermost, stride 1, for any view the Program allows).
-        A memref.reinterpret_cast of the arena would say the same to air-opt, but mlir-aie (c668d2cb) drops a
-        cast's offset when it lowers a runtime sequence's BDs to NPU instructions: every view would read the
-        arena's start (tests/kernels/test_air_pipeline.py lowers a view and finds its offset in the instructions)."""
+        offset of a dimension whose stride divides it, from the innermost out (a window with none raises). A window
+        with static offsets must stay inside its view: past it, the arena's bounds, which are all the interpreter and
+        the shim BD lint see, would not stop it from writing a neighbour. A memref.reinterpret_cast of the arena would
+        say the same to air-opt, but mlir-aie (c668d2cb) drops a cast's offset when it lowers a runtime sequence's
+        BDs to NPU instructions: every view would read the arena's start (tests/kernels/test_air_pipeline.py lowers
+        a view and finds its offset in the instructions)."""
         if not isinstance(ref, MemRef) or ref.arena is None:
             return window
         if not window.sizes:
             window = Window((0,) * len(ref.shape), ref.shape, _row_major(ref.shape))
+        if all(isinstance(o, int) for o in window.offsets):
+            last = sum((o + n - 1) * s for o, n, s in zip(window.offsets, window.sizes, window.strides))
+            if last >= ref.numel:
+                raise ValueError(f"{self.kind} DMA: window {window} reaches element {last} of a view of {ref.numel}")
         start = ref.arena[1]
+        if start == 0:
+            return window
         for dim in reversed(range(len(window.strides))):
             stride = window.strides[dim]
-            if start % stride == 0:
+            if stride and start % stride == 0:
                 offset, shift = window.offsets[dim], start // stride
                 moved = offset + shift if isinstance(offset, int) else self.affine(f"s0 + {shift}", [offset], "at")
                 return Window(window.offsets[:dim] + (moved,) + window.offsets[dim + 1:], window.sizes,

@@ -706,3 +706,25 @@ def test_packed_gemv_calls_prefer_an_even_count_per_panel():
     for header in headers:
         calls = int(header[3]) // int(header[4])
         assert calls % 2 == 0 or calls == 1, header.group(0)
+
+
+def test_a_views_windows_move_into_its_arena():
+    """LaunchBuilder.dma on a view (MemRef.arena): the view's start is added to the innermost dimension whose stride
+    divides it (an SSA offset through affine.apply), a whole-view copy becomes an explicit window, a view at the
+    arena's start is left as it is, and a static window past the view is refused."""
+    from torch_npu2.kernels.builders.ir import L2, LaunchBuilder, MemRef, Value, Window
+
+    b = LaunchBuilder("probe", [MemRef((4, 8), "bf16", arena=(64, 16))], ["x"])
+    rows = Value("%buf", MemRef((2, 8), "bf16", L2))
+    b.dma(rows, Window(), b.operands[0], Window((1, 0), (2, 8), (8, 1)))
+    b.dma(rows, Window(), b.operands[0], Window((0, "%col"), (2, 8), (8, 1)))
+    b.dma(Value("%all", MemRef((4, 8), "bf16", L2)), Window(), b.operands[0], Window())
+    text = "\n".join(b._lines)
+    assert [d.src for d in b._dmas] == [Window((1, 16), (2, 8), (8, 1)), Window((0, "%at"), (2, 8), (8, 1)),
+                                        Window((0, 16), (4, 8), (8, 1))]
+    assert "%at = affine.apply affine_map<()[s0] -> (s0 + 16)>()[%col]" in text and "memref<64xbf16>" in text
+    with pytest.raises(ValueError, match=r"reaches element 39 of a view of 32"):
+        b.dma(rows, Window(), b.operands[0], Window((3, 0), (2, 8), (8, 1)))
+    at_start = LaunchBuilder("probe", [MemRef((4, 8), "bf16", arena=(64, 0))], ["x"])
+    at_start.dma(rows, Window(), at_start.operands[0], Window((0, "%col"), (2, 8), (8, 1)))
+    assert at_start._dmas[0].src == Window((0, "%col"), (2, 8), (8, 1)) and "affine" not in "\n".join(at_start._lines)
