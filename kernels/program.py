@@ -222,8 +222,7 @@ class Program:
     def buffers(self) -> tuple[Arg, ...]:
         """What launches read and write by name: the arguments that hold no views, then the views (as Args)."""
         arenas = {v.arena for v in self.views}
-        return (*(a for a in self.args if a.name not in arenas),
-                *(Arg(v.name, v.shape, v.dtype, self._by_name[v.name].role) for v in self.views))
+        return (*(a for a in self.args if a.name not in arenas), *(self._by_name[v.name] for v in self.views))
 
     def view(self, name: str) -> View | None:
         return self._views.get(name)

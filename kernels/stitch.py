@@ -44,13 +44,16 @@ class ObjectBuild:
 @dataclass(frozen=True)
 class StitchedModule:
     program_name: str
-    text: str
     objects: tuple[ObjectBuild, ...]
     dmas: tuple[Dma, ...]  # every launch's DMAs, in text order
     # the text split at the launches: everything before the first launch's body, each body, everything after
     prologue: str
     launch_texts: tuple[str, ...]
     epilogue: str
+
+    @property
+    def text(self) -> str:
+        return self.prologue + "".join(self.launch_texts) + self.epilogue
 
     def launch_module(self, index: int) -> str:
         """The module with launch ``index`` only: the same declarations and function signature (air-opt places a
@@ -179,8 +182,7 @@ def stitch(program: Program, tuning: dict[int, dict] | None = None) -> StitchedM
     launch_texts = tuple("\n".join([f"    // {description}", *("    " + line for line in text.splitlines())]) + "\n"
                          for description, text in bodies)
     prologue, epilogue = "\n".join(lines) + "\n", "\n".join(["    return", "  }", "}", ""])
-    return StitchedModule(program.name, prologue + "".join(launch_texts) + epilogue, variants.object_builds(),
-                          tuple(dmas), prologue, launch_texts, epilogue)
+    return StitchedModule(program.name, variants.object_builds(), tuple(dmas), prologue, launch_texts, epilogue)
 
 
 def emit_mlir(program: Program) -> str:
