@@ -8,6 +8,7 @@ model's own parameters can be views of that buffer.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from . import int_gemm
@@ -650,8 +651,95 @@ def decode_attn_o_gemv_ffn_program(hidden: int, q_dim: int, intermediate: int, e
 
 
 # Decode layers one dispatch may chain (decode_layers_program), each size an op of its own (npu2.decode_layers<n>):
-# at most what a Program's argument limit allows (Llama-3.2-1B's four layers bind 56 arguments, five would bind 67).
-DECODE_GROUP_SIZES = (2, 3, 4)
+# at most what a Program's argument limit allows. With each layer's weights in two arenas a layer binds six
+# arguments (its caches, its arenas, the K/V rows it writes): a _qkv group of eight binds 58, so a 16-layer model's
+# token takes two dispatches (with the weights one argument each, four layers bound 56 and five would bind 67).
+DECODE_GROUP_SIZES = tuple(range(2, 9))
+
+
+@dataclass(frozen=True)
+class LayerArenas:
+    """Where a decoder layer's weights lie when a decode group reads them from two buffers (``layer_arenas``):
+    ``weights``, its projections in the weight format's dtype, and ``norms``, its two RMSNorm weights (bf16).
+    ``parts`` are views named ``input_norm``, ``post_attention_norm``, ``wqk``, ``wv``, ``wo``, ``w_gate_up`` and
+    ``w_down``, in arenas named ``weights`` and ``norms``, each part in the layout its decode op reads."""
+
+    weights: Arg
+    norms: Arg
+    parts: tuple[View, ...]
+
+    def part(self, name: str) -> View:
+        return next(v for v in self.parts if v.name == name)
+
+
+def layer_arenas(hidden: int, q_dim: int, kv_dim: int, intermediate: int, weights: str = "bf16") -> LayerArenas:
+    """The layout of a decoder layer's weights in two NPU buffers (patch_llama lays a layer out so, and the decode
+    groups read it): [Wq; Wk], Wv, Wo, [gate | up] and Wdown in that order, each ``weight_arg``'s
+    shape, starting at a whole shim DMA word and a whole row (so that a DMA window moves into the arena along its
+    row dimension); then the input and post-attention norms, likewise aligned."""
+    _check_weights(weights)
+    projections = (weight_arg("wqk", q_dim + kv_dim, hidden, weights), weight_arg("wv", kv_dim, hidden, weights),
+                   weight_arg("wo", hidden, q_dim, weights), weight_arg("w_gate_up", intermediate, hidden, weights, 2),
+                   weight_arg("w_down", hidden, intermediate, weights))
+    norms = (Arg("input_norm", (hidden,), "bf16", W), Arg("post_attention_norm", (hidden,), "bf16", W))
+
+    def laid_out(args, arena: str) -> tuple[tuple[View, ...], int]:
+        views, end = [], 0
+        for arg in args:
+            align = math.lcm(max(1, DEVICE.dma_word_bytes // DTYPE_BYTES[arg.dtype]), arg.shape[-1])
+            start = -(-end // align) * align
+            views.append(View(arg.name, arena, start, arg.shape, arg.dtype))
+            end = start + arg.numel
+        return tuple(views), end
+
+    weight_views, weight_numel = laid_out(projections, "weights")
+    norm_views, norm_numel = laid_out(norms, "norms")
+    return LayerArenas(Arg("weights", (weight_numel,), projections[0].dtype, W),
+                       Arg("norms", (norm_numel,), "bf16", W), weight_views + norm_views)
+
+
+# A decode group's per-layer weight arguments (decode_layers_program's names, the layer's index in the group after
+# the last "_") as parts of the arenas of the group's layer j (their own) or j + 1 ("next_": the layer after it);
+# "first_" ones are the group's first layer's (a _qkv group's).
+_OWN_PARTS = {"wo": "wo", "norm_w": "post_attention_norm", "w_gate_up": "w_gate_up", "w_down": "w_down"}
+_NEXT_PARTS = {"next_norm_w": "input_norm", "next_wqk": "wqk", "next_wv": "wv"}
+_FIRST_PARTS = {"first_norm_w": "input_norm", "first_wqk": "wqk", "first_wv": "wv"}
+
+
+def _group_weight_part(name: str) -> tuple[int, str] | None:
+    """(the group's layer whose arenas hold it, its part) for a decode group's per-layer weight ``name``; None for
+    the group's own (the final norm's, the LM head's)."""
+    if name in _FIRST_PARTS:
+        return 0, _FIRST_PARTS[name]
+    base, _, index = name.rpartition("_")
+    if base in _OWN_PARTS:
+        return int(index), _OWN_PARTS[base]
+    if base in _NEXT_PARTS:
+        return int(index) + 1, _NEXT_PARTS[base]
+    return None
+
+
+def _weights_in_arenas(name: str, args, arenas: LayerArenas) -> tuple[list[Arg], list[View]]:
+    """A decode group's arguments ``args`` with its layers' weights as views of two arenas per layer (``weights_<j>``,
+    ``norms_<j>``, laid out as ``arenas``; decode_layers_program puts them in their places), and those views."""
+    moved, views, placed = [], [], set()
+    for arg in args:
+        found = _group_weight_part(arg.name) if arg.role is W else None
+        if found is None:
+            moved.append(arg)
+            continue
+        layer, part = found
+        view = arenas.part(part)
+        if (view.shape, view.dtype) != (arg.shape, arg.dtype):
+            raise ValueError(f"{name}: weight {arg.name!r} is {arg.dtype} {arg.shape}, its part {part!r} of a "
+                             f"layer's arenas {view.dtype} {view.shape}")
+        if layer not in placed:
+            placed.add(layer)
+            moved += [Arg(f"{a.name}_{layer}", a.shape, a.dtype, W) for a in (arenas.weights, arenas.norms)]
+        views.append(View(arg.name, f"{view.arena}_{layer}", view.offset, view.shape, view.dtype))
+    return moved, views
+
+
 # Per layer of a group, its own arguments (the rest are the group's: the first layer's q and x, the length, the LUT
 # row, the device-only scratches every layer reuses, the last layer's out and next_q_roped).
 _GROUP_SHARED = ("length", "next_rope_lut", "attn", "res1", "act", "next_qk")
@@ -665,9 +753,13 @@ def decode_layers_program(layers: int, hidden: int, q_dim: int, intermediate: in
     (decode attention, o_gemv_ffn, the next layer's rms_gemv_rope), layer j+1 attending with the query and hidden
     state layer j computed (device-only scratches).
 
-    Host arguments: the first layer's (as decode_attn_o_gemv_ffn_rms_gemv_rope's), then each further layer's caches
-    and weights, suffixed with its index in the group (``k_cache_1``, ``wo_1``, ...; the first layer's per-layer
-    arguments are ``_0``). Outputs: the last layer's ``out`` and ``next_q_roped``, then each layer's ``next_v_<j>``
+    Host arguments: the group's ``q`` (the first layer's query), ``x`` (its input), ``length`` and ``next_rope_lut``
+    (the step's), then per layer j of the group its caches ``k_cache_<j>`` and ``v_cache_<j>`` and its weights in
+    two arenas, ``weights_<j>`` and ``norms_<j>`` (``layer_arenas``'s layout: a layer's weights are views of them,
+    named as decode_attn_o_gemv_ffn_rms_gemv_rope's with the layer's index, ``wo_1``, ``next_wqk_1``...). Layer j's
+    arenas hold its own weights and those the layer before it chains into (its input norm, [Wq; Wk], Wv), so a group
+    that does not end the model takes the arenas of the layer after its last too (``weights_<layers>``,
+    ``norms_<layers>``). Outputs: the last layer's ``out`` and ``next_q_roped``, then each layer's ``next_v_<j>``
     and ``next_k_roped_<j>``, the K/V rows of the layer after it. With ``ends_model`` (decode_layers<n>_final) the
     last layer is the model's last and runs as decode_attn_o_gemv_ffn: no next layer's weights, LUT use or rows for
     it, so the outputs are ``out`` and the rows of the layers before it. With ``lm_head`` = (LM-head rows, the final
@@ -677,10 +769,11 @@ def decode_layers_program(layers: int, hidden: int, q_dim: int, intermediate: in
     norm's bf16 output) and ``logits`` (lm_head_gemv's) after the others.
 
     With ``first_qkv`` (decode_layers<n>_qkv...) the first layer's own rms_gemv_rope runs first in the same dispatch,
-    on ``x`` with ``next_eps`` (every layer of a group normalizes its input with one eps) and the step's LUT row: its
-    weights ``first_norm_w``, ``first_wqk``, ``first_wv`` lead the host arguments, ``q`` becomes a device-only
-    scratch, and its K/V rows ``first_v`` and ``first_k_roped`` follow ``out`` (and ``next_q_roped``) among the
-    outputs; bound to the first layer's cache rows at ``length``-1, its attention reads them in the same run.
+    on ``x`` with ``next_eps`` (every layer of a group normalizes its input with one eps) and the step's LUT row,
+    over the first layer's input norm, [Wq; Wk] and Wv (views ``first_norm_w``, ``first_wqk``, ``first_wv`` of its
+    arenas); ``q`` becomes a device-only scratch, and its K/V rows ``first_v`` and ``first_k_roped`` follow ``out``
+    (and ``next_q_roped``) among the outputs; bound to the first layer's cache rows at ``length``-1, its attention
+    reads them in the same run.
 
     Layer j+1 attends over ``k_cache_<j+1>``/``v_cache_<j+1>`` as they are when it runs: a caller that binds
     ``next_k_roped_<j>``/``next_v_<j>`` to those caches' rows at ``length``-1 (the ``.into`` overload, an
@@ -750,32 +843,41 @@ def decode_layers_program(layers: int, hidden: int, q_dim: int, intermediate: in
         launches += (_launch("rmsnorm", ["out", "final_norm_w"], ["final_normed"], rows=1, cols=hidden, eps=final_eps),
                      *(Launch(l.kind, l.params, tuple("final_normed" if n == "x" else n for n in l.reads), l.writes)
                        for l in head.launches))
-    return _scratch_in_arena(Program(name=_decode_name(name, weights), params=params, args=tuple(args),
-                                     launches=launches, compile_options=DECODE_OPTIONS))
+    name = _decode_name(name, weights)
+    args, views = _scratch_in_arena(args)
+    args, weight_views = _weights_in_arenas(name, args,
+                                            layer_arenas(hidden, q_dim, kv_heads * head_dim, intermediate, weights))
+    hosts = {a.name: a for a in args if a.role in (Role.INPUT, Role.WEIGHT)}
+    order = ([] if first_qkv else ["q"]) + ["x", "length", "next_rope_lut"]
+    order += [f"{n}_{j}" for j in range(layers) for n in ("k_cache", "v_cache", "weights", "norms")]
+    order += ([] if ends_model else [f"weights_{layers}", f"norms_{layers}"])
+    order += ["final_norm_w", "w_lm"] if lm_head is not None else []
+    assert sorted(order) == sorted(hosts), (order, list(hosts))
+    args = [hosts[n] for n in order] + [a for a in args if a.name not in hosts]
+    return Program(name=name, params=params, args=tuple(args), launches=launches, compile_options=DECODE_OPTIONS,
+                   views=tuple(views + weight_views))
 
 
-def _scratch_in_arena(program: Program) -> Program:
-    """``program`` with its device-only scratches as views of one scratch argument per dtype (``scratch_<dtype>``,
-    where the first of them was): a decode group's six bf16 scratches (seven in a _qkv group) take one of the ELF's
-    argument slots (MAX_KERNEL_ARGS). Each view starts at a whole DMA word."""
-    if program.views:
-        raise ValueError(f"Program {program.name} has views already; its scratches cannot move into a new arena")
-    scratches = [a for a in program.args if a.role is S]
+def _scratch_in_arena(args) -> tuple[list[Arg], list[View]]:
+    """A decode group's arguments ``args`` with its device-only scratches as views of one scratch argument per dtype
+    (``scratch_<dtype>``, where the first of them was), and those views: its six bf16 scratches (seven in a _qkv
+    group) take one of the ELF's argument slots (MAX_KERNEL_ARGS). Each view starts at a whole DMA word."""
     views, ends = [], {}
-    for arg in scratches:
+    for arg in args:
+        if arg.role is not S:
+            continue
         align = DEVICE.dma_word_bytes // DTYPE_BYTES[arg.dtype] or 1
         start = -(-ends.get(arg.dtype, 0) // align) * align
         views.append(View(arg.name, f"scratch_{arg.dtype}", start, arg.shape, arg.dtype))
         ends[arg.dtype] = start + arg.numel
-    args, placed = [], set()
-    for arg in program.args:
+    moved, placed = [], set()
+    for arg in args:
         if arg.role is not S:
-            args.append(arg)
+            moved.append(arg)
         elif arg.dtype not in placed:
             placed.add(arg.dtype)
-            args.append(Arg(f"scratch_{arg.dtype}", (ends[arg.dtype],), arg.dtype, S))
-    return Program(program.name, tuple(args), program.launches, program.params, program.compile_options,
-                   tuple(views))
+            moved.append(Arg(f"scratch_{arg.dtype}", (ends[arg.dtype],), arg.dtype, S))
+    return moved, views
 
 
 # A patched model's LM head holds its weight rows padded with zero rows to a multiple of this (``lm_head_rows``), so

@@ -66,7 +66,9 @@ class View:
     """A named region of an arena argument that launches read and write as if it were an argument of its own: the
     ``numel(shape)`` elements from element ``offset`` of ``arena`` (same dtype), its role the arena's. Many buffers
     then take one of the ELF's argument slots (MAX_KERNEL_ARGS); the builders address a view's DMAs inside the
-    arena (kernels/builders/ir.py, ``MemRef.arena``)."""
+    arena (kernels/builders/ir.py, ``MemRef.arena``). An arena is a 1-D scratch (device-only buffers the launches
+    pass on) or a 1-D weight (a decoder layer's weights in one NPU buffer: catalog.layer_arenas), whose views
+    launches only read and which may hold parts no view names."""
 
     name: str
     arena: str
@@ -198,9 +200,9 @@ class Program:
             arena = args.get(v.arena)
             if arena is None:
                 raise ValueError(f"Program {self.name}: view {v.name!r} is in {v.arena!r}, which is no argument")
-            if len(arena.shape) != 1 or v.dtype != arena.dtype or arena.role is not Role.SCRATCH:
-                raise ValueError(f"Program {self.name}: view {v.name!r}'s arena {v.arena!r} must be a 1-D scratch "
-                                 f"argument of its dtype {v.dtype}, got {arena.role.value} {arena.dtype} "
+            if len(arena.shape) != 1 or v.dtype != arena.dtype or arena.role not in (Role.SCRATCH, Role.WEIGHT):
+                raise ValueError(f"Program {self.name}: view {v.name!r}'s arena {v.arena!r} must be a 1-D scratch or "
+                                 f"weight argument of its dtype {v.dtype}, got {arena.role.value} {arena.dtype} "
                                  f"{arena.shape}")
             numel = Arg(v.name, v.shape, v.dtype, arena.role).numel
             word = DEVICE.dma_word_bytes  # a shim DMA's base address is a whole word

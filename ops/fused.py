@@ -147,50 +147,37 @@ def _decode_attn_o_gemv_ffn(shapes, head_dim, eps):
                                                   capacity)
 
 
-# Host tensors of a decode group's first layer (decode_attn_o_gemv_ffn_rms_gemv_rope's; each further layer's follow:
-# catalog.decode_layers_program)
-_GROUP_FIRST = 13
-
-
 def _decode_layers(layers: int, ends_model: bool = False, lm_head: bool = False, first_qkv: bool = False):
     """The program_for of npu2.decode_layers<layers> (with ``ends_model``, of decode_layers<layers>_final; with
     ``lm_head`` too, of decode_layers<layers>_final_lm, whose last host tensor is the LM head's weight, its rows the
-    logits; with ``first_qkv``, of the _qkv op, whose first three host tensors are the first layer's own
-    rms_gemv_rope weights and which takes no q) and, with a weight format, of its _packed twin: the first layer's
-    tensors fix the dims; the registry's shape check holds each further layer's to them."""
-    def program_for(shapes, head_dim, eps, next_eps, *rest):
+    logits; with ``first_qkv``, of the _qkv op, which takes no q) and, with a weight format, of its _packed twin: the
+    dims come from x (hidden), the first layer's K cache (capacity, KV width) and the scalars; the registry's shape
+    check holds every tensor, each layer's two weight arenas included, to the Program's."""
+    lead = 0 if first_qkv else 1  # a group without its first layer's Q/K/V starts with that layer's query
+
+    def program_for(shapes, head_dim, heads, intermediate, eps, next_eps, *rest):
         """``rest``: a _final_lm op's final_eps, then a _packed op's weights (and a _final_lm_packed op's head_weights,
         the LM head's own packed format)."""
         final_eps, rest = (rest[0], rest[1:]) if lm_head else (None, rest)
         weights = rest[0] if rest else "bf16"
         head_weights = rest[1] if len(rest) > 1 else weights
-        if first_qkv:  # the query the first layer's rms_gemv_rope makes stands in for the q it does not take
-            first, shapes = shapes[:3], shapes[3:]
-            x, lut = shapes[4], shapes[11]  # k_cache, v_cache, length, wo, x, ..., next_rope_lut: no q
-            qkv_shapes = (x, *first, lut)
-            try:
-                qkv = (_rms_gemv_rope(qkv_shapes, next_eps) if weights == "bf16"
-                       else _rms_gemv_rope_packed(qkv_shapes, next_eps, weights))
-            except BadArgument as exc:
-                group_name = {"x": "x", "rope_lut": "next_rope_lut"}.get(exc.arg, "first_" + exc.arg)
-                raise BadArgument(group_name, exc.expected, exc.given) from None
-            heads, dim = (dict(qkv.params)[n] for n in ("heads", "head_dim"))
-            shapes = ((heads * dim,), *shapes)
-        try:
-            if weights == "bf16":
-                one = _decode_attn_o_gemv_ffn_rms_gemv_rope(shapes[:_GROUP_FIRST], head_dim, eps, next_eps)
-            else:
-                one = _decode_attn_o_gemv_ffn_rms_gemv_rope_packed(shapes[:_GROUP_FIRST], head_dim, eps, next_eps,
-                                                                   weights)
-        except BadArgument as exc:  # the first layer's own arguments are suffixed _0 in the group
-            if exc.arg == "q" and first_qkv:  # the q made from first_wqk's rows: not an argument of the op
-                raise BadArgument("first_wqk", exc.expected, exc.given) from None
-            shared = exc.arg in ("q", "x", "length", "next_rope_lut")
-            raise BadArgument(exc.arg if shared else exc.arg + "_0", exc.expected, exc.given) from None
-        p = dict(one.params)
-        return catalog.decode_layers_program(layers, p["hidden"], p["q_dim"], p["intermediate"], eps, p["heads"],
-                                             p["kv_heads"], head_dim, p["capacity"], next_eps, weights, ends_model,
-                                             (shapes[-1][0], final_eps, head_weights) if lm_head else None, first_qkv)
+        k_cache = shapes[lead + 3]
+        try:  # the first layer's attention: its heads and capacity bucket
+            attention = dict(_decode_attn(((heads * head_dim,), k_cache, k_cache, None), head_dim).params)
+        except BadArgument as exc:
+            raise BadArgument("k_cache_0", exc.expected, exc.given) from None
+        program = catalog.decode_layers_program(layers, shapes[lead][0], heads * head_dim, intermediate, eps,
+                                                heads, attention["kv_heads"], head_dim, attention["capacity"],
+                                                next_eps, weights, ends_model,
+                                                (shapes[-1][0], final_eps, head_weights) if lm_head else None,
+                                                first_qkv)
+        # the arenas' sizes follow from x's width: both of the first layer's off means x is
+        arenas = [(a.shape, tuple(shapes[lead + i])) for i, a in ((5, program.arg("weights_0")),
+                                                                   (6, program.arg("norms_0")))]
+        if all(expected != given for expected, given in arenas):
+            raise BadArgument("x", "the width of the model whose layer arenas weights_0 and norms_0 are",
+                              f"shape {tuple(shapes[lead])}")
+        return program
     return program_for
 
 
@@ -204,7 +191,7 @@ def _decode_layers_ops() -> tuple[FusedOp, ...]:
     """npu2.decode_layers<n>, npu2.decode_layers<n>_final (a group ending with the model's last layer) and
     npu2.decode_layers<n>_final_lm (that group, then the model's final norm and LM head), each with a _qkv twin
     (decode_layers<n>_qkv[_final[_lm]]: the first layer's rms_gemv_rope too) and each with a _packed twin."""
-    scalars = (("head_dim", "int"), ("eps", "float"), ("next_eps", "float"))
+    scalars = (("head_dim", "int"), ("heads", "int"), ("intermediate", "int"), ("eps", "float"), ("next_eps", "float"))
     ends = (("", False, False), ("_final", True, False), ("_final_lm", True, True))
     return tuple(
         FusedOp(f"decode_layers{n}{'_qkv' if first_qkv else ''}{suffix}" + ("" if weights == "bf16" else "_packed"),

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels import int_gemm, quant
-from ..kernels.catalog import DECODE_GROUP_SIZES, decode_attn_length_value
+from ..kernels.catalog import DECODE_GROUP_SIZES, decode_attn_length_value, layer_arenas
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -272,8 +272,9 @@ def _decode_layers(layers: int, layer_reference, last_reference=None):
     return reference
 
 
-# npu2.decode_layers<n>[_final][_packed]'s references, by op name
-DECODE_GROUP_REFERENCES = {
+# npu2.decode_layers<n>[_final][_packed]'s references over weights one tensor each (the group's
+# per-weight form: _from_arenas hands them the arenas' parts), by op name
+_PER_WEIGHT_GROUP_REFERENCES = {
     f"decode_layers{n}{'_final' if final else ''}{suffix}": _decode_layers(n, layer, last if final else None)
     for n in DECODE_GROUP_SIZES for final in (False, True)
     for suffix, layer, last in (
@@ -297,9 +298,9 @@ def _with_lm_head(group_reference, head_reference):
     return reference
 
 
-DECODE_GROUP_REFERENCES.update({
-    f"decode_layers{n}_final_lm{suffix}": _with_lm_head(DECODE_GROUP_REFERENCES[f"decode_layers{n}_final{suffix}"],
-                                                        head)
+_PER_WEIGHT_GROUP_REFERENCES.update({
+    f"decode_layers{n}_final_lm{suffix}": _with_lm_head(
+        _PER_WEIGHT_GROUP_REFERENCES[f"decode_layers{n}_final{suffix}"], head)
     for n in DECODE_GROUP_SIZES
     for suffix, head in (("", lm_head_gemv_reference), ("_packed", lm_head_gemv_packed_reference))})
 
@@ -321,8 +322,53 @@ def _with_first_qkv(group_reference, qkv_reference, ends_model: bool, lm_head: b
     return reference
 
 
-DECODE_GROUP_REFERENCES.update({
-    f"decode_layers{n}_qkv{ends}{suffix}": _with_first_qkv(DECODE_GROUP_REFERENCES[f"decode_layers{n}{ends}{suffix}"],
-                                                           qkv, bool(ends), ends == "_final_lm")
+_PER_WEIGHT_GROUP_REFERENCES.update({
+    f"decode_layers{n}_qkv{ends}{suffix}": _with_first_qkv(
+        _PER_WEIGHT_GROUP_REFERENCES[f"decode_layers{n}{ends}{suffix}"], qkv, bool(ends), ends == "_final_lm")
     for n in DECODE_GROUP_SIZES for ends in ("", "_final", "_final_lm")
     for suffix, qkv in (("", rms_gemv_rope_reference), ("_packed", rms_gemv_rope_packed_reference))})
+
+
+def _from_arenas(per_weight, layers: int, ends_model: bool, lm_head: bool, first_qkv: bool):
+    """Reference of a decode group op over weight arenas: each layer's parts of its two arenas (catalog.layer_arenas)
+    as the weights they hold, handed in the per-weight form's order (its first layer's decode_attn_o_gemv_ffn_
+    rms_gemv_rope tensors, then each further layer's caches, o/FFN weights and the next layer's input norm, [Wq; Wk]
+    and Wv) to ``per_weight``, the group's reference over such weights, with its scalars (no heads, intermediate)."""
+    lead = 0 if first_qkv else 1
+
+    def reference(*args):
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        head_dim, heads, intermediate, *scalars = args[len(tensors):]
+        fmt = (scalars[3:] if lm_head else scalars[2:])[:1] or ["bf16"]
+        x, length, lut = tensors[lead:lead + 3]
+        per_layer = tensors[lead + 3:]
+        caches = [per_layer[4 * j:4 * j + 2] for j in range(layers)]
+        # each layer's caches then arenas; the layer after the group (unless it ends the model): its arenas only
+        arenas = [per_layer[4 * j + 2:4 * j + 4] for j in range(layers)]
+        arenas += [] if ends_model else [per_layer[4 * layers:4 * layers + 2]]
+        layout = layer_arenas(x.shape[0], heads * head_dim, caches[0][0].shape[1], intermediate, fmt[0])
+
+        def part(j: int, name: str) -> torch.Tensor:
+            view = layout.part(name)
+            numel = math.prod(view.shape)
+            arena = arenas[j][0 if view.arena == "weights" else 1]
+            return arena[view.offset:view.offset + numel].view(view.shape)
+
+        def qkv(j: int) -> list:  # layer j's input norm, [Wq; Wk] and Wv
+            return [part(j, "input_norm"), part(j, "wqk"), part(j, "wv")]
+
+        ffn = [[part(j, n) for n in ("post_attention_norm", "w_gate_up", "w_down")] for j in range(layers)]
+        given = (qkv(0) if first_qkv else [tensors[0]]) + [*caches[0], length, part(0, "wo"), x, *ffn[0], *qkv(1),
+                                                            lut]
+        for j in range(1, layers):
+            given += [*caches[j], part(j, "wo"), *ffn[j], *([] if ends_model and j == layers - 1 else qkv(j + 1))]
+        given += tensors[-2:] if lm_head else []
+        return per_weight(*given, head_dim, *scalars)
+    return reference
+
+
+# npu2.decode_layers<n>[_qkv][_final[_lm]][_packed]'s references, by op name
+DECODE_GROUP_REFERENCES = {
+    name: _from_arenas(per_weight, int(name[len("decode_layers")]), "_final" in name, "_final_lm" in name,
+                       "_qkv" in name)
+    for name, per_weight in _PER_WEIGHT_GROUP_REFERENCES.items()}

@@ -122,6 +122,8 @@ SCALAR_CHECKS = {
                   f"one of {', '.join(map(repr, BF16_WEIGHT_PRECISIONS))} (for {INTEGER_PRECISION!r}: the *_w8x2 ops, "
                   "over prepared weights)"),
     "head_dim": (lambda v: v > 0, "a positive int"),
+    "heads": (lambda v: v > 0, "a positive int"),
+    "intermediate": (lambda v: v > 0, "a positive int"),
     "in_features": (lambda v: v > 0 and v % 32 == 0, "a positive multiple of 32 (whole 32-element blocks)"),
     "weights": (lambda v: v in FORMATS, f"one of {', '.join(map(repr, FORMATS))} (a packed weight format)"),
     "head_weights": (lambda v: v in FORMATS, f"one of {', '.join(map(repr, FORMATS))} (a packed weight format)"),

@@ -553,14 +553,16 @@ class NpuDecoderLayer:
 
     def __init__(self, layer, shared: SharedState, signature: LayerSignature, *, gate_up: torch.Tensor | None = None,
                  qk: torch.Tensor | None = None, qk_bias: torch.Tensor | None = None,
-                 packed: PackedProjections | None = None, prepared: PreparedProjections | None = None):
+                 packed: PackedProjections | None = None, prepared: PreparedProjections | None = None,
+                 arenas: tuple[torch.Tensor, torch.Tensor] | None = None):
         """``signature``: the installed transformers' decoder-layer signature, whose names the layer takes its
         arguments by. Either ``gate_up`` and ``qk``, the layer's gate and up weights side by side, [gate | up]
         (F × 2H), and its Q and K weights stacked, [Wq; Wk], whose parts its gate_proj.weight, up_proj.weight,
         q_proj.weight and k_proj.weight are (patch_llama lays them out so), or ``packed``, the projections as packed
         rows, when the model runs with quantized weights; ``qk_bias``: [bq | bk], whose parts q_proj.bias and
-        k_proj.bias are, when the family has Q/K/V biases; and ``prepared``, the projections prepared for integer
-        prefill GEMMs when the model runs them."""
+        k_proj.bias are, when the family has Q/K/V biases; ``prepared``, the projections prepared for integer
+        prefill GEMMs when the model runs them; ``arenas``, the layer's two weight arenas (catalog.layer_arenas),
+        whose parts its projections (or the packed rows) and norms are, which the decode groups take."""
         self.signature = signature
         self.module = layer
         self.hf_forward = functools.partial(type(layer).forward, layer)  # HF's own layer, for output_attentions
@@ -572,7 +574,7 @@ class NpuDecoderLayer:
         self.kv_heads = attn.k_proj.weight.shape[0] // self.head_dim
         # the norms themselves, not their eps: a variance_epsilon changed after patching still applies
         self.input_norm, self.post_attention_norm = layer.input_layernorm, layer.post_attention_layernorm
-        self.packed, self.prepared = packed, prepared
+        self.packed, self.prepared, self.arenas = packed, prepared, arenas
         # Q/K/V biases (a family with them, patch_llama/families.py): bf16 in every weight format, taken by the ops'
         # _qkv_bias twins after wv: (bq, bk, bv) by prefill's, ([bq | bk], bv) by decode's
         self.qkv_biases = tuple(p.bias for p in (attn.q_proj, attn.k_proj, attn.v_proj) if p.bias is not None)
@@ -841,18 +843,20 @@ class NpuDecoderLayer:
         # the final norm's weight and the LM head's rows; the final eps; the LM head's own format when packed
         head_args = ((head.norm.weight, head.lm_head.rows), (head.eps,), head.lm_head.packed[:1] if packed else ()) \
             if head else ((), (), ())
-        wo, norm2_w, w_gate_up, w_down = self.ffn_weights
+        # each layer's weights in its two arenas; the layer after the group's (unless it ends the model) too
+        arenas = [t for layer in (self, *members) for t in layer.arenas]
+        after = () if ends_model else members[-1].next_layer.arenas
+        scalars = (self.head_dim, self.heads, self.intermediate, self.eps_mlp, self.next_layer.eps_attn, *head_args[1],
+                   *packed, *head_args[2])
         results = []
         for b, (a, x, lut) in enumerate(zip(on_device, inputs, lut_rows)):
-            tensors = [*((a.q,) if own_rows is None else self.qkv_weights), a.k_cache, a.v_cache, a.length, wo, x,
-                       norm2_w, w_gate_up, w_down, *self.next_layer.qkv_weights, lut]
-            for member, member_views in zip(members, views):
-                tensors += [member_views[b].k_cache, member_views[b].v_cache, *member.ffn_weights,
-                            *(() if member.next_layer is None else member.next_layer.qkv_weights)]
+            caches = [(a.k_cache, a.v_cache)] + [(v[b].k_cache, v[b].v_cache) for v in views]
+            tensors = [*(() if own_rows is not None else (a.q,)), x, a.length, lut]
+            for j, (k_cache, v_cache) in enumerate(caches):
+                tensors += [k_cache, v_cache, arenas[2 * j], arenas[2 * j + 1]]
             rows = [*(() if own_rows is None else own_rows[b]), *targets[b],
                     *(row for _, next_targets in nexts for row in next_targets[b])]
-            out = op(*tensors, *head_args[0], *rows, self.head_dim, self.eps_mlp, self.next_layer.eps_attn,
-                     *head_args[1], *packed, *head_args[2])
+            out = op(*tensors, *after, *head_args[0], *rows, *scalars)
             results.append((out,) if ends_model and not head else out)
         result = _from_sequence_rows([r[0] for r in results])
         if head:

@@ -1,6 +1,7 @@
 """patch_llama / unpatch_llama: route a HF Llama model's decoder layers and LM head through the npu2 ops."""
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass, field
 
@@ -11,7 +12,7 @@ from .. import runtime as npu_runtime
 from ..host_memory import release_free_heap
 from ..kernels import MATMUL_PRECISIONS, int_gemm, programs_for_model, quant
 from ..kernels.catalog import (AUTO_PRECISION, DECODE_GROUP_SIZES, DECODE_WEIGHTS, INTEGER_PRECISION,
-                               integer_gemm_misfit, lm_head_rows, resolve_matmul_precision)
+                               integer_gemm_misfit, layer_arenas, lm_head_rows, resolve_matmul_precision)
 from ..kernels.stitch import npu2_build_problem
 from .kv_cache import NpuKVCache
 from .layer import (NpuDecoderLayer, NpuFinalNorm, NpuLmHead, PackedProjections, PrefillSettings, PreparedProjections,
@@ -301,12 +302,45 @@ def _pin_lm_head(runtime, weight: nn.Parameter) -> torch.Tensor:
     return rows
 
 
-def _pin_joined(runtime, first: nn.Parameter, second: nn.Parameter, dim: int = 0) -> torch.Tensor:
-    """One NPU buffer of ``first`` and ``second`` joined along ``dim`` (rows: [Wq; Wk]; columns: [gate | up]), whose
-    two parts they become (views: still one copy of each)."""
-    joined = runtime.pin(torch.cat((first.data, second.data), dim=dim))
-    size = first.shape[dim]
-    first.data, second.data = joined.narrow(dim, 0, size), joined.narrow(dim, size, second.shape[dim])
+def _layer_arenas(runtime, layer, weights: str) -> tuple[tuple[torch.Tensor, torch.Tensor], dict]:
+    """A decoder layer's two arenas (catalog.layer_arenas: its projections in the weight format's dtype, its norms
+    in bf16) as NPU buffers, their gaps zero, with its norms in place: ((weights, norms), each part as a view)."""
+    attn, mlp = layer.self_attn, layer.mlp
+    layout = layer_arenas(attn.q_proj.in_features, attn.q_proj.out_features, attn.k_proj.out_features,
+                          mlp.down_proj.in_features, weights)
+    arenas = {a.name: runtime.empty(a.shape, torch.bfloat16 if a.dtype == "bf16" else torch.int32)
+              for a in (layout.weights, layout.norms)}
+    for arena in arenas.values():
+        arena.zero_()
+    parts = {v.name: arenas[v.arena][v.offset:v.offset + math.prod(v.shape)].view(v.shape) for v in layout.parts}
+    for name, norm in (("input_norm", layer.input_layernorm.weight),
+                       ("post_attention_norm", layer.post_attention_layernorm.weight)):
+        parts[name].copy_(norm.data)
+        norm.data = parts[name]
+    return (arenas["weights"], arenas["norms"]), parts
+
+
+def _pin_layer(runtime, layer) -> tuple[tuple[torch.Tensor, torch.Tensor], dict]:
+    """A decoder layer's bf16 weights in its arenas (``_layer_arenas``), each parameter a view of its part: [Wq; Wk]
+    (q_proj and k_proj the rows), [gate | up] (gate_proj and up_proj the halves of each row), Wv, Wo, Wdown, and the
+    norms. Returns the arenas and the parts."""
+    arenas, parts = _layer_arenas(runtime, layer, "bf16")
+    attn, mlp = layer.self_attn, layer.mlp
+    q_rows, hidden = attn.q_proj.out_features, attn.q_proj.in_features
+    placed = ((attn.q_proj, parts["wqk"][:q_rows]), (attn.k_proj, parts["wqk"][q_rows:]),
+              (attn.v_proj, parts["wv"]), (attn.o_proj, parts["wo"]), (mlp.gate_proj, parts["w_gate_up"][:, :hidden]),
+              (mlp.up_proj, parts["w_gate_up"][:, hidden:]), (mlp.down_proj, parts["w_down"]))
+    for module, part in placed:
+        part.copy_(module.weight.data)
+        module.weight.data = part
+    return arenas, parts
+
+
+def _pin_joined(runtime, first: nn.Parameter, second: nn.Parameter) -> torch.Tensor:
+    """One NPU buffer of ``first`` and ``second`` one after the other ([bq | bk]), whose two parts they become
+    (views: still one copy of each)."""
+    joined = runtime.pin(torch.cat((first.data, second.data)))
+    first.data, second.data = joined[:first.shape[0]], joined[first.shape[0]:]
     return joined
 
 
@@ -402,9 +436,9 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
     ``load_model(..., weights=...)`` loaded packed names its file itself, and its projections were never bf16 in
     memory (from a HF checkpoint they are quantized here as they are read, one tensor at a time).
     ``decode_layers_per_dispatch``: how many decoder layers one decode dispatch may run from their attention on
-    (npu2.decode_layers<n>, up to 4: what 64 argument buffers per run hold); 1 runs each layer as a dispatch of its
-    own. Fewer dispatches save NPU and host time per token; a group's ELF takes longer to build, once per decode
-    attention capacity bucket (ARCHITECTURE.md, "Decode groups").
+    (npu2.decode_layers<n>, up to 8: what 64 argument buffers per run hold, each layer's weights in two of them);
+    1 runs each layer as a dispatch of its own. Fewer dispatches save NPU and host time per token; a group's ELF
+    takes longer to build, once per decode attention capacity bucket (ARCHITECTURE.md, "Decode groups").
     ``progress``: show a progress bar while weights move into NPU buffers.
     """
     if getattr(model, STATE_ATTR, None) is not None:
@@ -433,11 +467,11 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
                                                    context=getattr(model.config, "max_position_embeddings", None)),
                                    decode_group=decode_layers_per_dispatch),
                        weights=(weights, head_weights))
-    # pinned in pairs, as one buffer each: [gate | up], [Wq; Wk], [bq | bk]
+    # a layer's projections and norms go into its two arenas (_pin_layer), [bq | bk] into one buffer
     paired = {id(p) for layer in model.model.layers for p in (
-        layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight, layer.self_attn.q_proj.weight,
-        layer.self_attn.k_proj.weight, layer.self_attn.q_proj.bias, layer.self_attn.k_proj.bias) if p is not None}
-    paired |= {id(p) for p in packed_weights}  # packed: their bf16 weights go to the spill file, not to the NPU
+        *(m.weight for m in _projections(layer)), layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
+        layer.self_attn.q_proj.bias, layer.self_attn.k_proj.bias) if p is not None}
+    paired |= {id(p) for p in packed_weights}  # packed: the LM head is packed into its buffer, not pinned
     items = [p for p in _npu_weights(model) if id(p) not in paired] + list(model.model.layers)
     if progress:
         from tqdm import tqdm
@@ -454,16 +488,16 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
             elif isinstance(item, nn.Parameter):
                 item.data = runtime.pin(item.data)
             elif packed:  # the projections packed (and prepared from the packed rows for integer prefill GEMMs)
-                rows = _pin_packed(state, runtime, item, weights, source)
+                arenas, rows = _pin_packed(state, runtime, item, weights, source)
                 integer = _prepare_integer(runtime, item, rows) if matmul_precision == INTEGER_PRECISION else None
-                per_layer.append(dict(packed=rows, prepared=integer, qk_bias=_pin_qk_bias(runtime, item.self_attn)))
+                per_layer.append(dict(packed=rows, arenas=arenas, prepared=integer,
+                                      qk_bias=_pin_qk_bias(runtime, item.self_attn)))
                 _set_aside(state, [m.weight for m in _projections(item)])
-            else:  # a decoder layer: [gate | up] (F × 2H, side by side in each row) and [Wq; Wk], one buffer each,
-                # the layouts the decode ops read (and integer copies for prefill)
-                gate_up = _pin_joined(runtime, item.mlp.gate_proj.weight, item.mlp.up_proj.weight, dim=1)
-                qk = _pin_joined(runtime, item.self_attn.q_proj.weight, item.self_attn.k_proj.weight)
+            else:  # a decoder layer: its weights in its two arenas, [gate | up] (F × 2H, side by side in each row)
+                # and [Wq; Wk] among them, the layouts the decode ops read (and integer copies for prefill)
+                arenas, parts = _pin_layer(runtime, item)
                 prepared = _prepare_integer(runtime, item) if matmul_precision == INTEGER_PRECISION else None
-                per_layer.append(dict(gate_up=gate_up, qk=qk, prepared=prepared,
+                per_layer.append(dict(gate_up=parts["w_gate_up"], qk=parts["wqk"], arenas=arenas, prepared=prepared,
                                       qk_bias=_pin_qk_bias(runtime, item.self_attn)))
         if packed:
             head = (head_weights, _pack_linear(state, runtime, model.lm_head, "lm_head", head_weights, source,
@@ -571,30 +605,31 @@ def _remember_unloaded(state, module, fmt: str, words: torch.Tensor) -> None:
         state.unloaded.append((module, fmt, words))
 
 
-def _pin_packed(state, runtime, layer, fmt: str, source) -> PackedProjections:
-    """A decoder layer's projections packed into NPU buffers; [gate | up] as one buffer, each row a packed gate
-    row then a packed up row; [Wq; Wk] as one, Q's packed rows then K's."""
+def _pin_packed(state, runtime, layer, fmt: str, source) -> tuple[tuple[torch.Tensor, torch.Tensor],
+                                                                    PackedProjections]:
+    """A decoder layer's projections packed into its weight arena (``_layer_arenas``, its norms into the other):
+    [gate | up] each row a packed gate row then a packed up row, [Wq; Wk] Q's packed rows then K's, Wv, Wo and
+    Wdown. Returns the arenas and the packed projections (views of their parts)."""
     index = layer.self_attn.layer_idx
     attn, mlp = layer.self_attn, layer.mlp
-
-    def pack(module, name):
-        return _pack_linear(state, runtime, module, f"{index}.{name}", fmt, source)
-
-    gate_up = torch.cat([_packed_rows(m, f"{index}.mlp.{n}", fmt, source) for m, n in
-                         ((mlp.gate_proj, "gate_proj"), (mlp.up_proj, "up_proj"))], dim=1)
-    gate_up = runtime.pin(gate_up.view(torch.int32))
-    for half, module in enumerate((mlp.gate_proj, mlp.up_proj)):
+    arenas, parts = _layer_arenas(runtime, layer, fmt)
+    gate_up = parts["w_gate_up"]
+    gate_up.copy_(torch.cat([_packed_rows(m, f"{index}.mlp.{n}", fmt, source) for m, n in
+                             ((mlp.gate_proj, "gate_proj"), (mlp.up_proj, "up_proj"))], dim=1).view(torch.int32))
+    width = gate_up.shape[1] // 2
+    qk = parts["wqk"]
+    rows = (*qk.split((attn.q_proj.out_features, attn.k_proj.out_features)), parts["wv"], parts["wo"],
+            parts["w_down"])
+    packed = ((attn.q_proj, "self_attn.q_proj", rows[0]), (attn.k_proj, "self_attn.k_proj", rows[1]),
+              (attn.v_proj, "self_attn.v_proj", rows[2]), (attn.o_proj, "self_attn.o_proj", rows[3]),
+              (mlp.down_proj, "mlp.down_proj", rows[4]))
+    for module, name, words in packed:  # straight into the arena: no packed copy beside it
+        _packed_rows(module, f"{index}.{name}", fmt, source, words.view(torch.uint8))
+    halves = ((mlp.gate_proj, gate_up[:, :width]), (mlp.up_proj, gate_up[:, width:]))
+    for module, words in (*((m, w) for m, _, w in packed), *halves):
         _set_instance_attr(state, module, "extra_repr", _describe_linear(module, fmt))
-        width = gate_up.shape[1] // 2
-        _remember_unloaded(state, module, fmt, gate_up[:, half * width:(half + 1) * width])
-    qk = torch.cat([_packed_rows(m, f"{index}.self_attn.{n}", fmt, source) for m, n in
-                    ((attn.q_proj, "q_proj"), (attn.k_proj, "k_proj"))])
-    qk = runtime.pin(qk.view(torch.int32))
-    for rows, module in zip(qk.split((attn.q_proj.out_features, attn.k_proj.out_features)), (attn.q_proj, attn.k_proj)):
-        _set_instance_attr(state, module, "extra_repr", _describe_linear(module, fmt))
-        _remember_unloaded(state, module, fmt, rows)
-    return PackedProjections(qk, pack(attn.v_proj, "self_attn.v_proj"), pack(attn.o_proj, "self_attn.o_proj"),
-                             gate_up, pack(mlp.down_proj, "mlp.down_proj"), format=fmt)
+        _remember_unloaded(state, module, fmt, words)
+    return arenas, PackedProjections(qk, parts["wv"], parts["wo"], gate_up, parts["w_down"], format=fmt)
 
 
 def unpatch_llama(model):

@@ -110,17 +110,17 @@ def test_the_decode_token_charges_the_attention_the_patched_model_runs_on_the_np
 
 @pytest.mark.parametrize("weights", ["bf16", "q4_1"])
 def test_a_decode_group_costs_its_layers_launches_in_one_dispatch(weights):
-    """Up to four layers per dispatch, the first group starting with the first layer's rms_gemv_rope, the last
-    ending with the model's last layer and running the final norm and the LM head (4 dispatches per token of 16
+    """Up to eight layers per dispatch, the first group starting with the first layer's rms_gemv_rope, the last
+    ending with the model's last layer and running the final norm and the LM head (2 dispatches per token of 16
     layers, decode_dispatches): the token costs what its layers and the LM head cost one dispatch each (18) less the
-    14 dispatches saved, each leaving a launch to enter its device inside a run, plus the final norm's launch (HF's
+    16 dispatches saved, each leaving a launch to enter its device inside a run, plus the final norm's launch (HF's
     host norm before) and its device, at each end."""
     from torch_npu2.kernels import catalog
 
     d = cost_model.llama_1b_dims()
     capacity = catalog.decode_attn_capacity(1024, cost_model.DECODE_ATTN_MAX_LEN)
     last_group = cost_model.program_range(catalog.decode_layers_program(
-        4, d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads, d.head_dim, capacity, d.eps, weights, True,
+        8, d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads, d.head_dim, capacity, d.eps, weights, True,
         (catalog.lm_head_rows(d.vocab), d.eps, weights)))
     assert [launch.kind for launch in last_group[0].launches[-2:]] == ["rmsnorm", "gemv_f32"]
     chained = cost_model.program_range(catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_program(
@@ -129,12 +129,12 @@ def test_a_decode_group_costs_its_layers_launches_in_one_dispatch(weights):
         d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads, d.head_dim, capacity, weights))
     first, head = (cost_model.program_range(cost_model.program(name, d, None, "bf16", weights))
                    for name in ("rms_gemv_rope", "lm_head_gemv"))
-    assert cost_model.decode_group_runs(16) == [4, 4, 4, 4] and cost_model.decode_dispatches(16) == 4
-    assert cost_model.decode_group_runs(17) == [4, 4, 4, 4, 1] and cost_model.decode_dispatches(17) == 6
+    assert cost_model.decode_group_runs(16) == [8, 8] and cost_model.decode_dispatches(16) == 2
+    assert cost_model.decode_group_runs(17) == [8, 8, 1] and cost_model.decode_dispatches(17) == 4
     assert cost_model.decode_group_runs(1) == [1] and cost_model.decode_dispatches(1) == 3
     for end, grouped in enumerate(cost_model.token_ms(d, 16, 1024, weights)):
         one_each = 15 * chained[end].seconds + last[end].seconds + first[end].seconds + head[end].seconds
-        saved = (18 - 4) * (cost_model.ENDS[end].dispatch_s - cost_model.ENDS[end].configure_s)
+        saved = (18 - 2) * (cost_model.ENDS[end].dispatch_s - cost_model.ENDS[end].configure_s)
         final_norm = last_group[end].launches[-2].seconds + cost_model.ENDS[end].configure_s
         assert grouped == pytest.approx((one_each - saved + final_norm) * 1e3, rel=1e-9)
 

@@ -13,7 +13,7 @@ from torch_npu2.kernels.air_pipeline import (TIMEOUT_VARIABLE, CompileError, air
 from torch_npu2.kernels.budgets import program_l1
 from torch_npu2.kernels.builders.npu2 import L1_AVAILABLE
 from torch_npu2.kernels.device import DEVICE
-from torch_npu2.kernels.program import Arg, CompileOptions, Launch, Program, Role, View
+from torch_npu2.kernels.program import DTYPE_BYTES, Arg, CompileOptions, Launch, Program, Role, View
 
 from .air_text import shift_first_packed_v_bd
 
@@ -61,15 +61,18 @@ PROGRAMS["llama-decode_attn_o_gemv_ffn_rms_gemv_rope_packed-q4_1-2048"] = \
                                                                 LLAMA.eps, LLAMA.heads, LLAMA.kv_heads, LLAMA.head_dim,
                                                                 2048, LLAMA.eps, "q4_1")
 
-# Four decode layers in one ELF, over bf16 weights starting with the first layer's Q/K/V (npu2.decode_layers4_qkv, a
-# token's first run: 31 launches, 55 arguments, its seven scratches views of one) and over packed Q4_1 weights from
-# their attention on (npu2.decode_layers4_packed: 28 launches, 51 arguments): the slowest Programs here, 234 s for
-# both with the launches placed one by one, most of it aiecc's run per device (placed as one module, as aircc does,
-# the _qkv one took 425 s, nearly all in air-fuse-channels).
+# A Llama-3.2-1B token's two decode runs, eight layers each, each layer's weights views of its two arenas: over bf16
+# weights starting with the first layer's Q/K/V (npu2.decode_layers8_qkv: 59 launches, 58 arguments, its seven
+# scratches views of one) and over packed Q4_1 weights ending with the model's last layer, its final norm and LM head
+# (npu2.decode_layers8_final_lm_packed: 55 launches, 56 arguments): the slowest Programs here, placed launch by launch
+# (376 s and 317 s here with other tests beside them; four layers with the whole module placed at once, as aircc
+# places it, took 425 s).
 PROGRAMS.update({f"llama-{p.name}-2048": p for p in (
-    catalog.decode_layers_program(4, LLAMA.hidden, LLAMA.q_dim, LLAMA.intermediate, LLAMA.eps, LLAMA.heads,
-                                  LLAMA.kv_heads, LLAMA.head_dim, 2048, LLAMA.eps, weights, first_qkv=first_qkv)
-    for weights, first_qkv in (("bf16", True), ("q4_1", False)))})
+    catalog.decode_layers_program(8, LLAMA.hidden, LLAMA.q_dim, LLAMA.intermediate, LLAMA.eps, LLAMA.heads,
+                                  LLAMA.kv_heads, LLAMA.head_dim, 2048, LLAMA.eps, weights, ends_model=final,
+                                  lm_head=(catalog.lm_head_rows(LLAMA.vocab), LLAMA.eps, weights) if final else None,
+                                  first_qkv=not final)
+    for weights, final in (("bf16", False), ("q4_1", True)))})
 # A group that ends with the model's last layer and runs its final norm and LM head (npu2.decode_layers<n>_final_lm):
 # SmolLM2's 30 layers end with two, run over its GGUF's Q4_1 weights, its LM head the GGUF's Q8_0 embedding (the
 # group without the head: 156 s here; Llama-3.2-1B's four-layer bf16 one, 55 arguments, lowered by hand in 253 s at
@@ -150,11 +153,33 @@ def test_options_change_the_passes_aircc_changes():
         CompileOptions(runtime_loop_tiling_sizes=[4, 4])
 
 
+def assert_views_patched_in_place(program: Program, build_dir) -> None:
+    """Each launch's shim BDs on an arena argument (a Program's views: kernels/program.py, View) are address-patched
+    at a byte inside a view that launch touches, and each view it touches has its first byte among them. A view
+    addressed from the arena's start (what a memref.reinterpret_cast's offset becomes in this mlir-aie's lowering)
+    would patch byte 0 of the arena."""
+    arenas = {program.index(v.arena) for v in program.views}
+    for index, launch in enumerate(program.launches):
+        (lowered,) = build_dir.glob(f"aiecc_l{index}_*_seg/*_npu_lowered.mlir")
+        patched = {(int(arg), int(plus)) for arg, plus in
+                   re.findall(r"arg_idx = (\d+) : i32, arg_plus = (\d+)", lowered.read_text()) if int(arg) in arenas}
+        touched: dict[int, list[range]] = {}
+        for view in filter(None, map(program.view, launch.reads + launch.writes)):
+            size = DTYPE_BYTES[view.dtype]
+            touched.setdefault(program.index(view.arena), []).append(
+                range(view.offset * size, (view.offset + program.arg(view.name).numel) * size))
+        assert all(any(plus in span for span in touched.get(arg, ())) for arg, plus in patched), (index, patched)
+        assert {(arg, span.start) for arg, spans in touched.items() for span in spans} <= patched, (index, patched)
+
+
 @pytest.mark.parametrize("name", list(PROGRAMS))
-def test_program_lowers_to_npu_instructions(air_tools, monkeypatch, name):
+def test_program_lowers_to_npu_instructions(air_tools, monkeypatch, tmp_path, name):
     monkeypatch.setenv(TIMEOUT_VARIABLE, LOWERING_TIMEOUT)
     program = PROGRAMS[name]
-    lowering = lower_to_npu_insts(program)  # which refuses a shim BD outside its argument (the test below)
+    # (which refuses a shim BD outside its argument: the test below)
+    lowering = lower_to_npu_insts(program, keep_dir=tmp_path if program.views else None)
+    if program.views:  # a decode group's scratches and its layers' weights, each in its place in its arena
+        assert_views_patched_in_place(program, tmp_path)
     assert len(lowering.devices) == len(program.launches)  # one aie.device per launch segment
     assert lowering.configures == len(program.launches)  # each entered in turn: the timing model's CONFIGURE_S
     for device in lowering.devices:
@@ -189,27 +214,39 @@ def test_program_lowers_to_npu_instructions(air_tools, monkeypatch, name):
         assert attention.l2_bytes == 2 * (seq // 8) * rows * head_dim * 2
 
 
-def test_views_reach_the_npu_instructions_at_their_place_in_the_arena(air_tools, tmp_path):
-    """A Program's views (a decode group's scratches) are DMA windows inside one arena argument: every shim BD a
-    launch makes of its views is address-patched onto that argument at a byte inside a view it touches, and each
-    view's first byte is one of them. A view addressed from the arena's start (what a memref.reinterpret_cast's
-    offset becomes in this mlir-aie's lowering) would patch byte 0, which no view here holds."""
+def _views_probe(role: Role) -> Program:
+    """Three launches over two views of one arena: a scratch arena's written and read back (a decode group's
+    scratches), or a weight arena's only read (a decode layer's weights)."""
     cols = 1024
-    args = (Arg("x", (cols,), "bf16", Role.INPUT), Arg("arena", (4096,), "bf16", Role.SCRATCH),
-            Arg("out", (cols,), "bf16", Role.OUTPUT))
     views = (View("s", "arena", 256, (cols,), "bf16"), View("t", "arena", 2048, (cols,), "bf16"))
     add = (("rows", 1), ("cols", cols))
-    launches = (Launch("add", add, ("x", "x"), ("s",)), Launch("add", add, ("s", "x"), ("t",)),
-                Launch("add", add, ("t", "s"), ("out",)))
-    program = Program("views_probe", args, launches, views=views)
+    if role is Role.SCRATCH:
+        outputs = (Arg("out", (cols,), "bf16", Role.OUTPUT),)
+        launches = (Launch("add", add, ("x", "x"), ("s",)), Launch("add", add, ("s", "x"), ("t",)),
+                    Launch("add", add, ("t", "s"), ("out",)))
+    else:
+        outputs = tuple(Arg(f"out{i}", (cols,), "bf16", Role.OUTPUT) for i in range(3))
+        launches = (Launch("add", add, ("x", "s"), ("out0",)), Launch("add", add, ("t", "x"), ("out1",)),
+                    Launch("add", add, ("t", "s"), ("out2",)))
+    args = (Arg("x", (cols,), "bf16", Role.INPUT), Arg("arena", (4096,), "bf16", role), *outputs)
+    return Program(f"views_probe_{role.value}", args, launches, views=views)
+
+
+@pytest.mark.parametrize("role", [Role.SCRATCH, Role.WEIGHT])
+def test_views_reach_the_npu_instructions_at_their_place_in_the_arena(air_tools, tmp_path, role):
+    """A Program's views (a decode group's scratches, or a decode layer's weights) are DMA windows inside one arena
+    argument: every shim BD a launch makes of its views is address-patched onto that argument at a byte inside a
+    view it touches, and each view's first byte is one of them. A view addressed from the arena's start (what a
+    memref.reinterpret_cast's offset becomes in this mlir-aie's lowering) would patch byte 0, which no view here
+    holds."""
+    program = _views_probe(role)
     lower_to_npu_insts(program, keep_dir=tmp_path)
-    spans = {v.name: range(2 * v.offset, 2 * (v.offset + cols)) for v in views}
-    for index, launch in enumerate(launches):
-        (lowered,) = (tmp_path / f"aiecc_l{index}_add_seg").glob("*_npu_lowered.mlir")
-        patched = [int(plus) for plus in re.findall(r"arg_idx = 1 : i32, arg_plus = (\d+)", lowered.read_text())]
-        touched = [spans[n] for n in launch.reads + launch.writes if n in spans]
-        assert patched and all(any(byte in span for span in touched) for byte in patched), (index, patched)
-        assert {span.start for span in touched} <= set(patched), (index, patched)
+    assert_views_patched_in_place(program, tmp_path)
+    # the check is not blind: the same instructions against a view declared 1 KiB further into the arena fail it
+    first, second = program.views
+    moved = dataclasses.replace(program, views=(dataclasses.replace(first, offset=first.offset + 512), second))
+    with pytest.raises(AssertionError):
+        assert_views_patched_in_place(moved, tmp_path)
 
 
 # Programs lowered both ways below: a decode chain (6 launches), the integer-GEMM prefill projections (7: broadcast

@@ -293,6 +293,19 @@ def test_integer_program_ir_matches_the_emulator_bit_for_bit(air_tools, program,
             assert compare(arg.name, interpreted[arg.name], emulated[arg.name]).within(torch.bfloat16), arg.name
 
 
+@needs_host_compiler
+def test_weights_read_from_another_layers_arena_fail(air_tools):
+    """The check sees where a group reads its weights: IR that reads each layer's weights from the other layer's arenas
+    (the same layout, so the same windows in the wrong argument) fails against the Program it stands for."""
+    program = decode_layers_program(2, 256, 256, 512, EPS, 4, 2, 64, 128, EPS, first_qkv=True)
+    swap = {"weights_0": "weights_1", "weights_1": "weights_0", "norms_0": "norms_1", "norms_1": "norms_0"}
+    swapped = dataclasses.replace(program, views=tuple(dataclasses.replace(v, arena=swap.get(v.arena, v.arena))
+                                                       for v in program.views))
+    assert check_program_ir(program, seed=1).passed
+    check = check_program_ir(program, seed=1, text=canonical_text(swapped))
+    assert not check.passed and "out" in {f.split(":")[0] for f in check.failures()}
+
+
 # ---- broken modules ---------------------------------------------------------------------------------------
 MUTATED = rms_gemms_rope_program(256, 4, 2, 64, EPS, 16)
 

@@ -2,9 +2,10 @@
 import pytest
 
 from torch_npu2.kernels import Arg, Launch, ModelDims, Program, Role, programs_for_model
-from torch_npu2.kernels.catalog import (DECODE_GROUP_SIZES, decode_layers_program, lm_head_gemv_program,
-                                        o_ffn_program, rms_gemms_rope_program)
-from torch_npu2.kernels.program import MAX_KERNEL_ARGS, View
+from torch_npu2.kernels.catalog import (DECODE_GROUP_SIZES, decode_layers_program, layer_arenas,
+                                        lm_head_gemv_program, o_ffn_program, rms_gemms_rope_program, weight_arg)
+from torch_npu2.kernels.device import DEVICE
+from torch_npu2.kernels.program import DTYPE_BYTES, MAX_KERNEL_ARGS, View
 
 SMOL = ModelDims(576, 9, 3, 64, 1536, 49152, 1e-5)
 
@@ -111,9 +112,9 @@ def test_views_are_buffers_in_their_arena():
     ((View("s", "arena", 0, (4,), "bf16"), View("t", "nowhere", 0, (4,), "bf16")), _THROUGH_VIEWS,
      "view 't' is in 'nowhere', which is no argument"),
     ((View("s", "arena", 0, (4,), "bf16"), View("t", "o", 0, (4,), "bf16")), _THROUGH_VIEWS,
-     "view 't'.s arena 'o' must be a 1-D scratch argument"),
+     "view 't'.s arena 'o' must be a 1-D scratch or weight argument"),
     ((View("s", "arena", 0, (4,), "f32"), View("t", "arena", 8, (4,), "bf16")), _THROUGH_VIEWS,
-     "view 's'.s arena 'arena' must be a 1-D scratch argument of its dtype f32"),
+     "view 's'.s arena 'arena' must be a 1-D scratch or weight argument of its dtype f32"),
     ((View("s", "arena", 0, (4,), "bf16"), View("t", "arena", 8, (4,), "bf16")),
      (*_THROUGH_VIEWS, Launch("add", (), ("arena", "a"), ("o",))), "unknown argument 'arena'"),
     ((View("s", "arena", 0, (4,), "bf16"), View("a", "arena", 8, (4,), "bf16")), _THROUGH_VIEWS,
@@ -124,6 +125,24 @@ def test_views_are_buffers_in_their_arena():
 def test_invalid_views_are_rejected(views, launches, message):
     with pytest.raises(ValueError, match=message):
         Program("bad", _ARENA_ARGS, launches, views=views)
+
+
+_WEIGHT_ARENA_ARGS = (Arg("a", (4,), "bf16", Role.INPUT), Arg("weights", (16,), "bf16", Role.WEIGHT),
+                      Arg("o", (4,), "bf16", Role.OUTPUT))
+_WEIGHT_VIEWS = (View("w1", "weights", 0, (4,), "bf16"), View("w2", "weights", 8, (2, 2), "bf16"))
+
+
+def test_a_weight_arena_holds_weights_launches_only_read():
+    """A weight arena's views are weights: read by launches, never required to be written, and the arena may hold
+    parts no view names (elements 4 to 8 here, 12 to 16)."""
+    program = Program("weights", _WEIGHT_ARENA_ARGS, (Launch("add", (), ("a", "w1"), ("o",)),), views=_WEIGHT_VIEWS)
+    assert program.arg("w2") == Arg("w2", (2, 2), "bf16", Role.WEIGHT)
+    assert [a.name for a in program.host_args] == ["a", "weights"]
+    with pytest.raises(ValueError, match="writes weight 'w2'"):
+        Program("weights", _WEIGHT_ARENA_ARGS, (Launch("add", (), ("a", "w1"), ("w2",)),), views=_WEIGHT_VIEWS)
+    flat = (_WEIGHT_ARENA_ARGS[0], Arg("weights", (4, 4), "bf16", Role.WEIGHT), _WEIGHT_ARENA_ARGS[2])
+    with pytest.raises(ValueError, match="must be a 1-D scratch or weight argument"):
+        Program("weights", flat, (Launch("add", (), ("a", "w1"), ("o",)),), views=_WEIGHT_VIEWS)
 
 
 @pytest.mark.parametrize("inputs", [MAX_KERNEL_ARGS - 1, MAX_KERNEL_ARGS])
@@ -140,22 +159,58 @@ def test_a_program_binds_at_most_the_drivers_argument_buffers(inputs):
             Program("wide", args, launches)
 
 
-def test_decode_groups_fit_the_argument_limit_up_to_four_layers():
+@pytest.mark.parametrize("weights", ["bf16", "q4_0", "q4_1", "q8_0"])
+def test_a_layers_arenas_hold_each_weight_once_where_a_dma_can_start(weights):
+    """layer_arenas: every part of a decoder layer in one of its two arenas, at a whole shim DMA word and a whole row
+    of its own (so a DMA window moves along its rows), the parts in order and apart, each arena just long enough."""
+    arenas = layer_arenas(2048, 2048, 512, 8192, weights)
+    parts = {v.name: v for v in arenas.parts}
+    assert list(parts) == ["wqk", "wv", "wo", "w_gate_up", "w_down", "input_norm", "post_attention_norm"]
+    assert parts["wqk"].shape == weight_arg("wqk", 2560, 2048, weights).shape
+    assert parts["w_gate_up"].shape == weight_arg("w_gate_up", 8192, 2048, weights, 2).shape
+    assert arenas.norms == Arg("norms", (4096,), "bf16", Role.WEIGHT)
+    for arena in (arenas.weights, arenas.norms):
+        views = [v for v in arenas.parts if v.arena == arena.name]
+        assert {v.dtype for v in views} == {arena.dtype}
+        ends = [0] + [v.offset + Arg(v.name, v.shape, v.dtype, Role.WEIGHT).numel for v in views]
+        assert all(end <= v.offset for end, v in zip(ends, views)) and ends[-1] == arena.numel
+        assert all(v.offset % v.shape[-1] == 0 and v.offset * DTYPE_BYTES[v.dtype] % DEVICE.dma_word_bytes == 0
+                   for v in views)
+
+
+def test_decode_groups_over_weight_arenas_fit_eight_layers():
+    """With each layer's weights in two arenas a layer binds six arguments: eight layers fit one run (a 16-layer
+    model's token in two), in every weight format, each weight a view of its layer's arenas."""
     for weights in ("bf16", "q4_1"):
-        sizes = [len(decode_layers_program(n, 2048, 2048, 8192, 1e-5, 32, 8, 64, 2048, 1e-5, weights).args)
-                 for n in DECODE_GROUP_SIZES]
-        # 11 per layer, and the group's x, q, length, LUT row, out, next_q_roped and one scratch arena
-        assert sizes == [29, 40, 51] and max(sizes) <= MAX_KERNEL_ARGS
-        # a group that starts with its first layer's Q/K/V: three weights and two K/V rows more, q a scratch view
-        leading = [len(decode_layers_program(n, 2048, 2048, 8192, 1e-5, 32, 8, 64, 2048, 1e-5, weights,
-                                             first_qkv=True).args) for n in DECODE_GROUP_SIZES]
-        assert leading == [33, 44, 55] and max(leading) <= MAX_KERNEL_ARGS
-        group = decode_layers_program(4, 2048, 2048, 8192, 1e-5, 32, 8, 64, 2048, 1e-5, weights, first_qkv=True)
-        assert [(v.name, v.offset) for v in group.views] == [
+        head = (128256, 1e-5, weights)
+        sizes = {(n, qkv, ends): len(decode_layers_program(
+                     n, 2048, 2048, 8192, 1e-5, 32, 8, 64, 2048, 1e-5, weights, ends is not None, ends, qkv).args)
+                 for n in DECODE_GROUP_SIZES for qkv in (False, True) for ends in (None, head)}
+        # per layer its caches, its arenas and the K/V rows it writes; a group not ending the model takes the arenas
+        # of the layer after it too
+        assert sizes[(8, True, None)] == 58 and sizes[(8, False, head)] == 56
+        assert all(sizes[(n + 1, qkv, ends)] - sizes[(n, qkv, ends)] == 6 for n, qkv, ends in sizes if n < 8)
+        assert max(sizes.values()) <= MAX_KERNEL_ARGS
+        group = decode_layers_program(2, 2048, 2048, 8192, 1e-5, 32, 8, 64, 2048, 1e-5, weights, first_qkv=True)
+        arenas = layer_arenas(2048, 2048, 512, 8192, weights)
+        placed = {v.name: (v.arena, v.offset) for v in group.views if not v.arena.startswith("scratch")}
+        assert placed == {
+            "first_norm_w": ("norms_0", arenas.part("input_norm").offset),
+            "first_wqk": ("weights_0", 0), "first_wv": ("weights_0", arenas.part("wv").offset),
+            **{f"{name}_{j}": (f"{arenas.part(part).arena}_{j + (name.startswith('next_'))}", arenas.part(part).offset)
+               for j in range(2) for name, part in (("wo", "wo"), ("norm_w", "post_attention_norm"),
+                                                    ("w_gate_up", "w_gate_up"), ("w_down", "w_down"),
+                                                    ("next_norm_w", "input_norm"), ("next_wqk", "wqk"),
+                                                    ("next_wv", "wv"))}}
+        assert [a.name for a in group.host_args] == [
+            "x", "length", "next_rope_lut", "k_cache_0", "v_cache_0", "weights_0", "norms_0", "k_cache_1", "v_cache_1",
+            "weights_1", "norms_1", "weights_2", "norms_2"]
+        # the device-only scratches every layer reuses: views of one scratch argument, q among them in a _qkv group
+        assert [(v.name, v.offset) for v in group.views if v.arena == "scratch_bf16"] == [
             ("q", 0), ("attn", 2048), ("res1", 4096), ("act", 6144), ("hidden_mid", 14336), ("next_qk", 16384),
             ("q_mid", 18944)] and group.arg("scratch_bf16").shape == (18944 + 2048,)
-    with pytest.raises(ValueError, match="a decode group chains 2, 3, 4 layers, got 5"):
-        decode_layers_program(5, 2048, 2048, 8192, 1e-5, 32, 8, 64, 2048, 1e-5)
+    with pytest.raises(ValueError, match="a decode group chains 2, 3, 4, 5, 6, 7, 8 layers, got 9"):
+        decode_layers_program(9, 2048, 2048, 8192, 1e-5, 32, 8, 64, 2048, 1e-5)
 
 
 def test_model_dims_validation():

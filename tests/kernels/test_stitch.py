@@ -210,14 +210,18 @@ def test_arg_names_that_would_clash_with_launch_prefixes_are_rejected():
         stitch(program)
 
 
-def test_a_views_launches_move_its_arena():
-    """A decode group's scratches are views of one argument: the function takes the arena, each launch's DMAs read
-    and write it where the Program names a view, and the other arguments as before."""
+def test_a_groups_views_launches_move_their_arenas():
+    """A decode group's scratches are views of one argument, and each layer's weights views of two: the function
+    takes the arenas, each launch's DMAs read and write them where the Program names a view (a weight in the arena
+    its layer's part is in: layer j's own, or layer j + 1's for the Q/K/V it chains into), the other arguments as
+    before."""
     program = decode_layers_program(2, 256, 256, 512, 1e-5, 4, 2, 64, 128, 1e-5, first_qkv=True)
     text = stitch(program).text
     assert [n for n, _ in func_signature(text, program.name)] == [a.name for a in program.args]
     arena = {v.name: v.arena for v in program.views}
-    assert set(arena.values()) == {"scratch_bf16"} and len(arena) == 7
+    assert len([n for n, a in arena.items() if a == "scratch_bf16"]) == 7
+    assert [arena[n] for n in ("first_wqk", "wo_0", "next_wqk_0", "wo_1", "next_norm_w_1")] == [
+        "weights_0", "weights_0", "weights_1", "weights_1", "norms_2"]
     as_args = lambda names: [arena.get(n, n) for n in names]  # noqa: E731
     assert dataflow(text) == [(set(as_args(l.reads)), set(as_args(l.writes)), as_args(l.reads + l.writes))
                               for l in program.launches]

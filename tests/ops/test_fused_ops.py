@@ -1,4 +1,6 @@
 """Every npu2 op on the strict emulated NPU2 against its plain-PyTorch reference, plus opcheck and argument checks."""
+import functools
+import math
 import zlib
 
 import pytest
@@ -36,44 +38,94 @@ def op_cases(config):
     return {**cases, **qkv_bias_cases(cases, g), **groups}
 
 
-def group_layer_tensors(config, g, packed: bool):
-    """One further layer's tensors of a decode group (catalog.decode_layers_program): its caches (as
-    decode_attn_args'), o/FFN weights and the next layer's norm and Q/K/V weights, of their own."""
+def group_layer(config, g, packed: bool) -> dict:
+    """A decoder layer's weights as a decode group reads them (catalog.layer_arenas' parts, packed or bf16), random
+    and of their own (a mix-up of layers changes the results), and its K and V caches (as decode_attn_args')."""
     hidden, heads, kv, hd, ffn, vocab, seq = CONFIGS[config]
     ffn = -(-ffn // quant.BLOCK) * quant.BLOCK if packed else ffn
     k, v = decode_attn_args(heads, kv, hd, gen=g)[1:3]
     _, wo, _, norm_w, w_gate_up, w_down = ffn_args(hidden, heads, hd, ffn, seq, decode=True, gen=g)
-    _, next_norm_w, wqk, wv, _ = decode_qkv_args(hidden, heads, kv, hd, gen=g)
+    _, input_norm, wqk, wv, _ = decode_qkv_args(hidden, heads, kv, hd, gen=g)
     if packed:
         w_gate_up = torch.cat((_packed(w_gate_up[:, :hidden]), _packed(w_gate_up[:, hidden:])), dim=1)
         wo, w_down, wqk, wv = map(_packed, (wo, w_down, wqk, wv))
-    return [k, v, wo, norm_w, w_gate_up, w_down, next_norm_w, wqk, wv]
+    return dict(k_cache=k, v_cache=v, input_norm=input_norm, wqk=wqk, wv=wv, wo=wo, post_attention_norm=norm_w,
+                w_gate_up=w_gate_up, w_down=w_down)
+
+
+@functools.lru_cache(maxsize=None)
+def group_layers(config, packed: bool) -> tuple[dict, ...]:
+    """The layers of the decode group cases (``group_layer``, with their ``arenas``), built once per config and
+    weight format: quantizing nine layers' weights for every test that asks for the cases would take most of the
+    file's time. Never written by a test."""
+    g = torch.Generator().manual_seed(zlib.crc32(f"{config} group layers {packed}".encode()))
+    layers = tuple(group_layer(config, g, packed) for _ in range(DECODE_GROUP_SIZES[-1] + 1))
+    for layer in layers:
+        layer["arenas"] = in_arenas(group_layout(config, packed), layer)
+    return layers
+
+
+def group_layout(config, packed: bool) -> catalog.LayerArenas:
+    hidden, heads, kv, hd, ffn = CONFIGS[config][:5]
+    ffn = -(-ffn // quant.BLOCK) * quant.BLOCK if packed else ffn
+    return catalog.layer_arenas(hidden, heads * hd, kv * hd, ffn, _EX_FORMAT if packed else "bf16")
+
+
+_EX_FORMAT = "q4_1"  # what _packed packs
+
+
+def in_arenas(layout: catalog.LayerArenas, layer: dict) -> list[torch.Tensor]:
+    """A layer's two arenas (weights, norms) holding its parts where ``layout`` puts them, the gaps zero."""
+    arenas = {a.name: torch.zeros(a.shape, dtype=torch.bfloat16 if a.dtype == "bf16" else torch.int32)
+              for a in (layout.weights, layout.norms)}
+    for view in layout.parts:
+        part = layer[view.name].reshape(-1)
+        arenas[view.arena][view.offset:view.offset + part.numel()] = part
+    return [arenas["weights"], arenas["norms"]]
+
+
+def group_args(n: int, qkv: bool, final: str, q, x, length, lut, layers: list, head: list) -> list:
+    """A decode group op's tensors (catalog.decode_layers_program's host order) over ``layers`` (caches and
+    ``arenas``): one more layer than the group has unless it ends the model, that one's arenas only."""
+    args = ([] if qkv else [q]) + [x, length, lut]
+    for layer in layers[:n]:
+        args += [layer["k_cache"], layer["v_cache"], *layer["arenas"]]
+    return args + ([] if final else layers[n]["arenas"]) + (head if final == "_final_lm" else [])
 
 
 def group_cases(config, cases, g):
-    """Each decode group: its first layer is decode_attn_o_gemv_ffn_rms_gemv_rope(_packed)'s case, each further
-    layer has tensors of its own (a mix-up of layers changes the results; a _final group's last layer has no next
-    layer's norm and Q/K/V; a _final_lm group's final norm and LM head follow, the final eps after the others); the
-    whole group at the small configs."""
-    hidden, vocab = CONFIGS[config][0], CONFIGS[config][5]
+    """Each decode group: its first layer's query, input, caches, o/FFN weights and the next layer's norm and Q/K/V
+    are decode_attn_o_gemv_ffn_rms_gemv_rope(_packed)'s case, every other weight and cache of a layer of its own
+    (a _final group has no layer after its last; a _final_lm group's final norm and LM head follow, the final eps
+    after the others; a _qkv group's first layer has its own norm and Q/K/V in place of its q); the whole group at
+    the small configs."""
+    hidden, heads, _, _, ffn, vocab = CONFIGS[config][:6]
     out = {}
     for suffix in ("", "_packed"):
+        packed = bool(suffix)
         tensors, scalars, _ = cases["decode_attn_o_gemv_ffn_rms_gemv_rope" + suffix]
+        q, k, v, length, wo, x, norm_w, w_gate_up, w_down, next_norm_w, next_wqk, next_wv, lut = tensors
         final_norm_w = (1.0 + 0.1 * torch.randn(hidden, generator=g)).bfloat16()
         w_lm = (torch.randn(vocab, hidden, generator=g) * hidden ** -0.5).bfloat16()
-        head = [final_norm_w, _packed(w_lm) if suffix else w_lm]
-        # a _qkv group's first layer's own norm and Q/K/V weights, in place of its q
-        _, *first, _ = decode_qkv_args(hidden, *CONFIGS[config][1:4], gen=g)
-        first = [first[0], *map(_packed, first[1:])] if suffix else first
+        head = [final_norm_w, _packed(w_lm) if packed else w_lm]
+        layout = group_layout(config, packed)
+        own = group_layers(config, packed)
+        first = dict(own[0], k_cache=k, v_cache=v, wo=wo, post_attention_norm=norm_w, w_gate_up=w_gate_up,
+                     w_down=w_down)  # its norm and Q/K/V: the _qkv groups'
+        second = dict(own[1], input_norm=next_norm_w, wqk=next_wqk, wv=next_wv)
+        for layer in (first, second):
+            layer["arenas"] = in_arenas(layout, layer)
+        layers = [first, second, *own[2:]]
+        intermediate = -(-ffn // quant.BLOCK) * quant.BLOCK if packed else ffn
+        dims = (scalars[0], heads, intermediate)
         for n in DECODE_GROUP_SIZES:
-            more = [t for _ in range(n - 1) for t in group_layer_tensors(config, g, bool(suffix))]
             for final in ("", "_final", "_final_lm"):
-                layers = list(tensors) + (more[:-3] if final else more) + (head if final == "_final_lm" else [])
-                group_scalars = (scalars[:3] + (3 * EPS,) + scalars[3:] + scalars[3:] if final == "_final_lm"
-                                 else scalars)
-                for qkv, group_tensors in (("", layers), ("_qkv", first + layers[1:])):
+                group_scalars = dims + (scalars[1:3] + (3 * EPS,) + scalars[3:] + scalars[3:]
+                                        if final == "_final_lm" else scalars[1:])
+                for qkv in ("", "_qkv"):
                     name = f"decode_layers{n}{qkv}{final}{suffix}"
-                    out[name] = (group_tensors, group_scalars, reference.DECODE_GROUP_REFERENCES[name])
+                    out[name] = (group_args(n, bool(qkv), final, q, x, length, lut, layers, head), group_scalars,
+                                 reference.DECODE_GROUP_REFERENCES[name])
     return out
 
 
@@ -196,7 +248,7 @@ def test_op_matches_reference(runtime, config, name):
         # the logits at fp32 tolerance from the LM head's reference on the op's own final_normed (which is held to the
         # reference chain at bf16 tolerance above it): the chain's bf16 differences would swamp an fp32 comparison
         head = reference.lm_head_gemv_packed_reference if name.endswith("_packed") else reference.lm_head_gemv_reference
-        refs = (*refs[:-1], head(outs[-2], tensors[-1], *scalars[5:]))
+        refs = (*refs[:-1], head(outs[-2], tensors[-1], *scalars[7:]))
     for o, r in zip(outs, refs):
         assert_close(o, r)
 
@@ -335,46 +387,63 @@ def _in_state(tensor: torch.Tensor) -> torch.Tensor:
     return state
 
 
+def group_parts(name: str, tensors) -> tuple[list, list[dict]]:
+    """A decode group case's (q or None, x, length, LUT row) and its layers: each one's caches (None for the layer
+    after the group) and the weights its arenas hold (``group_layout``'s parts, sliced out)."""
+    layers, qkv, final = int(name[len("decode_layers")]), "_qkv" in name, "_final" in name
+    layout = group_layout("odd", name.endswith("_packed"))
+    lead = [None] + list(tensors[:3]) if qkv else list(tensors[:4])
+    rest = tensors[len(lead) - (1 if qkv else 0):]
+    parts = []
+    for j in range(layers + (0 if final else 1)):
+        caches = rest[4 * j:4 * j + 2] if j < layers else (None, None)
+        arenas = dict(zip(("weights", "norms"), rest[4 * j + 2:4 * j + 4] if j < layers else rest[4 * j:4 * j + 2]))
+        layer = {v.name: arenas[v.arena][v.offset:v.offset + math.prod(v.shape)].view(v.shape) for v in layout.parts}
+        parts.append(dict(layer, k_cache=caches[0], v_cache=caches[1]))
+    return lead, parts
+
+
 @pytest.mark.parametrize("name", ["decode_layers3", "decode_layers2_packed", "decode_layers3_final",
                                   "decode_layers2_final_packed", "decode_layers3_qkv",
                                   "decode_layers2_qkv_final_packed"])
 def test_a_group_into_the_caches_is_its_layers_one_run_each_bit_for_bit(runtime, name):
     """A decode group whose K/V rows go into the next layers' caches at the last position (``.into``) gives what
     its layers give as decode_attn_o_gemv_ffn_rms_gemv_rope(.into) one run each (a _final group's last layer as
-    decode_attn_o_gemv_ffn; a _qkv group's first layer after rms_gemv_rope.into onto its own cache): every layer
-    attends over the row the run wrote before it. Rows bound elsewhere (plain tensors) leave the caches as given,
-    and the results differ: the check can fail."""
+    decode_attn_o_gemv_ffn; a _qkv group's first layer after rms_gemv_rope.into onto its own cache), over the
+    weights its arenas hold: every layer attends over the row the run wrote before it. Rows bound elsewhere (plain
+    tensors) leave the caches as given, and the results differ: the check can fail."""
     tensors, scalars, _ = op_cases("odd")[name]
-    first_qkv = "_qkv" in name
-    if first_qkv:  # the first layer's own norm and Q/K/V weights, then the group's tensors but q
-        first_weights, tensors = tensors[:3], [None, *tensors[3:]]
-    layers, first, per_layer = int(name[len("decode_layers")]), 13, 9
+    (q, x, length, lut), parts = group_parts(name, tensors)
+    layers, first_qkv = int(name[len("decode_layers")]), "_qkv" in name
     final, packed = "_final" in name, name.endswith("_packed")
-    q, length, x, lut = tensors[0], tensors[3], tensors[5], tensors[12]
     rows = catalog.decode_attn_length_value(length.tolist())
     suffix = "_packed" if packed else ""
     single = INTO[ALL_OPS["decode_attn_o_gemv_ffn_rms_gemv_rope" + suffix]]
     last_alone = ALL_OPS["decode_attn_o_gemv_ffn" + suffix]
-
-    def own(j):
-        """Layer j's own tensors: its K and V caches, then its o/FFN weights and the next layer's norm and Q/K/V
-        (none for a _final group's last layer)."""
-        if j == 0:
-            return (*tensors[1:3], tensors[4], *tensors[6:12])
-        return tensors[first + per_layer * (j - 1):first + per_layer * j]
-
+    head_dim, (eps, next_eps, *fmt) = scalars[0], scalars[3:]
     # each layer's K and V caches in NPU state, and (unless the group ends the model) the layer's after the group,
     # a copy of the first's
     followed = layers if final else layers + 1
 
     def caches():
-        return [[_in_state(t) for t in own(j % layers)[:2]] for j in range(followed)]
+        return [[_in_state(parts[j % layers][c]) for c in ("k_cache", "v_cache")] for j in range(followed)]
+
+    def qkv(j):
+        return [parts[j][n] for n in ("input_norm", "wqk", "wv")]
+
+    def ffn(j):
+        return [parts[j][n] for n in ("post_attention_norm", "w_gate_up", "w_down")]
 
     def group(states, targets):
-        args = [*(first_weights if first_qkv else [q]), *states[0], length, own(0)[2], x, *own(0)[3:], lut]
-        args += [t for j in range(1, layers) for t in (*states[j], *own(j)[2:])]
+        args = ([] if first_qkv else [q]) + [x, length, lut]
+        args += [t for j in range(layers) for t in (*states[j], *tensors_of_arenas(j))]
+        args += [] if final else tensors_of_arenas(layers)
         out = INTO[ALL_OPS[name]](*args, *targets, *scalars)
         return (out,) if final else out  # out, and unless the group ends the model the next layer's q
+
+    def tensors_of_arenas(j):
+        base = (0 if first_qkv else 1) + 3 + 4 * j
+        return tensors[base + 2:base + 4] if j < layers else tensors[base:base + 2]
 
     def own_rows(states):
         """The rows a _qkv group's first rms_gemv_rope writes: the first layer's own, at the last position."""
@@ -383,16 +452,14 @@ def test_a_group_into_the_caches_is_its_layers_one_run_each_bit_for_bit(runtime,
     chain = caches()
     x_chain, q_chain = x, q
     if first_qkv:
-        q_chain = INTO[ALL_OPS["rms_gemv_rope" + suffix]](x, *first_weights, lut, *own_rows(chain), scalars[2],
-                                                          *scalars[3:])
+        q_chain = INTO[ALL_OPS["rms_gemv_rope" + suffix]](x, *qkv(0), lut, *own_rows(chain), next_eps, *fmt)
     for j in range(layers):
-        wo, *rest = own(j)[2:]
         if final and j == layers - 1:  # head_dim, eps (and the weight format): not next_eps
-            x_chain = last_alone(q_chain, *chain[j], length, wo, x_chain, *rest, scalars[0], scalars[1],
-                                 *scalars[3:])
+            x_chain = last_alone(q_chain, *chain[j], length, parts[j]["wo"], x_chain, *ffn(j), head_dim, eps, *fmt)
         else:
-            x_chain, q_chain = single(q_chain, *chain[j], length, wo, x_chain, *rest, lut,
-                                      chain[j + 1][0][rows - 1], chain[j + 1][1][rows - 1], *scalars)
+            x_chain, q_chain = single(q_chain, *chain[j], length, parts[j]["wo"], x_chain, *ffn(j), *qkv(j + 1), lut,
+                                      chain[j + 1][0][rows - 1], chain[j + 1][1][rows - 1], head_dim, eps, next_eps,
+                                      *fmt)
 
     grouped = caches()
     outs = group(grouped, own_rows(grouped) + [row for k, v in grouped[1:] for row in (k[rows - 1], v[rows - 1])])
@@ -406,10 +473,10 @@ def test_a_group_into_the_caches_is_its_layers_one_run_each_bit_for_bit(runtime,
 
 
 @pytest.mark.parametrize("name, index, arg", [
-    ("decode_layers2", 1, "k_cache_0"), ("decode_layers2", 4, "wo_0"), ("decode_layers2", 15, "wo_1"),
-    ("decode_layers2", 13, "k_cache_1"), ("decode_layers2_qkv", 0, "first_norm_w"),
-    ("decode_layers2_qkv", 1, "first_wqk"), ("decode_layers2_qkv", 3, "k_cache_0"), ("decode_layers2_qkv", 7, "x"),
-    ("decode_layers2_qkv", 14, "next_rope_lut")])
+    ("decode_layers2", 4, "k_cache_0"), ("decode_layers2", 6, "weights_0"), ("decode_layers2", 11, "norms_1"),
+    ("decode_layers2", 12, "weights_2"), ("decode_layers2_qkv", 0, "x"), ("decode_layers2_qkv", 2, "next_rope_lut"),
+    ("decode_layers2_qkv", 5, "weights_0"), ("decode_layers2_qkv", 7, "k_cache_1"),
+    ("decode_layers2_final_lm", 12, "final_norm_w")])
 def test_a_group_names_the_layers_argument_at_fault(runtime, name, index, arg):
     tensors, scalars, _ = op_cases("odd")[name]
     bad = list(tensors)

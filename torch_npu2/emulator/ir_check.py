@@ -32,7 +32,7 @@ TOLERANCE = {torch.bfloat16: dict(max_rel=2.5e-2, min_cosine=0.9995),
 def random_inputs(program: Program, seed: int = 0) -> dict[str, torch.Tensor]:
     """Normal bf16 values for every host argument; 2-D weights scaled by 1/sqrt(in_features), as a Linear's; a
     packed weight holds such a weight quantized in the format of the launch that reads it, an integer GEMM's weight
-    such a weight prepared (int_gemm.prepare_weight)."""
+    such a weight prepared (int_gemm.prepare_weight); a weight arena holds each of its views' weights so."""
     generator = torch.Generator().manual_seed(seed)
     packed = {name: launch.p for launch in program.launches if "weights" in launch.p for name in launch.reads
               if program.arg(name).dtype == "i32"}
@@ -40,21 +40,28 @@ def random_inputs(program: Program, seed: int = 0) -> dict[str, torch.Tensor]:
     # a decode attention's valid length (its 4th input, as digits): a position within the launch's capacity
     lengths = {launch.reads[3]: launch.p["capacity"] for launch in program.launches
                if launch.kind == "decode_attention"}
-    inputs = {}
-    for arg in program.host_args:
+
+    def drawn(arg) -> torch.Tensor:
         if arg.name in lengths:
             length = int(torch.randint(1, lengths[arg.name] + 1, (), generator=generator))
-            inputs[arg.name] = torch.tensor(decode_attn_length_digits(length), dtype=torch.bfloat16)
-            continue
+            return torch.tensor(decode_attn_length_digits(length), dtype=torch.bfloat16)
         if arg.name in packed:
-            inputs[arg.name] = _random_packed(packed[arg.name], arg, generator)
-            continue
+            return _random_packed(packed[arg.name], arg, generator)
         if arg.name in prepared:
-            inputs[arg.name] = _random_prepared(prepared[arg.name], generator)
-            continue
+            return _random_prepared(prepared[arg.name], generator)
         scale = arg.shape[-1] ** -0.5 if arg.role is Role.WEIGHT and len(arg.shape) == 2 else 1.0
-        values = torch.randn(arg.shape, generator=generator) * scale
-        inputs[arg.name] = values.to(TORCH_DTYPES[arg.dtype])
+        return (torch.randn(arg.shape, generator=generator) * scale).to(TORCH_DTYPES[arg.dtype])
+
+    inputs = {}
+    for arg in program.host_args:
+        views = [v for v in program.views if v.arena == arg.name]
+        if not views:
+            inputs[arg.name] = drawn(arg)
+            continue
+        arena = inputs[arg.name] = torch.zeros(arg.shape, dtype=TORCH_DTYPES[arg.dtype])  # (a weight arena)
+        for view in views:  # each part as the weight it is, the gaps between them zero
+            value = drawn(program.arg(view.name)).reshape(-1)
+            arena[view.offset: view.offset + value.numel()] = value
     return inputs
 
 
@@ -84,6 +91,10 @@ def _random_packed(params: dict, arg, generator) -> torch.Tensor:
 def emulate(program: Program, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Every argument after the emulator's launches ran on ``inputs``."""
     values = dict(inputs)
+    for view in program.views:  # a weight arena's parts, as the launches read them
+        if view.arena in inputs:
+            arg = program.arg(view.name)
+            values[view.name] = inputs[view.arena][view.offset: view.offset + arg.numel].reshape(arg.shape)
     for launch in program.launches:
         values.update(emulate_launch(program, launch, values))
     return values
