@@ -844,7 +844,6 @@ class NpuDecoderLayer:
         head_args = ((head.norm.weight, head.lm_head.rows), (head.eps,), head.lm_head.packed[:1] if packed else ()) \
             if head else ((), (), ())
         # each layer's weights in its two arenas; the layer after the group's (unless it ends the model) too
-        arenas = [t for layer in (self, *members) for t in layer.arenas]
         after = () if ends_model else members[-1].next_layer.arenas
         scalars = (self.head_dim, self.heads, self.intermediate, self.eps_mlp, self.next_layer.eps_attn, *head_args[1],
                    *packed, *head_args[2])
@@ -852,8 +851,8 @@ class NpuDecoderLayer:
         for b, (a, x, lut) in enumerate(zip(on_device, inputs, lut_rows)):
             caches = [(a.k_cache, a.v_cache)] + [(v[b].k_cache, v[b].v_cache) for v in views]
             tensors = [*(() if own_rows is not None else (a.q,)), x, a.length, lut]
-            for j, (k_cache, v_cache) in enumerate(caches):
-                tensors += [k_cache, v_cache, arenas[2 * j], arenas[2 * j + 1]]
+            for (k_cache, v_cache), layer in zip(caches, (self, *members)):
+                tensors += [k_cache, v_cache, *layer.arenas]
             rows = [*(() if own_rows is None else own_rows[b]), *targets[b],
                     *(row for _, next_targets in nexts for row in next_targets[b])]
             out = op(*tensors, *after, *head_args[0], *rows, *scalars)
