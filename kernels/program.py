@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 
@@ -75,6 +76,10 @@ class View:
     offset: int
     shape: tuple[int, ...]
     dtype: str
+
+    def of(self, arena: torch.Tensor) -> torch.Tensor:
+        """This view's elements of ``arena`` (a flat tensor holding the arena), shaped as the view."""
+        return arena[self.offset:self.offset + math.prod(self.shape)].view(self.shape)
 
 
 @dataclass(frozen=True)

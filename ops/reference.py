@@ -350,9 +350,7 @@ def _from_arenas(per_weight, layers: int, ends_model: bool, lm_head: bool, first
 
         def part(j: int, name: str) -> torch.Tensor:
             view = layout.part(name)
-            numel = math.prod(view.shape)
-            arena = arenas[j][0 if view.arena == "weights" else 1]
-            return arena[view.offset:view.offset + numel].view(view.shape)
+            return view.of(arenas[j][0 if view.arena == "weights" else 1])
 
         def qkv(j: int) -> list:  # layer j's input norm, [Wq; Wk] and Wv
             return [part(j, "input_norm"), part(j, "wqk"), part(j, "wv")]

@@ -1,7 +1,6 @@
 """patch_llama / unpatch_llama: route a HF Llama model's decoder layers and LM head through the npu2 ops."""
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass, field
 
@@ -312,7 +311,7 @@ def _layer_arenas(runtime, layer, weights: str) -> tuple[tuple[torch.Tensor, tor
               for a in (layout.weights, layout.norms)}
     for arena in arenas.values():
         arena.zero_()
-    parts = {v.name: arenas[v.arena][v.offset:v.offset + math.prod(v.shape)].view(v.shape) for v in layout.parts}
+    parts = {v.name: v.of(arenas[v.arena]) for v in layout.parts}
     for name, norm in (("input_norm", layer.input_layernorm.weight),
                        ("post_attention_norm", layer.post_attention_layernorm.weight)):
         parts[name].copy_(norm.data)

@@ -1,6 +1,5 @@
 """Every npu2 op on the strict emulated NPU2 against its plain-PyTorch reference, plus opcheck and argument checks."""
 import functools
-import math
 import zlib
 
 import pytest
@@ -79,8 +78,7 @@ def in_arenas(layout: catalog.LayerArenas, layer: dict) -> list[torch.Tensor]:
     arenas = {a.name: torch.zeros(a.shape, dtype=torch.bfloat16 if a.dtype == "bf16" else torch.int32)
               for a in (layout.weights, layout.norms)}
     for view in layout.parts:
-        part = layer[view.name].reshape(-1)
-        arenas[view.arena][view.offset:view.offset + part.numel()] = part
+        view.of(arenas[view.arena]).copy_(layer[view.name])
     return [arenas["weights"], arenas["norms"]]
 
 
@@ -398,7 +396,7 @@ def group_parts(name: str, tensors) -> tuple[list, list[dict]]:
     for j in range(layers + (0 if final else 1)):
         caches = rest[4 * j:4 * j + 2] if j < layers else (None, None)
         arenas = dict(zip(("weights", "norms"), rest[4 * j + 2:4 * j + 4] if j < layers else rest[4 * j:4 * j + 2]))
-        layer = {v.name: arenas[v.arena][v.offset:v.offset + math.prod(v.shape)].view(v.shape) for v in layout.parts}
+        layer = {v.name: v.of(arenas[v.arena]) for v in layout.parts}
         parts.append(dict(layer, k_cache=caches[0], v_cache=caches[1]))
     return lead, parts
 
@@ -554,6 +552,9 @@ def test_bad_arguments_raise_naming_op_and_argument(runtime, name, index, arg, m
     ("rms_gemms_rope", (EPS, "fp8"), "precision", "one of 'bf16', 'bfp16', 'bfp16_gate_up' (for 'w8x2a16': the "
                                                   "*_w8x2 ops, over prepared weights), got 'fp8'"),
     ("flash_attn", (0,), "head_dim", "a positive int, got 0"),
+    ("decode_layers2", (16, 0, 200, EPS, EPS), "heads", "a positive int, got 0"),
+    ("decode_layers2", (16, 6, -200, EPS, EPS), "intermediate", "a positive int, got -200"),
+    ("decode_layers2", (16, 6, 224, EPS, EPS), "weights_0", "shape ("),
     ("dequantize_rows", (250, "q4_1"), "in_features", "a positive multiple of 32 (whole 32-element blocks), got 250"),
     ("dequantize_rows", (256, "q5_k"), "weights", "one of 'q4_0', 'q4_1', 'q8_0' (a packed weight format), got 'q5_k'"),
 ])

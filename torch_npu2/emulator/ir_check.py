@@ -60,8 +60,7 @@ def random_inputs(program: Program, seed: int = 0) -> dict[str, torch.Tensor]:
             continue
         arena = inputs[arg.name] = torch.zeros(arg.shape, dtype=TORCH_DTYPES[arg.dtype])  # (a weight arena)
         for view in views:  # each part as the weight it is, the gaps between them zero
-            value = drawn(program.arg(view.name)).reshape(-1)
-            arena[view.offset: view.offset + value.numel()] = value
+            view.of(arena).copy_(drawn(program.arg(view.name)))
     return inputs
 
 
@@ -93,8 +92,7 @@ def emulate(program: Program, inputs: dict[str, torch.Tensor]) -> dict[str, torc
     values = dict(inputs)
     for view in program.views:  # a weight arena's parts, as the launches read them
         if view.arena in inputs:
-            arg = program.arg(view.name)
-            values[view.name] = inputs[view.arena][view.offset: view.offset + arg.numel].reshape(arg.shape)
+            values[view.name] = view.of(inputs[view.arena])
     for launch in program.launches:
         values.update(emulate_launch(program, launch, values))
     return values
