@@ -84,7 +84,10 @@ class _Binding:
 
     run: object
     bound: list  # the BO bound to each argument
-    buffers: list  # its weights' buffers, as the runtime found them at their addresses
+    # where each weight's BO mapping starts (the weight's own address, or its parent's for a part of one), and the
+    # buffer the runtime found there when it was bound
+    homes: list
+    buffers: list
     epoch: int  # the runtime's weight epoch when its weights were bound and synced; -1: re-bind on every run
 
 
@@ -350,15 +353,15 @@ class Runtime:
 
     def _use_binding(self, loaded: LoadedProgram, key: tuple, tensors) -> None:
         """Make the binding of these weights (``key``: their host addresses) the one ``loaded`` runs with: a run of
-        its own, its weights bound and synced. Weights that are not all whole BOs (host tensors staged, i.e. copied;
-        parts of one bound as sub-buffers) are bound again on every run."""
+        its own, its weights bound and synced, as whole BOs or parts of one (sub-buffers). Weights staged (host
+        tensors, copied in) are bound again on every run."""
         binding = loaded.bindings.get(key)
         if binding is None:
             self.stats["bindings"] += 1
         if binding is None and not loaded.bindings:  # the first takes the run ``load`` made
-            binding = loaded.bindings[key] = _Binding(loaded.run, loaded.bound, [], -1)
+            binding = loaded.bindings[key] = _Binding(loaded.run, loaded.bound, [], [], -1)
         elif binding is None:
-            binding = _Binding(self.xrt.run(loaded.kernel), [None] * len(loaded.program.args), [], -1)
+            binding = _Binding(self.xrt.run(loaded.kernel), [None] * len(loaded.program.args), [], [], -1)
             if len(loaded.bindings) < 256:  # a model's layers, with room; past that, a binding is made per run
                 loaded.bindings[key] = binding
             loaded.run, loaded.bound = binding.run, binding.bound
@@ -366,9 +369,17 @@ class Runtime:
                 self._bind(loaded, index, bo)
         loaded.run, loaded.bound = binding.run, binding.bound
         epoch = self._weight_epoch
+        homes = []
         for position, (index, is_weight, nbytes) in loaded.weight_plan:
             self._bind_host_arg(loaded, index, is_weight, nbytes, tensors[position])
-        binding.buffers = list(map(self._resident.get, key))
+            bound = loaded.bound[index]
+            home = tensors[position].untyped_storage().data_ptr()
+            buffer = self._resident.get(home)
+            # its buffer's BO or a sub-buffer of it, not a staging buffer
+            homes.append(home if buffer is not None and (bound is buffer.bo or bound in buffer.parts.values())
+                         else None)
+        binding.homes = homes
+        binding.buffers = list(map(self._resident.get, homes))
         binding.epoch = epoch if None not in binding.buffers else -1
 
     def run(self, program: Program, tensors, into: dict | None = None) -> tuple[torch.Tensor, ...]:
@@ -381,10 +392,10 @@ class Runtime:
         loaded = self._loaded.get(program.key) or self.load(program)
         key = tuple([tensors[position].data_ptr() for position, _ in loaded.weight_plan])
         binding = loaded.bindings.get(key)
-        # valid while no weight was refreshed and each address is still the BO it was (a freed weight's address
-        # may come back as another buffer)
+        # valid while no weight was refreshed and each weight's BO is still the buffer it was (a freed weight's
+        # address may come back as another buffer; a part's address lies in its parent's mapping while that lives)
         if (binding is None or binding.epoch != self._weight_epoch
-                or list(map(self._resident.get, key)) != binding.buffers):
+                or list(map(self._resident.get, binding.homes)) != binding.buffers):
             self._use_binding(loaded, key, tensors)
         else:
             loaded.run, loaded.bound = binding.run, binding.bound

@@ -10,6 +10,7 @@ import torch_npu2
 from torch_npu2 import NPURunError, create_runtime
 from torch_npu2.targets import TargetUnavailable, resolve_target
 from torch_npu2.emulator import EmulatedXrt
+from torch_npu2.kernels.device import DEVICE
 from torch_npu2.ops import ALL_OPS, reference
 
 from ..ops.helpers import EPS, attn_args, decode_qkv_args, qkv_args
@@ -544,6 +545,48 @@ def test_an_output_given_a_place_is_written_there_and_left_out_of_the_results(ru
     assert torch.equal(device[1:33], v), "the copy into state reaches the device"
     with pytest.raises(ValueError, match="output v is 32 torch.bfloat16 elements, the tensor given for it 31"):
         runtime.run(program, [x, norm_w, wqk, wv, lut], into={0: state[0, :31]})
+
+
+def _arena_qkv(runtime, scale=1.0):
+    """pinned_qkv's arguments with the four weights parts of one BO (an arena, as a decode layer's), each at a whole
+    shim DMA word."""
+    x, norm_w, wq, wk, wv, lut = qkv_args(HIDDEN, HEADS, KV_HEADS, HEAD_DIM, SEQ, gen=torch.Generator().manual_seed(1))
+    weights = [norm_w, wq * scale, wk, wv]
+    arena = runtime.empty((sum(w.numel() for w in weights),), torch.bfloat16)
+    parts, start = [], 0
+    for w in weights:
+        assert start * 2 % DEVICE.dma_word_bytes == 0
+        part = arena[start:start + w.numel()].view(w.shape)
+        part.copy_(w)
+        parts.append(part)
+        start += w.numel()
+    return [x, *parts, lut]
+
+
+def test_weights_bound_as_parts_of_a_buffer_keep_their_binding(runtime, monkeypatch):
+    """Weights that are parts of a BO (a decode layer's arena) are bound as sub-buffers once per set, like whole
+    BOs: alternating sets re-bind nothing; a set whose arena was freed and another allocated is bound again."""
+    sets = [_arena_qkv(runtime), _arena_qkv(runtime, scale=-1.0)]
+    parts_bound = []  # the weights bound as sub-buffers (inputs are bound on every run)
+    bind_part = runtime._bind_part
+    monkeypatch.setattr(runtime, "_bind_part", lambda loaded, index, nbytes, tensor, is_weight=False: (
+        is_weight and parts_bound.append(index)) or bind_part(loaded, index, nbytes, tensor, is_weight))
+
+    def run_and_check(args):
+        for got, expected in zip(torch.ops.npu2.rms_gemms_rope(*args, EPS),
+                                 reference.rms_gemms_rope_reference(*args, EPS)):
+            torch.testing.assert_close(got, expected, atol=3e-2, rtol=2e-2)
+
+    for _ in range(3):
+        for args in sets:
+            run_and_check(args)
+    # each set's parts but the first (at the arena's start: bound as the BO itself), on its first run only
+    assert len(parts_bound) == 2 * 3
+    assert runtime.stats["bindings"] == 2 and runtime.xrt.counters["syncs_to_device:weight"] == 2
+    del sets[1]
+    sets.append(_arena_qkv(runtime, scale=2.0))
+    run_and_check(sets[1])
+    assert len(parts_bound) == 3 * 3 and runtime.xrt.counters["syncs_to_device:weight"] == 3
 
 
 def test_each_weight_set_keeps_its_own_binding_and_freed_weights_are_rebound(runtime):
