@@ -121,8 +121,15 @@ class OpTimer:
     def __enter__(self):
         from torch_npu2.patch_llama import layer as layer_module
 
+        biased = {}
         for name in MODULE_OPS + ATTENTION:
-            self._replace(layer_module, name, self._wrap(name, getattr(layer_module, name)))
+            op = getattr(layer_module, name)
+            self._replace(layer_module, name, self._wrap(name, op))
+            if op in layer_module.QKV_BIASED:
+                biased[getattr(layer_module, name)] = self._wrap(name, layer_module.QKV_BIASED[op])
+        # a layer with Q/K/V biases (Qwen2) looks its op up for the op's biased twin: the wrapper's twin, timed under
+        # the op's name
+        self._replace(layer_module, "QKV_BIASED", {**layer_module.QKV_BIASED, **biased})
         self._replace(layer_module, "decode_layers_into",
                       {(n, packed, qkv, ends): self._wrap(f"decode_layers{n}{qkv}{ends}_into", op)
                        for (n, packed, qkv, ends), op in layer_module.decode_layers_into.items()})

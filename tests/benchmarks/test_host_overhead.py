@@ -111,3 +111,22 @@ def test_write_result_adds_machine_and_mode(tmp_path, report):
     path = common.write_result("host_overhead", {"contexts": report["contexts"]}, tmp_path, "quick", 0.0)
     data = json.loads(path.read_text())
     assert data["mode"] == "quick" and data["machine"]["cores"] >= 1 and data["contexts"]
+
+
+@pytest.mark.filterwarnings("ignore:patch_llama. Qwen2ForCausalLM runs here on the emulated NPU2:UserWarning")
+def test_a_model_with_qkv_biases_is_timed_under_its_ops_names():
+    """A Qwen2 layer swaps each Q/K/V-projecting op for its biased twin by looking the op up (ops.QKV_BIASED): the
+    timer's wrappers must find their twins, and the twins' calls count under the ops' names."""
+    from tests.patch_llama.tiny import tiny_qwen2
+
+    model = tiny_qwen2()
+    with common.torch_threads(1), common.emulated_runtime(compute=False) as runtime:
+        import torch_npu2
+
+        torch_npu2.patch_llama(model)
+        [context] = host_overhead.measure(model, runtime, (8,), decode_steps=4, repeats=1, log=lambda _: None)
+    # two layers, each one dispatch from its attention on (the group ops take no biases), the first's Q/K/V its own
+    ops = context["ops"]
+    assert ops["rms_gemv_rope_into"]["calls_per_token"] == 1
+    assert ops["decode_attn_o_gemv_ffn_rms_gemv_rope_into"]["calls_per_token"] == 1
+    assert ops["decode_attn_o_gemv_ffn"]["calls_per_token"] == 1
