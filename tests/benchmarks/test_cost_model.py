@@ -4,7 +4,7 @@ import pytest
 
 from benchmarks import common, cost_model
 from torch_npu2.kernels import timing
-from torch_npu2.kernels.catalog import DEFAULT_MATMUL_PRECISION
+from torch_npu2.kernels.catalog import DEFAULT_MATMUL_PRECISION, INTEGER_PRECISION
 
 PROGRAMS = [("rms_gemms_rope", 2048), ("flash_attn", 2048), ("o_ffn", 2048), ("rms_gemv_rope", None),
             ("o_gemv_ffn", None), ("lm_head_gemv", None)]
@@ -156,3 +156,16 @@ def test_upstreams_flash_attention_replay_uses_our_herd_and_names_its_tiles():
     assert rows[(2048, 32, 8)]["tiles"] == 32 and rows[(2048, 32, 32)]["tiles"] == 32
     for row in rows.values():
         assert row["predicted_ms"][0] < row["predicted_exact_bf16_ms"][0]
+
+
+def test_packed_prefill_charges_the_dequantize_runs_only_where_they_run():
+    """A layer with packed projections dequantizes them once per prefill for the bf16 GEMMs (npu2.dequantize_rows,
+    charged per layer), not for the integer GEMMs, which read copies prepared at patch time: the same Programs as
+    bf16 weights."""
+    dims, chunks = cost_model.llama_1b_dims(), [(0, 2048, 2048)]
+    dequantize = cost_model.dequantize_ms(dims, "q4_1")
+    bf16 = cost_model.prefill_ms(dims, 16, chunks, "bf16")
+    assert cost_model.prefill_ms(dims, 16, chunks, "bf16", "q4_1") == pytest.approx(
+        [ms + 16 * d for ms, d in zip(bf16, dequantize)])
+    assert cost_model.prefill_ms(dims, 16, chunks, INTEGER_PRECISION, "q4_1") == pytest.approx(
+        cost_model.prefill_ms(dims, 16, chunks, INTEGER_PRECISION))

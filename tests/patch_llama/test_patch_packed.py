@@ -186,12 +186,13 @@ def test_a_packed_decode_token_runs_its_layers_in_groups(runtime, layers):
 
 def test_packed_weights_with_integer_prefill_gemms(runtime, monkeypatch):
     """weights="q4_1" with matmul_precision="w8x2a16": decode reads the packed rows, prefill runs the integer GEMMs
-    over copies prepared from the packed rows' exact weights (no bf16 weight is kept), and greedy decoding passes the
-    top-5 gate against HF on the dequantized weights; "auto" keeps bf16 prefill GEMMs for packed weights."""
+    over copies prepared from the packed rows' exact weights (no bf16 weight is kept, none is made per prefill: no
+    dequantize_rows runs), and greedy decoding passes the top-5 gate against HF on the dequantized weights; "auto"
+    keeps bf16 prefill GEMMs for packed weights."""
     from torch_npu2.emulator import launches
 
     kinds = []
-    for kind in ("gemm", "gemm_int_swiglu", "rms_gemv"):
+    for kind in ("gemm", "gemm_int_swiglu", "rms_gemv", "dequant_rows"):
         def spy(p, *tensors, kind=kind, run=launches.LAUNCH_KINDS[kind]):
             kinds.append((kind, "weights" in p))
             return run(p, *tensors)
@@ -201,6 +202,10 @@ def test_packed_weights_with_integer_prefill_gemms(runtime, monkeypatch):
     assert model.model.layers[0].forward.prepared is not None
     ids = torch.tensor([[1, 5, 7, 9, 11, 3]])
     check_topk_gate(*greedy_with_topk(reference, ids, 8), *greedy_with_topk(model, ids, 8), label="q4_1 + w8x2a16")
-    assert ("gemm_int_swiglu", False) in kinds and ("rms_gemv", True) in kinds and all(k != "gemm" for k, _ in kinds)
+    assert ("gemm_int_swiglu", False) in kinds and ("rms_gemv", True) in kinds
+    assert all(k not in ("gemm", "dequant_rows") for k, _ in kinds)
     default = patch_llama(tiny_llama(**DIMS), prefill_buckets=(16,), weights="q4_1")
     assert default.model.layers[0].forward.prepared is None
+    kinds.clear()
+    default(ids)  # its prefill's bf16 GEMMs take weights dequantize_rows makes
+    assert {"dequant_rows", "gemm"} <= {k for k, _ in kinds}
