@@ -52,6 +52,7 @@ class _Buffer:
     weight_synced: bool = False  # a weight's bytes are on the device (weights are synced once)
     synced_by_writer: bool = False  # ``empty_state``'s: the host syncs what it writes (``sync_written``), runs never
     device_only: bool = False  # ``empty_device``'s: only runs write it and read it; nothing syncs it either way
+    in_bindings: bool = False  # a kept binding holds it as a weight (``Runtime._forget``)
     # (byte offset, bytes) → a sub-buffer of ``bo`` that inputs at that place were bound as (``Runtime._bind_part``)
     parts: dict = field(default_factory=dict)
 
@@ -111,6 +112,14 @@ class LoadedProgram:
     bindings: dict[tuple, _Binding] = field(default_factory=dict)  # weights' host addresses → their binding
 
 
+def _storage_died(runtime_ref, address: int) -> None:
+    """The finalizer of an ``empty`` buffer's tensor storage (a weak reference: a live tensor does not keep its
+    runtime alive)."""
+    runtime = runtime_ref()
+    if runtime is not None:
+        runtime._forget(address)
+
+
 class Runtime:
     def __init__(self, driver, backend: str, cache: ArtifactCache):
         """``backend``: the name of the target whose artifacts it runs (``--backend``, ``TORCH_NPU2_BACKEND``)."""
@@ -128,6 +137,8 @@ class Runtime:
         # keeping a copy. Safe because runs are one at a time and each copies its host arguments in first.
         self._staging: dict[tuple, _Staging] = {}
         self._weight_epoch = 0  # moves when a weight is refreshed: every binding syncs its weights again
+        self._in_run = False
+        self._died: list[_Buffer] = []  # buffers whose tensors died during a run: their bindings go after it
         self.stats: Counter = Counter()
 
     # -- buffers ---------------------------------------------------------------------------------
@@ -184,8 +195,30 @@ class Runtime:
         tensor, lease = buffer.tensor(shape, dtype)
         address = tensor.untyped_storage().data_ptr()
         self._resident[address] = buffer
-        weakref.finalize(lease, self._resident.pop, address, None)
+        weakref.finalize(lease, _storage_died, weakref.ref(self), address)
         return tensor
+
+    def _forget(self, address: int) -> None:
+        """The tensor over the buffer at ``address`` died: the buffer is no longer resident, and the runs that bound
+        it as a weight (``_Binding``: they hold its BO) are dropped, so that its memory goes with it (a model's
+        weights after unpatch_llama, or after the model is deleted). During a run, after it."""
+        buffer = self._resident.pop(address, None)
+        if buffer is None or not buffer.in_bindings:
+            return
+        self._died.append(buffer)
+        if not self._in_run:
+            self._drop_bindings_of_dead()
+
+    def _drop_bindings_of_dead(self) -> None:
+        dead = {id(buffer) for buffer in self._died}
+        self._died.clear()
+        for loaded in self._loaded.values():
+            for key in [k for k, b in loaded.bindings.items() if any(id(x) in dead for x in b.buffers)]:
+                binding = loaded.bindings.pop(key)
+                if loaded.run is binding.run:  # the run in use: a fresh one takes its place, the scratch bound
+                    loaded.run, loaded.bound = self.xrt.run(loaded.kernel), [None] * len(loaded.program.args)
+                    for index, bo in loaded.scratch.items():
+                        self._bind(loaded, index, bo)
 
     def empty_state(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
         """``empty`` for state the host writes in pieces and ops read (a KV cache's slabs): runs never sync it; every
@@ -380,6 +413,9 @@ class Runtime:
                          else None)
         binding.homes = homes
         binding.buffers = list(map(self._resident.get, homes))
+        for buffer in binding.buffers:
+            if buffer is not None:
+                buffer.in_bindings = True
         binding.epoch = epoch if None not in binding.buffers else -1
 
     def run(self, program: Program, tensors, into: dict | None = None) -> tuple[torch.Tensor, ...]:
@@ -389,6 +425,15 @@ class Runtime:
         them there and they are left out of the result. A contiguous part of a BO-backed tensor at a whole DMA word
         is bound as a sub-buffer of its BO (``xrt.bo(parent, size, offset)``), so the device writes it in place and
         only its bytes are synced back; any other tensor gets a pooled output BO, copied into it after the run."""
+        self._in_run = True
+        try:
+            return self._run(program, tensors, into)
+        finally:
+            self._in_run = False
+            if self._died:
+                self._drop_bindings_of_dead()
+
+    def _run(self, program: Program, tensors, into: dict | None) -> tuple[torch.Tensor, ...]:
         loaded = self._loaded.get(program.key) or self.load(program)
         key = tuple([tensors[position].data_ptr() for position, _ in loaded.weight_plan])
         binding = loaded.bindings.get(key)

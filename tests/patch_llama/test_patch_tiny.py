@@ -535,6 +535,25 @@ def test_unpatch_restores_bit_identical_outputs(runtime):
     assert all("forward" not in m.__dict__ for m in (*model.model.layers, model.model.norm, model.lm_head))
 
 
+def test_unpatch_frees_the_npu_buffers_of_a_model_that_ran(runtime):
+    """After decoding (every decode Program keeps a run per set of weights, holding their BOs), unpatch_llama leaves
+    none of the model's NPU buffers alive: the runs that bound them go with them, so patching again does not hold
+    two copies of the weights."""
+    import gc
+    import weakref
+
+    model = tiny_llama(num_hidden_layers=3)
+    patch_llama(model)
+    model.generate(prompt(6), max_new_tokens=3, do_sample=False)
+    buffers = [weakref.ref(b) for b in runtime._resident.values()]
+    assert len(buffers) > 2 * 3 and sum(len(l.bindings) for l in runtime._loaded.values()) > 0
+    unpatch_llama(model)
+    gc.collect()
+    assert [r() for r in buffers if r() is not None] == []
+    patch_llama(model)  # and the model runs again, its runs made anew
+    model.generate(prompt(6), max_new_tokens=3, do_sample=False)
+
+
 def test_hf_slice_of_the_layers_is_kept_while_its_layers_are_the_same(runtime):
     model = tiny_llama(num_hidden_layers=3)
     layers, ids = model.model.layers, prompt(7)
