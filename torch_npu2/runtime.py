@@ -419,7 +419,8 @@ class Runtime:
         binding.epoch = epoch if None not in binding.buffers else -1
 
     def run(self, program: Program, tensors, into: dict | None = None) -> tuple[torch.Tensor, ...]:
-        """Run ``program`` on ``tensors`` (its weights and inputs, in ELF order); returns its outputs.
+        """Run ``program`` on ``tensors`` (its weights and inputs, in ELF order, each contiguous: the ops refuse
+        others, and a strided view would be bound as the memory it starts at); returns its outputs.
 
         ``into``: {output position: tensor} for outputs the caller gives a place (a KV cache's row): the NPU writes
         them there and they are left out of the result. A contiguous part of a BO-backed tensor at a whole DMA word
