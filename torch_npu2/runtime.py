@@ -195,7 +195,7 @@ class Runtime:
         tensor, lease = buffer.tensor(shape, dtype)
         address = tensor.untyped_storage().data_ptr()
         self._resident[address] = buffer
-        weakref.finalize(lease, _storage_died, weakref.ref(self), address)
+        weakref.finalize(lease, _storage_died, weakref.ref(self), address).atexit = False  # nothing to free then
         return tensor
 
     def _forget(self, address: int) -> None:
@@ -215,10 +215,8 @@ class Runtime:
         for loaded in self._loaded.values():
             for key in [k for k, b in loaded.bindings.items() if any(id(x) in dead for x in b.buffers)]:
                 binding = loaded.bindings.pop(key)
-                if loaded.run is binding.run:  # the run in use: a fresh one takes its place, the scratch bound
-                    loaded.run, loaded.bound = self.xrt.run(loaded.kernel), [None] * len(loaded.program.args)
-                    for index, bo in loaded.scratch.items():
-                        self._bind(loaded, index, bo)
+                if loaded.run is binding.run:  # the run in use: the next binding makes a fresh one (no driver
+                    loaded.run, loaded.bound = None, []  # calls from a finalizer)
 
     def empty_state(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
         """``empty`` for state the host writes in pieces and ops read (a KV cache's slabs): runs never sync it; every
@@ -391,7 +389,8 @@ class Runtime:
         binding = loaded.bindings.get(key)
         if binding is None:
             self.stats["bindings"] += 1
-        if binding is None and not loaded.bindings:  # the first takes the run ``load`` made
+        # the first takes the run ``load`` made (unless dropped with its weights: ``_drop_bindings_of_dead``)
+        if binding is None and not loaded.bindings and loaded.run is not None:
             binding = loaded.bindings[key] = _Binding(loaded.run, loaded.bound, [], [], -1)
         elif binding is None:
             binding = _Binding(self.xrt.run(loaded.kernel), [None] * len(loaded.program.args), [], [], -1)
