@@ -137,7 +137,7 @@ class Runtime:
         # keeping a copy. Safe because runs are one at a time and each copies its host arguments in first.
         self._staging: dict[tuple, _Staging] = {}
         self._weight_epoch = 0  # moves when a weight is refreshed: every binding syncs its weights again
-        self._in_run = False
+        self._in_run = self._dropping = False
         self._died: list[_Buffer] = []  # buffers whose tensors died during a run: their bindings go after it
         self.stats: Counter = Counter()
 
@@ -206,17 +206,26 @@ class Runtime:
         if buffer is None or not buffer.in_bindings:
             return
         self._died.append(buffer)
-        if not self._in_run:
+        if not (self._in_run or self._dropping):
             self._drop_bindings_of_dead()
 
     def _drop_bindings_of_dead(self) -> None:
-        dead = {id(buffer) for buffer in self._died}
-        self._died.clear()
-        for loaded in self._loaded.values():
-            for key in [k for k, b in loaded.bindings.items() if any(id(x) in dead for x in b.buffers)]:
-                binding = loaded.bindings.pop(key)
-                if loaded.run is binding.run:  # the run in use: the next binding makes a fresh one (no driver
-                    loaded.run, loaded.bound = None, []  # calls from a finalizer)
+        """Drop the kept runs that bound a buffer of ``_died``; buffers that die meanwhile (a collection the scan
+        sets off) join the next pass, not a scan of their own."""
+        self._dropping = True
+        try:
+            while self._died:
+                died, self._died = self._died, []  # held through the pass: their ids stay theirs
+                dead = {id(buffer) for buffer in died}
+                for loaded in list(self._loaded.values()):
+                    for key, binding in list(loaded.bindings.items()):
+                        if not any(id(x) in dead for x in binding.buffers):
+                            continue
+                        del loaded.bindings[key]
+                        if loaded.run is binding.run:  # the run in use: the next binding makes a fresh one (no
+                            loaded.run, loaded.bound = None, []  # driver calls from a finalizer)
+        finally:
+            self._dropping = False
 
     def empty_state(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
         """``empty`` for state the host writes in pieces and ops read (a KV cache's slabs): runs never sync it; every
@@ -412,9 +421,10 @@ class Runtime:
                          else None)
         binding.homes = homes
         binding.buffers = list(map(self._resident.get, homes))
-        for buffer in binding.buffers:
-            if buffer is not None:
-                buffer.in_bindings = True
+        if loaded.bindings.get(key) is binding:  # kept: it holds these buffers' BOs until they die
+            for buffer in binding.buffers:
+                if buffer is not None:
+                    buffer.in_bindings = True
         binding.epoch = epoch if None not in binding.buffers else -1
 
     def run(self, program: Program, tensors, into: dict | None = None) -> tuple[torch.Tensor, ...]:
