@@ -544,14 +544,14 @@ def test_unpatch_frees_the_npu_buffers_of_a_model_that_ran(runtime):
 
     model = tiny_llama(num_hidden_layers=3)
     patch_llama(model)
-    model.generate(prompt(6), max_new_tokens=3, do_sample=False)
+    first = model.generate(prompt(6), max_new_tokens=3, do_sample=False)
     buffers = [weakref.ref(b) for b in runtime._resident.values()]
     assert len(buffers) > 2 * 3 and sum(len(l.bindings) for l in runtime._loaded.values()) > 0
     unpatch_llama(model)
     gc.collect()
     assert [r() for r in buffers if r() is not None] == []
-    patch_llama(model)  # and the model runs again, its runs made anew
-    model.generate(prompt(6), max_new_tokens=3, do_sample=False)
+    patch_llama(model)  # and the model runs again, its runs made anew, to the same tokens
+    assert torch.equal(model.generate(prompt(6), max_new_tokens=3, do_sample=False), first)
 
 
 def test_hf_slice_of_the_layers_is_kept_while_its_layers_are_the_same(runtime):
