@@ -233,11 +233,12 @@ def dequantize_ms(dims, weights: str) -> Range:
 def prefill_ms(dims, layers: int, chunks, precision: str = "bf16", weights: str = "bf16") -> Range:
     """NPU time of a prefill over ``chunks`` [(start, stop, padded)] with the GEMMs at matmul ``precision``,
     following NpuDecoderLayer: each layer's packed projections dequantized once (``weights`` a packed format; not
-    with the integer GEMMs, which read copies prepared from the packed rows at patch time), then per chunk its GEMMs; flash_attn runs on the NPU only for a single chunk (several chunks attend on the host, not
-    modelled here); then the LM head on the last row (bf16: the packed LM head's GEMV costs about a third)."""
+    with the integer GEMMs, which read copies prepared from the packed rows at patch time), then per chunk its
+    GEMMs; flash_attn runs on the NPU only for a single chunk (several chunks attend on the host, not modelled
+    here); then the LM head on the last row (bf16: the packed LM head's GEMV costs about a third)."""
     ends = []
+    dequantizes = weights != "bf16" and precision != INTEGER_PRECISION
     for index in range(len(ENDS)):
-        dequantizes = weights != "bf16" and precision != INTEGER_PRECISION
         per_layer = dequantize_ms(dims, weights)[index] / 1e3 if dequantizes else 0.0
         for _, _, padded in chunks:
             per_layer += (_seconds("rms_gemms_rope", dims, padded, precision)[index]

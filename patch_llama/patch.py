@@ -429,8 +429,8 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
     rows, "q4_1" (GGUF's Q4_1, round to nearest per 32-element block, quantized here from the bf16 weights),
     "q4_0" or "q8_0"; the decode GEMVs dequantize each block as they go. Prefill's bf16 GEMMs multiply the rows
     npu2.dequantize_rows makes on the NPU, once per layer and prefill (the integer GEMMs read copies prepared from
-    the packed rows here). The packed weights' bf16 originals leave memory for a mapped temporary file (``patch_llama/spill.py``),
-    from which ``unpatch_llama`` gives them back bit for bit.
+    the packed rows here). The packed weights' bf16 originals leave memory for a mapped temporary file
+    (``patch_llama/spill.py``), from which ``unpatch_llama`` gives them back bit for bit.
     ``gguf``: the GGUF file the model was loaded from: its quantized projections (and LM head) are packed from the
     file's own blocks, with no quantization of ours (``weights`` then defaults to the file's format). A model
     ``load_model(..., weights=...)`` loaded packed names its file itself, and its projections were never bf16 in
