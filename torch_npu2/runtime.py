@@ -410,17 +410,17 @@ class Runtime:
                 self._bind(loaded, index, bo)
         loaded.run, loaded.bound = binding.run, binding.bound
         epoch = self._weight_epoch
-        homes = []
+        binding.homes, binding.buffers = [], []
         for position, (index, is_weight, nbytes) in loaded.weight_plan:
             self._bind_host_arg(loaded, index, is_weight, nbytes, tensors[position])
             bound = loaded.bound[index]
             home = tensors[position].untyped_storage().data_ptr()
             buffer = self._resident.get(home)
-            # its buffer's BO or a sub-buffer of it, not a staging buffer
-            homes.append(home if buffer is not None and (bound is buffer.bo or bound in buffer.parts.values())
-                         else None)
-        binding.homes = homes
-        binding.buffers = list(map(self._resident.get, homes))
+            # bound as its buffer's BO or a sub-buffer of it, not a staging buffer
+            if buffer is None or not (bound is buffer.bo or bound in buffer.parts.values()):
+                home = buffer = None
+            binding.homes.append(home)
+            binding.buffers.append(buffer)
         if loaded.bindings.get(key) is binding:  # kept: it holds these buffers' BOs until they die
             for buffer in binding.buffers:
                 if buffer is not None:
