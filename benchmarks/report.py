@@ -61,15 +61,16 @@ def _host(r: dict) -> list[str]:
     rows = []
     for c in r["contexts"] + r.get("hf_cache_contexts", []):
         ops = c["ops"]
+        head = next((n for n in ("lm_head_gemv_packed", "lm_head_gemv") if n in ops), "lm_head_gemv")
         rows.append([c.get("cache", "hf"), c["context_tokens"], f"{c['token_ms']:.2f}", f"{c['host_attention_ms']:.2f}",
                      f"**{c['host_overhead_ms']:.2f}**",
                      *(f"{ops[n]['us_per_call']:.0f} ({ops[n]['dispatch_and_checks_us_per_call']:.0f})" if n in ops
-                       else "–" for n in ("rms_gemv_rope", "o_gemv_ffn_rms_gemv_rope", "o_gemv_ffn", "lm_head_gemv")),
+                       else "–" for n in ("rms_gemv_rope", "o_gemv_ffn_rms_gemv_rope", "o_gemv_ffn", head)),
                      f"{c['mean_layer']['glue_us']:.0f}", f"{c['outside_layers_ms']:.2f}"])
     d = r["dispatch"]
     return (["### Host time per decode token (1B shape, compute=False, measured)", ""]
             + _table(["cache", "context", "token ms", "host attention ms", "overhead ms", "rms_gemv_rope µs (dispatch+checks)",
-                      "o_gemv_ffn_rms_gemv_rope µs (…)", "o_gemv_ffn µs (…)", "lm_head_gemv µs (…)",
+                      "o_gemv_ffn_rms_gemv_rope µs (…)", "o_gemv_ffn µs (…)", "LM head GEMV µs (…)",
                       "layer glue µs", "outside layers ms"], rows)
             + ["", f"Bare torch.library dispatch per call: Library define/impl {d['library_dispatch_us']:.1f} µs, "
                    f"custom_op {d['custom_op_dispatch_us']:.1f} µs (over a {d['plain_python_call_us']:.1f} µs plain "

@@ -82,6 +82,14 @@ def resolve_matmul_precision(precision: str, dims: "ModelDims", weights: str = "
 # How the decode Programs hold their projection weights: "bf16", or packed block-quantized rows (kernels/quant.py:
 # "q4_0", "q4_1", "q8_0"), which the GEMVs dequantize in their panel loop. Prefill Programs take bf16 weights.
 DECODE_WEIGHTS = ("bf16", *FORMATS)
+# The LM head's format in a patched model by default: a bf16 model's GEMV reads this packed copy (its best tokens
+# scored again on the host from the bf16 weight: patch_llama/layer.py, NpuLmHead), a packed model's its own format.
+RESCORED_LM_HEAD = "q8_0"
+
+
+def default_lm_head_weights(weights: str) -> str:
+    """The format a patched model's LM head GEMV reads by default when its projections are ``weights``."""
+    return RESCORED_LM_HEAD if weights == "bf16" else weights
 
 
 def _check_weights(weights: str) -> None:
@@ -763,10 +771,11 @@ def decode_layers_program(layers: int, hidden: int, q_dim: int, intermediate: in
     and ``next_k_roped_<j>``, the K/V rows of the layer after it. With ``ends_model`` (decode_layers<n>_final) the
     last layer is the model's last and runs as decode_attn_o_gemv_ffn: no next layer's weights, LUT use or rows for
     it, so the outputs are ``out`` and the rows of the layers before it. With ``lm_head`` = (LM-head rows, the final
-    norm's eps, the LM head's weight format: bf16, or a packed one when ``weights`` is packed) as well
-    (decode_layers<n>_final_lm), the model's final RMSNorm and its LM head follow in the same
-    dispatch: host arguments ``final_norm_w`` and ``w_lm`` after the layers', outputs ``final_normed`` (the final
-    norm's bf16 output) and ``logits`` (lm_head_gemv's) after the others.
+    norm's eps, the LM head's weight format: bf16 when ``weights`` is, or any packed one) as well
+    (decode_layers<n>_final_lm; decode_layers<n>_final_packed_lm for a packed LM head after bf16 layers), the
+    model's final RMSNorm and its LM head follow in the same dispatch: host arguments ``final_norm_w`` and ``w_lm``
+    after the layers', outputs ``final_normed`` (the final norm's bf16 output) and ``logits`` (lm_head_gemv's) after
+    the others.
 
     With ``first_qkv`` (decode_layers<n>_qkv...) the first layer's own rms_gemv_rope runs first in the same dispatch,
     on ``x`` with ``next_eps`` (every layer of a group normalizes its input with one eps) and the step's LUT row,
@@ -830,11 +839,11 @@ def decode_layers_program(layers: int, hidden: int, q_dim: int, intermediate: in
     name = f"decode_layers{layers}" + ("_qkv" if first_qkv else "") + ("_final" if ends_model else "")
     params = (("layers", layers), *one.params, *((("first_qkv", 1),) if first_qkv else ()))
     if lm_head is not None:
-        name += "_lm"
         vocab, final_eps, head_weights = lm_head
-        if (head_weights == "bf16") != (weights == "bf16"):
+        if weights != "bf16" and head_weights == "bf16":
             raise ValueError(f"a decode group's LM head is packed when its layers are: layers {weights!r}, LM head "
                              f"{head_weights!r}")
+        name += "_packed_lm" if head_weights != weights == "bf16" else "_lm"
         head = lm_head_gemv_program(hidden, vocab, head_weights)
         params += (("vocab", vocab), ("final_eps", final_eps), ("head_weights", head_weights))
         hosts = [a for a in args if a.role in (Role.INPUT, Role.WEIGHT)]
@@ -1007,8 +1016,9 @@ def programs_for_model(dims: ModelDims, prefill_buckets,
                        lm_head_weights: str | None = None) -> list[Program]:
     """Every Program a model needs: the prefill trio per bucket (its GEMMs in ``matmul_precision``; "auto":
     ``default_matmul_precision``), the decode pair and their chain across a layer boundary (projection weights as
-    ``weights``), and the LM head (``lm_head_weights``, by default ``weights``); with packed ``weights`` and GEMMs
-    over bf16 weights, the dequantize_rows Programs that make them."""
+    ``weights``), and the LM head (``lm_head_weights``, by default ``weights``: a patched bf16 model's is
+    ``default_lm_head_weights``); with packed ``weights`` and GEMMs over bf16 weights, the dequantize_rows Programs
+    that make them."""
     matmul_precision = resolve_matmul_precision(matmul_precision, dims, weights)
     _check_precision(matmul_precision)
     _check_weights(weights)

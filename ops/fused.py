@@ -147,20 +147,22 @@ def _decode_attn_o_gemv_ffn(shapes, head_dim, eps):
                                                   capacity)
 
 
-def _decode_layers(layers: int, ends_model: bool = False, lm_head: bool = False, first_qkv: bool = False):
+def _decode_layers(layers: int, ends_model: bool = False, lm_head: bool = False, first_qkv: bool = False,
+                   packed: bool = False, packed_head: bool = False):
     """The program_for of npu2.decode_layers<layers> (with ``ends_model``, of decode_layers<layers>_final; with
     ``lm_head`` too, of decode_layers<layers>_final_lm, whose last host tensor is the LM head's weight, its rows the
-    logits; with ``first_qkv``, of the _qkv op, which takes no q) and, with a weight format, of its _packed twin: the
-    dims come from x (hidden), the first layer's K cache (capacity, KV width) and the scalars; the registry's shape
-    check holds every tensor, each layer's two weight arenas included, to the Program's."""
+    logits; with ``first_qkv``, of the _qkv op, which takes no q) and, with ``packed``, of its _packed twin, which
+    takes the layers' weight format (and, with ``packed_head`` too, the LM head's); with ``packed_head`` alone, of
+    decode_layers<layers>_final_packed_lm (bf16 layers, the LM head's packed format a scalar): the dims come from x
+    (hidden), the first layer's K cache (capacity, KV width) and the scalars; the registry's shape check holds every
+    tensor, each layer's two weight arenas included, to the Program's."""
     lead = 0 if first_qkv else 1  # a group without its first layer's Q/K/V starts with that layer's query
 
     def program_for(shapes, head_dim, heads, intermediate, eps, next_eps, *rest):
-        """``rest``: a _final_lm op's final_eps, then a _packed op's weights (and a _final_lm_packed op's head_weights,
-        the LM head's own packed format)."""
+        """``rest``: a _final_lm op's final_eps, then a _packed op's weights, then a packed LM head's format."""
         final_eps, rest = (rest[0], rest[1:]) if lm_head else (None, rest)
-        weights = rest[0] if rest else "bf16"
-        head_weights = rest[1] if len(rest) > 1 else weights
+        weights, rest = (rest[0], rest[1:]) if packed else ("bf16", rest)
+        head_weights = rest[0] if packed_head else weights
         k_cache = shapes[lead + 3]
         try:  # the first layer's attention: its heads and capacity bucket
             attention = dict(_decode_attn(((heads * head_dim,), k_cache, k_cache, None), head_dim).params)
@@ -190,19 +192,25 @@ def _group_into(layers: int) -> tuple[tuple[str, str], ...]:
 def _decode_layers_ops() -> tuple[FusedOp, ...]:
     """npu2.decode_layers<n>, npu2.decode_layers<n>_final (a group ending with the model's last layer) and
     npu2.decode_layers<n>_final_lm (that group, then the model's final norm and LM head), each with a _qkv twin
-    (decode_layers<n>_qkv[_final[_lm]]: the first layer's rms_gemv_rope too) and each with a _packed twin."""
+    (decode_layers<n>_qkv[_final[_lm]]: the first layer's rms_gemv_rope too) and each with a _packed twin; and
+    npu2.decode_layers<n>[_qkv]_final_packed_lm, bf16 layers ending with a packed LM head (patch_llama's Q8_0 copy
+    of a bf16 model's LM head)."""
     scalars = (("head_dim", "int"), ("heads", "int"), ("intermediate", "int"), ("eps", "float"), ("next_eps", "float"))
-    ends = (("", False, False), ("_final", True, False), ("_final_lm", True, True))
+    # (name suffix, ends the model, runs the LM head, layers' format, LM head's format)
+    variants = [("", False, False, "bf16", None), ("_final", True, False, "bf16", None),
+                ("_final_lm", True, True, "bf16", "bf16"), ("_final_packed_lm", True, True, "bf16", _EX_PACKED)]
+    variants += [(suffix + "_packed", final, lm_head, _EX_PACKED, head and _EX_PACKED)
+                 for suffix, final, lm_head, weights, head in variants[:3]]
     return tuple(
-        FusedOp(f"decode_layers{n}{'_qkv' if first_qkv else ''}{suffix}" + ("" if weights == "bf16" else "_packed"),
+        FusedOp(f"decode_layers{n}{'_qkv' if first_qkv else ''}{suffix}",
                 scalars + ((("final_eps", "float"),) if lm_head else ()) + (() if weights == "bf16" else (_WEIGHTS,))
-                + ((("head_weights", "str"),) if lm_head and weights != "bf16" else ()),
-                _decode_layers(n, final, lm_head, first_qkv),
+                + ((("head_weights", "str"),) if head not in (None, "bf16") else ()),
+                _decode_layers(n, final, lm_head, first_qkv, weights != "bf16", head not in (None, "bf16")),
                 catalog.decode_layers_program(n, 64, 64, 128, 1e-5, 2, 1, 32, 128, 1e-5, weights, final,
-                                              (256, 1e-6, weights) if lm_head else None, first_qkv),
+                                              (256, 1e-6, head) if lm_head else None, first_qkv),
                 (_FIRST_KV_ROWS if first_qkv else ()) + _group_into(n - 1 if final else n))
-        for n in catalog.DECODE_GROUP_SIZES for first_qkv in (False, True) for suffix, final, lm_head in ends
-        for weights in ("bf16", _EX_PACKED))
+        for n in catalog.DECODE_GROUP_SIZES for first_qkv in (False, True)
+        for suffix, final, lm_head, weights, head in variants)
 
 
 def decode_attn_length(length: int) -> torch.Tensor:

@@ -282,16 +282,17 @@ _PER_WEIGHT_GROUP_REFERENCES = {
         ("_packed", decode_attn_o_gemv_ffn_rms_gemv_rope_packed_reference, decode_attn_o_gemv_ffn_packed_reference))}
 
 
-def _with_lm_head(group_reference, head_reference):
+def _with_lm_head(group_reference, head_reference, layers_packed: bool):
     """Reference of a decode_layers<n>_final_lm op: the _final group (``group_reference``) on all but the last two
     tensors, then the model's final RMSNorm (``final_norm_w``, the ``final_eps`` scalar after the group's own) and the
-    LM head (``w_lm``, in its own format: the _packed op's last scalar) on its output; returns the group's results,
-    then final_normed and logits."""
+    LM head (``w_lm``, in its own format: the op's last scalar when packed) on its output; returns the group's
+    results, then final_normed and logits. ``layers_packed``: the layers' format follows final_eps (a _packed op)."""
     def reference(*args):
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         scalars = args[len(tensors):]
         final_norm_w, w_lm = tensors[-2:]
-        final_eps, packed, head_format = scalars[3], scalars[4:5], scalars[5:6]
+        final_eps, formats = scalars[3], scalars[4:]
+        packed, head_format = (formats[:1], formats[1:]) if layers_packed else ((), formats)
         results = group_reference(*tensors[:-2], *scalars[:3], *packed)
         normed = rms_norm(results[0], final_norm_w, final_eps)
         return (*results, normed, head_reference(normed, w_lm, *head_format))
@@ -300,21 +301,26 @@ def _with_lm_head(group_reference, head_reference):
 
 _PER_WEIGHT_GROUP_REFERENCES.update({
     f"decode_layers{n}_final_lm{suffix}": _with_lm_head(
-        _PER_WEIGHT_GROUP_REFERENCES[f"decode_layers{n}_final{suffix}"], head)
+        _PER_WEIGHT_GROUP_REFERENCES[f"decode_layers{n}_final{suffix}"], head, bool(suffix))
     for n in DECODE_GROUP_SIZES
     for suffix, head in (("", lm_head_gemv_reference), ("_packed", lm_head_gemv_packed_reference))})
+_PER_WEIGHT_GROUP_REFERENCES.update({
+    f"decode_layers{n}_final_packed_lm": _with_lm_head(_PER_WEIGHT_GROUP_REFERENCES[f"decode_layers{n}_final"],
+                                                       lm_head_gemv_packed_reference, False)
+    for n in DECODE_GROUP_SIZES})
 
 
-def _with_first_qkv(group_reference, qkv_reference, ends_model: bool, lm_head: bool):
+def _with_first_qkv(group_reference, qkv_reference, ends_model: bool, lm_head: bool, packed: bool):
     """Reference of a decode_layers<n>_qkv[_final[_lm]] op: the first layer's rms_gemv_rope (its weights the first
-    three tensors, on the group's x and LUT row with next_eps, in the group's weight format) makes the q the group
-    (``group_reference``) then takes first; its K/V rows follow the group's out (and next_q_roped)."""
+    three tensors, on the group's x and LUT row with next_eps, in the group's weight format: with ``packed``, the
+    scalar after final_eps in a _final_lm op) makes the q the group (``group_reference``) then takes first; its K/V
+    rows follow the group's out (and next_q_roped)."""
     def reference(*args):
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         scalars = args[len(tensors):]
         first, rest = tensors[:3], tensors[3:]
         x, lut = rest[4], rest[11]  # k_cache, v_cache, length, wo, x, ..., next_rope_lut
-        weights = scalars[4 if lm_head else 3:][:1]  # a _packed op's format, after final_eps in a _final_lm op
+        weights = scalars[4 if lm_head else 3:][:1] if packed else ()
         v, q, k = qkv_reference(x, *first, lut, scalars[2], *weights)
         results = group_reference(q, *rest, *scalars)
         kept = 1 if ends_model else 2
@@ -324,22 +330,25 @@ def _with_first_qkv(group_reference, qkv_reference, ends_model: bool, lm_head: b
 
 _PER_WEIGHT_GROUP_REFERENCES.update({
     f"decode_layers{n}_qkv{ends}{suffix}": _with_first_qkv(
-        _PER_WEIGHT_GROUP_REFERENCES[f"decode_layers{n}{ends}{suffix}"], qkv, bool(ends), ends == "_final_lm")
-    for n in DECODE_GROUP_SIZES for ends in ("", "_final", "_final_lm")
-    for suffix, qkv in (("", rms_gemv_rope_reference), ("_packed", rms_gemv_rope_packed_reference))})
+        _PER_WEIGHT_GROUP_REFERENCES[f"decode_layers{n}{ends}{suffix}"], qkv, bool(ends), ends.endswith("_lm"),
+        bool(suffix))
+    for n in DECODE_GROUP_SIZES for ends in ("", "_final", "_final_lm", "_final_packed_lm")
+    for suffix, qkv in (("", rms_gemv_rope_reference), ("_packed", rms_gemv_rope_packed_reference))
+    if f"decode_layers{n}{ends}{suffix}" in _PER_WEIGHT_GROUP_REFERENCES})
 
 
-def _from_arenas(per_weight, layers: int, ends_model: bool, lm_head: bool, first_qkv: bool):
+def _from_arenas(per_weight, layers: int, ends_model: bool, lm_head: bool, first_qkv: bool, packed: bool):
     """Reference of a decode group op over weight arenas: each layer's parts of its two arenas (catalog.layer_arenas)
     as the weights they hold, handed in the per-weight form's order (its first layer's decode_attn_o_gemv_ffn_
     rms_gemv_rope tensors, then each further layer's caches, o/FFN weights and the next layer's input norm, [Wq; Wk]
-    and Wv) to ``per_weight``, the group's reference over such weights, with its scalars (no heads, intermediate)."""
+    and Wv) to ``per_weight``, the group's reference over such weights, with its scalars (no heads, intermediate);
+    ``packed``: the layers' format is the scalar after next_eps (after final_eps in a _final_lm op)."""
     lead = 0 if first_qkv else 1
 
     def reference(*args):
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         head_dim, heads, intermediate, *scalars = args[len(tensors):]
-        fmt = (scalars[3:] if lm_head else scalars[2:])[:1] or ["bf16"]
+        fmt = (scalars[3:] if lm_head else scalars[2:])[:1] if packed else ["bf16"]
         x, length, lut = tensors[lead:lead + 3]
         per_layer = tensors[lead + 3:]
         caches = [per_layer[4 * j:4 * j + 2] for j in range(layers)]
@@ -365,8 +374,9 @@ def _from_arenas(per_weight, layers: int, ends_model: bool, lm_head: bool, first
     return reference
 
 
-# npu2.decode_layers<n>[_qkv][_final[_lm]][_packed]'s references, by op name
+# npu2.decode_layers<n>[_qkv][_final[_lm]][_packed]'s and decode_layers<n>[_qkv]_final_packed_lm's references, by
+# op name
 DECODE_GROUP_REFERENCES = {
-    name: _from_arenas(per_weight, int(name[len("decode_layers")]), "_final" in name, "_final_lm" in name,
-                       "_qkv" in name)
+    name: _from_arenas(per_weight, int(name[len("decode_layers")]), "_final" in name, "_lm" in name, "_qkv" in name,
+                       name.endswith("_packed"))
     for name, per_weight in _PER_WEIGHT_GROUP_REFERENCES.items()}

@@ -22,6 +22,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -47,11 +48,12 @@ decode_attn_o_gemv_ffn_rms_gemv_rope_into = INTO[decode_attn_o_gemv_ffn_rms_gemv
 decode_attn_o_gemv_ffn_rms_gemv_rope_packed_into = INTO[decode_attn_o_gemv_ffn_rms_gemv_rope_packed]
 # (layers, packed, qkv, ends) → the .into overload of the decode group op that runs that many layers in one
 # dispatch: qkv "_qkv" (its first layer's rms_gemv_rope too) or ""; ends "" (layers go on after it), "_final" (its last
-# layer is the model's last) or "_final_lm" (then the model's final norm and LM head too)
+# layer is the model's last), "_final_lm" (then the model's final norm and LM head too) or, bf16 layers only,
+# "_final_packed_lm" (the LM head packed)
 decode_layers_into = {(n, packed, qkv, ends):
                       INTO[ALL_OPS[f"decode_layers{n}{qkv}{ends}" + ("_packed" if packed else "")]]
                       for n in DECODE_GROUP_SIZES for packed in (False, True) for qkv in ("", "_qkv")
-                      for ends in ("", "_final", "_final_lm")}
+                      for ends in ("", "_final", "_final_lm") + (() if packed else ("_final_packed_lm",))}
 
 
 class ChainedQkv(NamedTuple):
@@ -824,9 +826,10 @@ class NpuDecoderLayer:
         if not members:
             return None
         ends_model = members[-1].next_layer is None
-        head = self.shared.head  # the final norm and LM head join a group ending the model, packed when its layers are
-        if not (ends_model and head is not None and head.joins() and (head.lm_head.packed is None) == (not packed)):
+        head = self.shared.head  # the final norm and LM head join a group ending the model, packed if its layers are
+        if not (ends_model and head is not None and head.joins() and not (packed and head.lm_head.packed is None)):
             head = None
+        packed_head = head is not None and head.lm_head.packed is not None
         # room for the K/V rows of the layer after each member that has one (which may grow its slabs), then the
         # members' views
         nexts = [_cache_rows(cache.layers[member.next_layer.layer_idx], batch)
@@ -838,11 +841,12 @@ class NpuDecoderLayer:
             return None
         for member in members:
             cache.layers[member.layer_idx].length = length
-        op = decode_layers_into[(1 + len(members), self.packed is not None, "" if own_rows is None else "_qkv",
-                                 "_final_lm" if head else "_final" if ends_model else "")]
+        ends = ("_final_lm" if packed or not packed_head else "_final_packed_lm") if head else \
+            "_final" if ends_model else ""
+        op = decode_layers_into[(1 + len(members), self.packed is not None, "" if own_rows is None else "_qkv", ends)]
         # the final norm's weight and the LM head's rows; the final eps; the LM head's own format when packed
-        head_args = ((head.norm.weight, head.lm_head.rows), (head.eps,), head.lm_head.packed[:1] if packed else ()) \
-            if head else ((), (), ())
+        head_args = ((head.norm.weight, head.lm_head.rows), (head.eps,),
+                     head.lm_head.packed[:1] if packed_head else ()) if head else ((), (), ())
         # each layer's weights in its two arenas; the layer after the group's (unless it ends the model) too
         after = () if ends_model else members[-1].next_layer.arenas
         scalars = (self.head_dim, self.heads, self.intermediate, self.eps_mlp, self.next_layer.eps_attn, *head_args[1],
@@ -1018,24 +1022,34 @@ class NpuLmHead:
     lm_head_gemv, unless the decode group that ran the model's last layer already ran it on this very input (the
     final norm it handed HF: ``NpuFinalNorm``); full-sequence logits, when asked for, use the same resident weight on
     the host. All give fp32 logits of bf16 products summed in fp32, so a token's logit does not depend on how it was
-    asked for."""
+    asked for.
+
+    A bf16 LM head whose NPU rows are a packed copy (patch_llama's ``lm_head="q8_0"``, the default for bf16 weights:
+    the GEMV then streams about half the bytes) is *rescored*: each row's logits from the copy differ from the bf16
+    weight's by at most ``bound`` times the input row's norm (``copy_error_bound``), so only the tokens within twice
+    that of the row's best can have the largest bf16 logit, and those are computed again on the host from the bf16
+    weight. The best token and every logit near it are then the bf16 head's (the full-sequence path reads the bf16
+    weight for all); the others keep the copy's, each within the bound of its own."""
 
     VOCAB_CHUNK = 8192  # weight rows widened to fp32 at a time: bounds the host path's extra memory
 
-    def __init__(self, lm_head, rows: tuple[str | None, torch.Tensor], shared: SharedState):
+    def __init__(self, lm_head, rows: tuple[str | None, torch.Tensor], shared: SharedState,
+                 bound: float | None = None):
         """``rows``: (None, the bf16 weight's NPU buffer) or (format, its int32 words of packed rows) when the LM head
-        runs on quantized weights; either buffer holds catalog.lm_head_rows(vocab) rows, zero past the vocabulary."""
+        runs on quantized weights; either buffer holds catalog.lm_head_rows(vocab) rows, zero past the vocabulary.
+        ``bound``: with packed rows copied from the bf16 weight that stays, their ``copy_error_bound``."""
         self.module = lm_head
         self.weight = lm_head.weight
         fmt, buffer = rows
         self.packed = None if fmt is None else rows
         self.rows = buffer
         self.shared = shared
+        self.bound = bound
 
     def __call__(self, hidden):
         results, self.shared.head_results = self.shared.head_results, None
         if results is not None and _views_whole(hidden, results.normed, results.normed_version):
-            return results.logits
+            return self._rescored(results.logits, results.normed)
         if torch.is_grad_enabled():
             with torch.no_grad():
                 return self._logits(hidden)
@@ -1046,20 +1060,69 @@ class NpuLmHead:
             vocab = self.weight.shape[0]
             if self.packed is not None:
                 fmt, words = self.packed
-                return _from_sequence_rows([lm_head_gemv_packed(x, words, fmt)[:vocab] for x in _sequence_rows(hidden)])
+                return self._rescored(_from_sequence_rows([lm_head_gemv_packed(x, words, fmt)[:vocab]
+                                                           for x in _sequence_rows(hidden)]), hidden)
             return _from_sequence_rows([lm_head_gemv(x, self.rows)[:vocab] for x in _sequence_rows(hidden)])
         rows = hidden.float()
         logits = rows.new_empty(*hidden.shape[:-1], self.weight.shape[0])
         vocab = self.weight.shape[0]
         for start in range(0, vocab, self.VOCAB_CHUNK):
             stop = min(start + self.VOCAB_CHUNK, vocab)
-            if self.packed is None:
+            if self.packed is None or self.bound is not None:
                 chunk = self.weight[start:stop].float()
             else:  # the same exact weights the packed GEMV multiplies by
                 fmt, words = self.packed
                 chunk = quant.dequantize(quant.weight_format(fmt), words[start:stop], self.weight.shape[1])
             logits[..., start:start + chunk.shape[0]] = F.linear(rows, chunk)
         return logits
+
+    def _rescored(self, logits: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """``logits`` (batch, 1, vocab) of ``hidden`` (batch, 1, hidden) from the packed copy, in place: in each row,
+        every token that could hold the row's largest bf16 logit gets its logit from the bf16 weight; unchanged
+        without a ``bound``. torch.compile calls it as an op it does not look into (the tokens' count is the data's)."""
+        if self.bound is not None:
+            rescore = _rescore_logits_op if torch.compiler.is_compiling() else _rescore_logits
+            rescore(logits, hidden, self.weight, self.bound)
+        return logits
+
+
+def _rescore_logits(logits: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, bound: float) -> None:
+    """NpuLmHead._rescored's work on the logits of a packed copy of ``weight`` whose ``copy_error_bound`` is
+    ``bound``."""
+    for row, x in zip(logits[:, -1], hidden[:, -1].float()):
+        margin = 2 * bound * float(torch.linalg.vector_norm(x, dtype=torch.float64))
+        values = row.numpy()  # numpy's max and search over 128K logits: a few times faster than torch's
+        threshold = float(values.max()) - margin
+        limit = np.float32(threshold)  # compared in the logits' fp32: rounded down, or a token on it is missed
+        if limit > threshold:
+            limit = np.nextafter(limit, np.float32(-np.inf))
+        tokens = torch.from_numpy(np.flatnonzero(values >= limit))
+        row[tokens] = F.linear(x, weight.index_select(0, tokens).float())  # index_select: 2× faster than indexing
+
+
+_rescore_logits_op = torch.library.custom_op("torch_npu2::rescore_logits", _rescore_logits, mutates_args=("logits",))
+_rescore_logits_op.register_fake(lambda logits, hidden, weight, bound: None)
+
+
+BOUND_ROWS = 1024  # rows copy_error_bound widens to fp64 at a time (16 MiB each at 2048 columns)
+
+
+def copy_error_bound(weight: torch.Tensor, words: torch.Tensor, fmt: str) -> float:
+    """The most a logit from a row of packed ``words`` (format ``fmt``, packed from ``weight``) can differ from the
+    same token's logit from ``weight``, per unit of the input's norm, both summed in fp32 in any order: over rows w
+    and their copies c, ‖w − c‖ + γ(‖w‖ + ‖c‖) (Cauchy–Schwarz; each product of bf16 values is exact in fp32, and an
+    n-term fp32 sum is within γ = n·u/(1 − n·u), u = 2⁻²⁴, of the sum of the terms' magnitudes: Higham, "Accuracy
+    and Stability of Numerical Algorithms", §3.1)."""
+    n = weight.shape[1]
+    gamma = n * 2.0 ** -24 / (1 - n * 2.0 ** -24)
+    worst = 0.0
+    for start in range(0, weight.shape[0], BOUND_ROWS):
+        w = weight[start:start + BOUND_ROWS].detach().double()
+        c = quant.dequantize(quant.weight_format(fmt), words[start:start + w.shape[0]], n).double()
+        rows = torch.linalg.vector_norm(w - c, dim=1) + gamma * (torch.linalg.vector_norm(w, dim=1)
+                                                                  + torch.linalg.vector_norm(c, dim=1))
+        worst = max(worst, float(rows.max()))
+    return worst
 
 
 def _views_whole(t: torch.Tensor, of: torch.Tensor, version: int) -> bool:

@@ -11,11 +11,12 @@ from .. import runtime as npu_runtime
 from ..host_memory import release_free_heap
 from ..kernels import MATMUL_PRECISIONS, int_gemm, programs_for_model, quant
 from ..kernels.catalog import (AUTO_PRECISION, DECODE_GROUP_SIZES, DECODE_WEIGHTS, INTEGER_PRECISION,
-                               integer_gemm_misfit, layer_arenas, lm_head_rows, resolve_matmul_precision)
+                               RESCORED_LM_HEAD, integer_gemm_misfit, layer_arenas, lm_head_rows,
+                               resolve_matmul_precision)
 from ..kernels.stitch import npu2_build_problem
 from .kv_cache import NpuKVCache
 from .layer import (NpuDecoderLayer, NpuFinalNorm, NpuLmHead, PackedProjections, PrefillSettings, PreparedProjections,
-                    SharedState)
+                    SharedState, copy_error_bound)
 from .gguf_file import PROJECTIONS, GgufFile
 from .spill import WeightSpill
 from .families import ModelFamily, family_of, supported
@@ -23,6 +24,7 @@ from .transformers_compat import check_transformers
 
 DEFAULT_BUCKETS = tuple(2 ** i for i in range(4, 12))  # 16 … 2048
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
+LM_HEADS = ("auto", "bf16", RESCORED_LM_HEAD)  # patch_llama's lm_head choices
 STATE_ATTR = "_torch_npu2_patch"
 # RoPE types whose frequencies are fixed at the module's creation: a position's cos/sin never change (_RotaryTable)
 STATIC_ROPE_TYPES = ("default", "linear", "llama3")
@@ -39,7 +41,7 @@ class PatchState:
     shared: SharedState
     modules: list = field(default_factory=list)  # (module, attribute name, saved value or None)
     weights: tuple = ("bf16", "bf16")  # what decode reads: (projections' format, LM head's format)
-    spill: WeightSpill | None = None  # the packed weights' bf16 originals, out of memory until unpatch_llama
+    spill: WeightSpill | None = None  # bf16 weights decode reads packed copies of, mapped from a file until unpatch
     # Linears whose weight was never loaded in bf16 (meta, from load_model's packed GGUF path): (module, format, words)
     unloaded: list = field(default_factory=list)
 
@@ -113,6 +115,20 @@ def _check_biases(model, family: ModelFamily) -> None:
             if module.bias is not None:
                 raise _fail(f"layer {index} {name} has a bias: attention or MLP bias is not supported by the fused "
                             "ops here (config.attention_bias/mlp_bias)")
+
+
+def _head_format(lm_head: str, weights: str, head_weights: str) -> tuple[str, bool]:
+    """(the format the LM head's GEMV reads, whether its rows are a copy of the bf16 weight that rescoring reads) for
+    patch_llama's ``lm_head``, given the projections' and the LM head's own formats; a ValueError naming it
+    otherwise."""
+    if lm_head not in LM_HEADS:
+        raise _fail(f"lm_head must be one of {', '.join(map(repr, LM_HEADS))}, got {lm_head!r}")
+    if weights != "bf16":
+        if lm_head != "auto":
+            raise _fail(f"lm_head={lm_head!r} chooses between copies of a bf16 LM head; with weights={weights!r} the "
+                        f"LM head is packed as {head_weights!r} (lm_head='auto')")
+        return head_weights, False
+    return ("bf16", False) if lm_head == "bf16" else (RESCORED_LM_HEAD, True)
 
 
 def _bucket_lengths(prefill_buckets) -> tuple[int, ...]:
@@ -301,6 +317,16 @@ def _pin_lm_head(runtime, weight: nn.Parameter) -> torch.Tensor:
     return rows
 
 
+def _quantize_lm_head(runtime, weight: nn.Parameter, fmt: str) -> torch.Tensor:
+    """A packed copy of the LM head's bf16 weight in an NPU buffer of ``lm_head_rows(vocab)`` rows, zero past the
+    vocabulary (the weight itself is left as it is)."""
+    vocab, hidden = weight.shape
+    words = runtime.empty((lm_head_rows(vocab), quant.weight_format(fmt).row_bytes(hidden) // 4), torch.int32)
+    words[vocab:] = 0
+    _quantize(weight.data, fmt, words[:vocab].view(torch.uint8))
+    return words
+
+
 def _layer_arenas(runtime, layer, weights: str) -> tuple[tuple[torch.Tensor, torch.Tensor], dict]:
     """A decoder layer's two arenas (catalog.layer_arenas: its projections in the weight format's dtype, its norms
     in bf16) as NPU buffers, their gaps zero, with its norms in place: ((weights, norms), each part as a view)."""
@@ -412,7 +438,8 @@ def _bf16_whereabouts(module) -> str:
 
 def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS,
                 matmul_precision: str = AUTO_PRECISION, weights: str = "bf16", gguf=None,
-                decode_layers_per_dispatch: int = DECODE_GROUP_SIZES[-1], progress: bool = False):
+                decode_layers_per_dispatch: int = DECODE_GROUP_SIZES[-1], lm_head: str = "auto",
+                progress: bool = False):
     """Run ``model`` (a HF ``LlamaForCausalLM``, patched in place and returned) through the npu2 ops.
 
     ``backend``: "auto" (NPU if present, else emulated), "npu2" or "emulator" — the process-wide runtime.
@@ -439,6 +466,12 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
     (npu2.decode_layers<n>, up to 8: what 64 argument buffers per run hold, each layer's weights in two of them);
     1 runs each layer as a dispatch of its own. Fewer dispatches save NPU and host time per token; a group's ELF
     takes longer to build, once per decode attention capacity bucket (ARCHITECTURE.md, "Decode groups").
+    ``lm_head``: what the LM head's NPU GEMV reads when ``weights`` is "bf16": "q8_0" (a Q8_0 copy of its weight,
+    made here, about half the bytes a token streams for it; the tokens whose logit could be the largest are scored
+    again on the host from the bf16 weight, so the best token and the logits near it are the bf16 head's, the
+    others within a bound of theirs: layer.NpuLmHead; the bf16 weight, and a tied embedding, then live in the
+    mapped file, resident where read) or "bf16" (every logit from the bf16 weight, the GEMV twice as long); "auto",
+    the default, is "q8_0". With packed ``weights`` the LM head is packed too, and only "auto" goes.
     ``progress``: show a progress bar while weights move into NPU buffers.
     """
     if getattr(model, STATE_ATTR, None) is not None:
@@ -453,6 +486,7 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
     head_weights = weights
     if source is not None:
         weights, head_weights = _gguf_formats(model, source, weights)
+    head_weights, rescored = _head_format(lm_head, weights, head_weights)
     family = family_of(model.config)
     if matmul_precision == AUTO_PRECISION and family is not None:  # (an unknown family is refused by _validate)
         matmul_precision = resolve_matmul_precision(matmul_precision, family.dims(model.config), weights)
@@ -478,12 +512,16 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
 
         items = tqdm(items, desc="moving weights to NPU buffers" + (f" ({weights})" if packed else ""),
                      unit="tensor")
-    per_layer, head = [], None
-    if packed:
+    per_layer, head, bound = [], None, None
+    if packed or rescored:
         state.spill = WeightSpill()
     try:
         for item in items:
-            if item is model.lm_head.weight:
+            if item is model.lm_head.weight and rescored:  # the bf16 weight, bounded, then out of memory until read
+                head = (head_weights, _quantize_lm_head(runtime, item, head_weights))
+                bound = copy_error_bound(item, head[1], head_weights)
+                _set_aside(state, [item])
+            elif item is model.lm_head.weight:
                 head = (None, _pin_lm_head(runtime, item))
             elif isinstance(item, nn.Parameter):
                 item.data = runtime.pin(item.data)
@@ -503,6 +541,7 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
             head = (head_weights, _pack_linear(state, runtime, model.lm_head, "lm_head", head_weights, source,
                                                lm_head_rows(model.lm_head.out_features)))
             _set_aside(state, [model.lm_head.weight])
+        if state.spill is not None:
             state.spill.map()
     except BaseException:
         if state.spill is not None:
@@ -513,9 +552,9 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
     for layer, forward, following in zip(model.model.layers, patched, patched[1:] + [None]):
         forward.next_layer = following
         _replace_forward(state, layer, forward)
-    lm_head = NpuLmHead(model.lm_head, head, state.shared)
-    _replace_forward(state, model.lm_head, lm_head)
-    _join_final_norm(state, model.model.norm, lm_head)
+    head_module = NpuLmHead(model.lm_head, head, state.shared, bound)
+    _replace_forward(state, model.lm_head, head_module)
+    _join_final_norm(state, model.model.norm, head_module)
     _memoize_layer_slices(state, model.model.layers)
     _tabulate_rotary(state, model.model.rotary_emb)
     _set_instance_attr(state, model, "_prepare_cache_for_generation",
@@ -533,7 +572,8 @@ def _packed_weights(model) -> list[nn.Parameter]:
 
 
 def _set_aside(state: PatchState, params) -> None:
-    """The bf16 originals of weights just packed, out of memory: into the spill file (meta ones hold nothing)."""
+    """The bf16 originals of weights just packed (or of the LM head a packed copy serves), out of memory: into the
+    spill file (meta ones hold nothing)."""
     for param in params:
         if param.device.type != "meta":
             state.spill.add(param)
@@ -633,8 +673,9 @@ def _pin_packed(state, runtime, layer, fmt: str, source) -> tuple[tuple[torch.Te
 
 
 def unpatch_llama(model):
-    """Restore the original forwards and move the weights back to ordinary memory (bit-identical values). Weights a
-    packed patch set aside come back from the spill file; those never loaded in bf16 (a model load_model loaded
+    """Restore the original forwards and move the weights back to ordinary memory (bit-identical values). Weights the
+    patch set aside (a packed patch's originals, a bf16 LM head whose Q8_0 copy decode read) come back from the spill
+    file; those never loaded in bf16 (a model load_model loaded
     packed) are the packed rows dequantized exactly, as HF's GGUF loader dequantizes them, rounded to bf16, and a
     tied LM head is the embedding again."""
     state = getattr(model, STATE_ATTR, None)

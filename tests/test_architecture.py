@@ -43,9 +43,9 @@ def test_every_path_named_in_architecture_md_exists():
 def factory(op: str) -> str:
     """The catalog factory of ``op``'s Program: ``<op>_program``; one for an op and its ``_qkv_bias`` twin, and one,
     ``decode_layers_program(n, …, weights, ends_model, lm_head, first_qkv)``, for every decode group op
-    (``decode_layers<n>``, ``_qkv``, ``_final``, ``_final_lm``, ``_packed``)."""
+    (``decode_layers<n>``, ``_qkv``, ``_final``, ``_final_lm``, ``_final_packed_lm``, ``_packed``)."""
     op = op.removesuffix("_qkv_bias")
-    group = re.fullmatch(r"decode_layers\d+(_qkv)?(_final(_lm)?)?(_packed)?", op)
+    group = re.fullmatch(r"decode_layers\d+(_qkv)?(_final(_lm|_packed_lm)?)?(_packed)?", op)
     return "decode_layers_program" if group else f"{op}_program"
 
 

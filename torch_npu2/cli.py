@@ -405,6 +405,7 @@ def cmd_compile(args) -> int:
     from tqdm import tqdm
 
     from .kernels import programs_for_model
+    from .kernels.catalog import default_lm_head_weights
     from .patch_llama.families import model_dims
     from .kernels import compile as pipeline
     from .kernels.stitch import emit_mlir
@@ -414,7 +415,8 @@ def cmd_compile(args) -> int:
     config = _load_config(args.model)
     _check_buckets(args.parser, config, args.buckets, args.matmul_precision)
     buckets = tuple(args.buckets) if args.buckets else DEFAULT_BUCKETS
-    programs = programs_for_model(model_dims(config), buckets, args.matmul_precision)
+    programs = programs_for_model(model_dims(config), buckets, args.matmul_precision,
+                                  lm_head_weights=default_lm_head_weights("bf16"))
     if args.emit_mlir:
         out_dir = Path(args.emit_mlir)
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -448,7 +450,7 @@ def cmd_lint(args) -> int:
     from .kernels import programs_for_model
     from .patch_llama.families import model_dims
     from .kernels.builders.npu2 import L1_HEADROOM
-    from .kernels.catalog import decode_attn_programs
+    from .kernels.catalog import RESCORED_LM_HEAD, decode_attn_programs, lm_head_gemv_program, lm_head_rows
     from .kernels.device import DEVICE
     from .kernels.lint import lint_program, lower_and_lint, worst_l1_tile
     from .patch_llama import DEFAULT_BUCKETS
@@ -464,7 +466,9 @@ def cmd_lint(args) -> int:
     dims, context = model_dims(config), config.max_position_embeddings
     if args.aie_source:
         return _lint_aie_source(dims, buckets, context, args.kernel_dir)
-    programs = programs_for_model(dims, buckets) + decode_attn_programs(dims, context)
+    # the bf16 model's Programs, its LM head both as lm_head="bf16" reads it and as the default's Q8_0 copy
+    programs = (programs_for_model(dims, buckets) + decode_attn_programs(dims, context)
+                + [lm_head_gemv_program(dims.hidden, lm_head_rows(dims.vocab), RESCORED_LM_HEAD)])
     total = 0
     for program in programs:
         if args.lowered:

@@ -79,7 +79,7 @@ def test_a_decode_token_pays_one_dispatch_per_layer_plus_the_first_layers_and_th
         assert chained.seconds == pytest.approx(sum(p.seconds for p in parts) - end.dispatch_s + end.configure_s)
         for layers in (1, 16):
             expected_s = sum(c[index].seconds for c in cost.values()) + (layers - 2) * chained.seconds
-            assert cost_model.decode_ms(dims, layers)[index] == pytest.approx(expected_s * 1e3)
+            assert cost_model.decode_ms(dims, layers, lm_head="bf16")[index] == pytest.approx(expected_s * 1e3)
 
 
 def test_the_headline_is_the_default_precisions_prefill_and_decode_range():
@@ -117,18 +117,18 @@ def test_a_decode_group_costs_its_layers_launches_in_one_dispatch(weights):
     host norm before) and its device, at each end."""
     from torch_npu2.kernels import catalog
 
-    d = cost_model.llama_1b_dims()
+    d, head_weights = cost_model.llama_1b_dims(), catalog.default_lm_head_weights(weights)
     capacity = catalog.decode_attn_capacity(1024, cost_model.DECODE_ATTN_MAX_LEN)
     last_group = cost_model.program_range(catalog.decode_layers_program(
         8, d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads, d.head_dim, capacity, d.eps, weights, True,
-        (catalog.lm_head_rows(d.vocab), d.eps, weights)))
+        (catalog.lm_head_rows(d.vocab), d.eps, head_weights)))
     assert [launch.kind for launch in last_group[0].launches[-2:]] == ["rmsnorm", "gemv_f32"]
     chained = cost_model.program_range(catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_program(
         d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads, d.head_dim, capacity, d.eps, weights))
     last = cost_model.program_range(catalog.decode_attn_o_gemv_ffn_program(
         d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads, d.head_dim, capacity, weights))
-    first, head = (cost_model.program_range(cost_model.program(name, d, None, "bf16", weights))
-                   for name in ("rms_gemv_rope", "lm_head_gemv"))
+    first, head = (cost_model.program_range(cost_model.program(name, d, None, "bf16", w))
+                   for name, w in (("rms_gemv_rope", weights), ("lm_head_gemv", head_weights)))
     assert cost_model.decode_group_runs(16) == [8, 8] and cost_model.decode_dispatches(16) == 2
     assert cost_model.decode_group_runs(17) == [8, 8, 1] and cost_model.decode_dispatches(17) == 4
     assert cost_model.decode_group_runs(1) == [1] and cost_model.decode_dispatches(1) == 3
@@ -164,8 +164,22 @@ def test_packed_prefill_charges_the_dequantize_runs_only_where_they_run():
     bf16 weights."""
     dims, chunks = cost_model.llama_1b_dims(), [(0, 2048, 2048)]
     dequantize = cost_model.dequantize_ms(dims, "q4_1")
-    bf16 = cost_model.prefill_ms(dims, 16, chunks, "bf16")
+    bf16 = cost_model.prefill_ms(dims, 16, chunks, "bf16", lm_head="q4_1")  # the LM head alike in each pair
     assert cost_model.prefill_ms(dims, 16, chunks, "bf16", "q4_1") == pytest.approx(
         [ms + 16 * d for ms, d in zip(bf16, dequantize)])
     assert cost_model.prefill_ms(dims, 16, chunks, INTEGER_PRECISION, "q4_1") == pytest.approx(
-        cost_model.prefill_ms(dims, 16, chunks, INTEGER_PRECISION))
+        cost_model.prefill_ms(dims, 16, chunks, INTEGER_PRECISION, lm_head="q4_1"))
+
+
+def test_a_bf16_models_decode_token_streams_the_lm_heads_q8_0_copy():
+    """A patched bf16 model's LM head GEMV reads its Q8_0 copy by default (lm_head="auto"): a token streams the
+    copy's bytes in place of the bf16 rows', and costs less at each end than with lm_head="bf16"."""
+    from torch_npu2.kernels import catalog, quant
+
+    d = cost_model.llama_1b_dims()
+    rows = catalog.lm_head_rows(d.vocab)
+    saved = rows * d.hidden * 2 - rows * quant.weight_format("q8_0").row_bytes(d.hidden)
+    assert cost_model.decode_weight_bytes(d, 16, "bf16", "bf16") - cost_model.decode_weight_bytes(d, 16) == saved
+    assert cost_model.token_ms(d, 16, 1024) == cost_model.token_ms(d, 16, 1024, "bf16", "q8_0")
+    assert all(copy < exact for copy, exact in zip(cost_model.token_ms(d, 16, 1024),
+                                                   cost_model.token_ms(d, 16, 1024, "bf16", "bf16")))

@@ -27,7 +27,7 @@ def test_report_is_json_with_the_expected_fields(report):
     # 2 layers, decode only: the first chains into the second; with the NpuKVCache attention runs on the NPU, both
     # layers from the first one's Q/K/V on in one run (a group ending with the model's last layer, which runs the
     # final norm and the LM head too), and the NPU writes the K and V rows into the cache (the ops' .into overloads);
-    # with HF's cache the LM head runs on its own
+    # with HF's cache the LM head runs on its own (on its bf16 rows: host_report patches with lm_head="bf16")
     layer_ops = {"npu": ("decode_layers2_qkv_final_lm_into",),
                  "hf": ("rms_gemv_rope", "o_gemv_ffn_rms_gemv_rope", "o_gemv_ffn", "lm_head_gemv")}
     for context in data["contexts"] + data["hf_cache_contexts"]:
@@ -102,7 +102,7 @@ def test_grouped_layers_are_timed_and_the_timer_leaves_no_wrapper():
         torch_npu2.patch_llama(model)
         with host_overhead.OpTimer(model, runtime) as timer:
             common.timed_generate(model, common.random_prompt(6, model.config.vocab_size), 3)
-    assert timer.calls("decode_layers4_qkv_final_lm_into") == 3  # layers 0-3 and the head: one run per decode step
+    assert timer.calls("decode_layers4_qkv_final_packed_lm_into") == 3  # layers 0-3 and the head: one run per decode step
     assert [timer.calls(f"layer{i}") for i in range(4)] == [4] * 4  # the prefill and the 3 decode steps
     assert NpuDecoderLayer.__call__ is call
 
@@ -130,3 +130,16 @@ def test_a_model_with_qkv_biases_is_timed_under_its_ops_names():
     assert ops["rms_gemv_rope_into"]["calls_per_token"] == 1
     assert ops["decode_attn_o_gemv_ffn_rms_gemv_rope_into"]["calls_per_token"] == 1
     assert ops["decode_attn_o_gemv_ffn"]["calls_per_token"] == 1
+
+
+def test_rescoring_cost_times_every_tokens_rescoring():
+    """Each token's LM head call runs the rescoring (the tiny model's random logits: at least its best token changes
+    from the copy's value to the bf16 weight's), timed ``calls`` times on copies before the real call; the wrapper is
+    gone afterwards."""
+    from torch_npu2.patch_llama.layer import NpuLmHead
+
+    model = tiny_llama()
+    cost = host_overhead.rescoring_cost(model, new_tokens=3, calls=2)
+    assert cost["tokens"] == 3 and cost["logits_changed_per_token"][0] >= 1 and cost["ms_per_token"] > 0
+    assert cost["bound"] > 0 and "_rescored" not in vars(model.lm_head.forward)
+    assert type(model.lm_head.forward)._rescored is NpuLmHead._rescored

@@ -80,6 +80,11 @@ PROGRAMS.update({f"llama-{p.name}-2048": p for p in (
 PROGRAMS["smol-decode_layers2_final_lm_packed-q4_1-2048"] = catalog.decode_layers_program(
     2, SMOL.hidden, SMOL.q_dim, SMOL.intermediate, SMOL.eps, SMOL.heads, SMOL.kv_heads, SMOL.head_dim, 2048, SMOL.eps,
     "q4_1", ends_model=True, lm_head=(catalog.lm_head_rows(SMOL.vocab), SMOL.eps, "q8_0"))
+# The same over SmolLM2 in bf16 with its LM head's Q8_0 copy (npu2.decode_layers2_final_packed_lm: what a bf16
+# model's last group runs by default).
+PROGRAMS["smol-decode_layers2_final_packed_lm-q8_0-2048"] = catalog.decode_layers_program(
+    2, SMOL.hidden, SMOL.q_dim, SMOL.intermediate, SMOL.eps, SMOL.heads, SMOL.kv_heads, SMOL.head_dim, 2048, SMOL.eps,
+    "bf16", ends_model=True, lm_head=(catalog.lm_head_rows(SMOL.vocab), SMOL.eps, "q8_0"))
 
 # Qwen2.5-0.5B's dims with its q/k/v biases (every Q/K/V Program adds them with bias_add launches): the default
 # prefill Programs at the smallest and largest buckets, the bf16-weight prefill GEMMs at the smallest, decode (its

@@ -86,11 +86,12 @@ CASES = [(p, None) for p in programs_for_model(SMALL, (16, 32)) if not p.name.en
     *[(p, None) for p in programs_for_model(SMALL_BIASED, (), weights="q4_1") if p.name == "rms_gemv_rope_packed"],
     # a decode group: two layers from their attention on in one Program, each layer's scratches reused by the next;
     # one that ends with the model's last layer (_final: no next layer's Q/K/V after it); and one that runs the
-    # model's final norm and LM head after it (_final_lm; packed, its LM head in a format of its own)
+    # model's final norm and LM head after it (_final_lm; packed, its LM head in a format of its own; bf16 layers
+    # with a packed LM head, _final_packed_lm: the default's Q8_0 copy)
     *[(decode_layers_program(2, 256, 256, 512, EPS, 4, 2, 64, 128, EPS, weights, final), None)
       for weights in ("bf16", "q4_1") for final in (False, True)],
     *[(decode_layers_program(2, 256, 256, 512, EPS, 4, 2, 64, 128, EPS, weights, True, (512, 2 * EPS, head)), None)
-      for weights, head in (("bf16", "bf16"), ("q4_1", "q8_0"))],
+      for weights, head in (("bf16", "bf16"), ("q4_1", "q8_0"), ("bf16", "q8_0"))],
     # a group that starts with its first layer's rms_gemv_rope (_qkv), whose attention reads the query it made
     (decode_layers_program(2, 256, 256, 512, EPS, 4, 2, 64, 128, EPS, first_qkv=True), None),
     (decode_layers_program(2, 256, 256, 512, EPS, 4, 2, 64, 128, EPS, "q4_1", True, (512, 2 * EPS, "q8_0"),

@@ -271,13 +271,14 @@ def test_cli_prints_findings_per_program_and_exits_1(capsys, monkeypatch):
     assert attention == ("flash_attn_1024: 2 findings; L1 49,536 / 65,536 B at launch 1 (attention), each tile of "
                          "herd @attention_herd (8x3) (45,440 B buffers + 3,072 B stack + 1,024 B headroom)")
     assert any(line.startswith("lm_head_gemv: no findings; L1 ") for line in out)
+    assert any(line.startswith("lm_head_gemv_packed: no findings; L1 ") for line in out)  # the default's Q8_0 copy
     assert any(line.startswith("  [dma-wrap] launch 1 (attention): src of") for line in out)
     # decode attention, alone and chained (with the next layer's Q/K/V and without), at the shortest cache and the
     # context's
     assert len([line for line in out if line.startswith("decode_attn: no findings; L1 ")]) == 2
     assert len([line for line in out if line.startswith("decode_attn_o_gemv_ffn_rms_gemv_rope: no findings")]) == 2
     assert len([line for line in out if line.startswith("decode_attn_o_gemv_ffn: no findings")]) == 2
-    assert out[-1] == "2 findings in 13 Programs"
+    assert out[-1] == "2 findings in 14 Programs"
 
 
 @pytest.mark.parametrize("offset,length,dims,problem", [

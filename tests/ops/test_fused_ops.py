@@ -88,15 +88,15 @@ def group_args(n: int, qkv: bool, final: str, q, x, length, lut, layers: list, h
     args = ([] if qkv else [q]) + [x, length, lut]
     for layer in layers[:n]:
         args += [layer["k_cache"], layer["v_cache"], *layer["arenas"]]
-    return args + ([] if final else layers[n]["arenas"]) + (head if final == "_final_lm" else [])
+    return args + ([] if final else layers[n]["arenas"]) + (head if final.endswith("_lm") else [])
 
 
 def group_cases(config, cases, g):
     """Each decode group: its first layer's query, input, caches, o/FFN weights and the next layer's norm and Q/K/V
     are decode_attn_o_gemv_ffn_rms_gemv_rope(_packed)'s case, every other weight and cache of a layer of its own
     (a _final group has no layer after its last; a _final_lm group's final norm and LM head follow, the final eps
-    after the others; a _qkv group's first layer has its own norm and Q/K/V in place of its q); the whole group at
-    the small configs."""
+    after the others, and a _final_packed_lm group's, its LM head packed, with the LM head's format last; a _qkv
+    group's first layer has its own norm and Q/K/V in place of its q); the whole group at the small configs."""
     hidden, heads, _, _, ffn, vocab = CONFIGS[config][:6]
     out = {}
     for suffix in ("", "_packed"):
@@ -105,7 +105,8 @@ def group_cases(config, cases, g):
         q, k, v, length, wo, x, norm_w, w_gate_up, w_down, next_norm_w, next_wqk, next_wv, lut = tensors
         final_norm_w = (1.0 + 0.1 * torch.randn(hidden, generator=g)).bfloat16()
         w_lm = (torch.randn(vocab, hidden, generator=g) * hidden ** -0.5).bfloat16()
-        head = [final_norm_w, _packed(w_lm) if packed else w_lm]
+        heads_by_end = {"_final_lm": [final_norm_w, _packed(w_lm) if packed else w_lm],
+                        "_final_packed_lm": [final_norm_w, _packed(w_lm)]}
         layout = group_layout(config, packed)
         own = group_layers(config, packed)
         first = dict(own[0], k_cache=k, v_cache=v, wo=wo, post_attention_norm=norm_w, w_gate_up=w_gate_up,
@@ -117,13 +118,14 @@ def group_cases(config, cases, g):
         intermediate = -(-ffn // quant.BLOCK) * quant.BLOCK if packed else ffn
         dims = (scalars[0], heads, intermediate)
         for n in DECODE_GROUP_SIZES:
-            for final in ("", "_final", "_final_lm"):
+            for final in ("", "_final", "_final_lm") + (() if packed else ("_final_packed_lm",)):
                 group_scalars = dims + (scalars[1:3] + (3 * EPS,) + scalars[3:] + scalars[3:]
-                                        if final == "_final_lm" else scalars[1:])
+                                        if final == "_final_lm" else scalars[1:3] + (3 * EPS, "q4_1")
+                                        if final == "_final_packed_lm" else scalars[1:])
                 for qkv in ("", "_qkv"):
                     name = f"decode_layers{n}{qkv}{final}{suffix}"
-                    out[name] = (group_args(n, bool(qkv), final, q, x, length, lut, layers, head), group_scalars,
-                                 reference.DECODE_GROUP_REFERENCES[name])
+                    out[name] = (group_args(n, bool(qkv), final, q, x, length, lut, layers, heads_by_end.get(final)),
+                                 group_scalars, reference.DECODE_GROUP_REFERENCES[name])
     return out
 
 
@@ -242,11 +244,12 @@ def test_op_matches_reference(runtime, config, name):
     ref = ref_fn(*tensors, *scalars)
     outs, refs = (out, ref) if isinstance(out, tuple) else ((out,), (ref,))
     assert len(outs) == len(refs)
-    if "_final_lm" in name:
+    if "_lm" in name:
         # the logits at fp32 tolerance from the LM head's reference on the op's own final_normed (which is held to the
         # reference chain at bf16 tolerance above it): the chain's bf16 differences would swamp an fp32 comparison
-        head = reference.lm_head_gemv_packed_reference if name.endswith("_packed") else reference.lm_head_gemv_reference
-        refs = (*refs[:-1], head(outs[-2], tensors[-1], *scalars[7:]))
+        packed_head = "_packed" in name  # the LM head's format the op's last scalar
+        head = reference.lm_head_gemv_packed_reference if packed_head else reference.lm_head_gemv_reference
+        refs = (*refs[:-1], head(outs[-2], tensors[-1], *scalars[-1:] if packed_head else ()))
     for o, r in zip(outs, refs):
         assert_close(o, r)
 

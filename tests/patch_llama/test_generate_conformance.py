@@ -87,15 +87,15 @@ class _CharTokenizer:
 def test_batch_with_left_padding_runs_the_npu2_ops(runtime):
     """Decode attention included: the padded sequence attends on the NPU from its first real row, so both decode
     layers of each sequence run as one op from the first layer's Q/K/V on, the final norm and the LM head with
-    them (decode_layers2_qkv_final_lm); the first token's LM head (after the prefill) runs alone."""
+    them (decode_layers2_qkv_final_packed_lm); the first token's LM head (after the prefill) runs alone."""
     model = tiny_llama()
     patch_llama(model)
     ids = torch.tensor([[0, 0, 5, 6, 7, 8], [9, 10, 11, 12, 13, 14]])
     mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
     with CountNpu2Calls() as counter:
         model.generate(ids, attention_mask=mask, max_new_tokens=3, min_new_tokens=3, do_sample=False, pad_token_id=0)
-    chained = {"decode_layers2_qkv_final_lm"}
-    assert PREFILL_OPS | {"lm_head_gemv"} | chained <= set(counter.calls), counter.calls
+    chained = {"decode_layers2_qkv_final_packed_lm"}
+    assert PREFILL_OPS | {"lm_head_gemv_packed"} | chained <= set(counter.calls), counter.calls
     assert "o_gemv_ffn" not in counter.calls  # no layer attended on the host
 
 
@@ -143,14 +143,23 @@ def test_no_op_conversions_pass_and_unpatch_lifts_the_guard(runtime):
     assert model.float().lm_head.weight.dtype == torch.float32
 
 
-def test_logits_have_one_dtype_on_every_path(runtime):
+@pytest.mark.parametrize("lm_head", ["bf16", "auto"])
+def test_logits_have_one_dtype_on_every_path(runtime, lm_head):
+    """Both paths give fp32 logits of the bf16 weight: every token's with lm_head="bf16"; with the Q8_0 copy, the
+    best token's (rescored) and the others' within the copy's bound."""
     model = tiny_llama()
-    patch_llama(model)
+    patch_llama(model, lm_head=lm_head)
     with torch.no_grad():
         full = model(REPEATING).logits                      # every position: the host path
-        last = model(REPEATING, logits_to_keep=1).logits     # generate()'s path: lm_head_gemv
+        last = model(REPEATING, logits_to_keep=1).logits     # generate()'s path: lm_head_gemv(_packed)
     assert full.dtype == last.dtype == torch.float32
-    torch.testing.assert_close(full[:, -1], last[:, -1], rtol=1e-5, atol=1e-5)
+    if lm_head == "bf16":
+        torch.testing.assert_close(full[:, -1], last[:, -1], rtol=1e-5, atol=1e-5)
+        return
+    best = full[0, -1].argmax()
+    assert last[0, -1].argmax() == best
+    torch.testing.assert_close(last[0, -1, best], full[0, -1, best], rtol=1e-5, atol=1e-5)
+    assert (last[0, -1] - full[0, -1]).abs().max() > 0  # the copy's own logits elsewhere
 
 
 def test_compiled_forward_does_not_recompile_between_decode_steps(runtime):

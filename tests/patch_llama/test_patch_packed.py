@@ -8,7 +8,7 @@ from torch_npu2 import patch_llama, unpatch_llama
 from torch_npu2.kernels import quant
 
 from .gate import check_topk_gate, greedy_with_topk
-from .test_smollm2 import lm_head_runs
+from .test_smollm2 import packed_lm_head_runs
 from .tiny import tiny_llama
 
 DIMS = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
@@ -34,9 +34,9 @@ def test_generates_what_hf_generates_on_the_dequantized_weights(runtime, fmt):
     expected = greedy_with_topk(reference, ids, 10)
     patch_llama(model, prefill_buckets=(16,), weights=fmt)
     runs = runtime.xrt.counters
-    before = lm_head_runs(runtime, "_packed")
+    before = packed_lm_head_runs(runtime)
     out = greedy_with_topk(model, ids, 10)
-    assert lm_head_runs(runtime, "_packed") - before == 10  # every new token's logits came from packed rows
+    assert packed_lm_head_runs(runtime) - before == 10  # every new token's logits came from packed rows
     check_topk_gate(*expected, *out, label=fmt)
     # the first token's logits (prefill, then the packed LM head) agree to fp32 summation and bf16 weight rounding
     assert torch.nn.functional.cosine_similarity(out[1][0, 0].float(), expected[1][0, 0].float(), dim=0) > 0.999

@@ -9,7 +9,7 @@ from transformers import DynamicCache, MistralConfig, MistralForCausalLM, Static
 import torch_npu2
 from torch_npu2 import compare_layers, create_runtime, patch_llama, unpatch_llama, use_runtime
 from torch_npu2.emulator import EmulatedXrt
-from torch_npu2.kernels import ModelDims, programs_for_model
+from torch_npu2.kernels import ModelDims, programs_for_model, quant
 from torch_npu2.kernels.catalog import DECODE_GROUP_SIZES, layer_arenas, lm_head_rows
 from torch_npu2.patch_llama import layer as layer_module
 
@@ -50,9 +50,9 @@ def test_layers_and_generation_match_hf(runtime, pair, name):
     assert report.worst().min_cosine >= 0.999, str(report)
     check_topk_gate(*greedy_with_topk(reference, ids, 16), *greedy_with_topk(model, ids, 16), label=name)
     # the two layers decode in one dispatch with the first one's Q/K/V, the final norm and the LM head
-    # (decode_layers2_qkv_final_lm)
+    # (decode_layers2_qkv_final_packed_lm)
     assert (runtime.xrt.counters["runs:flash_attn"] >= 2
-            and runtime.xrt.counters["runs:decode_layers2_qkv_final_lm"] >= 2)
+            and runtime.xrt.counters["runs:decode_layers2_qkv_final_packed_lm"] >= 2)
 
 
 def test_prefill_pads_to_bucket_and_tracks_length(runtime, pair):
@@ -73,15 +73,16 @@ def test_prefill_pads_to_bucket_and_tracks_length(runtime, pair):
 def decode_runs(layers: int, most: int = DECODE_GROUP_SIZES[-1]) -> list[str]:
     """The Programs a decode token runs, in order: runs of up to ``most`` layers, each chaining into the next
     layer's Q/K/V (npu2.decode_layers<n>, or decode_attn_o_gemv_ffn_rms_gemv_rope for a layer alone) but the last,
-    which ends with the model's last layer: decode_layers<n>_final_lm, which runs the model's final norm and LM head
-    too, or decode_attn_o_gemv_ffn for a last layer alone (the LM head then runs alone). The first run of several
-    layers is a _qkv one (its first layer's Q/K/V too); a first layer alone has rms_gemv_rope run before it."""
+    which ends with the model's last layer: decode_layers<n>_final_packed_lm, which runs the model's final norm and
+    LM head (its Q8_0 copy) too, or decode_attn_o_gemv_ffn for a last layer alone (the LM head then runs alone).
+    The first run of several layers is a _qkv one (its first layer's Q/K/V too); a first layer alone has
+    rms_gemv_rope run before it."""
     sizes, left = [], layers
     while left:
         sizes.append(min(most, left))
         left -= sizes[-1]
     runs = [f"decode_layers{n}" if n > 1 else "decode_attn_o_gemv_ffn_rms_gemv_rope" for n in sizes[:-1]]
-    runs += [f"decode_layers{sizes[-1]}_final_lm" if sizes[-1] > 1 else "decode_attn_o_gemv_ffn"]
+    runs += [f"decode_layers{sizes[-1]}_final_packed_lm" if sizes[-1] > 1 else "decode_attn_o_gemv_ffn"]
     if sizes[0] == 1:
         return ["rms_gemv_rope", *runs]
     return [runs[0].replace(f"decode_layers{sizes[0]}", f"decode_layers{sizes[0]}_qkv"), *runs[1:]]
@@ -132,7 +133,7 @@ def _group_runs(runtime) -> int:
 
 @pytest.mark.compat
 def test_decode_groups_give_the_layer_by_layer_logits_bit_for_bit(runtime):
-    """Eleven layers decode as decode_layers8_qkv and decode_layers3_final_lm per token; the
+    """Eleven layers decode as decode_layers8_qkv and decode_layers3_final_packed_lm per token; the
     logits are those of the layers one dispatch each, bit for bit (strict coherency). A forward hook on a layer
     (anything may read its output) keeps that layer out of every group: with one on each, no group runs."""
     model = patch_llama(tiny_llama(num_hidden_layers=11))
@@ -180,7 +181,7 @@ def test_any_code_that_may_see_a_layers_output_keeps_it_out_of_groups(runtime, h
         return decode_runs_and_logits(runtime, model, ids, lambda name: name.startswith("decode_layers"))
 
     groups, expected = decode()
-    assert groups == {"decode_layers5_qkv_final_lm": 2}  # every layer, in each of the two decode steps
+    assert groups == {"decode_layers5_qkv_final_packed_lm": 2}  # every layer, in each of the two decode steps
     layer = model.model.layers[2]
     if hook == "global":
         handle = torch.nn.modules.module.register_module_forward_hook(lambda module, args, out: None)
@@ -197,24 +198,25 @@ def test_any_code_that_may_see_a_layers_output_keeps_it_out_of_groups(runtime, h
         else:
             handle.remove()
     # with a hook on layer 2: layers 0-1 in one dispatch, layer 2 on its own, layers 3-4 in one
-    assert groups == ({} if hook == "global" else {"decode_layers2_qkv": 2, "decode_layers2_final_lm": 2})
+    assert groups == ({} if hook == "global" else {"decode_layers2_qkv": 2, "decode_layers2_final_packed_lm": 2})
     assert torch.equal(logits, expected)
 
 
 @pytest.mark.parametrize("hooked", ["norm", "lm_head"])
 def test_a_hook_on_the_final_norm_or_the_lm_head_keeps_them_out_of_the_last_group(runtime, hooked):
-    """The last decode group runs the model's final norm and LM head (decode_layers<n>_final_lm) only while nothing
-    but HF's forward sees what they return: with a forward hook on either, the group is a _final one, HF's norm and
-    lm_head_gemv run, the hook sees every call, and the logits are the same bit for bit; without it, the group takes
-    them again."""
+    """The last decode group runs the model's final norm and LM head (decode_layers<n>_final_packed_lm) only while
+    nothing but HF's forward sees what they return: with a forward hook on either, the group is a _final one, HF's
+    norm and lm_head_gemv_packed run, the hook sees every call, and the logits are the same bit for bit; without it,
+    the group takes them again."""
     model = patch_llama(tiny_llama(num_hidden_layers=3))
     ids = prompt(9)
 
     def decode():
         return decode_runs_and_logits(runtime, model, ids,
-                                      lambda name: name.startswith("decode_layers") or name == "lm_head_gemv")
+                                      lambda name: name.startswith("decode_layers") or name == "lm_head_gemv_packed")
 
-    joined = {"decode_layers3_qkv_final_lm": 2, "lm_head_gemv": 1}  # the prefill's token has its LM head alone
+    # the prefill's token has its LM head alone
+    joined = {"decode_layers3_qkv_final_packed_lm": 2, "lm_head_gemv_packed": 1}
     runs, expected = decode()
     assert runs == joined
     seen = []
@@ -224,7 +226,7 @@ def test_a_hook_on_the_final_norm_or_the_lm_head_keeps_them_out_of_the_last_grou
         runs, logits = decode()
     finally:
         handle.remove()
-    assert runs == {"decode_layers3_qkv_final": 2, "lm_head_gemv": 3} and len(seen) == 3
+    assert runs == {"decode_layers3_qkv_final": 2, "lm_head_gemv_packed": 3} and len(seen) == 3
     assert torch.equal(logits, expected)
     assert decode()[0] == joined
 
@@ -234,7 +236,7 @@ def test_a_hook_on_the_final_norm_or_the_lm_head_keeps_them_out_of_the_last_grou
                                              "decode_attn_o_gemv_ffn": 1}),
                                         (3, {"decode_layers3_qkv": 1, "decode_layers3": 1,
                                              "decode_attn_o_gemv_ffn": 1}),
-                                        (4, {"decode_layers4_qkv": 1, "decode_layers3_final_lm": 1})])
+                                        (4, {"decode_layers4_qkv": 1, "decode_layers3_final_packed_lm": 1})])
 def test_decode_layers_per_dispatch_caps_the_groups(runtime, most, runs):
     """patch_llama(decode_layers_per_dispatch=n) runs at most n layers per decode dispatch (1: each on its own)."""
     model = patch_llama(tiny_llama(num_hidden_layers=7), decode_layers_per_dispatch=most)
@@ -263,9 +265,9 @@ def test_a_first_layer_normalized_with_another_eps_projects_its_qkv_alone(runtim
 
     eps = tiny_llama().config.rms_norm_eps
     runs, logits = decode(4, 3 * eps)
-    assert runs == {"rms_gemv_rope": 2, "decode_layers3_final_lm": 2}
+    assert runs == {"rms_gemv_rope": 2, "decode_layers3_final_packed_lm": 2}
     assert torch.equal(logits, decode(1, 3 * eps)[1])
-    assert decode(4, eps)[0] == {"decode_layers3_qkv_final_lm": 2}
+    assert decode(4, eps)[0] == {"decode_layers3_qkv_final_packed_lm": 2}
 
 
 @pytest.mark.parametrize("most", [0, 9, 2.0, True, "4"])
@@ -274,6 +276,52 @@ def test_a_bad_decode_layers_per_dispatch_is_refused_before_the_model_is_touched
     forward = model.model.layers[0].forward
     with pytest.raises(ValueError, match=r"decode_layers_per_dispatch must be 1 to 8, got"):
         patch_llama(model, decode_layers_per_dispatch=most)
+    assert model.model.layers[0].forward == forward and not torch_npu2.is_patched(model)
+
+
+def test_the_lm_heads_q8_0_copy_is_rescored_to_the_bf16_weights_best_tokens(runtime):
+    """A bf16 model's LM head GEMV reads a Q8_0 copy of its weight (lm_head="auto"). Over rows whose tokens nearly tie,
+    where the copy's rounding reorders them, every row's best token is the bf16 weight's, and so is every logit the
+    copy put within twice its error bound of the best; the others are the copy's, each within the bound of the bf16
+    one. With the bound taken away (only the copy's own best scored again) other tokens win: the margin is what makes
+    the best token right."""
+    model = tiny_llama()
+    vocab, hidden = model.lm_head.weight.shape
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():  # every token's row one direction plus a little noise: near ties the copy can reorder
+        model.lm_head.weight.copy_(0.05 * torch.randn(hidden, generator=g) + 1e-3 * torch.randn(vocab, hidden,
+                                                                                              generator=g))
+    patch_llama(model)
+    head = model.lm_head.forward
+    fmt, words = head.packed
+    assert fmt == "q8_0" and head.bound > 0
+    x = torch.randn(32, 1, hidden, generator=g).bfloat16()
+    exact = torch.nn.functional.linear(x.float(), model.lm_head.weight.float())[:, 0]
+    copy = torch.stack([torch.ops.npu2.lm_head_gemv_packed(row, words, fmt)[:vocab] for row in x[:, 0]])
+    bound = head.bound * torch.linalg.vector_norm(x[:, 0].float(), dim=-1, keepdim=True)
+    assert ((copy - exact).abs() <= bound).all()  # the bound holds
+    assert (copy.argmax(-1) != exact.argmax(-1)).any(), "no row's best token moved: the test cannot tell"
+    with torch.no_grad():
+        logits = model.lm_head(x)[:, 0]
+    assert torch.equal(logits.argmax(-1), exact.argmax(-1))
+    rescored = copy >= copy.max(-1, keepdim=True).values - 2 * bound
+    torch.testing.assert_close(logits[rescored], exact[rescored], rtol=0, atol=1e-5)
+    assert torch.equal(logits[~rescored], copy[~rescored])
+    head.bound = 0.0
+    with torch.no_grad():
+        assert not torch.equal(model.lm_head(x)[:, 0].argmax(-1), exact.argmax(-1))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(lm_head="q4_1"), r"lm_head must be one of 'auto', 'bf16', 'q8_0', got 'q4_1'"),
+    (dict(lm_head=None), r"lm_head must be one of 'auto', 'bf16', 'q8_0', got None"),
+    (dict(lm_head="bf16", weights="q4_1"), r"lm_head='bf16' chooses between copies of a bf16 LM head; with "
+                                           r"weights='q4_1' the LM head is packed as 'q4_1'")])
+def test_a_bad_lm_head_is_refused_before_the_model_is_touched(kwargs, message):
+    model = tiny_llama()
+    forward = model.model.layers[0].forward
+    with pytest.raises(ValueError, match=message + ".*the model was not modified"):
+        patch_llama(model, **kwargs)
     assert model.model.layers[0].forward == forward and not torch_npu2.is_patched(model)
 
 
@@ -613,22 +661,27 @@ def test_a_rope_whose_frequencies_move_is_left_to_hf(runtime):
     assert "forward" not in model.model.rotary_emb.__dict__
 
 
-def test_weights_become_bo_backed_views_held_once(runtime):
+@pytest.mark.parametrize("lm_head", ["bf16", "auto"])
+def test_weights_become_bo_backed_views_held_once(runtime, lm_head):
     """Each decoder layer's weights go into its two arenas (catalog.layer_arenas), every other weight into a BO of
-    its own, nothing else yet; each is synced once."""
+    its own, nothing else yet; each is synced once. By default the LM head's (here the tied embedding's) Q8_0 copy
+    takes that BO, and the bf16 weight stays a host tensor, which decode never syncs (rescoring reads it on the
+    host)."""
     model = tiny_llama(tie_word_embeddings=True)
     layers = {id(p) for layer in model.model.layers for p in layer.parameters()}
-    weights = {id(p): p for p in model.parameters() if id(p) not in layers}  # the final norm's too: a group runs it
-    weight_bytes = sum(p.numel() * 2 for p in weights.values())
-    vocab, hidden = model.lm_head.weight.shape  # the LM head's buffer pads the vocabulary to whole 256-row groups
-    weight_bytes += (lm_head_rows(vocab) - vocab) * hidden * 2
+    head = model.lm_head.weight
+    # the final norm's too: a group runs it
+    weights = {id(p): p for p in model.parameters() if id(p) not in layers and p is not head}
+    vocab, hidden = head.shape  # the LM head's buffer pads the vocabulary to whole 256-row groups
+    row_bytes = hidden * 2 if lm_head == "bf16" else quant.weight_format("q8_0").row_bytes(hidden)
+    weight_bytes = sum(p.numel() * 2 for p in weights.values()) + lm_head_rows(vocab) * row_bytes
     config = model.config
     head_dim = hidden // config.num_attention_heads
     arenas = layer_arenas(hidden, hidden, config.num_key_value_heads * head_dim, config.intermediate_size)
     weight_bytes += config.num_hidden_layers * (arenas.weights.nbytes + arenas.norms.nbytes)
-    patch_llama(model)
+    patch_llama(model, lm_head=lm_head)
     assert model.lm_head.weight is model.model.embed_tokens.weight
-    assert all(runtime.is_bo_backed(p) for p in model.parameters())
+    assert all(runtime.is_bo_backed(p) == (p is not head or lm_head == "bf16") for p in model.parameters())
     assert runtime.stats["bo_bytes"] == weight_bytes
     for _ in range(2):
         model.generate(prompt(5), max_new_tokens=3, do_sample=False)

@@ -53,12 +53,13 @@ def all_prompts(tokenizer):
             + [("raw", p, tokenizer(p, return_tensors="pt").input_ids) for p in RAW_PROMPTS])
 
 
-def lm_head_runs(runtime, suffix: str = "") -> int:
-    """Runs of the LM head: alone (lm_head_gemv, a prefill's token) or with the last decode group (a decode token's:
-    decode_layers<n>[_qkv]_final_lm)."""
-    grouped = rf"runs:decode_layers\d(_qkv)?_final_lm{suffix}"
+def packed_lm_head_runs(runtime) -> int:
+    """Runs of the LM head over packed rows (a packed model's, or a bf16 model's Q8_0 copy): alone
+    (lm_head_gemv_packed, a prefill's token) or with the last decode group (a decode token's:
+    decode_layers<n>[_qkv]_final_lm_packed after packed layers, decode_layers<n>[_qkv]_final_packed_lm after bf16)."""
+    grouped = r"runs:decode_layers\d(_qkv)?_final(_lm_packed|_packed_lm)"
     return sum(v for k, v in runtime.xrt.counters.items()
-               if k == f"runs:lm_head_gemv{suffix}" or re.fullmatch(grouped, k))
+               if k == "runs:lm_head_gemv_packed" or re.fullmatch(grouped, k))
 
 
 def test_topk_gate_on_varied_prompts(smollm2):
@@ -67,13 +68,13 @@ def test_topk_gate_on_varied_prompts(smollm2):
     buckets = {next(b for b in DEFAULT_BUCKETS if b >= ids.shape[1]) for _, _, ids in prompts}
     assert len(buckets) >= 2, f"every prompt pads to the same prefill bucket {buckets}: the gate sees one Program size"
     identical, generated = 0, 0
-    heads_before = lm_head_runs(runtime)
+    heads_before = packed_lm_head_runs(runtime)
     for kind, text, ids in prompts:
         ref = greedy_with_topk(reference, ids, 32)
         out = greedy_with_topk(model, ids, 32)
         identical += check_topk_gate(*ref, *out, label=f"{kind}: {text!r}") == [None]
         generated += out[0].shape[1]
-    assert lm_head_runs(runtime) - heads_before == generated
+    assert packed_lm_head_runs(runtime) - heads_before == generated
     print(f"{identical}/{len(prompts)} prompts gave identical 32-token greedy outputs")
 
 

@@ -11,7 +11,7 @@ from torch_npu2.kernels import quant
 from torch_npu2.runtime import create_runtime, use_runtime
 
 from .gate import check_topk_gate, greedy_with_topk
-from .test_smollm2 import all_prompts, chat_ids, lm_head_runs
+from .test_smollm2 import all_prompts, chat_ids, packed_lm_head_runs
 
 
 @pytest.fixture(scope="module")
@@ -52,14 +52,14 @@ def test_repr_says_what_the_npu_holds(smollm2_packed):
 def test_topk_gate_on_varied_prompts(smollm2_packed):
     reference, model, tokenizer, runtime = smollm2_packed
     identical = 0
-    heads_before = lm_head_runs(runtime, "_packed")
+    heads_before = packed_lm_head_runs(runtime)
     generated = 0
     for kind, text, ids in all_prompts(tokenizer):
         ref = greedy_with_topk(reference, ids, 32)
         out = greedy_with_topk(model, ids, 32)
         identical += check_topk_gate(*ref, *out, label=f"{kind}: {text!r}") == [None]
         generated += out[0].shape[1]
-    assert lm_head_runs(runtime, "_packed") - heads_before == generated  # decode ran packed
+    assert packed_lm_head_runs(runtime) - heads_before == generated  # decode ran packed
     print(f"{identical}/{len(all_prompts(tokenizer))} prompts gave identical 32-token greedy outputs")
 
 

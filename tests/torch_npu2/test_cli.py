@@ -134,7 +134,7 @@ def test_unknown_backend_is_refused(capsys):
 def test_compile_emit_mlir_needs_no_toolchain(tmp_path, capsys, smollm2_loaded):
     assert cli.main(["compile", "--emit-mlir", str(tmp_path), "--buckets", "16", "64"]) == 0
     names = sorted(p.name for p in tmp_path.glob("*.mlir"))  # the default "auto" precision: integer GEMMs
-    assert names == ["flash_attn_16.mlir", "flash_attn_64.mlir", "lm_head_gemv.mlir", "o_ffn_w8x2_16.mlir",
+    assert names == ["flash_attn_16.mlir", "flash_attn_64.mlir", "lm_head_gemv_packed.mlir", "o_ffn_w8x2_16.mlir",
                      "o_ffn_w8x2_64.mlir", "o_gemv_ffn.mlir", "o_gemv_ffn_rms_gemv_rope.mlir",
                      "rms_gemms_rope_w8x2_16.mlir", "rms_gemms_rope_w8x2_64.mlir", "rms_gemv_rope.mlir"]
     assert "func.func @o_ffn_w8x2(" in (tmp_path / "o_ffn_w8x2_64.mlir").read_text()
@@ -147,7 +147,7 @@ def test_matmul_precision_option_reaches_the_programs(tmp_path, monkeypatch, smo
     made = []
     real = torch_npu2.kernels.programs_for_model
     monkeypatch.setattr(torch_npu2.kernels, "programs_for_model",
-                        lambda *a: made.append(real(*a)) or made[-1])
+                        lambda *a, **k: made.append(real(*a, **k)) or made[-1])
     assert cli.main(["compile", "--emit-mlir", str(tmp_path), "--buckets", "16", "--matmul-precision", "bfp16"]) == 0
     assert {l.p["precision"] for p in made[0] for l in p.launches if l.kind == "gemm"} == {"bfp16"}
     args = cli.build_parser().parse_args(["generate", "--matmul-precision", "bfp16"])
@@ -177,7 +177,7 @@ def test_compile_to_npu_instructions_prints_a_table_and_names_failures(air_tools
                      (Launch("gemm", (("K", 576), ("M", 64), ("N", 192)), ("a", "w"), ("c",)),),
                      compile_options=CompileOptions(omit_auto_broadcast=True))
     decode = catalog.rms_gemv_rope_program(576, 9, 3, 64, 1e-5)
-    monkeypatch.setattr(torch_npu2.kernels, "programs_for_model", lambda dims, buckets, precision: [decode, broken])
+    monkeypatch.setattr(torch_npu2.kernels, "programs_for_model", lambda dims, buckets, precision, **k: [decode, broken])
     assert cli.main(["compile", "--target", "npu-insts"]) == 1
     captured = capsys.readouterr()
     lines = captured.out.splitlines()
