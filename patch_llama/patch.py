@@ -486,7 +486,6 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
     head_weights = weights
     if source is not None:
         weights, head_weights = _gguf_formats(model, source, weights)
-    head_weights, rescored = _head_format(lm_head, weights, head_weights)
     family = family_of(model.config)
     if matmul_precision == AUTO_PRECISION and family is not None:  # (an unknown family is refused by _validate)
         matmul_precision = resolve_matmul_precision(matmul_precision, family.dims(model.config), weights)
@@ -494,6 +493,7 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
     packed_weights = _packed_weights(model) if packed else []
     family = _validate(model, buckets, matmul_precision, weights,
                        frozenset(id(p) for p in packed_weights) if source is not None else frozenset())
+    head_weights, rescored = _head_format(lm_head, weights, head_weights)
     signature = check_transformers(model)
     runtime = npu_runtime.runtime_for(backend)
     _check_npu2_builds(model, family, buckets, matmul_precision, runtime.backend, weights, head_weights)
