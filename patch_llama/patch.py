@@ -317,16 +317,6 @@ def _pin_lm_head(runtime, weight: nn.Parameter) -> torch.Tensor:
     return rows
 
 
-def _quantize_lm_head(runtime, weight: nn.Parameter, fmt: str) -> torch.Tensor:
-    """A packed copy of the LM head's bf16 weight in an NPU buffer of ``lm_head_rows(vocab)`` rows, zero past the
-    vocabulary (the weight itself is left as it is)."""
-    vocab, hidden = weight.shape
-    words = runtime.empty((lm_head_rows(vocab), quant.weight_format(fmt).row_bytes(hidden) // 4), torch.int32)
-    words[vocab:] = 0
-    _quantize(weight.data, fmt, words[:vocab].view(torch.uint8))
-    return words
-
-
 def _layer_arenas(runtime, layer, weights: str) -> tuple[tuple[torch.Tensor, torch.Tensor], dict]:
     """A decoder layer's two arenas (catalog.layer_arenas: its projections in the weight format's dtype, its norms
     in bf16) as NPU buffers, their gaps zero, with its norms in place: ((weights, norms), each part as a view)."""
@@ -518,7 +508,8 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
     try:
         for item in items:
             if item is model.lm_head.weight and rescored:  # the bf16 weight, bounded, then out of memory until read
-                head = (head_weights, _quantize_lm_head(runtime, item, head_weights))
+                head = (head_weights, _pack_linear(state, runtime, model.lm_head, "lm_head", head_weights, None,
+                                                   lm_head_rows(model.lm_head.out_features)))
                 bound = copy_error_bound(item, head[1], head_weights)
                 _set_aside(state, [item])
             elif item is model.lm_head.weight:

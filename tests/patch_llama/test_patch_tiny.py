@@ -294,7 +294,7 @@ def test_the_lm_heads_q8_0_copy_is_rescored_to_the_bf16_weights_best_tokens(runt
     patch_llama(model)
     head = model.lm_head.forward
     fmt, words = head.packed
-    assert fmt == "q8_0" and head.bound > 0
+    assert fmt == "q8_0" and head.bound > 0 and "on the NPU: Q8_0 packed" in repr(model.lm_head)
     x = torch.randn(32, 1, hidden, generator=g).bfloat16()
     exact = torch.nn.functional.linear(x.float(), model.lm_head.weight.float())[:, 0]
     copy = torch.stack([torch.ops.npu2.lm_head_gemv_packed(row, words, fmt)[:vocab] for row in x[:, 0]])
