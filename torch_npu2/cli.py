@@ -109,7 +109,8 @@ def _load_patched(args):
     backend = args.backend or "auto"
     runtime = runtime_for(backend)
     print(f"running on: {_backend_line(runtime)}", file=sys.stderr)
-    patch_llama(model, backend=backend, matmul_precision=args.matmul_precision, progress=True, weights=loaded.format)
+    patch_llama(model, backend=backend, matmul_precision=args.matmul_precision, progress=True, weights=loaded.format,
+                lm_head=args.lm_head)
     _prepare_decode_kernels(model, runtime)
     return model, tokenizer
 
@@ -213,6 +214,7 @@ def cmd_generate(args) -> int:
     _check_backend(args.parser, args.backend)
     _check_model_path(args.parser, args.model)
     _check_weights(args.parser, args.model, args.weights)
+    _check_lm_head(args.parser, args.model, args.weights, args.lm_head)
     model, tokenizer = _load_patched(args)
     if prompt is not None:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
@@ -260,6 +262,7 @@ def cmd_serve(args) -> int:
     _check_backend(args.parser, args.backend)
     _check_model_path(args.parser, args.model)
     _check_weights(args.parser, args.model, args.weights)
+    _check_lm_head(args.parser, args.model, args.weights, args.lm_head)
     if args.max_queue is not None and args.max_queue < 0:
         args.parser.error(f"argument --max-queue: expected an int >= 0, got {args.max_queue}")
     try:
@@ -340,6 +343,18 @@ def _check_weights(parser, path, weights) -> None:
         parser.error(f"argument --weights: {path.name} holds {held} projections; a GGUF file runs in its own packed "
                      f"format (--weights native) or dequantized (--weights bf16); {weights} quantizes a bf16 HF "
                      "checkpoint at patch time")
+
+
+def _check_lm_head(parser, path, weights, lm_head) -> None:
+    """--lm-head other than auto chooses between copies of a bf16 LM head: the model must run in bf16."""
+    from .patch_llama.models import default_model_path
+
+    path = Path(path) if path is not None else default_model_path()
+    if lm_head == "auto" or weights == "bf16" or (weights == "native" and path.is_dir()):
+        return
+    runs_as = f"packed ({weights})" if weights != "native" else "packed, as the GGUF file holds it"
+    parser.error(f"argument --lm-head: {lm_head} chooses between copies of a bf16 LM head; {path.name} runs "
+                 f"{runs_as}, and its LM head with it (--lm-head auto, or --weights bf16)")
 
 
 def _program_label(program) -> str:
@@ -619,6 +634,16 @@ def _add_weights(parser) -> None:
                              "HF checkpoint at patch time (round to nearest per 32-block, as GGUF does)")
 
 
+def _add_lm_head(parser) -> None:
+    from .patch_llama.patch import LM_HEADS
+
+    parser.add_argument("--lm-head", choices=LM_HEADS, default="auto",
+                        help="what a bf16 model's LM head GEMV reads on the NPU: q8_0 (a Q8_0 copy, the likeliest "
+                             "tokens scored again from the bf16 rows: the same best token, fewer bytes per token) or "
+                             "bf16 (the bf16 rows); default: %(default)s, q8_0 with bf16 weights (a packed model's "
+                             "LM head is packed as its file holds it)")
+
+
 def _add_sampling(parser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -678,6 +703,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="default: $TORCH_NPU2_BACKEND or auto")
     _add_matmul_precision(gen)
     _add_weights(gen)
+    _add_lm_head(gen)
     gen.set_defaults(func=cmd_generate, parser=gen)
 
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, "
@@ -695,6 +721,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="default: $TORCH_NPU2_BACKEND or auto")
     _add_matmul_precision(serve)
     _add_weights(serve)
+    _add_lm_head(serve)
     serve.set_defaults(func=cmd_serve, parser=serve)
 
     comp = sub.add_parser("compile", help="precompile every Program a model needs (ELFs need aircc or the AIR "

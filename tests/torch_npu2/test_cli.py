@@ -534,6 +534,39 @@ def test_weights_other_than_a_gguf_files_own_are_refused_before_loading(capsys, 
     assert "argument --weights: invalid choice: 'q5_k'" in _usage_error(capsys, ["generate", "--weights", "q5_k"])
 
 
+def test_an_lm_head_choice_for_a_packed_model_is_refused_before_loading(capsys, no_model_load, tiny_checkpoint):
+    line = _usage_error(capsys, ["generate", "--prompt", "x", "--model", str(tiny_checkpoint), "--weights", "q4_1",
+                                 "--lm-head", "bf16"])
+    assert line.endswith(f"argument --lm-head: bf16 chooses between copies of a bf16 LM head; {tiny_checkpoint.name} "
+                         "runs packed (q4_1), and its LM head with it (--lm-head auto, or --weights bf16)"), line
+    line = _usage_error(capsys, ["serve", "--lm-head", "q8_0"])  # the default model: a Q4_1 GGUF file
+    assert line.endswith("argument --lm-head: q8_0 chooses between copies of a bf16 LM head; "
+                         "SmolLM2-135M-Instruct.Q4_1.gguf runs packed, as the GGUF file holds it, and its LM head with "
+                         "it (--lm-head auto, or --weights bf16)"), line
+    assert "argument --lm-head: invalid choice: 'q4_1'" in _usage_error(capsys, ["generate", "--lm-head", "q4_1"])
+
+
+@pytest.mark.filterwarnings("ignore:patch_llama. LlamaForCausalLM runs here on the emulated NPU2:UserWarning")
+@pytest.mark.parametrize("lm_head", ["bf16", "q8_0"])
+def test_generate_passes_the_lm_head_choice_to_patch_llama(tiny_checkpoint, tmp_path, capsys, monkeypatch, lm_head):
+    import torch_npu2
+
+    monkeypatch.setenv("TORCH_NPU2_CACHE_DIR", str(tmp_path / "cache"))
+    chosen = []
+    patch = torch_npu2.patch_llama
+
+    def recording_patch(model, **kwargs):
+        chosen.append(kwargs["lm_head"])
+        return patch(model, **kwargs)
+
+    monkeypatch.setattr(torch_npu2, "patch_llama", recording_patch)
+    assert cli.main(["generate", "--model", str(tiny_checkpoint), "--prompt", "Hello", "--max-new-tokens", "4",
+                     "--backend", "emulator", "--no-stream", "--lm-head", lm_head]) == 0
+    assert chosen == [lm_head]
+    answer = capsys.readouterr().out.splitlines()[-1]
+    assert answer == _reference_answer(tiny_checkpoint, [{"role": "user", "content": "Hello"}], 4)
+
+
 @pytest.mark.filterwarnings("ignore:patch_llama. LlamaForCausalLM runs here on the emulated NPU2:UserWarning")
 def test_generate_quantizes_a_bf16_checkpoint_at_patch_time(tiny_checkpoint, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("TORCH_NPU2_CACHE_DIR", str(tmp_path / "cache"))
