@@ -668,9 +668,10 @@ DECODE_GROUP_SIZES = tuple(range(2, 9))
 @dataclass(frozen=True)
 class LayerArenas:
     """Where a decoder layer's weights lie when a decode group reads them from two buffers (``layer_arenas``):
-    ``weights``, its projections in the weight format's dtype, and ``norms``, its two RMSNorm weights (bf16).
-    ``parts`` are views named ``input_norm``, ``post_attention_norm``, ``wqk``, ``wv``, ``wo``, ``w_gate_up`` and
-    ``w_down``, in arenas named ``weights`` and ``norms``, each part in the layout its decode op reads."""
+    ``weights``, its projections in the weight format's dtype, and ``norms``, its two RMSNorm weights (bf16) and,
+    for a family with Q/K/V biases, its [bq | bk] and bv (bf16). ``parts`` are views named ``input_norm``,
+    ``post_attention_norm``, (``qk_bias``, ``v_bias``,) ``wqk``, ``wv``, ``wo``, ``w_gate_up`` and ``w_down``, in
+    arenas named ``weights`` and ``norms``, each part in the layout its decode op reads."""
 
     weights: Arg
     norms: Arg
@@ -680,16 +681,20 @@ class LayerArenas:
         return next(v for v in self.parts if v.name == name)
 
 
-def layer_arenas(hidden: int, q_dim: int, kv_dim: int, intermediate: int, weights: str = "bf16") -> LayerArenas:
+def layer_arenas(hidden: int, q_dim: int, kv_dim: int, intermediate: int, weights: str = "bf16",
+                 qkv_bias: bool = False) -> LayerArenas:
     """The layout of a decoder layer's weights in two NPU buffers (patch_llama lays a layer out so, and the decode
     groups read it): [Wq; Wk], Wv, Wo, [gate | up] and Wdown in that order, each ``weight_arg``'s
     shape, starting at a whole shim DMA word and a whole row (so that a DMA window moves into the arena along its
-    row dimension); then the input and post-attention norms, likewise aligned."""
+    row dimension); then the input and post-attention norms and, with ``qkv_bias``, [bq | bk] and bv, likewise
+    aligned."""
     _check_weights(weights)
     projections = (weight_arg("wqk", q_dim + kv_dim, hidden, weights), weight_arg("wv", kv_dim, hidden, weights),
                    weight_arg("wo", hidden, q_dim, weights), weight_arg("w_gate_up", intermediate, hidden, weights, 2),
                    weight_arg("w_down", hidden, intermediate, weights))
     norms = (Arg("input_norm", (hidden,), "bf16", W), Arg("post_attention_norm", (hidden,), "bf16", W))
+    if qkv_bias:
+        norms += (Arg("qk_bias", (q_dim + kv_dim,), "bf16", W), Arg("v_bias", (kv_dim,), "bf16", W))
 
     def laid_out(args, arena: str) -> tuple[tuple[View, ...], int]:
         views, end = [], 0
@@ -710,8 +715,10 @@ def layer_arenas(hidden: int, q_dim: int, kv_dim: int, intermediate: int, weight
 # the last "_") as parts of the arenas of the group's layer j (their own) or j + 1 ("next_": the layer after it);
 # "first_" ones are the group's first layer's (a _qkv group's).
 _OWN_PARTS = {"wo": "wo", "norm_w": "post_attention_norm", "w_gate_up": "w_gate_up", "w_down": "w_down"}
-_NEXT_PARTS = {"next_norm_w": "input_norm", "next_wqk": "wqk", "next_wv": "wv"}
-_FIRST_PARTS = {"first_norm_w": "input_norm", "first_wqk": "wqk", "first_wv": "wv"}
+_NEXT_PARTS = {"next_norm_w": "input_norm", "next_wqk": "wqk", "next_wv": "wv", "next_bqk": "qk_bias",
+               "next_bv": "v_bias"}
+_FIRST_PARTS = {"first_norm_w": "input_norm", "first_wqk": "wqk", "first_wv": "wv", "first_bqk": "qk_bias",
+                "first_bv": "v_bias"}
 
 
 def _group_weight_part(name: str) -> tuple[int, str] | None:
@@ -750,13 +757,14 @@ def _weights_in_arenas(name: str, args, arenas: LayerArenas) -> tuple[list[Arg],
 
 # Per layer of a group, its own arguments (the rest are the group's: the first layer's q and x, the length, the LUT
 # row, the device-only scratches every layer reuses, the last layer's out and next_q_roped).
-_GROUP_SHARED = ("length", "next_rope_lut", "attn", "res1", "act", "next_qk")
+_GROUP_SHARED = ("length", "next_rope_lut", "attn", "res1", "act", "next_qk", "next_qk_proj", "next_v_proj")
 
 
 def decode_layers_program(layers: int, hidden: int, q_dim: int, intermediate: int, eps: float, heads: int,
                           kv_heads: int, head_dim: int, capacity: int, next_eps: float,
                           weights: str = "bf16", ends_model: bool = False,
-                          lm_head: tuple[int, float, str] | None = None, first_qkv: bool = False) -> Program:
+                          lm_head: tuple[int, float, str] | None = None, first_qkv: bool = False,
+                          qkv_bias: bool = False) -> Program:
     """``layers`` decode layers in one dispatch, each from its attention on as decode_attn_o_gemv_ffn_rms_gemv_rope
     (decode attention, o_gemv_ffn, the next layer's rms_gemv_rope), layer j+1 attending with the query and hidden
     state layer j computed (device-only scratches).
@@ -784,6 +792,10 @@ def decode_layers_program(layers: int, hidden: int, q_dim: int, intermediate: in
     (and ``next_q_roped``) among the outputs; bound to the first layer's cache rows at ``length``-1, its attention
     reads them in the same run.
 
+    With ``qkv_bias`` (a family with Q/K/V biases: Qwen2) every rms_gemv_rope adds the layer's [bq | bk] and bv,
+    parts of its norms arena (``next_bqk_<j>``, ``next_bv_<j>``, ``first_bqk``, ``first_bv``); the ops tell it from
+    the norms arenas' size.
+
     Layer j+1 attends over ``k_cache_<j+1>``/``v_cache_<j+1>`` as they are when it runs: a caller that binds
     ``next_k_roped_<j>``/``next_v_<j>`` to those caches' rows at ``length``-1 (the ``.into`` overload, an
     NpuKVCache's next position) has it attend over the rows this run wrote there, as the layers one run each would
@@ -794,7 +806,7 @@ def decode_layers_program(layers: int, hidden: int, q_dim: int, intermediate: in
     if lm_head is not None and not ends_model:
         raise ValueError("a decode group runs the LM head only when it ends the model (ends_model=True)")
     one = decode_attn_o_gemv_ffn_rms_gemv_rope_program(hidden, q_dim, intermediate, eps, heads, kv_heads, head_dim,
-                                                       capacity, next_eps, weights)
+                                                       capacity, next_eps, weights, qkv_bias)
     last = layers - 1
     final = (decode_attn_o_gemv_ffn_program(hidden, q_dim, intermediate, eps, heads, kv_heads, head_dim, capacity,
                                             weights) if ends_model else one)
@@ -819,10 +831,10 @@ def decode_layers_program(layers: int, hidden: int, q_dim: int, intermediate: in
                      for j in range(layers) for l in (final if j == last else one).launches)
     first_rows = []
     if first_qkv:
-        qkv = rms_gemv_rope_program(hidden, heads, kv_heads, head_dim, next_eps, weights)
+        qkv = rms_gemv_rope_program(hidden, heads, kv_heads, head_dim, next_eps, weights, qkv_bias)
         # its input and LUT row are the group's; its Q the first layer's attention reads; its scratch the group's
         qkv_names = {"x": "x", "rope_lut": "next_rope_lut", "q_roped": "q", "qk": "next_qk",
-                     "v": "first_v", "k_roped": "first_k_roped"}
+                     "v": "first_v", "k_roped": "first_k_roped", "qk_proj": "next_qk_proj", "v_proj": "next_v_proj"}
         first_rows = ["first_v", "first_k_roped"]
         by_name = {**{f"first_{a.name}": Arg(f"first_{a.name}", a.shape, a.dtype, a.role)
                       for a in qkv.args if a.role is Role.WEIGHT},
@@ -855,7 +867,8 @@ def decode_layers_program(layers: int, hidden: int, q_dim: int, intermediate: in
     name = _decode_name(name, weights)
     args, views = _scratch_in_arena(args)
     args, weight_views = _weights_in_arenas(name, args,
-                                            layer_arenas(hidden, q_dim, kv_heads * head_dim, intermediate, weights))
+                                            layer_arenas(hidden, q_dim, kv_heads * head_dim, intermediate, weights,
+                                                         qkv_bias))
     hosts = {a.name: a for a in args if a.role in (Role.INPUT, Role.WEIGHT)}
     order = ([] if first_qkv else ["q"]) + ["x", "length", "next_rope_lut"]
     order += [f"{n}_{j}" for j in range(layers) for n in ("k_cache", "v_cache", "weights", "norms")]

@@ -154,8 +154,9 @@ def _decode_layers(layers: int, ends_model: bool = False, lm_head: bool = False,
     logits; with ``first_qkv``, of the _qkv op, which takes no q) and, with ``packed``, of its _packed twin, which
     takes the layers' weight format (and, with ``packed_head`` too, the LM head's); with ``packed_head`` alone, of
     decode_layers<layers>_final_packed_lm (bf16 layers, the LM head's packed format a scalar): the dims come from x
-    (hidden), the first layer's K cache (capacity, KV width) and the scalars; the registry's shape check holds every
-    tensor, each layer's two weight arenas included, to the Program's."""
+    (hidden), the first layer's K cache (capacity, KV width) and the scalars, whether the layers have Q/K/V biases from
+    the first layer's norms arena (which then holds them too); the registry's shape check holds every tensor, each
+    layer's two weight arenas included, to the Program's."""
     lead = 0 if first_qkv else 1  # a group without its first layer's Q/K/V starts with that layer's query
 
     def program_for(shapes, head_dim, heads, intermediate, eps, next_eps, *rest):
@@ -168,11 +169,13 @@ def _decode_layers(layers: int, ends_model: bool = False, lm_head: bool = False,
             attention = dict(_decode_attn(((heads * head_dim,), k_cache, k_cache, None), head_dim).params)
         except BadArgument as exc:
             raise BadArgument("k_cache_0", exc.expected, exc.given) from None
-        program = catalog.decode_layers_program(layers, shapes[lead][0], heads * head_dim, intermediate, eps,
+        hidden, kv_dim = shapes[lead][0], attention["kv_heads"] * head_dim
+        biased = catalog.layer_arenas(hidden, heads * head_dim, kv_dim, intermediate, weights, qkv_bias=True)
+        program = catalog.decode_layers_program(layers, hidden, heads * head_dim, intermediate, eps,
                                                 heads, attention["kv_heads"], head_dim, attention["capacity"],
                                                 next_eps, weights, ends_model,
                                                 (shapes[-1][0], final_eps, head_weights) if lm_head else None,
-                                                first_qkv)
+                                                first_qkv, tuple(shapes[lead + 6]) == biased.norms.shape)
         # the arenas' sizes follow from x's width: both of the first layer's off means x is
         arenas = [(a.shape, tuple(shapes[lead + i])) for i, a in ((5, program.arg("weights_0")),
                                                                    (6, program.arg("norms_0")))]

@@ -247,12 +247,13 @@ def _decode_layers(layers: int, layer_reference, last_reference=None):
     reference) per layer, each on the q and hidden state the one before returned, the caches as given; returns the
     last layer's out and q, then each layer's (next_v, next_k_roped). With ``last_reference`` (a
     decode_attn_o_gemv_ffn reference: a _final group), the last layer is the model's last, with no next layer: it
-    returns only out, and the rows are those of the layers before it."""
+    returns only out, and the rows are those of the layers before it. ``biases``: per layer of the group and the one
+    after it, its (bqk, bv), for a family with Q/K/V biases."""
     first, per_layer = 13, 9
     ends_model = last_reference is not None
     tensor_count = first + per_layer * (layers - 1) - (3 if ends_model else 0)
 
-    def reference(*args):
+    def reference(*args, biases=None):
         tensors, scalars = args[:tensor_count], args[tensor_count:]
         q, k_cache, v_cache, length, wo, x, *rest = tensors[:first]
         lut = rest[-1]
@@ -265,7 +266,7 @@ def _decode_layers(layers: int, layer_reference, last_reference=None):
                                    scalars[1], *scalars[3:])
                 return (x, *rows)
             x, next_v, q, next_k = layer_reference(q, k_cache, v_cache, length, wo, x, norm_w, w_gate_up, w_down,
-                                                   *next_qkv, lut, *scalars)
+                                                   *next_qkv, lut, *scalars, **_biases_of(biases, j + 1))
             rows += [next_v, next_k]
         return (x, q, *rows)
 
@@ -282,18 +283,23 @@ _PER_WEIGHT_GROUP_REFERENCES = {
         ("_packed", decode_attn_o_gemv_ffn_rms_gemv_rope_packed_reference, decode_attn_o_gemv_ffn_packed_reference))}
 
 
+def _biases_of(biases, j: int) -> dict:
+    """The keyword giving a layer reference layer ``j``'s Q/K/V biases, if the layers have them."""
+    return {} if biases is None else {"biases": biases[j]}
+
+
 def _with_lm_head(group_reference, head_reference, layers_packed: bool):
     """Reference of a decode_layers<n>_final_lm op: the _final group (``group_reference``) on all but the last two
     tensors, then the model's final RMSNorm (``final_norm_w``, the ``final_eps`` scalar after the group's own) and the
     LM head (``w_lm``, in its own format: the op's last scalar when packed) on its output; returns the group's
     results, then final_normed and logits. ``layers_packed``: the layers' format follows final_eps (a _packed op)."""
-    def reference(*args):
+    def reference(*args, biases=None):
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         scalars = args[len(tensors):]
         final_norm_w, w_lm = tensors[-2:]
         final_eps, formats = scalars[3], scalars[4:]
         packed, head_format = (formats[:1], formats[1:]) if layers_packed else ((), formats)
-        results = group_reference(*tensors[:-2], *scalars[:3], *packed)
+        results = group_reference(*tensors[:-2], *scalars[:3], *packed, biases=biases)
         normed = rms_norm(results[0], final_norm_w, final_eps)
         return (*results, normed, head_reference(normed, w_lm, *head_format))
     return reference
@@ -315,14 +321,14 @@ def _with_first_qkv(group_reference, qkv_reference, ends_model: bool, lm_head: b
     three tensors, on the group's x and LUT row with next_eps, in the group's weight format: with ``packed``, the
     scalar after final_eps in a _final_lm op) makes the q the group (``group_reference``) then takes first; its K/V
     rows follow the group's out (and next_q_roped)."""
-    def reference(*args):
+    def reference(*args, biases=None):
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         scalars = args[len(tensors):]
         first, rest = tensors[:3], tensors[3:]
         x, lut = rest[4], rest[11]  # k_cache, v_cache, length, wo, x, ..., next_rope_lut
         weights = scalars[4 if lm_head else 3:][:1] if packed else ()
-        v, q, k = qkv_reference(x, *first, lut, scalars[2], *weights)
-        results = group_reference(q, *rest, *scalars)
+        v, q, k = qkv_reference(x, *first, lut, scalars[2], *weights, **_biases_of(biases, 0))
+        results = group_reference(q, *rest, *scalars, biases=biases)
         kept = 1 if ends_model else 2
         return (*results[:kept], v, k, *results[kept:])
     return reference
@@ -341,8 +347,9 @@ def _from_arenas(per_weight, layers: int, ends_model: bool, lm_head: bool, first
     """Reference of a decode group op over weight arenas: each layer's parts of its two arenas (catalog.layer_arenas)
     as the weights they hold, handed in the per-weight form's order (its first layer's decode_attn_o_gemv_ffn_
     rms_gemv_rope tensors, then each further layer's caches, o/FFN weights and the next layer's input norm, [Wq; Wk]
-    and Wv) to ``per_weight``, the group's reference over such weights, with its scalars (no heads, intermediate);
-    ``packed``: the layers' format is the scalar after next_eps (after final_eps in a _final_lm op)."""
+    and Wv) to ``per_weight``, the group's reference over such weights, with its scalars (no heads, intermediate)
+    and, when the norms arenas hold Q/K/V biases, each layer's; ``packed``: the layers' format is the scalar after
+    next_eps (after final_eps in a _final_lm op)."""
     lead = 0 if first_qkv else 1
 
     def reference(*args):
@@ -355,7 +362,9 @@ def _from_arenas(per_weight, layers: int, ends_model: bool, lm_head: bool, first
         # each layer's caches then arenas; the layer after the group (unless it ends the model): its arenas only
         arenas = [per_layer[4 * j + 2:4 * j + 4] for j in range(layers)]
         arenas += [] if ends_model else [per_layer[4 * layers:4 * layers + 2]]
-        layout = layer_arenas(x.shape[0], heads * head_dim, caches[0][0].shape[1], intermediate, fmt[0])
+        biased = layer_arenas(x.shape[0], heads * head_dim, caches[0][0].shape[1], intermediate, fmt[0], True)
+        layout = biased if arenas[0][1].shape == biased.norms.shape else \
+            layer_arenas(x.shape[0], heads * head_dim, caches[0][0].shape[1], intermediate, fmt[0])
 
         def part(j: int, name: str) -> torch.Tensor:
             view = layout.part(name)
@@ -370,7 +379,8 @@ def _from_arenas(per_weight, layers: int, ends_model: bool, lm_head: bool, first
         for j in range(1, layers):
             given += [*caches[j], part(j, "wo"), *ffn[j], *([] if ends_model and j == layers - 1 else qkv(j + 1))]
         given += tensors[-2:] if lm_head else []
-        return per_weight(*given, head_dim, *scalars)
+        biases = [(part(j, "qk_bias"), part(j, "v_bias")) for j in range(len(arenas))] if layout is biased else None
+        return per_weight(*given, head_dim, *scalars, biases=biases)
     return reference
 
 

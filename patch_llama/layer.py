@@ -564,7 +564,7 @@ class NpuDecoderLayer:
         rows, when the model runs with quantized weights; ``qk_bias``: [bq | bk], whose parts q_proj.bias and
         k_proj.bias are, when the family has Q/K/V biases; ``prepared``, the projections prepared for integer
         prefill GEMMs when the model runs them; ``arenas``, the layer's two weight arenas (catalog.layer_arenas),
-        whose parts its projections (or the packed rows) and norms are, which the decode groups take."""
+        whose parts its projections (or the packed rows), norms and biases are, which the decode groups take."""
         self.signature = signature
         self.module = layer
         self.hf_forward = functools.partial(type(layer).forward, layer)  # HF's own layer, for output_attentions
@@ -784,7 +784,7 @@ class NpuDecoderLayer:
         of another weight format, a mask or views the NPU kernel cannot take, no layer joining): then nothing ran and
         no layer's length moved."""
         following, batch = self.next_layer, len(inputs)
-        if (following is None or self.qkv_biases or self.shared.decode_group < 2
+        if (following is None or self.shared.decode_group < 2
                 or (following.packed is None) != (self.packed is None) or self.eps_attn != following.eps_attn
                 or sees_layer_outputs(self.module, self)):
             return None
@@ -813,12 +813,13 @@ class NpuDecoderLayer:
         (HF hands it to each of them in turn: ``_ran_in_group``) after leaving the next layer's Q for it as a
         ChainedQkv, unless the last is the model's last layer (npu2.decode_layers<n>_final); None if no layer joins
         (or their slabs cannot be read in place: nothing was run then, and no layer's length moved). Layers with
-        Q/K/V biases (Qwen2) run one per dispatch: the group ops take none. ``own_rows``: this layer's own K/V rows
-        per sequence when its rms_gemv_rope runs first in the run (``_qkv_group``; ``on_device``'s q is None then)."""
+        Q/K/V biases (Qwen2) group too: the biases are parts of their norms arenas. ``own_rows``: this layer's own K/V
+        rows per sequence when its rms_gemv_rope runs first in the run (``_qkv_group``; ``on_device``'s q is None
+        then)."""
         length, batch = cache.layers[self.layer_idx].length, len(inputs)
         members, layer = [], self.next_layer
         # a hook on this layer would see the last layer's output
-        if self.qkv_biases or sees_layer_outputs(self.module, self):
+        if sees_layer_outputs(self.module, self):
             return None
         while len(members) + 1 < self.shared.decode_group and self._joins(layer, cache, length):
             members.append(layer)

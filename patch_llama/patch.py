@@ -319,19 +319,27 @@ def _pin_lm_head(runtime, weight: nn.Parameter) -> torch.Tensor:
 
 def _layer_arenas(runtime, layer, weights: str) -> tuple[tuple[torch.Tensor, torch.Tensor], dict]:
     """A decoder layer's two arenas (catalog.layer_arenas: its projections in the weight format's dtype, its norms
-    in bf16) as NPU buffers, their gaps zero, with its norms in place: ((weights, norms), each part as a view)."""
+    and any Q/K/V biases in bf16) as NPU buffers, their gaps zero, with its norms and biases in place (each parameter
+    a view of its part; q_proj's and k_proj's biases the two parts of [bq | bk]): ((weights, norms), each part as a
+    view)."""
     attn, mlp = layer.self_attn, layer.mlp
+    biased = attn.q_proj.bias is not None
     layout = layer_arenas(attn.q_proj.in_features, attn.q_proj.out_features, attn.k_proj.out_features,
-                          mlp.down_proj.in_features, weights)
+                          mlp.down_proj.in_features, weights, qkv_bias=biased)
     arenas = {a.name: runtime.empty(a.shape, torch.bfloat16 if a.dtype == "bf16" else torch.int32)
               for a in (layout.weights, layout.norms)}
     for arena in arenas.values():
         arena.zero_()
     parts = {v.name: v.of(arenas[v.arena]) for v in layout.parts}
-    for name, norm in (("input_norm", layer.input_layernorm.weight),
-                       ("post_attention_norm", layer.post_attention_layernorm.weight)):
-        parts[name].copy_(norm.data)
-        norm.data = parts[name]
+    placed = [(parts["input_norm"], layer.input_layernorm.weight),
+              (parts["post_attention_norm"], layer.post_attention_layernorm.weight)]
+    if biased:
+        q_rows = attn.q_proj.out_features
+        placed += [(parts["qk_bias"][:q_rows], attn.q_proj.bias), (parts["qk_bias"][q_rows:], attn.k_proj.bias),
+                   (parts["v_bias"], attn.v_proj.bias)]
+    for part, param in placed:
+        part.copy_(param.data)
+        param.data = part
     return (arenas["weights"], arenas["norms"]), parts
 
 
@@ -349,20 +357,6 @@ def _pin_layer(runtime, layer) -> tuple[tuple[torch.Tensor, torch.Tensor], dict]
         part.copy_(module.weight.data)
         module.weight.data = part
     return arenas, parts
-
-
-def _pin_joined(runtime, first: nn.Parameter, second: nn.Parameter) -> torch.Tensor:
-    """One NPU buffer of ``first`` and ``second`` one after the other ([bq | bk]), whose two parts they become
-    (views: still one copy of each)."""
-    joined = runtime.pin(torch.cat((first.data, second.data)))
-    first.data, second.data = joined[:first.shape[0]], joined[first.shape[0]:]
-    return joined
-
-
-def _pin_qk_bias(runtime, attn) -> torch.Tensor | None:
-    """[bq | bk] as one NPU buffer (the decode ops' ``bqk``), q_proj.bias and k_proj.bias its two parts; None for a
-    family without Q/K/V biases."""
-    return None if attn.q_proj.bias is None else _pin_joined(runtime, attn.q_proj.bias, attn.k_proj.bias)
 
 
 def _prepare_integer(runtime, layer, packed: PackedProjections | None = None) -> PreparedProjections:
@@ -491,10 +485,10 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
                                                    context=getattr(model.config, "max_position_embeddings", None)),
                                    decode_group=decode_layers_per_dispatch),
                        weights=(weights, head_weights))
-    # a layer's projections and norms go into its two arenas (_pin_layer), [bq | bk] into one buffer
+    # a layer's projections, norms and Q/K/V biases go into its two arenas (_pin_layer, _pin_packed)
     paired = {id(p) for layer in model.model.layers for p in (
         *(m.weight for m in _projections(layer)), layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
-        layer.self_attn.q_proj.bias, layer.self_attn.k_proj.bias) if p is not None}
+        layer.self_attn.q_proj.bias, layer.self_attn.k_proj.bias, layer.self_attn.v_proj.bias) if p is not None}
     paired |= {id(p) for p in packed_weights}  # packed: the LM head is packed into its buffer, not pinned
     items = [p for p in _npu_weights(model) if id(p) not in paired] + list(model.model.layers)
     if progress:
@@ -517,17 +511,16 @@ def patch_llama(model, *, backend: str = "auto", prefill_buckets=DEFAULT_BUCKETS
             elif isinstance(item, nn.Parameter):
                 item.data = runtime.pin(item.data)
             elif packed:  # the projections packed (and prepared from the packed rows for integer prefill GEMMs)
-                arenas, rows = _pin_packed(state, runtime, item, weights, source)
+                arenas, parts, rows = _pin_packed(state, runtime, item, weights, source)
                 integer = _prepare_integer(runtime, item, rows) if matmul_precision == INTEGER_PRECISION else None
-                per_layer.append(dict(packed=rows, arenas=arenas, prepared=integer,
-                                      qk_bias=_pin_qk_bias(runtime, item.self_attn)))
+                per_layer.append(dict(packed=rows, arenas=arenas, prepared=integer, qk_bias=parts.get("qk_bias")))
                 _set_aside(state, [m.weight for m in _projections(item)])
             else:  # a decoder layer: its weights in its two arenas, [gate | up] (F × 2H, side by side in each row)
                 # and [Wq; Wk] among them, the layouts the decode ops read (and integer copies for prefill)
                 arenas, parts = _pin_layer(runtime, item)
                 prepared = _prepare_integer(runtime, item) if matmul_precision == INTEGER_PRECISION else None
                 per_layer.append(dict(gate_up=parts["w_gate_up"], qk=parts["wqk"], arenas=arenas, prepared=prepared,
-                                      qk_bias=_pin_qk_bias(runtime, item.self_attn)))
+                                      qk_bias=parts.get("qk_bias")))
         if packed:
             head = (head_weights, _pack_linear(state, runtime, model.lm_head, "lm_head", head_weights, source,
                                                lm_head_rows(model.lm_head.out_features)))
@@ -636,11 +629,11 @@ def _remember_unloaded(state, module, fmt: str, words: torch.Tensor) -> None:
         state.unloaded.append((module, fmt, words))
 
 
-def _pin_packed(state, runtime, layer, fmt: str, source) -> tuple[tuple[torch.Tensor, torch.Tensor],
+def _pin_packed(state, runtime, layer, fmt: str, source) -> tuple[tuple[torch.Tensor, torch.Tensor], dict,
                                                                     PackedProjections]:
-    """A decoder layer's projections packed into its weight arena (``_layer_arenas``, its norms into the other):
-    [gate | up] each row a packed gate row then a packed up row, [Wq; Wk] Q's packed rows then K's, Wv, Wo and
-    Wdown. Returns the arenas and the packed projections (views of their parts)."""
+    """A decoder layer's projections packed into its weight arena (``_layer_arenas``, its norms and biases into the
+    other): [gate | up] each row a packed gate row then a packed up row, [Wq; Wk] Q's packed rows then K's, Wv, Wo
+    and Wdown. Returns the arenas, their parts and the packed projections (views of their parts)."""
     index = layer.self_attn.layer_idx
     attn, mlp = layer.self_attn, layer.mlp
     arenas, parts = _layer_arenas(runtime, layer, fmt)
@@ -660,7 +653,7 @@ def _pin_packed(state, runtime, layer, fmt: str, source) -> tuple[tuple[torch.Te
     for module, words in (*((m, w) for m, _, w in packed), *halves):
         _set_instance_attr(state, module, "extra_repr", _describe_linear(module, fmt))
         _remember_unloaded(state, module, fmt, words)
-    return arenas, PackedProjections(qk, parts["wv"], parts["wo"], gate_up, parts["w_down"], format=fmt)
+    return arenas, parts, PackedProjections(qk, parts["wv"], parts["wo"], gate_up, parts["w_down"], format=fmt)
 
 
 def unpatch_llama(model):

@@ -89,7 +89,7 @@ PROGRAMS["smol-decode_layers2_final_packed_lm-q8_0-2048"] = catalog.decode_layer
 # Qwen2.5-0.5B's dims with its q/k/v biases (every Q/K/V Program adds them with bias_add launches): the default
 # prefill Programs at the smallest and largest buckets, the bf16-weight prefill GEMMs at the smallest, decode (its
 # down projection's K = 4864 in chunks that fit a memtile BD dimension), the LM head at lm_head_rows(151936), and a
-# decode layer from its attention on.
+# decode layer from its attention on, and a decode group (the biases parts of the layers' norms arenas).
 QWEN = ModelDims(896, 14, 2, 64, 4864, 151936, 1e-6, qkv_bias=True)
 PROGRAMS.update({f"qwen2-{p.name}-{dict(p.params).get('rows', dict(p.params).get('seq'))}": p
                  for p in programs_for_model(QWEN, (16, 2048))})
@@ -98,6 +98,9 @@ PROGRAMS["qwen2-rms_gemms_rope-bf16-16"] = catalog.rms_gemms_rope_program(
 PROGRAMS["qwen2-decode_attn_o_gemv_ffn_rms_gemv_rope-2048"] = catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_program(
     QWEN.hidden, QWEN.q_dim, QWEN.intermediate, QWEN.eps, QWEN.heads, QWEN.kv_heads, QWEN.head_dim, 2048, QWEN.eps,
     qkv_bias=True)
+PROGRAMS["qwen2-decode_layers2_qkv-2048"] = catalog.decode_layers_program(
+    2, QWEN.hidden, QWEN.q_dim, QWEN.intermediate, QWEN.eps, QWEN.heads, QWEN.kv_heads, QWEN.head_dim, 2048, QWEN.eps,
+    first_qkv=True, qkv_bias=True)
 
 # Flash attention past the default buckets (a prefill bucket of 4096): the key/value stream of every round is one
 # shim task per launch step (each KV head's keys and values one run of the stacked buffer), where the rounds' own

@@ -96,6 +96,11 @@ CASES = [(p, None) for p in programs_for_model(SMALL, (16, 32)) if not p.name.en
     (decode_layers_program(2, 256, 256, 512, EPS, 4, 2, 64, 128, EPS, first_qkv=True), None),
     (decode_layers_program(2, 256, 256, 512, EPS, 4, 2, 64, 128, EPS, "q4_1", True, (512, 2 * EPS, "q8_0"),
                            first_qkv=True), None),
+    # groups with Q/K/V biases (Qwen2), read from the layers' norms arenas: bf16 ending with the LM head's Q8_0 copy,
+    # packed going on
+    (decode_layers_program(2, 256, 256, 512, EPS, 4, 2, 64, 128, EPS, "bf16", True, (512, 2 * EPS, "q8_0"),
+                           first_qkv=True, qkv_bias=True), None),
+    (decode_layers_program(2, 256, 256, 512, EPS, 4, 2, 64, 128, EPS, "q4_1", qkv_bias=True), None),
 ]
 
 

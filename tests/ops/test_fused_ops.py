@@ -254,6 +254,51 @@ def test_op_matches_reference(runtime, config, name):
         assert_close(o, r)
 
 
+def _biased_norms_arenas(config: str, name: str, tensors: list, g) -> list:
+    """``name``'s case tensors with every layer's norms arena laid out with Q/K/V biases (catalog.layer_arenas'
+    qkv_bias), its norms as before and random biases of a Qwen2's size beside them."""
+    n, packed = int(name[len("decode_layers")]), name.endswith("_packed")
+    hidden, heads, kv, hd, ffn = CONFIGS[config][:5]
+    ffn = -(-ffn // quant.BLOCK) * quant.BLOCK if packed else ffn
+    plain = group_layout(config, packed)
+    biased = catalog.layer_arenas(hidden, heads * hd, kv * hd, ffn, _EX_FORMAT if packed else "bf16", qkv_bias=True)
+    first = 3 if "_qkv" in name else 4  # x, length, LUT row (after q): then per layer k, v, weights, norms
+    norms = [first + 4 * j + 3 for j in range(n)] + ([] if "_final" in name else [first + 4 * n + 1])
+    out = list(tensors)
+    for at in norms:
+        arena = torch.zeros(biased.norms.shape, dtype=torch.bfloat16)
+        for part in ("input_norm", "post_attention_norm"):
+            biased.part(part).of(arena).copy_(plain.part(part).of(tensors[at]))
+        for part in ("qk_bias", "v_bias"):
+            view = biased.part(part).of(arena)
+            view.copy_(0.5 * torch.randn(view.shape, generator=g))
+        out[at] = arena
+    return out
+
+
+@pytest.mark.parametrize("name", ["decode_layers2", "decode_layers3_qkv_final_lm", "decode_layers2_qkv_final_packed_lm",
+                                  "decode_layers2_qkv_packed", "decode_layers3_final_lm_packed"])
+def test_decode_groups_add_the_qkv_biases_their_norms_arenas_hold(runtime, name):
+    """A family with Q/K/V biases (Qwen2) keeps them in each layer's norms arena: the group op tells so from the
+    arena's size and adds each layer's biases, as the reference of its layers' biased ops does; without them (the
+    same op on the unbiased arenas) the results differ."""
+    g = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+    tensors, scalars, ref_fn = op_cases("odd")[name]
+    biased = _biased_norms_arenas("odd", name, tensors, g)
+    program = program_of(FUSED_OPS[name], biased, scalars)
+    assert dict(program.params)["next_qkv_bias"] == 1
+    outs, refs = ALL_OPS[name](*biased, *scalars), ref_fn(*biased, *scalars)
+    assert len(outs) == len(refs)
+    if "_lm" in name:  # the logits from the op's own final_normed, as test_op_matches_reference holds them
+        packed_head = "_packed" in name
+        head = reference.lm_head_gemv_packed_reference if packed_head else reference.lm_head_gemv_reference
+        refs = (*refs[:-1], head(outs[-2], biased[-1], *scalars[-1:] if packed_head else ()))
+    for o, r in zip(outs, refs):
+        assert_close(o, r)
+    plain = ALL_OPS[name](*tensors, *scalars)
+    assert not torch.equal(outs[0], plain[0])
+
+
 @pytest.mark.parametrize("name", list(ALL_OPS))
 def test_opcheck(runtime, name):
     tensors, scalars, _ = op_cases("odd")[name]

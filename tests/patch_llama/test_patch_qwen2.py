@@ -37,7 +37,7 @@ def _count_bias_adds(monkeypatch) -> list:
 def test_layers_and_generation_match_hf_qwen2(runtime, pair, monkeypatch, dims, precision, min_cosine):
     """Per-layer cosine and the top-5 gate against HF's Qwen2; prefill and every decode token add the biases on the
     NPU (bias_add after each projection: prefill's three, a decode token's two, Q's and K's as one), the decode
-    layers chained as Llama's are."""
+    layers grouped into one dispatch as Llama's are."""
     reference, model = pair(tiny_qwen2(**dims))
     patch_llama(model, prefill_buckets=(16, 32), matmul_precision=precision)
     bias_adds = _count_bias_adds(monkeypatch)
@@ -47,8 +47,26 @@ def test_layers_and_generation_match_hf_qwen2(runtime, pair, monkeypatch, dims, 
     before = runtime.xrt.counters.copy()
     check_topk_gate(*greedy_with_topk(reference, ids, 12), *greedy_with_topk(model, ids, 12), label=precision)
     runs = runtime.xrt.counters - before
-    assert runs["runs:decode_attn_o_gemv_ffn_rms_gemv_rope"] >= 11  # one layer boundary per decode token, chained
+    # each decode token one dispatch: both layers, their biases from their norms arenas, the final norm and LM head
+    decode_runs = {name: n for name, n in runs.items() if name.startswith("runs:") and n and (
+        "decode" in name or "gemv_rope" in name or "o_gemv" in name)}
+    assert list(decode_runs) == ["runs:decode_layers2_qkv_final_packed_lm"], decode_runs
+    assert decode_runs["runs:decode_layers2_qkv_final_packed_lm"] >= 11
     assert bias_adds.count(32) >= 3 * 2 and bias_adds.count(1) >= 2 * 2 * 11  # prefill rows, decode rows
+
+
+def test_qwen2_decodes_a_layer_per_dispatch_when_asked(runtime, pair, monkeypatch):
+    """decode_layers_per_dispatch=1: each layer from its attention on is one run of the biased layer ops."""
+    reference, model = pair(tiny_qwen2())
+    patch_llama(model, prefill_buckets=(32,), decode_layers_per_dispatch=1)
+    bias_adds = _count_bias_adds(monkeypatch)
+    ids = prompt(21)
+    before = runtime.xrt.counters.copy()
+    check_topk_gate(*greedy_with_topk(reference, ids, 6), *greedy_with_topk(model, ids, 6), label="one layer a run")
+    runs = runtime.xrt.counters - before
+    assert runs["runs:decode_attn_o_gemv_ffn_rms_gemv_rope"] >= 5 and runs["runs:decode_attn_o_gemv_ffn"] >= 5
+    assert not any(name.startswith("runs:decode_layers") for name, n in runs.items() if n)
+    assert bias_adds.count(1) >= 2 * 2 * 5
 
 
 def test_the_biases_change_what_qwen2_generates(runtime):
@@ -68,14 +86,14 @@ def test_the_biases_change_what_qwen2_generates(runtime):
 
 @pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
 def test_packed_qwen2_generates_what_hf_generates_on_the_dequantized_weights(runtime, fmt):
-    """Packed projections, bf16 biases: the packed decode ops' biased twins, gated against HF's Qwen2 holding the
-    dequantized weights."""
+    """Packed projections, bf16 biases (in the layers' norms arenas): each decode token one packed group run, gated
+    against HF's Qwen2 holding the dequantized weights."""
     reference = _dequantized_copy(tiny_qwen2(**BUILDABLE), fmt)
     model = patch_llama(tiny_qwen2(**BUILDABLE), prefill_buckets=(16,), weights=fmt)
     ids = prompt(9)
     before = runtime.xrt.counters.copy()
     check_topk_gate(*greedy_with_topk(reference, ids, 8), *greedy_with_topk(model, ids, 8), label=fmt)
-    assert (runtime.xrt.counters - before)["runs:decode_attn_o_gemv_ffn_rms_gemv_rope_packed"] >= 7
+    assert (runtime.xrt.counters - before)["runs:decode_layers2_qkv_final_lm_packed"] >= 7
 
 
 def test_unpatch_restores_qwen2_bit_for_bit(runtime, pair):
