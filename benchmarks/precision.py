@@ -139,15 +139,20 @@ def _evaluate_one(label, precision, study, model, prompts, compare_ids, referenc
     return row
 
 
-def _smollm2(settings, log) -> dict:
+def _smollm2_inputs(settings) -> tuple:
+    """SmolLM2-135M-Instruct, the gate's prompts, the chat prompt compare_layers runs, the tokens to generate and the
+    tokenizer."""
     from tests.patch_llama.test_smollm2 import all_prompts, chat_ids
     from torch_npu2.patch_llama.models import load_model
 
     model, tokenizer = load_model()
-    prompts = all_prompts(tokenizer)
     compare_ids = chat_ids(tokenizer, "Explain what a neural network is in one sentence.")
-    return _evaluate("SmolLM2-135M", model, prompts, compare_ids, settings["new_tokens"], settings["buckets"],
-                     tokenizer, log)
+    return model, all_prompts(tokenizer), compare_ids, settings["new_tokens"], tokenizer
+
+
+def _smollm2(settings, log) -> dict:
+    model, prompts, compare_ids, new_tokens, tokenizer = _smollm2_inputs(settings)
+    return _evaluate("SmolLM2-135M", model, prompts, compare_ids, new_tokens, settings["buckets"], tokenizer, log)
 
 
 @contextmanager
@@ -249,14 +254,89 @@ def integer_distances(log=print, names: tuple[str, ...] | None = None) -> dict:
     return rows
 
 
-def _llama_1b(settings, log) -> dict:
+def _bfp16_rows(x: torch.Tensor) -> torch.Tensor:
+    """``x``'s rows through bfp16ebs8 (blocks of 8 along the last dimension, zero-padded to whole blocks: a zero
+    leaves a block's shared exponent as it is)."""
+    from torch_npu2.emulator.bfp16 import quantize_bf16_to_bfp16
+
+    width = x.shape[-1]
+    padded = torch.nn.functional.pad(x.to(torch.bfloat16), (0, -width % 8))
+    return quantize_bf16_to_bfp16(padded.contiguous())[..., :width]
+
+
+def _integer_products(rows: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    """fp32 rows · columnsᵀ as the integer GEMMs multiply (kernels/int_gemm.py): each row of ``rows`` quantized to
+    int16 under its own scale, each row of ``columns`` as two int8 terms under its own."""
+    from torch_npu2.kernels import int_gemm
+
+    q, row_scale = int_gemm.quantize_activations(rows, int_gemm.ACTIVATION_QMAX["w8x2a16"])
+    hi, lo, column_scale = int_gemm.quantize_weight_terms(columns, 2)
+    sums = (torch.matmul(q.double(), hi.double().T).float()
+            + torch.matmul(q.double(), lo.double().T).float() * 2.0 ** -int_gemm.LO_SHIFT)  # exact integer sums
+    return sums * (row_scale * column_scale.reshape(1, -1))
+
+
+# Attention's two products as a faster kernel would multiply them (an emulator study: attention.cc has no such
+# path), scores then P·V: "bfp16", every operand through bfp16ebs8 along each product's K (upstream's mode);
+# "w8x2a16", as the integer GEMMs: queries and probability rows in int16 per row, keys per key and values per head
+# dimension as two int8 terms.
+ATTENTION_STUDIES = {
+    "bfp16": (lambda q, k: torch.matmul(_bfp16_rows(q).float(), _bfp16_rows(k).float().T),
+              lambda probs, v: torch.matmul(_bfp16_rows(probs), _bfp16_rows(v.T).T)),
+    "w8x2a16": (_integer_products,
+                lambda probs, v: _integer_products(probs, v.T.float()).to(torch.bfloat16)),
+}
+
+
+@contextmanager
+def _studied_attention(study: str):
+    """The emulator's attention launches inside multiply as ATTENTION_STUDIES[study] does."""
+    import functools
+    from unittest import mock
+
+    from torch_npu2.emulator import launches
+
+    scores_of, mix_of = ATTENTION_STUDIES[study]
+    studied = functools.partial(launches.attention, scores_of=scores_of, mix_of=mix_of)
+    with mock.patch.dict(launches.LAUNCH_KINDS, {"attention": studied}):
+        yield
+
+
+def attention_distances(log=print, layers: int = 2, smollm2: bool = True) -> dict:
+    """Each attention study (and exact attention for reference) under the default matmul precision, on SmolLM2 (unless
+    not ``smollm2``) and on the Llama-3.2-1B shape with ``layers`` layers, as ``run``'s quick rows measure them. Runs on
+    the emulated NPU2."""
+    settings = {**SETTINGS["quick"], "llama_layers": layers}
+    models = ([("SmolLM2-135M", _smollm2_inputs)] if smollm2 else []) + [
+        (f"Llama-3.2-1B shape, {layers} layers", _llama_1b_inputs)]
+    rows = {}
+    with common.emulated_runtime(compute=True):
+        for label, build in models:
+            model, prompts, compare_ids, new_tokens, tokenizer = build(settings)
+            fp32 = torch.nn.Module.float(copy.deepcopy(model))
+            reference = [_greedy(fp32, ids, new_tokens) for _, _, ids in prompts]
+            for study in (None, *ATTENTION_STUDIES):
+                name = f"attention {study or 'exact'}"
+                with nullcontext() if study is None else _studied_attention(study):
+                    rows[(label, name)] = _evaluate_one(name, "auto", None, model, prompts, compare_ids, reference,
+                                                        fp32, new_tokens, settings["buckets"], tokenizer, label, log)
+    return rows
+
+
+def _llama_1b_inputs(settings) -> tuple:
+    """The Llama-3.2-1B shape with random weights and ``llama_layers`` layers, random-token prompts, a random prompt
+    for compare_layers, the tokens to generate and no tokenizer."""
     shape = {**common.LLAMA_1B_SHAPE, "num_hidden_layers": settings["llama_layers"]}
     model = common.random_llama(common.llama_config(**shape))
     prompts = [("random", f"{length} random tokens", common.random_prompt(length, shape["vocab_size"], seed=i))
                for i, length in enumerate((12, 20, 28, 36, 44, 52, 60, 9, 17)[:settings["llama_prompts"]])]
     compare_ids = common.random_prompt(40, shape["vocab_size"], seed=99)
-    return _evaluate("Llama-3.2-1B shape", model, prompts, compare_ids, settings["llama_new_tokens"],
-                     settings["buckets"], None, log)
+    return model, prompts, compare_ids, settings["llama_new_tokens"], None
+
+
+def _llama_1b(settings, log) -> dict:
+    model, prompts, compare_ids, new_tokens, _ = _llama_1b_inputs(settings)
+    return _evaluate("Llama-3.2-1B shape", model, prompts, compare_ids, new_tokens, settings["buckets"], None, log)
 
 
 def predicted_prefill_ms(seq: int) -> dict:

@@ -31,3 +31,36 @@ def test_per_call_cycles_rank_the_precisions():
     for end in (0, 1):
         assert cycles["w8x2a16"][end] < cycles["bfp16"][end] < cycles["bf16"][end]
     assert cycles["w8x2a16"] == [1028, 3868]
+
+
+def test_an_attention_study_changes_the_emulators_products_and_only_inside():
+    """Inside an attention study the emulator's attention launch multiplies as the study does (near the exact
+    products, not equal to them); outside it is exact again, bit for bit the launch before the study."""
+    import torch
+
+    from torch_npu2.emulator import launches
+
+    g = torch.Generator().manual_seed(3)
+    seq, heads, kv_heads, hd = 24, 4, 2, 16
+    p = dict(seq=seq, heads=heads, kv_heads=kv_heads, head_dim=hd, causal=True)
+    q = torch.randn(seq, heads * hd, generator=g).bfloat16()
+    kv = torch.randn(2, seq, kv_heads * hd, generator=g).bfloat16()
+    exact = launches.LAUNCH_KINDS["attention"](p, q, kv)
+    for study in precision.ATTENTION_STUDIES:
+        with precision._studied_attention(study):
+            studied = launches.LAUNCH_KINDS["attention"](p, q, kv)
+        cosine = torch.nn.functional.cosine_similarity(studied.float().flatten(), exact.float().flatten(), dim=0)
+        assert not torch.equal(studied, exact) and cosine > 0.999, (study, float(cosine))
+        assert torch.equal(launches.LAUNCH_KINDS["attention"](p, q, kv), exact)
+
+
+def test_the_integer_products_are_the_integer_gemms():
+    """The w8x2a16 study's products are kernels/int_gemm.py's, before the bf16 rounding of its GEMM output."""
+    import torch
+
+    from torch_npu2.kernels import int_gemm
+
+    g = torch.Generator().manual_seed(4)
+    rows, columns = torch.randn(40, 64, generator=g).bfloat16(), torch.randn(24, 64, generator=g).bfloat16()
+    products = precision._integer_products(rows.float(), columns.float())
+    assert torch.equal(products.bfloat16(), int_gemm.integer_gemm(rows, columns, "w8x2a16"))

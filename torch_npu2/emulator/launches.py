@@ -143,10 +143,21 @@ def stack(p, first, second):
     return blocks.reshape(2, rows, cols)
 
 
-def attention(p, q, kv):
+def exact_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Q·Kᵀ of bf16 (heads, rows, head_dim) queries and (keys, head_dim) keys, fp32 sums of exact products."""
+    return torch.matmul(q.float(), k.float().T)
+
+
+def exact_mix(probs: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """P·V of fp32 probabilities, rounded to bf16 as they enter the mmul, and bf16 (keys, head_dim) values."""
+    return torch.matmul(probs.to(torch.bfloat16), v)
+
+
+def attention(p, q, kv, scores_of=exact_scores, mix_of=exact_mix):
     """Scores accumulate in fp32, softmax in fp32, probabilities enter the P·V matmul as bf16 (as the
     kernel's bf16 mmul and HF's eager attention do). Query blocks of one KV head's group at a time: a block
-    only scores the keys causality lets it see, which bounds memory and skips the masked half."""
+    only scores the keys causality lets it see, which bounds memory and skips the masked half. ``scores_of`` and
+    ``mix_of``: the two products (benchmarks/precision.py's attention studies swap them)."""
     seq, heads, kv_heads, hd = p["seq"], p["heads"], p["kv_heads"], p["head_dim"]
     group = heads // kv_heads
     qh = q.reshape(seq, heads, hd).transpose(0, 1)
@@ -159,11 +170,10 @@ def attention(p, q, kv):
         hidden = (torch.arange(start, stop)[:, None] < torch.arange(visible)[None, :]) if p["causal"] else None
         for g in range(kv_heads):
             heads_g = slice(g * group, (g + 1) * group)
-            scores = torch.matmul(qh[heads_g, start:stop].float(), kh[g, :visible].float().T) * hd ** -0.5
+            scores = scores_of(qh[heads_g, start:stop], kh[g, :visible]) * hd ** -0.5
             if hidden is not None:
                 scores.masked_fill_(hidden, float("-inf"))
-            probs = torch.softmax(scores, dim=-1).to(torch.bfloat16)
-            out[heads_g, start:stop] = torch.matmul(probs, vh[g, :visible])
+            out[heads_g, start:stop] = mix_of(torch.softmax(scores, dim=-1), vh[g, :visible])
     return out.transpose(0, 1)
 
 
