@@ -349,8 +349,10 @@ def _check_lm_head(parser, path, weights, lm_head) -> None:
     """--lm-head other than auto chooses between copies of a bf16 LM head: the model must run in bf16."""
     from .patch_llama.models import default_model_path
 
+    if lm_head == "auto" or weights == "bf16":
+        return
     path = Path(path) if path is not None else default_model_path()
-    if lm_head == "auto" or weights == "bf16" or (weights == "native" and path.is_dir()):
+    if weights == "native" and path.is_dir():
         return
     runs_as = f"packed ({weights})" if weights != "native" else "packed, as the GGUF file holds it"
     parser.error(f"argument --lm-head: {lm_head} chooses between copies of a bf16 LM head; {path.name} runs "
