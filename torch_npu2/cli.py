@@ -346,13 +346,17 @@ def _check_weights(parser, path, weights) -> None:
 
 
 def _check_lm_head(parser, path, weights, lm_head) -> None:
-    """--lm-head other than auto chooses between copies of a bf16 LM head: the model must run in bf16."""
+    """--lm-head other than auto chooses between copies of a bf16 LM head: the model must run in bf16 (a checkpoint
+    natively, or a GGUF file whose projections are not all of one packed format, which loads dequantized)."""
+    from .kernels import quant
+    from .patch_llama.gguf_file import projection_types
     from .patch_llama.models import default_model_path
 
     if lm_head == "auto" or weights == "bf16":
         return
     path = Path(path) if path is not None else default_model_path()
-    if weights == "native" and path.is_dir():
+    if weights == "native" and (path.is_dir() or len(types := projection_types(path)) != 1
+                                or not types <= set(quant.FORMATS)):
         return
     runs_as = f"packed ({weights})" if weights != "native" else "packed, as the GGUF file holds it"
     parser.error(f"argument --lm-head: {lm_head} chooses between copies of a bf16 LM head; {path.name} runs "

@@ -546,6 +546,22 @@ def test_an_lm_head_choice_for_a_packed_model_is_refused_before_loading(capsys, 
     assert "argument --lm-head: invalid choice: 'q4_1'" in _usage_error(capsys, ["generate", "--lm-head", "q4_1"])
 
 
+def test_an_lm_head_choice_passes_for_a_gguf_file_that_loads_dequantized(no_model_load, monkeypatch):
+    """A GGUF file whose projections are not all of one packed format loads in bf16 (--weights native), so its LM
+    head's copy can be chosen: the checks pass and the (refused, here) model load is reached."""
+    pytest.importorskip("gguf", reason="reading a GGUF header needs gguf")
+    from torch_npu2.patch_llama import gguf_file
+    from torch_npu2.patch_llama.models import default_model_path
+
+    try:
+        default_model_path()
+    except FileNotFoundError as exc:
+        pytest.skip(f"the default model is not installed: {exc}")
+    monkeypatch.setattr(gguf_file, "projection_types", lambda path: {"q4_1", "q6_k"})
+    with pytest.raises(AssertionError, match="the model was loaded before the arguments were checked"):
+        cli.main(["generate", "--prompt", "x", "--lm-head", "q8_0"])
+
+
 @pytest.mark.filterwarnings("ignore:patch_llama. LlamaForCausalLM runs here on the emulated NPU2:UserWarning")
 @pytest.mark.parametrize("lm_head", ["bf16", "q8_0"])
 def test_generate_passes_the_lm_head_choice_to_patch_llama(tiny_checkpoint, tmp_path, capsys, monkeypatch, lm_head):
