@@ -82,6 +82,12 @@ def llama_1b_dims():
     return ModelDims.from_config(common.llama_config(**common.LLAMA_1B_SHAPE))
 
 
+# Qwen2.5-0.5B's dims (its config.json): hidden 896, 14 heads over 2 KV heads of 64, intermediate 4864, vocabulary
+# 151936 (tied), RMSNorm eps 1e-6, q/k/v biases; 24 layers.
+QWEN25_05B_DIMS = catalog.ModelDims(896, 14, 2, 64, 4864, 151936, 1e-6, qkv_bias=True)
+QWEN25_05B_LAYERS = 24
+
+
 def program(name: str, dims, seq: int | None = None, precision: str = "bf16", weights: str = "bf16"):
     """Llama-3.2-1B's Program ``name`` (prefill Programs at ``seq`` rows, their GEMMs at matmul ``precision``;
     decode Programs with their projection weights as ``weights``: bf16 or a packed format)."""
@@ -185,7 +191,7 @@ def decode_chained_ms(dims, layers: int, context: int, weights: str = "bf16", lm
             head = (catalog.lm_head_rows(d.vocab), d.eps, head_weights) if ends_model else None
             run = catalog.decode_layers_program(n, d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads,
                                                 d.head_dim, capacity, d.eps, weights, ends_model, head,
-                                                first_qkv=index == 0)
+                                                first_qkv=index == 0, qkv_bias=d.qkv_bias)
         else:  # only the last run can be shorter than a full group: the model's last layer alone
             assert ends_model, sizes
             run = catalog.decode_attn_o_gemv_ffn_program(d.hidden, d.q_dim, d.intermediate, d.eps, d.heads,
@@ -196,6 +202,41 @@ def decode_chained_ms(dims, layers: int, context: int, weights: str = "bf16", lm
     if sizes[0] == 1:
         runs.append(program_range(program("rms_gemv_rope", dims, None, "bf16", weights)))
     return tuple(sum(run[end].seconds for run in runs) * 1e3 for end in range(len(ENDS)))
+
+
+def decode_per_layer_ms(dims, layers: int, context: int, weights: str = "bf16", lm_head: str | None = None) -> Range:
+    """A token with one dispatch per layer (patch_llama's ``decode_layers_per_dispatch=1``): the first layer's
+    rms_gemv_rope, each layer from its attention on (decode_attn_o_gemv_ffn_rms_gemv_rope, the last
+    decode_attn_o_gemv_ffn), then the LM head: ``layers`` + 2 dispatches (weights and LM head as
+    ``decode_chained_ms``)."""
+    d = dims
+    capacity = catalog.decode_attn_capacity(context, DECODE_ATTN_MAX_LEN)
+    chained = catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_program(
+        d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads, d.head_dim, capacity, d.eps, weights, d.qkv_bias)
+    last = catalog.decode_attn_o_gemv_ffn_program(d.hidden, d.q_dim, d.intermediate, d.eps, d.heads, d.kv_heads,
+                                                  d.head_dim, capacity, weights)
+    runs = [(program_range(program("rms_gemv_rope", dims, None, "bf16", weights)), 1),
+            (program_range(chained), layers - 1), (program_range(last), 1),
+            (program_range(program("lm_head_gemv", dims, None, "bf16", _head_weights(weights, lm_head))), 1)]
+    return tuple(sum(run[end].seconds * count for run, count in runs) * 1e3 for end in range(len(ENDS)))
+
+
+def qwen2_predictions(context: int = DECODE_CONTEXT) -> dict:
+    """Qwen2.5-0.5B's shape (QWEN25_05B_DIMS: its q/k/v biases added on the NPU), NPU time only: prefill at 2048
+    tokens per matmul precision, and a decode token at ``context`` with bf16 weights (and the LM head's Q8_0 copy,
+    the patched model's default), grouped as the patched model runs it and with one dispatch per layer. Packed
+    weights are not predicted: its down projection (K = 4864) cannot be built in packed rows (ARCHITECTURE.md,
+    "Adding a model family")."""
+    d, layers = QWEN25_05B_DIMS, QWEN25_05B_LAYERS
+    prefill = {precision: list(prefill_ms(d, layers, [(0, REFERENCE_SEQ, REFERENCE_SEQ)], precision))
+               for precision in PRECISIONS}
+    return {"model": f"Qwen2.5-0.5B shape ({layers} layers, hidden {d.hidden}, {d.heads}/{d.kv_heads} heads of "
+                     f"{d.head_dim}, intermediate {d.intermediate}, vocabulary {d.vocab}, q/k/v biases)",
+            "prefill_2048_ms": prefill, "decode_context": context,
+            "decode_ms": list(token_ms(d, layers, context)),
+            "decode_per_layer_dispatch_ms": list(decode_per_layer_ms(d, layers, context)),
+            "dispatches_per_token": {"grouped": decode_dispatches(layers), "per_layer": layers + 2},
+            "decode_weight_bytes_per_token": decode_weight_bytes(d, layers)}
 
 
 def decode_group_runs(layers: int) -> list[int]:
@@ -527,6 +568,7 @@ def run(mode: str, out_dir, log=print) -> dict:
         "upstream_gemm_replay": upstream_gemm_replay(),
         "upstream_attention_replay": upstream_attention_replay(),
         "upstream_gemv_replay": upstream_gemv_replay(),
+        "qwen2": qwen2_predictions(),
     }
     for end in ENDS:
         log(f"{end.name} end: {end.assumption}")
@@ -548,6 +590,12 @@ def run(mode: str, out_dir, log=print) -> dict:
     head = data["headline"]
     log(f"headline (Llama-3.2-1B, default precision, NPU only): prefill 2048 {span(head['prefill_2048_s'], 2)} s, "
         f"decode {span(_scaled(head['decode_token_s'], 1e3))} ms per token")
+    qwen = data["qwen2"]
+    log(f"{qwen['model']}, NPU only: prefill 2048 " + ", ".join(
+        f"{span(ms, 0)} ms ({precision})" for precision, ms in qwen["prefill_2048_ms"].items())
+        + f"; decode at context {qwen['decode_context']} (bf16 weights) {span(qwen['decode_ms'])} ms in "
+        f"{qwen['dispatches_per_token']['grouped']} dispatches, {span(qwen['decode_per_layer_dispatch_ms'])} ms "
+        f"with one per layer ({qwen['dispatches_per_token']['per_layer']})")
     log("upstream's measured kernels through the model (measured ms; predicted fast–slow ms; predicted / measured):")
     for title, key, label in (("drain GEMMs (M×K×N, upstream's tiling)", "upstream_gemm_replay", "shape"),
                               ("GEMVs (M×K, upstream's structure)", "upstream_gemv_replay", "shape")):

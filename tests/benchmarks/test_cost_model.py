@@ -137,6 +137,22 @@ def test_a_decode_group_costs_its_layers_launches_in_one_dispatch(weights):
         saved = (18 - 2) * (cost_model.ENDS[end].dispatch_s - cost_model.ENDS[end].configure_s)
         final_norm = last_group[end].launches[-2].seconds + cost_model.ENDS[end].configure_s
         assert grouped == pytest.approx((one_each - saved + final_norm) * 1e3, rel=1e-9)
+        assert cost_model.decode_per_layer_ms(d, 16, 1024, weights)[end] == pytest.approx(one_each * 1e3, rel=1e-9)
+
+
+def test_qwen2s_decode_groups_charge_its_bias_launches():
+    """Qwen2.5-0.5B's q/k/v biases are launches in every group (bias_add), so its token costs more than the same
+    dims without them, grouped and one dispatch per layer; its 24 layers take 3 dispatches instead of 26."""
+    import dataclasses
+
+    d = cost_model.QWEN25_05B_DIMS
+    unbiased = dataclasses.replace(d, qkv_bias=False)
+    for cost in (cost_model.token_ms, cost_model.decode_per_layer_ms):
+        assert all(b > u for b, u in zip(cost(d, 24, 1024), cost(unbiased, 24, 1024)))
+    section = cost_model.qwen2_predictions()
+    assert section["dispatches_per_token"] == {"grouped": 3, "per_layer": 26}
+    assert all(g < p for g, p in zip(section["decode_ms"], section["decode_per_layer_dispatch_ms"]))
+    assert set(section["prefill_2048_ms"]) == set(cost_model.PRECISIONS)
 
 
 def test_each_replay_row_says_where_the_measurement_lies():
