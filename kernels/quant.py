@@ -16,8 +16,12 @@ scale (and for Q4_1 its fp16 min) followed by its quants. We keep every bit of t
   vector; GGUF's own order, j and j + 16, is a reordering away); Q4_0: the same nibbles as two's-complement
   ``int4``, q − 8 (GGUF's q XOR 8); Q8_0: GGUF's int8 quants as they are;
 * scale plane and min plane: the group's fp16 scales d (and mins m), the file's bits;
-* rows padded with zeros to a multiple of ``ROW_ALIGN`` bytes, so every row, and every DMA of whole rows and every
-  vector load of quants, starts 16-byte aligned (Llama-3.2-1B's rows need none: K = 2048 → 1280 bytes).
+* rows padded with zeros to a multiple of the format's ``row_align`` bytes: its block's quants, the vector an
+  element-order row loads per block (16 bytes of Q4, 32 of Q8_0). AIE2P loads a vector from an address aligned to
+  its size and silently drops the low bits of one that is not (aie_api ``detail/ld_st.hpp``, ``vector_ldst_align``
+  for ``__AIE_ARCH__`` 21; ``utils::floor_ptr`` mimics it), so with Q8_0's rows at 16 bytes every other row of
+  K = 576 would be read 16 bytes early. Rows of whole groups of 32 blocks are multiples of 64 bytes as they are,
+  which their 512-bit scale loads need (Llama-3.2-1B's rows need no padding: K = 2048 → 1280 bytes in Q4_1).
 
 A weight is then a (N, row_bytes) uint8 tensor (bound by the Programs as (N, row_bytes / 4) int32 words): rows stay rows, so the GEMVs' panel loop moves whole rows as it
 moves bf16 ones, and a kernel call walks its rows' blocks with the scales at a fixed offset.
@@ -34,7 +38,6 @@ import torch
 
 BLOCK = 32
 GROUP_BLOCKS = 32  # blocks per group when K is a multiple of 32 blocks (1024 elements)
-ROW_ALIGN = 16
 
 
 def group_blocks(K: int) -> int:
@@ -55,13 +58,18 @@ class WeightFormat:
     def block_bytes(self) -> int:
         return self.quant_bytes + 2 + (2 if self.has_min else 0)
 
+    @property
+    def row_align(self) -> int:
+        """The alignment of each row's start (module docstring): one vector load of a block's quants."""
+        return self.quant_bytes
+
     def row_bytes(self, K: int) -> int:
         """Bytes of one packed row of K elements (K a multiple of 32), or of a chunk of K elements of a longer
         row made of whole groups."""
         if K <= 0 or K % BLOCK:
             raise ValueError(f"{self.name}: a row of {K} elements is not a whole number of {BLOCK}-element blocks")
         raw = (K // BLOCK) * self.block_bytes()
-        return -(-raw // ROW_ALIGN) * ROW_ALIGN
+        return -(-raw // self.row_align) * self.row_align
 
     def bits_per_weight(self, K: int) -> float:
         return 8 * self.row_bytes(K) / K

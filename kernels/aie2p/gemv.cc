@@ -125,7 +125,8 @@ constexpr int kQuantBytes = GEMV_QUANT == 80 ? 32 : 16;
 constexpr int kBlocks = kDepth / kBlock;
 constexpr int kGroupBlocks = kDepth % (32 * kBlock) == 0 ? 32 : kBlocks;
 constexpr int kBlockBytes = kQuantBytes + 2 + (kHasMin ? 2 : 0);
-constexpr int kRowBytes = (kBlocks * kBlockBytes + 15) / 16 * 16;
+// Rows start aligned to a block's quants, one vector load (kernels/quant.py: AIE2P truncates an unaligned address).
+constexpr int kRowBytes = (kBlocks * kBlockBytes + kQuantBytes - 1) / kQuantBytes * kQuantBytes;
 // Groups of 32 blocks hold their quants transposed (a lane per block) and read x transposed the same way
 // (gemv_q_prepare_x); a whole-row group of another size holds them in element order.
 constexpr bool kTransposed = kGroupBlocks == 32;

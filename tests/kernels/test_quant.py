@@ -58,10 +58,36 @@ def test_a_wrong_scale_plane_is_seen():
     assert not torch.equal(quant.dequantize(fmt, packed, K), expected)
 
 
+def _kernel_vector_loads(fmt, K: int, row: int):
+    """(byte offset, bytes) of each vector load gemv.cc's packed path makes in row ``row`` of a call's rows: a
+    block's quants per block in element order; in groups of 32 blocks, 32-byte runs of quants and the 64-byte
+    (32 x int16) scale and min planes."""
+    start, G = row * fmt.row_bytes(K), quant.group_blocks(K)
+    if not quant.transposed(K):
+        return [(start + b * fmt.quant_bytes, fmt.quant_bytes) for b in range(K // 32)]
+    loads = []
+    for g in range(K // 32 // G):
+        group = start + g * G * fmt.block_bytes()
+        loads += [(group + 32 * run, 32) for run in range(G * fmt.quant_bytes // 32)]
+        loads += [(group + G * fmt.quant_bytes + 2 * G * plane, 64) for plane in range(1 + fmt.has_min)]
+    return loads
+
+
+@pytest.mark.parametrize("K", [576, 896, 1536, 2048, 8192])
+def test_every_vector_load_of_a_packed_row_is_aligned_to_its_size(K):
+    """AIE2P drops an unaligned vector load's low address bits (aie_api's vector_ldst_align): every load the kernel
+    makes, in every row of a call, must start at a multiple of its size (Q8_0 rows of 576 once started 16 bytes
+    off every other row)."""
+    for fmt in quant.FORMATS.values():
+        for row in range(4):
+            misaligned = [(offset, size) for offset, size in _kernel_vector_loads(fmt, K, row) if offset % size]
+            assert not misaligned, (fmt.name, K, row, misaligned[:3])
+
+
 @pytest.mark.parametrize("K", [576, 2048])
 def test_rows_are_aligned_and_groups_contiguous(K):
     for fmt in quant.FORMATS.values():
-        assert fmt.row_bytes(K) % quant.ROW_ALIGN == 0
+        assert fmt.row_bytes(K) % fmt.row_align == 0
     # Llama-3.2-1B's rows need no padding, and a 1024-element chunk is a whole number of groups
     assert quant.Q4_1.row_bytes(2048) == 2048 // 32 * 20 == 2 * quant.Q4_1.row_bytes(1024)
 
