@@ -223,20 +223,20 @@ def decode_per_layer_ms(dims, layers: int, context: int, weights: str = "bf16", 
 
 def qwen2_predictions(context: int = DECODE_CONTEXT) -> dict:
     """Qwen2.5-0.5B's shape (QWEN25_05B_DIMS: its q/k/v biases added on the NPU), NPU time only: prefill at 2048
-    tokens per matmul precision, and a decode token at ``context`` with bf16 weights (and the LM head's Q8_0 copy,
-    the patched model's default), grouped as the patched model runs it and with one dispatch per layer. Packed
-    weights are not predicted: its down projection (K = 4864) cannot be built in packed rows (ARCHITECTURE.md,
-    "Adding a model family")."""
+    tokens per matmul precision, and a decode token at ``context`` per weight format (bf16 with the LM head's Q8_0
+    copy, or packed; each the patched model's default LM head), grouped as the patched model runs it and with one
+    dispatch per layer."""
     d, layers = QWEN25_05B_DIMS, QWEN25_05B_LAYERS
     prefill = {precision: list(prefill_ms(d, layers, [(0, REFERENCE_SEQ, REFERENCE_SEQ)], precision))
                for precision in PRECISIONS}
+    decode = {weights: {"grouped_ms": list(token_ms(d, layers, context, weights)),
+                        "per_layer_dispatch_ms": list(decode_per_layer_ms(d, layers, context, weights)),
+                        "weight_bytes_per_token": decode_weight_bytes(d, layers, weights)}
+              for weights in catalog.DECODE_WEIGHTS}
     return {"model": f"Qwen2.5-0.5B shape ({layers} layers, hidden {d.hidden}, {d.heads}/{d.kv_heads} heads of "
                      f"{d.head_dim}, intermediate {d.intermediate}, vocabulary {d.vocab}, q/k/v biases)",
-            "prefill_2048_ms": prefill, "decode_context": context,
-            "decode_ms": list(token_ms(d, layers, context)),
-            "decode_per_layer_dispatch_ms": list(decode_per_layer_ms(d, layers, context)),
-            "dispatches_per_token": {"grouped": decode_dispatches(layers), "per_layer": layers + 2},
-            "decode_weight_bytes_per_token": decode_weight_bytes(d, layers)}
+            "prefill_2048_ms": prefill, "decode_context": context, "decode": decode,
+            "dispatches_per_token": {"grouped": decode_dispatches(layers), "per_layer": layers + 2}}
 
 
 def decode_group_runs(layers: int) -> list[int]:
@@ -593,9 +593,10 @@ def run(mode: str, out_dir, log=print) -> dict:
     qwen = data["qwen2"]
     log(f"{qwen['model']}, NPU only: prefill 2048 " + ", ".join(
         f"{span(ms, 0)} ms ({precision})" for precision, ms in qwen["prefill_2048_ms"].items())
-        + f"; decode at context {qwen['decode_context']} (bf16 weights) {span(qwen['decode_ms'])} ms in "
-        f"{qwen['dispatches_per_token']['grouped']} dispatches, {span(qwen['decode_per_layer_dispatch_ms'])} ms "
-        f"with one per layer ({qwen['dispatches_per_token']['per_layer']})")
+        + f"; decode at context {qwen['decode_context']} in {qwen['dispatches_per_token']['grouped']} dispatches "
+        f"(one per layer: {qwen['dispatches_per_token']['per_layer']}): " + ", ".join(
+            f"{span(row['grouped_ms'])} ms ({span(row['per_layer_dispatch_ms'])}) {weights}"
+            for weights, row in qwen["decode"].items()))
     log("upstream's measured kernels through the model (measured ms; predicted fast–slow ms; predicted / measured):")
     for title, key, label in (("drain GEMMs (M×K×N, upstream's tiling)", "upstream_gemm_replay", "shape"),
                               ("GEMVs (M×K, upstream's structure)", "upstream_gemv_replay", "shape")):

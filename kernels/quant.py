@@ -5,8 +5,12 @@ scale (and for Q4_1 its fp16 min) followed by its quants. We keep every bit of t
 
     one packed row (uint8) = its groups, each [quant plane][scale plane][min plane (Q4_1 only)], then zero padding
 
-* a group is 32 blocks (1024 elements) when K is a multiple of 1024, else the whole row: a K chunk of whole
-  groups is one contiguous run of a row's bytes, so the decode FFN's K-split GEMVs move chunks as they move rows;
+* a group is 32 blocks (1024 elements) when K is a multiple of 1024, else the whole row when its bytes fit
+  ``MAX_GROUP_BYTES`` (one BD dimension of 4-byte words), else the most blocks dividing the row that do (TinyLlama's
+  K = 5632 in Q4_1: two groups of 88 blocks; Qwen2.5-0.5B's 4864: two of 76): a K chunk of whole groups is one
+  contiguous run of a row's bytes that one BD dimension moves, so the decode FFN's K-split GEMVs move chunks as
+  they move rows. A chunk of whole groups has groups of the same size as its row's (the most blocks dividing the
+  row that fit also divide the chunk), so its layout is that of a row of the chunk's K;
 * quant plane of a group of 32 blocks (K a multiple of 1024): transposed, so that one vector load takes the
   same element of all 32 blocks (kernels/aie2p/gemv.cc gives each block a lane). Q4_0 and Q4_1: 16 runs of 32
   bytes, run t's byte l holding block l's elements 2t (low nibble) and 2t + 1 (high nibble), GGUF's unsigned q
@@ -16,12 +20,12 @@ scale (and for Q4_1 its fp16 min) followed by its quants. We keep every bit of t
   vector; GGUF's own order, j and j + 16, is a reordering away); Q4_0: the same nibbles as two's-complement
   ``int4``, q − 8 (GGUF's q XOR 8); Q8_0: GGUF's int8 quants as they are;
 * scale plane and min plane: the group's fp16 scales d (and mins m), the file's bits;
-* rows padded with zeros to a multiple of the format's ``row_align`` bytes: its block's quants, the vector an
-  element-order row loads per block (16 bytes of Q4, 32 of Q8_0). AIE2P loads a vector from an address aligned to
+* each group padded with zeros to a multiple of the format's ``row_align`` bytes: its block's quants, the vector
+  an element-order group loads per block (16 bytes of Q4, 32 of Q8_0), so every group and row starts aligned. AIE2P loads a vector from an address aligned to
   its size and silently drops the low bits of one that is not (aie_api ``detail/ld_st.hpp``, ``vector_ldst_align``
   for ``__AIE_ARCH__`` 21; ``utils::floor_ptr`` mimics it), so with Q8_0's rows at 16 bytes every other row of
-  K = 576 would be read 16 bytes early. Rows of whole groups of 32 blocks are multiples of 64 bytes as they are,
-  which their 512-bit scale loads need (Llama-3.2-1B's rows need no padding: K = 2048 → 1280 bytes in Q4_1).
+  K = 576 would be read 16 bytes early. Groups of 32 blocks are multiples of 64 bytes as they are, which their
+  512-bit scale loads need (Llama-3.2-1B's rows need no padding: K = 2048 → 1280 bytes in Q4_1).
 
 A weight is then a (N, row_bytes) uint8 tensor (bound by the Programs as (N, row_bytes / 4) int32 words): rows stay rows, so the GEMVs' panel loop moves whole rows as it
 moves bf16 ones, and a kernel call walks its rows' blocks with the scales at a fixed offset.
@@ -36,17 +40,16 @@ from dataclasses import dataclass
 
 import torch
 
+from .device import DEVICE
+
 BLOCK = 32
 GROUP_BLOCKS = 32  # blocks per group when K is a multiple of 32 blocks (1024 elements)
-
-
-def group_blocks(K: int) -> int:
-    return GROUP_BLOCKS if K % (GROUP_BLOCKS * BLOCK) == 0 else K // BLOCK
+MAX_GROUP_BYTES = 4 * DEVICE.bd_dim_max_elements  # an element-order group: at most one BD dimension of words
 
 
 def transposed(K: int) -> bool:
     """Whether rows of K elements hold their quants transposed per group (groups of 32 blocks)."""
-    return group_blocks(K) == GROUP_BLOCKS
+    return K % (GROUP_BLOCKS * BLOCK) == 0
 
 
 @dataclass(frozen=True)
@@ -63,13 +66,28 @@ class WeightFormat:
         """The alignment of each row's start (module docstring): one vector load of a block's quants."""
         return self.quant_bytes
 
+    def padded_group_bytes(self, blocks: int) -> int:
+        """Bytes of a group of ``blocks`` blocks, padded to ``row_align``."""
+        return -(-blocks * self.block_bytes() // self.row_align) * self.row_align
+
+    def group_blocks(self, K: int) -> int:
+        """Blocks per group of a row of K elements (module docstring)."""
+        self._check_k(K)
+        if transposed(K):
+            return GROUP_BLOCKS
+        blocks = K // BLOCK
+        return next(g for g in range(blocks, 0, -1)
+                    if blocks % g == 0 and self.padded_group_bytes(g) <= MAX_GROUP_BYTES)
+
     def row_bytes(self, K: int) -> int:
         """Bytes of one packed row of K elements (K a multiple of 32), or of a chunk of K elements of a longer
         row made of whole groups."""
+        G = self.group_blocks(K)
+        return K // BLOCK // G * self.padded_group_bytes(G)
+
+    def _check_k(self, K: int) -> None:
         if K <= 0 or K % BLOCK:
             raise ValueError(f"{self.name}: a row of {K} elements is not a whole number of {BLOCK}-element blocks")
-        raw = (K // BLOCK) * self.block_bytes()
-        return -(-raw // self.row_align) * self.row_align
 
     def bits_per_weight(self, K: int) -> float:
         return 8 * self.row_bytes(K) / K
@@ -107,7 +125,7 @@ def from_gguf_blocks(fmt: WeightFormat, blocks: torch.Tensor, K: int, out: torch
     N = blocks.shape[0]
     head = 4 if fmt.has_min else 2
     quants = blocks[..., head:]
-    G = group_blocks(K)
+    G = fmt.group_blocks(K)
     if fmt.quant_bytes == 16:  # GGUF: byte j = elements j (low nibble), j + 16 (high); ours: 2j, 2j + 1
         elements = torch.cat((quants & 0x0F, quants >> 4), dim=-1)
         if fmt.name == "q4_0" and not transposed(K):
@@ -116,10 +134,11 @@ def from_gguf_blocks(fmt: WeightFormat, blocks: torch.Tensor, K: int, out: torch
     if transposed(K):  # (blocks, bytes) → (bytes, blocks) within each group
         quants = quants.reshape(N, -1, G, fmt.quant_bytes).transpose(-1, -2).reshape(N, K // BLOCK, -1)
     pieces = [quants, blocks[..., 0:2]] + ([blocks[..., 2:4]] if fmt.has_min else [])
-    grouped = torch.cat([p.reshape(N, K // BLOCK // G, -1) for p in pieces], dim=-1).reshape(N, -1)
+    grouped = torch.cat([p.reshape(N, K // BLOCK // G, -1) for p in pieces], dim=-1)
     out = _empty(fmt, N, K, out)
-    out[:, :grouped.shape[1]] = grouped
-    out[:, grouped.shape[1]:] = 0
+    padded = out.view(N, K // BLOCK // G, fmt.padded_group_bytes(G))
+    padded[..., :grouped.shape[-1]] = grouped
+    padded[..., grouped.shape[-1]:] = 0
     return out
 
 
@@ -132,8 +151,8 @@ def unpack_fields(fmt: WeightFormat, data: torch.Tensor, K: int):
     """(q, d, m) of a packed weight (bytes or int32 words): q (N, K) the integer quants as GGUF defines them (Q4_0's
     still offset by 8), d and m (N, K/32) fp32 from the fp16 planes (m None without one)."""
     data = as_bytes(data)
-    N, G = data.shape[0], group_blocks(K)
-    groups = data[:, :(K // BLOCK) * fmt.block_bytes()].reshape(N, K // BLOCK // G, -1)
+    N, G = data.shape[0], fmt.group_blocks(K)
+    groups = data.reshape(N, K // BLOCK // G, -1)[..., :G * fmt.block_bytes()]
     q_end, d_end = G * fmt.quant_bytes, G * (fmt.quant_bytes + 2)
     raw = groups[..., :q_end]
     if transposed(K):

@@ -34,9 +34,10 @@
 //
 // Packed block-quantized weights (kernels/quant.py's row layout; the format by GEMV_QUANT, default 41):
 //   GEMV_QUANT  40 Q4_0 (int4 quants q - 8, fp16 scale d), 41 Q4_1 (uint4 q, fp16 d and min m), 80 Q8_0 (int8 q, d)
-//   Each row of w is GEMV_K elements in groups (32 blocks when GEMV_K is a multiple of 1024, else the whole row),
-//   each group its blocks' quants (transposed in groups of 32 blocks: a lane per block), then their fp16 scales,
-//   then (Q4_1) their fp16 mins; rows padded to 16 bytes.
+//   Each row of w is GEMV_K elements in groups (32 blocks when GEMV_K is a multiple of 1024, else the whole row or,
+//   past 2048 bytes, the most blocks dividing it that fit), each group its blocks' quants (transposed in groups of
+//   32 blocks: a lane per block), then their fp16 scales, then (Q4_1) their fp16 mins, padded to a block's quant
+//   bytes (16, Q8_0 32).
 //   A block's weights are GGUF's, exactly: d * (q - 8), d * q + m, d * q, in fp32.
 //   void gemv_q_prepare_x(bf16 *x, int32_t length)
 //     x as the calls below read it, in place: each 1024-element group of x's length elements transposed (element
@@ -123,16 +124,31 @@ constexpr int kBlock = 32;
 constexpr bool kHasMin = GEMV_QUANT == 41;
 constexpr int kQuantBytes = GEMV_QUANT == 80 ? 32 : 16;
 constexpr int kBlocks = kDepth / kBlock;
-constexpr int kGroupBlocks = kDepth % (32 * kBlock) == 0 ? 32 : kBlocks;
 constexpr int kBlockBytes = kQuantBytes + 2 + (kHasMin ? 2 : 0);
-// Rows start aligned to a block's quants, one vector load (kernels/quant.py: AIE2P truncates an unaligned address).
-constexpr int kRowBytes = (kBlocks * kBlockBytes + kQuantBytes - 1) / kQuantBytes * kQuantBytes;
+// A group's bytes padded so that every group starts aligned to a block's quants, one vector load (kernels/quant.py:
+// AIE2P truncates an unaligned address).
+constexpr int padded_group_bytes(int blocks) {
+  return (blocks * kBlockBytes + kQuantBytes - 1) / kQuantBytes * kQuantBytes;
+}
+// kernels/quant.py's groups: 32 blocks when K is a multiple of 1024, else the most blocks dividing the row whose
+// bytes fit one BD dimension of 4-byte words (its MAX_GROUP_BYTES), so a K-split GEMV's chunk is whole groups.
+constexpr int kMaxGroupBytes = 4 * 512;
+constexpr int group_blocks() {
+  if (kBlocks % 32 == 0)
+    return 32;
+  for (int g = kBlocks; g > 1; --g)
+    if (kBlocks % g == 0 && padded_group_bytes(g) <= kMaxGroupBytes)
+      return g;
+  return 1;
+}
+constexpr int kGroupBlocks = group_blocks();
 // Groups of 32 blocks hold their quants transposed (a lane per block) and read x transposed the same way
-// (gemv_q_prepare_x); a whole-row group of another size holds them in element order.
+// (gemv_q_prepare_x); groups of another size hold them in element order.
 constexpr bool kTransposed = kGroupBlocks == 32;
 constexpr int kGroups = kBlocks / kGroupBlocks;
 constexpr int kGroupElements = kGroupBlocks * kBlock;
-constexpr int kGroupBytes = kGroupBlocks * kBlockBytes;
+constexpr int kGroupBytes = padded_group_bytes(kGroupBlocks);
+constexpr int kRowBytes = kGroups * kGroupBytes;
 // Transposed Q4 lanes take 128 + q: the nibble as the low mantissa bits under the exponent of 128, a bf16 built with
 // two bit operations (below); kQuantBias * sum(x) taken away leaves sum(q x), or sum((q - 8) x) for Q4_0, whose
 // weight is d (q - 8).
@@ -299,17 +315,20 @@ inline float packed_row_dot(const uint8_t *row, const bf16_t *x, const CallState
                         exact_scales(aie::load_v<kBlock>(reinterpret_cast<const int16 *>(scales + 2 * kGroupBlocks)), state.k));
     }
   } else {
-    for (int b = 0; b < kBlocks; ++b) {
-      const uint8_t *scales = row + kGroupBlocks * kQuantBytes;
-      const Bf16Lanes xv = aie::load_v<kBlock>(x + b * kBlock);
-      // q * x: at most 15 significant bits, exact in the accumulator, exact as two bf16 values
-      const Acc qx = aie::mul(block_quants(row + b * kQuantBytes), xv);
-      const Bf16Lanes high = qx.template to_vector<bfloat16>();
-      const Bf16Lanes low = aie::sub(qx, high).template to_vector<bfloat16>();
-      const ExactScale d = exact_scale(load_u16(scales + 2 * b));
-      acc = mac_scaled(mac_scaled(acc, high, d), low, d);
-      if constexpr (kHasMin)
-        acc = mac_scaled(acc, xv, exact_scale(load_u16(scales + 2 * (kGroupBlocks + b))));
+    for (int g = 0; g < kGroups; ++g) {
+      const uint8_t *group = row + g * kGroupBytes;
+      const uint8_t *scales = group + kGroupBlocks * kQuantBytes;
+      for (int b = 0; b < kGroupBlocks; ++b) {
+        const Bf16Lanes xv = aie::load_v<kBlock>(x + g * kGroupElements + b * kBlock);
+        // q * x: at most 15 significant bits, exact in the accumulator, exact as two bf16 values
+        const Acc qx = aie::mul(block_quants(group + b * kQuantBytes), xv);
+        const Bf16Lanes high = qx.template to_vector<bfloat16>();
+        const Bf16Lanes low = aie::sub(qx, high).template to_vector<bfloat16>();
+        const ExactScale d = exact_scale(load_u16(scales + 2 * b));
+        acc = mac_scaled(mac_scaled(acc, high, d), low, d);
+        if constexpr (kHasMin)
+          acc = mac_scaled(acc, xv, exact_scale(load_u16(scales + 2 * (kGroupBlocks + b))));
+      }
     }
   }
   return aie::reduce_add(acc.template to_vector<float>());
@@ -378,13 +397,16 @@ inline void dequant_row(const uint8_t *row, bf16_t *out, const Constants &k) {
       transpose_groups(values, kGroupElements);
     }
   } else {
-    const uint8_t *scales = row + kGroupBlocks * kQuantBytes;
-    for (int b = 0; b < kBlocks; ++b) {
-      Acc w = mac_scaled(aie::zeros<accfloat, kBlock>(), block_quants(row + b * kQuantBytes),
-                         exact_scale(load_u16(scales + 2 * b)));
-      if constexpr (kHasMin)
-        w = aie::add(w, exact_value(exact_scale(load_u16(scales + 2 * (kGroupBlocks + b))), one));
-      aie::store_v(out + kBlock * b, w.template to_vector<bfloat16>());
+    for (int g = 0; g < kGroups; ++g) {
+      const uint8_t *group = row + g * kGroupBytes;
+      const uint8_t *scales = group + kGroupBlocks * kQuantBytes;
+      for (int b = 0; b < kGroupBlocks; ++b) {
+        Acc w = mac_scaled(aie::zeros<accfloat, kBlock>(), block_quants(group + b * kQuantBytes),
+                           exact_scale(load_u16(scales + 2 * b)));
+        if constexpr (kHasMin)
+          w = aie::add(w, exact_value(exact_scale(load_u16(scales + 2 * (kGroupBlocks + b))), one));
+        aie::store_v(out + g * kGroupElements + kBlock * b, w.template to_vector<bfloat16>());
+      }
     }
   }
 }
@@ -480,11 +502,13 @@ inline float packed_row_dot(const uint8_t *row, const bf16_t *x, const CallState
     return acc[0];
   } else {
     float acc = 0.0f;
-    const uint8_t *scales = row + kGroupBlocks * kQuantBytes;
     for (int b = 0; b < kBlocks; ++b) {
-      const uint8_t *quants = row + b * kQuantBytes;
-      const float d = fp16_to_float(load_u16(scales + 2 * b));
-      const float m = kHasMin ? fp16_to_float(load_u16(scales + 2 * (kGroupBlocks + b))) : 0.0f;
+      const int l = b % kGroupBlocks;
+      const uint8_t *group = row + (b / kGroupBlocks) * kGroupBytes;
+      const uint8_t *quants = group + l * kQuantBytes;
+      const uint8_t *scales = group + kGroupBlocks * kQuantBytes;
+      const float d = fp16_to_float(load_u16(scales + 2 * l));
+      const float m = kHasMin ? fp16_to_float(load_u16(scales + 2 * (kGroupBlocks + l))) : 0.0f;
       for (int i = 0; i < kBlock; ++i) {
         int q;
         if constexpr (kQuantBytes == 32)

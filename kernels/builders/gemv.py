@@ -42,7 +42,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ..device import DEVICE
-from ..quant import GEMV_QUANT, transposed, weight_format
+from ..quant import BLOCK, GEMV_QUANT, transposed, weight_format
 from .ir import L1, L2, WHOLE, LaunchBuilder, LaunchIR, MemRef, Value, Window
 from .npu2 import (L1_AVAILABLE, check_budget, check_operands, divisors_descending, largest_dividing, nbytes,
                    pingpong_copies, require)
@@ -87,6 +87,11 @@ class WeightRows:
 
     def nbytes(self, rows: int, k: int) -> int:
         return nbytes((rows, self.row(k)), self.dtype)
+
+    def chunk_granule(self, K: int) -> int:
+        """What a chunk of a row of K elements is a multiple of: whole groups of a packed row (kernels/quant.py),
+        else the GEMV's 32 elements."""
+        return weight_format(self.name).group_blocks(K) * BLOCK if self.packed else GEMV_K_GRANULE
 
     def symbol(self, bf16_symbol: str) -> str:
         return PACKED_SYMBOLS[bf16_symbol] if self.packed else bf16_symbol

@@ -61,7 +61,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..device import DEVICE
-from ..quant import BLOCK, GROUP_BLOCKS
 from .gemv import (BF16_ROWS, GEMV_K_GRANULE, OBJECT, ROWS_PER_CALL_CANDIDATES, GemvPlan, WeightRows, describe,
                    double_buffered, panel_candidates, panel_loop, panel_windows, split_rows, weight_rows, whole_words)
 from .ir import L1, L2, WHOLE, LaunchBuilder, LaunchIR, MemRef, Value, Window
@@ -77,7 +76,6 @@ RMS_TUNING = ("herd", "steps", "tile_n", "rows_per_call")
 # its memref: bf16 elements for bf16 rows, 4-byte words for packed rows.
 MAX_SPLIT_K_CHUNK = DEVICE.bd_dim_max_elements
 MAX_CHUNK_WORDS = DEVICE.bd_dim_max_elements
-PACKED_CHUNK = GROUP_BLOCKS * BLOCK  # a packed row splits only between its groups
 MAX_WHOLE_K = 2048  # up to here a row is one chunk (a contiguous window: no per-dimension limit applies)
 SHIM_MM2S_CHANNELS = DEVICE.shim_channels_per_direction * DEVICE.columns  # DDR → array streams
 # Panels per launch step. The packed vector is read from DDR again every panel; AIR folds those reads into a
@@ -101,20 +99,21 @@ class FusedGemvPlan(GemvPlan):
 
 def _k_chunk(kind: str, K: int, tuning: dict, weights: WeightRows) -> int:
     k_chunk = tuning["k_chunk"]
-    granule = PACKED_CHUNK if weights.packed else GEMV_K_GRANULE
+    granule = weights.chunk_granule(K)
     require(K % k_chunk == 0 and k_chunk % granule == 0, kind, "k_chunk", k_chunk,
             f"must divide K={K} and be a multiple of {granule}" + (" (whole groups of packed rows)"
                                                                    if weights.packed else ""))
-    require(_chunk_fits(k_chunk, weights), kind, "k_chunk", k_chunk,
+    require(_chunk_fits(K, k_chunk, weights), kind, "k_chunk", k_chunk,
             f"a split chunk spans at most {MAX_SPLIT_K_CHUNK} elements (one DMA dimension)" if not weights.packed
             else f"a split chunk's row is one DMA dimension of at most {MAX_CHUNK_WORDS} words")
     return k_chunk
 
 
-def _chunk_fits(k_chunk: int, weights: WeightRows) -> bool:
+def _chunk_fits(K: int, k_chunk: int, weights: WeightRows) -> bool:
+    """Whether a chunk of k_chunk elements of a row of K is one BD dimension (whole groups, when packed)."""
     if not weights.packed:
         return k_chunk <= MAX_SPLIT_K_CHUNK
-    return k_chunk % PACKED_CHUNK == 0 and weights.nbytes(1, k_chunk) <= 4 * MAX_CHUNK_WORDS
+    return k_chunk % weights.chunk_granule(K) == 0 and weights.nbytes(1, k_chunk) <= 4 * MAX_CHUNK_WORDS
 
 
 def _vector_elements(kind: str, K: int, panel: int) -> int:
@@ -167,7 +166,7 @@ def _candidates(kind: str, K: int, rows_per_tile: int, split: bool, tuning: dict
                     f"with K in chunks a call covers the tile's rows: must equal tile_n (candidates {tiles})")
             tiles = [rows]
         chunks = [_k_chunk(kind, K, tuning, weights)] if "k_chunk" in tuning else [
-            c for c in divisors_descending(K) if c % GEMV_K_GRANULE == 0 and _chunk_fits(c, weights)]
+            c for c in divisors_descending(K) if c % GEMV_K_GRANULE == 0 and _chunk_fits(K, c, weights)]
         require(bool(chunks), kind, "K", K, "no K chunk of whole groups fits one DMA dimension")
         return [(tile_n, tile_n, k_chunk) for tile_n in tiles for k_chunk in chunks]
     calls = [tuning["rows_per_call"]] if "rows_per_call" in tuning else list(ROWS_PER_CALL_CANDIDATES)

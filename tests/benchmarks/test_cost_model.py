@@ -151,7 +151,10 @@ def test_qwen2s_decode_groups_charge_its_bias_launches():
         assert all(b > u for b, u in zip(cost(d, 24, 1024), cost(unbiased, 24, 1024)))
     section = cost_model.qwen2_predictions()
     assert section["dispatches_per_token"] == {"grouped": 3, "per_layer": 26}
-    assert all(g < p for g, p in zip(section["decode_ms"], section["decode_per_layer_dispatch_ms"]))
+    assert list(section["decode"]) == ["bf16", "q4_0", "q4_1", "q8_0"]  # its packed rows build (kernels/quant.py)
+    for row in section["decode"].values():
+        assert all(g < p for g, p in zip(row["grouped_ms"], row["per_layer_dispatch_ms"]))
+    assert section["decode"]["q4_1"]["weight_bytes_per_token"] < section["decode"]["bf16"]["weight_bytes_per_token"]
     assert set(section["prefill_2048_ms"]) == set(cost_model.PRECISIONS)
 
 

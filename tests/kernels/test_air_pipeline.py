@@ -98,6 +98,12 @@ PROGRAMS["qwen2-rms_gemms_rope-bf16-16"] = catalog.rms_gemms_rope_program(
 PROGRAMS["qwen2-decode_attn_o_gemv_ffn_rms_gemv_rope-2048"] = catalog.decode_attn_o_gemv_ffn_rms_gemv_rope_program(
     QWEN.hidden, QWEN.q_dim, QWEN.intermediate, QWEN.eps, QWEN.heads, QWEN.kv_heads, QWEN.head_dim, 2048, QWEN.eps,
     qkv_bias=True)
+# Its packed decode FFN and the down projection's dequantize_rows: rows of K = 4864 in element-order groups
+# (kernels/quant.py: 2 x 76 blocks in Q4_1, 4 x 38 in Q8_0), a group per K-split chunk.
+PROGRAMS.update({f"qwen2-{p.name}-{weights}" + ("-{rows}x{in_features}".format(**dict(p.params))
+                                                if p.name == "dequantize_rows" else ""): p
+                 for weights in ("q4_1", "q8_0") for p in programs_for_model(QWEN, (), weights=weights)
+                 if p.name == "o_gemv_ffn_packed" or dict(p.params).get("in_features") == QWEN.intermediate})
 PROGRAMS["qwen2-decode_layers2_qkv-2048"] = catalog.decode_layers_program(
     2, QWEN.hidden, QWEN.q_dim, QWEN.intermediate, QWEN.eps, QWEN.heads, QWEN.kv_heads, QWEN.head_dim, 2048, QWEN.eps,
     first_qkv=True, qkv_bias=True)

@@ -75,6 +75,10 @@ CASES = [(p, None) for p in programs_for_model(SMALL, (16, 32)) if not p.name.en
     *[(o_gemv_ffn_rms_gemv_rope_program(1024, 1024, 1024, EPS, 16, 8, 64, EPS, weights), None)
       for weights in ("q4_0", "q4_1", "q8_0")],
     (lm_head_gemv_program(1024, 512, "q4_1"), None),
+    # rows of element-order groups past one BD dimension (kernels/quant.py): the K-split down projection of K = 2080
+    # a group per chunk (Q8_0: 5 groups of 13 blocks) or the whole row (Q4_1: one group of 65), and dequantized
+    *[(o_gemv_ffn_program(256, 256, 2080, EPS, weights), None) for weights in ("q4_1", "q8_0")],
+    (dequantize_rows_program(64, 4864, "q8_0"), None),
     # packed rows to bf16 rows: whole 1024-element groups (each transposed back on the core) in every format, and the
     # rows over two launch steps of several panels, their calls double-buffered
     *[(dequantize_rows_program(64, 2048, weights), None) for weights in ("q4_0", "q4_1", "q8_0")],

@@ -45,9 +45,18 @@ def _exact_case(name: str, N: int, K: int) -> tuple[torch.Tensor, torch.Tensor]:
     return quant.from_gguf_blocks(fmt, raw, K), x
 
 
+def _one_group(name: str, K: int) -> int:
+    """Elements of one group of a packed row of K: a chunk the K-split GEMVs take."""
+    return quant.weight_format(name).group_blocks(K) * quant.BLOCK
+
+
 @pytest.mark.parametrize("name", FORMATS)
-@pytest.mark.parametrize("K, k_chunk", [(576, None), (1536, None), (2048, None), (2048, 1024), (8192, 1024)])
+@pytest.mark.parametrize("K, k_chunk", [(576, None), (1536, None), (2048, None), (2048, 1024), (8192, 1024),
+                                        (4864, None), (4864, "group"), (5632, "group")])
 def test_bit_exact_when_sums_are_exact(name, K, k_chunk):
+    """Rows of K = 4864 and 5632 (Qwen2.5-0.5B's and TinyLlama's down projections) are several element-order
+    groups (kernels/quant.py), whole or a group per call."""
+    k_chunk = _one_group(name, K) if k_chunk == "group" else k_chunk
     packed, x = _exact_case(name, 24, K)
     expected = F.linear(x.float(), quant.dequantize(quant.weight_format(name), packed, K))
     actual = host_build.gemv_packed(packed, x, name, tile_rows=8, k_chunk=k_chunk)
@@ -57,8 +66,9 @@ def test_bit_exact_when_sums_are_exact(name, K, k_chunk):
 
 
 @pytest.mark.parametrize("name", FORMATS)
-@pytest.mark.parametrize("K, k_chunk", [(576, None), (2048, 1024)])
+@pytest.mark.parametrize("K, k_chunk", [(576, None), (2048, 1024), (4864, "group")])
 def test_random_weights_within_fp32_summation(name, K, k_chunk):
+    k_chunk = _one_group(name, K) if k_chunk == "group" else k_chunk
     gen = torch.Generator().manual_seed(7)
     w = torch.randn(40, K, generator=gen)
     x = torch.randn(K, generator=gen).to(torch.bfloat16)
@@ -147,7 +157,7 @@ def test_transposed_rows_compute_what_the_readme_says(name):
 
 
 @pytest.mark.parametrize("name", FORMATS)
-@pytest.mark.parametrize("K", [576, 1536, 2048, 8192])
+@pytest.mark.parametrize("K", [576, 1536, 2048, 8192, 4864])
 def test_dequant_rows_is_ggufs_dequantization_rounded_once(name, K):
     """gemv_q_dequant_bf16 (npu2.dequantize_rows' kernel) gives each weight GGUF's fp32 value rounded to bf16 once, bit
     for bit: GGUF-quantized random weights, and rows whose scales and mins span fp16's normals and subnormals; whole

@@ -21,7 +21,7 @@ def _weight(N: int, K: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("name", sorted(TYPES))
-@pytest.mark.parametrize("K", [64, 576, 1536, 2048, 3072])
+@pytest.mark.parametrize("K", [64, 576, 1536, 2048, 3072, 4864, 5632])
 def test_dequantize_equals_gguf(name, K):
     fmt = quant.weight_format(name)
     raw = gguf.quants.quantize(_weight(8, K).numpy(), TYPES[name])
@@ -52,28 +52,29 @@ def test_a_wrong_scale_plane_is_seen():
     fmt, K = quant.Q4_1, 2048
     raw = gguf.quants.quantize(_weight(4, K).numpy(), TYPES["q4_1"])
     packed = quant.from_gguf_blocks(fmt, torch.from_numpy(raw), K)
-    G = quant.group_blocks(K)
+    G = quant.Q4_1.group_blocks(K)
     packed[2, G * 16 + 1] ^= 0x04  # one bit of the first block's scale
     expected = torch.from_numpy(gguf.quants.dequantize(raw, TYPES["q4_1"]))
     assert not torch.equal(quant.dequantize(fmt, packed, K), expected)
 
 
 def _kernel_vector_loads(fmt, K: int, row: int):
-    """(byte offset, bytes) of each vector load gemv.cc's packed path makes in row ``row`` of a call's rows: a
-    block's quants per block in element order; in groups of 32 blocks, 32-byte runs of quants and the 64-byte
+    """(byte offset, bytes) of each vector load gemv.cc's packed path makes in row ``row`` of a call's rows: in
+    element-order groups a block's quants per block; in groups of 32 blocks, 32-byte runs of quants and the 64-byte
     (32 x int16) scale and min planes."""
-    start, G = row * fmt.row_bytes(K), quant.group_blocks(K)
-    if not quant.transposed(K):
-        return [(start + b * fmt.quant_bytes, fmt.quant_bytes) for b in range(K // 32)]
+    start, G = row * fmt.row_bytes(K), fmt.group_blocks(K)
     loads = []
     for g in range(K // 32 // G):
-        group = start + g * G * fmt.block_bytes()
+        group = start + g * fmt.padded_group_bytes(G)
+        if not quant.transposed(K):
+            loads += [(group + b * fmt.quant_bytes, fmt.quant_bytes) for b in range(G)]
+            continue
         loads += [(group + 32 * run, 32) for run in range(G * fmt.quant_bytes // 32)]
         loads += [(group + G * fmt.quant_bytes + 2 * G * plane, 64) for plane in range(1 + fmt.has_min)]
     return loads
 
 
-@pytest.mark.parametrize("K", [576, 896, 1536, 2048, 8192])
+@pytest.mark.parametrize("K", [576, 896, 1536, 2048, 4864, 5632, 8192])
 def test_every_vector_load_of_a_packed_row_is_aligned_to_its_size(K):
     """AIE2P drops an unaligned vector load's low address bits (aie_api's vector_ldst_align): every load the kernel
     makes, in every row of a call, must start at a multiple of its size (Q8_0 rows of 576 once started 16 bytes
@@ -88,6 +89,18 @@ def test_every_vector_load_of_a_packed_row_is_aligned_to_its_size(K):
 def test_rows_are_aligned_and_groups_contiguous(K):
     for fmt in quant.FORMATS.values():
         assert fmt.row_bytes(K) % fmt.row_align == 0
+
+
+@pytest.mark.parametrize("K", [4864, 5632])
+def test_a_long_row_splits_into_groups_one_bd_dimension_moves(K):
+    """A row of K not a multiple of 1024 whose bytes exceed one BD dimension of words (Qwen2.5-0.5B's and
+    TinyLlama's down projections) is several equal groups, each within the limit, and a chunk of whole groups has
+    the row's groups: its bytes are its share of the row's."""
+    for fmt in quant.FORMATS.values():
+        G = fmt.group_blocks(K)
+        assert 1 < K // 32 // G and fmt.padded_group_bytes(G) <= quant.MAX_GROUP_BYTES
+        assert fmt.group_blocks(G * 32) == G and fmt.row_bytes(K) == K // 32 // G * fmt.row_bytes(G * 32)
+    assert quant.Q4_1.group_blocks(576) == 18  # a row that fits stays one group
     # Llama-3.2-1B's rows need no padding, and a 1024-element chunk is a whole number of groups
     assert quant.Q4_1.row_bytes(2048) == 2048 // 32 * 20 == 2 * quant.Q4_1.row_bytes(1024)
 

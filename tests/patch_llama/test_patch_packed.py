@@ -42,6 +42,25 @@ def test_generates_what_hf_generates_on_the_dequantized_weights(runtime, fmt):
     assert torch.nn.functional.cosine_similarity(out[1][0, 0].float(), expected[1][0, 0].float(), dim=0) > 0.999
 
 
+@pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
+def test_a_down_projection_past_one_dma_dimension_runs_in_groups(runtime, fmt):
+    """An intermediate size of 3520 (110 blocks, not whole 1024-element groups): each packed down-projection row is
+    two groups of 55 blocks (kernels/quant.py), which the K-split GEMV takes a group per chunk. Every Program builds
+    for NPU2 (no warning) and the model passes the gate against HF on the dequantized weights."""
+    import warnings
+
+    dims = dict(DIMS, intermediate_size=3520)
+    assert quant.weight_format(fmt).group_blocks(3520) == 55
+    model = tiny_llama(**dims)
+    reference = _dequantized_copy(tiny_llama(**dims), fmt)
+    ids = torch.tensor([[1, 5, 7, 9, 11, 3]])
+    expected = greedy_with_topk(reference, ids, 10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        patch_llama(model, prefill_buckets=(16,), weights=fmt)
+    check_topk_gate(*expected, *greedy_with_topk(model, ids, 10), label=fmt)
+
+
 def test_prefill_dequantizes_every_layer_into_the_same_npu_buffers(runtime):
     """Packed prefill's bf16 weights are made by the NPU (npu2.dequantize_rows) in one NPU buffer per projection that
     every layer reuses: the ops bind them (no host copy of a weight is staged) and they cost one layer's bf16

@@ -71,17 +71,44 @@ def test_argument_errors(argv, message, capsys):
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith(message)
 
 
-def test_programs_the_npu_cannot_build_are_named_and_the_rest_checked(aie_source_checker, tmp_path, capsys):
-    """A Qwen2 whose down projection (K = 2080, not whole 1024-element groups) cannot be built in packed rows: those
-    Programs are named with the builder's reason, every other variant (the q/k/v biases' Programs among them) is
-    checked."""
+def _qwen2(tmp_path, intermediate: int) -> str:
     from transformers import Qwen2Config
 
-    Qwen2Config(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, intermediate_size=2080,
+    Qwen2Config(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, intermediate_size=intermediate,
                 vocab_size=1024, max_position_embeddings=256).save_pretrained(tmp_path / "qwen2")
-    assert main(["lint", "--aie-source", "--model", str(tmp_path / "qwen2"), "--buckets", "16"]) == 0
+    return str(tmp_path / "qwen2")
+
+
+def test_a_packed_down_projection_of_k_2080_is_checked_in_groups(aie_source_checker, tmp_path, capsys):
+    """A Qwen2 whose down projection (K = 2080, not whole 1024-element groups, longer than one chunk) once could not
+    be built in packed rows: its groups now split it (kernels/quant.py), so every packed Program is built and every
+    variant, the q/k/v biases' Programs among them, checked (its integer o_ffn is not: quantize_rows takes K in
+    multiples of 64)."""
+    assert main(["lint", "--aie-source", "--model", _qwen2(tmp_path, 2080), "--buckets", "16"]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"^o_gemv_ffn_packed: cannot be built for NPU2 \(gemv_add launch: K=2080: no K chunk of "
-                     r"whole groups fits one DMA dimension\); its kernels are not checked$", out, re.M), out
+    assert re.findall(r"^(\S+): cannot be built", out, re.M) == ["o_ffn_w8x2_16"], out
+    assert "not made" not in out, out
+    assert re.search(r"^gemv\.cc -D.*GEMV_K=416 .*GEMV_QUANT=80.*: ok$", out, re.M), out  # Q8_0: 5 groups of 13
     summary = re.search(r"^(\d+) of (\d+) variants of \d+ kernels type-check in their AIE path", out, re.M)
     assert summary and summary[1] == summary[2] and int(summary[2]) > 20, out
+
+
+def test_programs_the_npu_cannot_build_are_named_and_the_rest_checked(aie_source_checker, tmp_path, capsys):
+    """A Qwen2 whose intermediate size (2064) is not whole 32-element blocks: the integer GEMMs' and the packed
+    formats' Programs cannot be made, the bf16 down-projection GEMVs cannot be built; each is named with the reason
+    and every other variant checked. The IR lint counts each unbuildable Program as a finding."""
+    model = _qwen2(tmp_path, 2064)
+    assert main(["lint", "--aie-source", "--model", model, "--buckets", "16"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^the w8x2a16 Programs: not made for this model \(the integer GEMMs take K a multiple of 32, "
+                     r"got 2064\); their kernels are not checked$", out, re.M), out
+    assert re.search(r"^the q4_1 decode Programs: not made for this model \(q4_1: a row of 2064 elements is not a "
+                     r"whole number of 32-element blocks\)", out, re.M), out
+    assert re.search(r"^o_gemv_ffn: cannot be built for NPU2 \(gemv_add launch: K=2064: must be a multiple of 32 "
+                     r"\(gemv\.cc's multiplier\)\); its kernels are not checked$", out, re.M), out
+    summary = re.search(r"^(\d+) of (\d+) variants of \d+ kernels type-check in their AIE path", out, re.M)
+    assert summary and summary[1] == summary[2] and int(summary[2]) > 10, out
+    assert main(["lint", "--model", model, "--buckets", "16"]) == 1
+    out = capsys.readouterr().out
+    assert re.search(r"^o_gemv_ffn.*: cannot be built for NPU2 \(gemv_add launch: K=2064", out, re.M), out
+    assert re.search(r"^rms_gemms_rope.*: no findings", out, re.M), out
