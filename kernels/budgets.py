@@ -8,7 +8,10 @@ stack when a buffer is larger than a bank; the linker gives the kernels' static 
 highest buffer. It does not always refuse what does not fit: with a stack larger than a bank it leaves buffers
 over the stack and reports success (measured here: aiecc with a 61,440 B stack exits 0). So this module refuses,
 with the Program, the tile, each buffer, the stack and the limit, a tile whose used bytes plus ``L1_HEADROOM``
-exceed the device's L1 (``DEVICE.l1_bytes``), or whose buffers overlap the stack or each other.
+exceed the device's L1 (``DEVICE.l1_bytes``), or whose buffers overlap the stack or each other. The placed count
+also names the buffers aiecc put off a ``VECTOR_LOAD_ALIGN`` boundary (``TileL1.misaligned``), which the lint
+reports (kernels/lint.py, rule l1-alignment): a build does not refuse them, as some decode GEMV launches still have
+them.
 
 Two counts of the same thing:
 
@@ -33,6 +36,11 @@ from .device import DEVICE
 from .program import Program
 
 AIE_CORE_DEFAULT_STACK = 0x400  # aie.core's stack_size when the attribute is absent (mlir-aie AIEOps.td)
+# A core loads vectors of up to 512 bits from its buffers and drops the low bits of an address not aligned to the
+# vector's size (aie_api detail/ld_st.hpp, vector_ldst_align for __AIE_ARCH__ 21). aie-assign-buffer-addresses packs
+# a bank's buffers end to end without aligning them (mlir-aie's basic_alloc_simple test: a 32-byte buffer at 3072,
+# the next at 3104), so a buffer whose size is not a multiple of this shifts every buffer after it.
+VECTOR_LOAD_ALIGN = 64
 
 
 @dataclass(frozen=True)
@@ -48,6 +56,7 @@ class TileL1:
     stack: int
     used: int
     overlaps: tuple[str, ...] = ()  # buffers placed over the stack or over each other
+    misaligned: tuple[str, ...] = ()  # buffers aiecc placed off a VECTOR_LOAD_ALIGN boundary
 
     @property
     def buffer_bytes(self) -> int:
@@ -187,5 +196,7 @@ def lowered_l1(program: str, launch: int, kind: str, device_name: str, device: s
         TileL1(program, launch, kind, f"tile ({column}, {row}) of device @{device_name}",
                tuple((name, size) for name, _, size in sorted(buffers, key=lambda b: b[1])), stacks[(column, row)],
                max([stacks[(column, row)], *(address + size for _, address, size in buffers)]),
-               _overlaps(stacks[(column, row)], buffers))
+               _overlaps(stacks[(column, row)], buffers),
+               tuple(f"{name} at {address}" for name, address, _ in sorted(buffers, key=lambda b: b[1])
+                     if address % VECTOR_LOAD_ALIGN))
         for (column, row), buffers in sorted(placed.items()))

@@ -39,7 +39,7 @@ buffer a memtile.
 from __future__ import annotations
 
 from .ir import L1, L2, WHOLE, LaunchBuilder, LaunchIR, MemRef, Value, Window
-from .npu2 import check_budget, check_operands, divisors_descending, nbytes, pingpong_copies, require
+from .npu2 import check_budget, check_operands, divisors_descending, l1_elements, nbytes, pingpong_copies, require
 
 KIND = "decode_attention"
 PARAMS = ("capacity", "heads", "kv_heads", "head_dim", "tile_kv")
@@ -49,6 +49,11 @@ HERD_MAX = 8  # one row of the array (Llama-3.2-1B: its 8 KV heads in one launch
 TILE_GRANULE = 16  # decode_attention.cc's exponentials run on 16 lanes
 HEAD_DIM_GRANULE = 16  # its dot products and P.V on 32 or 16 lanes
 LENGTH_DIGITS = 4  # catalog.DECODE_ATTN_LENGTH_DIGITS (builders import nothing from the catalog)
+# Per core, the small state buffers (row max, row sum, cursor) and the herd's query rows and length take whole
+# 64-byte runs (npu2.l1_elements): aie-assign-buffer-addresses packs a tile's buffers end to end, so one of another
+# size would leave every buffer after it off the 64-byte boundary a 512-bit vector load needs (kernels/budgets.py).
+# The kernels take whole buffers (AIR shrinks an L1 buffer to what is accessed), so the query-and-length buffer's
+# padding is filled too, with the herd's first query values, which dattn_init_f32 never reads.
 
 
 def l1_bytes(group: int, tile_kv: int, head_dim: int, herd: int, tiles: int) -> dict[str, int]:
@@ -61,12 +66,12 @@ def l1_bytes(group: int, tile_kv: int, head_dim: int, herd: int, tiles: int) -> 
             f"bf16 probabilities x{copies}": copies * nbytes((group, tile_kv), "bf16"),
             "output rows": nbytes((rows,), "bf16"),
             "query rows": nbytes((rows,), "bf16"),
-            "row max and sum": 2 * nbytes((group,), "f32"),
+            "row max and sum": 2 * nbytes((l1_elements(group, "f32"),), "f32"),
             "f32 accumulator": nbytes((rows,), "f32"),
             # indexed [core][word] by scalar loads and stores, which AIR does not shrink to a core's slab
-            "cursor (every core's)": nbytes((herd, 2), "i32"),
+            "cursor (every core's)": nbytes((herd, l1_elements(2, "i32")), "i32"),
             # the init herd's copy of every group's rows (freed before the tiles; counted as if it stayed)
-            "the herd's query rows and length": nbytes((herd * rows + LENGTH_DIGITS,), "bf16")}
+            "the herd's query rows and length": nbytes((l1_elements(herd * rows + LENGTH_DIGITS, "bf16"),), "bf16")}
 
 
 def build(params: dict, operands, tuning: dict) -> LaunchIR:
@@ -90,7 +95,8 @@ def build(params: dict, operands, tuning: dict) -> LaunchIR:
     part = tile_kv * head_dim  # a tile's keys (or values) of one KV head
     head = herd * rows + LENGTH_DIGITS  # the herd's query rows, then the length digits
     check_budget(KIND, "L2", {"key and value rows x2 (ping-pong)": 2 * nbytes((herd, 2 * part), "bf16"),
-                              "query rows and length": nbytes((head,), "bf16")}, "lower tile_kv or herd")
+                              "query rows and length": nbytes((l1_elements(head, "bf16"),), "bf16")},
+                 "lower tile_kv or herd")
 
     b = LaunchBuilder(KIND, operands, ("q", "k", "v", "length", "out"))
     b.comment(f"decode_attention capacity={capacity} heads={heads} kv_heads={kv_heads} head_dim={head_dim}: "
@@ -104,15 +110,21 @@ def build(params: dict, operands, tuning: dict) -> LaunchIR:
             q_col = b.affine(f"s0 * {herd * rows}", [s_step.ssa], "q_col")
             # the state each core keeps across the herds: one slab per core
             q_rows = b.alloc(MemRef((herd, rows), "bf16", L1), "q_rows")
-            row_max, row_sum = (b.alloc(MemRef((herd, group), "f32", L1), n) for n in ("row_max", "row_sum"))
+            row_max, row_sum = (b.alloc(MemRef((herd, l1_elements(group, "f32")), "f32", L1), n)
+                                for n in ("row_max", "row_sum"))
             acc = b.alloc(MemRef((herd, rows), "f32", L1), "acc")
-            cursor = b.alloc(MemRef((herd, 2), "i32", L1), "cursor")  # (length, the next tile's first position)
-            head_l2 = b.alloc(MemRef((head,), "bf16", L2), "head_l2")
+            # (length, the next tile's first position), then padding
+            cursor = b.alloc(MemRef((herd, l1_elements(2, "i32")), "i32", L1), "cursor")
+            padded_head = l1_elements(head, "bf16")
+            head_l2 = b.alloc(MemRef((padded_head,), "bf16", L2), "head_l2")
             b.dma(head_l2, Window((0,), (herd * rows,), (1,)), sq, Window((q_col,), (herd * rows,), (1,)))
             b.dma(head_l2, Window((herd * rows,), (LENGTH_DIGITS,), (1,)), slength, WHOLE)
+            if padded_head > head:  # the padding: a copy of the first query values (herd * rows >= 64 of them)
+                b.dma(head_l2, Window((head,), (padded_head - head,), (1,)), sq,
+                      Window((q_col,), (padded_head - head,), (1,)))
             with b.herd(herd_name, (herd, 1), [head_l2, q_rows, row_max, row_sum, acc, cursor], link_with=OBJECT) as \
                     ((tx, _), _, (h_head, h_q, h_max, h_sum, h_acc, h_cursor)):
-                head_buf = b.alloc(MemRef((head,), "bf16", L1), "head_l1")
+                head_buf = b.alloc(MemRef((padded_head,), "bf16", L1), "head_l1")
                 b.broadcast_dma(head_buf, WHOLE, h_head, WHOLE)
                 b.call("dattn_init_f32", [head_buf, Value(b.const(herd, "i32"), "i32"), b.index_to_i32(tx, "group"),
                                           *(b.slab(s, [tx]) for s in (h_q, h_max, h_sum, h_acc, h_cursor))], config)

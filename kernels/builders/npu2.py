@@ -94,6 +94,19 @@ def nbytes(shape, dtype: str) -> int:
     return n
 
 
+# kernels/budgets.py's VECTOR_LOAD_ALIGN: aie-assign-buffer-addresses packs a tile's buffers end to end, so an L1
+# buffer that is not a whole number of these bytes leaves every buffer after it off the boundary a 512-bit vector
+# load needs.
+L1_BUFFER_GRANULE = 64
+
+
+def l1_elements(count: int, dtype: str) -> int:
+    """``count`` elements of ``dtype`` rounded up to an L1 buffer of whole ``L1_BUFFER_GRANULE`` bytes (the kernels
+    use the first ``count``; DMAs move those)."""
+    per = L1_BUFFER_GRANULE // ELEMENT_BYTES[dtype]
+    return -(-count // per) * per
+
+
 def largest_dividing(count: int, candidates) -> int | None:
     return next((c for c in candidates if count % c == 0), None)
 

@@ -33,8 +33,9 @@ from __future__ import annotations
 
 from .. import int_gemm
 from ..device import DEVICE
-from .ir import L1, WHOLE, LaunchBuilder, LaunchIR, MemRef, Value, rows_window
-from .npu2 import check_budget, check_operands, divisors_descending, largest_dividing, nbytes, pingpong_copies, require
+from .ir import L1, WHOLE, LaunchBuilder, LaunchIR, MemRef, Value, Window, rows_window
+from .npu2 import (check_budget, check_operands, divisors_descending, l1_elements, largest_dividing, nbytes,
+                   pingpong_copies, require)
 
 KIND = "quantize_rows"
 PARAMS = ("M", "K")
@@ -46,6 +47,13 @@ MAX_CHUNK_RUNS = 64
 STATE_FLOATS = 16               # quantize_rows.cc's state
 
 
+def _chunk_buffer_words(chunk: int) -> int:
+    """A chunk buffer in whole 64-byte runs (npu2.l1_elements): aie-assign-buffer-addresses packs a tile's buffers
+    end to end, so one of another size would leave the buffers after it off the 64-byte boundary a 512-bit vector
+    load needs (kernels/budgets.py). The kernel writes the whole buffer; its DMAs move the chunk's own words."""
+    return l1_elements(int_gemm.activation_words(chunk), "i32")
+
+
 def _default_chunk(K: int) -> int:
     runs = K // int_gemm.CALL_K
     even = [r for r in divisors_descending(runs) if r % 2 == 0]
@@ -54,7 +62,7 @@ def _default_chunk(K: int) -> int:
 
 
 def _l1_bytes(K: int, chunk: int, rows_per_tile: int) -> dict[str, int]:
-    chunk_bytes = nbytes((int_gemm.activation_words(chunk),), "i32")
+    chunk_bytes = nbytes((_chunk_buffer_words(chunk),), "i32")
     row, state = nbytes((K,), "bf16"), nbytes((STATE_FLOATS,), "f32")
     if chunk == K:  # one loop, over the rows, owns every buffer
         copies = pingpong_copies(rows_per_tile)
@@ -91,7 +99,7 @@ def build(params: dict, operands, tuning: dict) -> LaunchIR:
             with b.herd(f"{KIND}_herd", (herd, 1), segment_args, link_with=OBJECT) as ((tx, _), _, (x, xq)):
                 x_buf = b.alloc(MemRef((K,), "bf16", L1), "x_l1")
                 state = b.alloc(MemRef((STATE_FLOATS,), "f32", L1), "state_l1")
-                chunk_type = MemRef((chunk_words,), "i32", L1)
+                chunk_type = MemRef((_chunk_buffer_words(chunk),), "i32", L1)
                 if chunks == 1:  # a row's runs in one buffer: the row loop owns (and double-buffers) them all
                     q_buf = b.alloc(chunk_type, "q_l1")
                     with b.loop(0, rows_per_tile, 1, "r") as r:
@@ -99,16 +107,22 @@ def build(params: dict, operands, tuning: dict) -> LaunchIR:
                         b.dma(x_buf, WHOLE, x, rows_window(x.type, row, 1, 0, K))
                         b.call("quantize_rows_prepare", [x_buf, state], defines)
                         b.call("quantize_rows_chunk", [x_buf, state, q_buf, Value(b.const(0, "i32"), "i32")], defines)
-                        b.dma(xq, rows_window(xq.type, row, 1, 0, chunk_words), q_buf, WHOLE)
+                        b.dma(xq, rows_window(xq.type, row, 1, 0, chunk_words), q_buf, _words(chunk_words))
                     b.dealloc(x_buf, state, q_buf)
                 else:
-                    _peeled_rows(b, x, xq, tx, x_buf, state, chunk_type, rows_per_tile, chunks, defines)
+                    _peeled_rows(b, x, xq, tx, x_buf, state, chunk_type, chunk_words, rows_per_tile, chunks, defines)
     return b.finish(l1)
 
 
-def _peeled_rows(b: LaunchBuilder, x, xq, tx, x_buf, state, chunk_type, rows_per_tile, chunks, defines) -> None:
+def _words(count: int) -> Window:
+    """The first ``count`` words of a chunk buffer: the chunk's runs, without the buffer's padding."""
+    return Window((0,), (count,), (1,))
+
+
+def _peeled_rows(b: LaunchBuilder, x, xq, tx, x_buf, state, chunk_type, chunk_words, rows_per_tile, chunks,
+                 defines) -> None:
     """The tile's rows, each in chunks: a loop over all rows but the last, then the last (the module doc says why)."""
-    K, chunk_words = x.type.shape[1], chunk_type.shape[0]
+    K = x.type.shape[1]
 
     def row_of(row: str, q_buf) -> None:
         b.dma(x_buf, WHOLE, x, rows_window(x.type, row, 1, 0, K))
@@ -117,7 +131,7 @@ def _peeled_rows(b: LaunchBuilder, x, xq, tx, x_buf, state, chunk_type, rows_per
             index = b.index_to_i32(c, "chunk")
             b.call("quantize_rows_chunk", [x_buf, state, q_buf, index], defines)
             col = b.affine(f"s0 * {chunk_words}", [c], "col")
-            b.dma(xq, rows_window(xq.type, row, 1, col, chunk_words), q_buf, WHOLE)
+            b.dma(xq, rows_window(xq.type, row, 1, col, chunk_words), q_buf, _words(chunk_words))
 
     buffers = [x_buf, state]
     if rows_per_tile > 1:
