@@ -8,10 +8,11 @@ stack when a buffer is larger than a bank; the linker gives the kernels' static 
 highest buffer. It does not always refuse what does not fit: with a stack larger than a bank it leaves buffers
 over the stack and reports success (measured here: aiecc with a 61,440 B stack exits 0). So this module refuses,
 with the Program, the tile, each buffer, the stack and the limit, a tile whose used bytes plus ``L1_HEADROOM``
-exceed the device's L1 (``DEVICE.l1_bytes``), or whose buffers overlap the stack or each other. The placed count
-also names the buffers aiecc put off a ``VECTOR_LOAD_ALIGN`` boundary (``TileL1.misaligned``), which the lint
-reports (kernels/lint.py, rule l1-alignment): a build does not refuse them, as some decode GEMV launches still have
-them.
+exceed the device's L1 (``DEVICE.l1_bytes``), whose buffers overlap the stack or each other, or, placed, whose
+buffers aiecc put off the boundary a vector load needs (``TileL1.misaligned``: the core would read from below the
+buffer, a wrong answer rather than a failed build). The builders keep every L1 buffer whole runs of
+``DEVICE.vector_align_bytes`` (builders/ir.py, ``LaunchBuilder.alloc``) above a stack of whole runs
+(``CompileOptions``), so the placed check is the proof that aiecc kept them there.
 
 Two counts of the same thing:
 
@@ -36,11 +37,10 @@ from .device import DEVICE
 from .program import Program
 
 AIE_CORE_DEFAULT_STACK = 0x400  # aie.core's stack_size when the attribute is absent (mlir-aie AIEOps.td)
-# A core loads vectors of up to 512 bits from its buffers and drops the low bits of an address not aligned to the
-# vector's size (aie_api detail/ld_st.hpp, vector_ldst_align for __AIE_ARCH__ 21). aie-assign-buffer-addresses packs
-# a bank's buffers end to end without aligning them (mlir-aie's basic_alloc_simple test: a 32-byte buffer at 3072,
-# the next at 3104), so a buffer whose size is not a multiple of this shifts every buffer after it.
-VECTOR_LOAD_ALIGN = 64
+# aie-assign-buffer-addresses packs a bank's buffers end to end without aligning them (mlir-aie's basic_alloc_simple
+# test: a 32-byte buffer at 3072, the next at 3104), so a buffer whose size is not a multiple of this shifts every
+# buffer after it off the boundary the widest vector load needs.
+VECTOR_LOAD_ALIGN = DEVICE.vector_align_bytes
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class TileL1:
     stack: int
     used: int
     overlaps: tuple[str, ...] = ()  # buffers placed over the stack or over each other
-    misaligned: tuple[str, ...] = ()  # buffers aiecc placed off a VECTOR_LOAD_ALIGN boundary
+    misaligned: tuple[str, ...] = ()  # buffers aiecc placed off a VECTOR_LOAD_ALIGN boundary (at address)
 
     @property
     def buffer_bytes(self) -> int:
@@ -68,22 +68,29 @@ class TileL1:
 
     @property
     def fits(self) -> bool:
-        return self.total <= DEVICE.l1_bytes and not self.overlaps
+        return self.total <= DEVICE.l1_bytes and not self.overlaps and not self.misaligned
 
     def __str__(self) -> str:
         items = ", ".join(f"{name} {size:,} B" for name, size in self.buffers)
         placed = f"; used up to {self.used:,} B" if self.used != self.stack + self.buffer_bytes else ""
         overlaps = f"; overlapping: {', '.join(self.overlaps)}" if self.overlaps else ""
+        misaligned = (f"; off a {VECTOR_LOAD_ALIGN}-byte boundary, where a vector load from its start reads from below "
+                      f"it: {', '.join(self.misaligned)}" if self.misaligned else "")
         return (f"{self.program}, launch {self.launch} ({self.kind}), {self.tile}: buffers {self.buffer_bytes:,} B "
                 f"({items}) + stack {self.stack:,} B{placed} + headroom {L1_HEADROOM:,} B = {self.total:,} B of "
-                f"{DEVICE.l1_bytes:,} B{overlaps}")
+                f"{DEVICE.l1_bytes:,} B{overlaps}{misaligned}")
 
 
 class L1BudgetError(ValueError):
-    """A Program whose compute tile does not fit its L1; ``tile`` is that tile's :class:`TileL1`."""
+    """A Program whose compute tile does not fit its L1, or has a buffer placed where a vector load cannot read it;
+    ``tile`` is that tile's :class:`TileL1`."""
 
     def __init__(self, tile: TileL1, cause: str = ""):
         self.tile = tile
+        if tile.misaligned and tile.total <= DEVICE.l1_bytes and not tile.overlaps:
+            super().__init__(f"{tile.program} places a core's L1 buffer off a vector load's boundary: {tile}; pad "
+                             f"the buffers before it to whole {VECTOR_LOAD_ALIGN}-byte runs")
+            return
         super().__init__(f"{tile.program} does not fit a core's L1: {tile}"
                          + (f" ({cause})" if cause else "")
                          + "; lower the launch's tiles or the Program's CompileOptions.stack_size")

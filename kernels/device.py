@@ -45,6 +45,7 @@ class Device:
     vector_lanes: int                   # bf16 lanes whose f32 widening still fits one vector register
     mmul_granule: int                   # the bf16 matmul intrinsic's block side
     load_units: int                     # vector loads issued per cycle
+    vector_align_bytes: int             # the widest vector load's alignment: an L1 buffer's start and size granule
 
     @property
     def herd_candidates(self) -> tuple[int, ...]:
@@ -80,6 +81,9 @@ NPU2 = Device(
     clock_hz=1.8e9,
     vector_lanes=16, mmul_granule=8,
     load_units=2,                       # AIE-ML v2: two 512-bit load units, one 512-bit store unit (AMD UG1603)
+    # A core drops the low bits of a vector load's address not aligned to the vector's size (aie_api detail/ld_st.hpp,
+    # vector_ldst_align for __AIE_ARCH__ 21: 16/32/64 bytes for 128/256/512 bits).
+    vector_align_bytes=64,
 )
 
 DEVICE = NPU2

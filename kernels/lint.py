@@ -44,7 +44,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .budgets import VECTOR_LOAD_ALIGN, L1BudgetError, TileL1, program_l1, worst_tile
+from .budgets import L1BudgetError, TileL1, program_l1, worst_tile
 from .builders import BUILDERS, build_launch
 from .builders.ir import ELEMENT_BYTES, L1, L2, L3
 from .device import DEVICE
@@ -60,7 +60,8 @@ RULES = {
         DEVICE.shim_channels_per_direction, DEVICE.shim_channels_per_direction * DEVICE.columns),
     "memtile-channels": f"more DMA channels than a memtile ({DEVICE.memtile_channels_per_direction} MM2S + "
                         f"{DEVICE.memtile_channels_per_direction} S2MM) has",
-    "l1-budget": f"a compute tile's buffers, stack and headroom over its {DEVICE.l1_bytes // 1024} KiB of data memory",
+    "l1-budget": f"a compute tile's buffers, stack and headroom over its {DEVICE.l1_bytes // 1024} KiB of data memory "
+                 f"(lowered: or a buffer aiecc placed over the stack or off a {DEVICE.vector_align_bytes}-byte boundary)",
     "shim-bd-bounds": "a shim BD reaches past the argument it moves, or moves another length than its dimensions walk",
     "l1-alignment": "a compute tile's buffer placed where a 512-bit vector load from its start is not aligned",
 }
@@ -352,8 +353,11 @@ def worst_l1_tile(program: Program) -> TileL1:
 
 
 def _l1_finding(tile: TileL1) -> Finding:
-    return Finding("l1-budget", tile.program, _where(tile.launch, tile.kind, tile.tile),
-                   f"does not fit: {tile}; lower the launch's tiles or CompileOptions.stack_size")
+    if tile.misaligned and tile.total <= DEVICE.l1_bytes and not tile.overlaps:
+        message = f"a buffer placed where a vector load cannot read it: {tile}; pad the buffers before it"
+    else:
+        message = f"does not fit: {tile}; lower the launch's tiles or CompileOptions.stack_size"
+    return Finding("l1-budget", tile.program, _where(tile.launch, tile.kind, tile.tile), message)
 
 
 def lint_program(program: Program) -> list[Finding]:
@@ -504,23 +508,7 @@ def lint_lowered(program: Program, npu_module: str, lowering=None) -> list[Findi
                 findings.append(Finding("launch-id-in-core", program.name, _where(index, kind, f"device @{report.name}"),
                                         f"{report.runtime_parameters} host-written runtime parameter(s) after "
                                         f"placement (__air_herd_rtp_*): a herd operand derived from launch ids"))
-        findings += l1_alignment_findings(program.name, lowering.l1)
     return findings
-
-
-def l1_alignment_findings(program: str, tiles) -> list[Finding]:
-    """Per launch, the compute tiles whose buffers aiecc placed off a 64-byte boundary (``budgets.lowered_l1``):
-    a kernel's 512-bit load from such a buffer's start reads from the boundary below it. One finding per launch,
-    naming its first such tile."""
-    by_launch: dict[int, list] = {}
-    for tile in tiles:
-        if tile.misaligned:
-            by_launch.setdefault(tile.launch, []).append(tile)
-    return [Finding("l1-alignment", program, _where(launch, found[0].kind, found[0].tile),
-                    f"{', '.join(found[0].misaligned)} not at a multiple of {VECTOR_LOAD_ALIGN} bytes ({len(found)} "
-                    f"tile(s) alike): a buffer before it is not a whole number of {VECTOR_LOAD_ALIGN} bytes and "
-                    f"aie-assign-buffer-addresses packs buffers end to end; pad those buffers")
-            for launch, found in sorted(by_launch.items())]
 
 
 # Rules the lowered module answers exactly (the real BDs, live BD IDs, runtime parameters), where the static

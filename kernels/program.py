@@ -141,6 +141,9 @@ class CompileOptions:
                              f"got {self.omit_pingpong!r}")
         if isinstance(self.stack_size, bool) or not isinstance(self.stack_size, int) or self.stack_size <= 0:
             raise ValueError(f"CompileOptions.stack_size must be a positive int of bytes, got {self.stack_size!r}")
+        if self.stack_size % DEVICE.vector_align_bytes:  # aiecc places the first buffer where the stack ends
+            raise ValueError(f"CompileOptions.stack_size must be a multiple of {DEVICE.vector_align_bytes} bytes (the "
+                             f"tile's buffers start where it ends), got {self.stack_size!r}")
 
     def aircc_flags(self) -> list[str]:
         """The same options as aircc command-line flags."""

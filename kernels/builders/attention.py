@@ -54,7 +54,7 @@ from dataclasses import dataclass
 
 from ..device import DEVICE
 from .ir import L1, L2, WHOLE, LaunchBuilder, LaunchIR, MemRef, Value, Window
-from .npu2 import L1_AVAILABLE, check_budget, check_operands, divisors_descending, nbytes, require
+from .npu2 import L1_AVAILABLE, check_budget, check_operands, divisors_descending, l1_elements, nbytes, require
 
 BLOCK = 8  # attention.cc's buffers are pre-tiled into 8x8 blocks, each row-major
 
@@ -73,7 +73,7 @@ def _l1_bytes(tile_q: int, tile_kv: int, head_dim: int) -> dict[str, int]:
             "f32 scores": nbytes((tile_q, tile_kv), "f32"),
             "bf16 probabilities": nbytes((tile_q, tile_kv), "bf16"),
             "f32 accumulator": nbytes((tile_q, head_dim), "f32"),
-            "row max, sum and scale": 3 * nbytes((tile_q,), "f32"),
+            "row max, sum and scale": 3 * nbytes((l1_elements(tile_q, "f32"),), "f32"),
             "output tile": nbytes((tile_q, head_dim), "bf16")}
 
 
@@ -170,7 +170,7 @@ def _emit_core(b: LaunchBuilder, tx, ty, kv_col, kv, q_step, o_step, t: _Tiling)
     kv_buf = b.alloc(MemRef((2, tile_kv, head_dim), "bf16", L1), "kv_l1")
     scores = b.alloc(MemRef((tile_q * tile_kv,), "f32", L1), "scores_l1")
     probs = b.alloc(MemRef((tile_q * tile_kv,), "bf16", L1), "probs_l1")
-    row_max, row_sum, row_scale = (b.alloc(MemRef((tile_q,), "f32", L1), n)
+    row_max, row_sum, row_scale = (b.alloc(MemRef((l1_elements(tile_q, "f32"),), "f32", L1), n)
                                    for n in ("row_max_l1", "row_sum_l1", "row_scale_l1"))
     acc = b.alloc(MemRef((tile_q * head_dim,), "f32", L1), "acc_l1")
     out_buf = b.alloc(MemRef((tile_q * head_dim,), "bf16", L1), "out_l1")

@@ -64,7 +64,7 @@ def l1_bytes(group: int, tile_kv: int, head_dim: int, herd: int, tiles: int) -> 
     return {f"key and value rows x{copies}": copies * nbytes((2 * tile_kv * head_dim,), "bf16"),
             f"f32 scores x{copies}": copies * nbytes((group, tile_kv), "f32"),
             f"bf16 probabilities x{copies}": copies * nbytes((group, tile_kv), "bf16"),
-            "output rows": nbytes((rows,), "bf16"),
+            "output rows": nbytes((l1_elements(rows, "bf16"),), "bf16"),
             "query rows": nbytes((rows,), "bf16"),
             "row max and sum": 2 * nbytes((l1_elements(group, "f32"),), "f32"),
             "f32 accumulator": nbytes((rows,), "f32"),
@@ -153,10 +153,10 @@ def build(params: dict, operands, tuning: dict) -> LaunchIR:
                     b.dealloc(kv_buf, scores, probs)
             with b.herd(herd_name, (herd, 1), [row_sum, acc, sout, Value(q_col, "index")], link_with=OBJECT) as \
                     ((tx, _), _, (h_sum, h_acc, h_out, h_q_col)):
-                out_buf = b.alloc(MemRef((rows,), "bf16", L1), "out_l1")
+                out_buf = b.alloc(MemRef((l1_elements(rows, "bf16"),), "bf16", L1), "out_l1")
                 b.call("dattn_finalize_bf16", [b.slab(h_acc, [tx]), b.slab(h_sum, [tx]), out_buf], config)
                 col = b.affine(f"s0 + s1 * {rows}", [h_q_col.ssa, tx], "out_col")
-                b.dma(h_out, Window((col,), (rows,), (1,)), out_buf, WHOLE)
+                b.dma(h_out, Window((col,), (rows,), (1,)), out_buf, Window((0,), (rows,), (1,)))
                 b.dealloc(out_buf)
             b.dealloc(q_rows, row_max, row_sum, acc, cursor, head_l2, kv_l2)
     return b.finish(l1)

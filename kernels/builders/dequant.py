@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from ..device import DEVICE
 from .gemv import (GEMV_K_GRANULE, OBJECT, PINGPONG_TRIPS, ROWS_PER_CALL_CANDIDATES, GemvPlan, WeightRows, describe,
-                   panel_candidates, panel_loop, panel_windows, split_rows, weight_rows)
+                   panel_candidates, panel_loop, panel_windows, split_rows, weight_rows, whole_l1_calls)
 from .ir import L1, L2, WHOLE, LaunchBuilder, LaunchIR, MemRef, Value, Window
 from .npu2 import L1_AVAILABLE, check_budget, check_operands, nbytes, pingpong_copies, require
 
@@ -47,11 +47,12 @@ def _l2_bytes(K: int, tile_n: int, panels: int, weights: WeightRows) -> dict[str
 def plan(K: int, N: int, weights: WeightRows, tuning: dict) -> GemvPlan:
     """The widest herd dividing N and one launch step (unless tuned), then the most rows per call and, for it, the
     first panel in gemv's order (``panel_candidates``) that fit L1 and a memtile, calls double-buffered first."""
-    herd, steps, rows_per_tile = split_rows(KIND, N, tuning)
+    herd, steps, rows_per_tile = split_rows(KIND, N, tuning, granule=weights.l1_row_granule(K))
     calls = [tuning["rows_per_call"]] if "rows_per_call" in tuning else list(ROWS_PER_CALL_CANDIDATES)
     tiles = panel_candidates(KIND, rows_per_tile, None, tuning)  # an output row is K values: any height will do
     candidates = [(t, r) for r in calls for t in tiles if t % r == 0]
     require(bool(candidates), KIND, "rows_per_call", calls[0], f"must divide tile_n (candidates {tiles})")
+    candidates = whole_l1_calls(KIND, candidates, weights, lambda _: K)
     # calls that AIR double-buffers first (an even trip count of at least PINGPONG_TRIPS: no odd trip left over with
     # buffers of its own): a tile then reads the next rows and writes the last ones while it works. Unlike the packed
     # GEMVs (gemv.double_buffered), a call shares no work among its rows, so any count of rows per call will do.

@@ -38,14 +38,15 @@ W rows and results, times the ping-pong copies, fit one memtile.
 """
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ..device import DEVICE
 from ..quant import BLOCK, GEMV_QUANT, transposed, weight_format
-from .ir import L1, L2, WHOLE, LaunchBuilder, LaunchIR, MemRef, Value, Window
-from .npu2 import (L1_AVAILABLE, check_budget, check_operands, divisors_descending, largest_dividing, nbytes,
-                   pingpong_copies, require)
+from .ir import L1, L1_BUFFER_GRANULE, L2, WHOLE, LaunchBuilder, LaunchIR, MemRef, Value, Window
+from .npu2 import (L1_AVAILABLE, check_budget, check_operands, divisors_descending, l1_elements, largest_dividing,
+                   nbytes, pingpong_copies, require)
 
 KIND = "gemv"
 F32_KIND = "gemv_f32"
@@ -87,6 +88,14 @@ class WeightRows:
 
     def nbytes(self, rows: int, k: int) -> int:
         return nbytes((rows, self.row(k)), self.dtype)
+
+    def l1_row_granule(self, k: int) -> int:
+        """The fewest rows of k weights that fill an L1 buffer of whole vector-alignment runs (builders/ir.py): 1
+        for bf16 rows (k a multiple of 32), up to 4 for packed ones (whole runs of their format's alignment)."""
+        return L1_BUFFER_GRANULE // math.gcd(self.nbytes(1, k), L1_BUFFER_GRANULE)
+
+    def whole_l1(self, rows: int, k: int) -> bool:
+        return rows % self.l1_row_granule(k) == 0
 
     def chunk_granule(self, K: int) -> int:
         """What a chunk of a row of K elements is a multiple of: whole groups of a packed row (kernels/quant.py),
@@ -137,7 +146,8 @@ def _l1_bytes(K: int, tile_n: int, rows_per_call: int, out_dtype: str,
               weights: WeightRows = BF16_ROWS) -> dict[str, int]:
     copies = pingpong_copies(tile_n // rows_per_call)
     return {"x": nbytes((K,), "bf16"), f"W rows x{copies} (ping-pong)": copies * weights.nbytes(rows_per_call, K),
-            f"y per call x{copies}": copies * nbytes((rows_per_call,), out_dtype), "y": nbytes((tile_n,), out_dtype)}
+            f"y per call x{copies}": copies * nbytes((l1_elements(rows_per_call, out_dtype),), out_dtype),
+            "y": nbytes((l1_elements(tile_n, out_dtype),), out_dtype)}
 
 
 def _l2_bytes(K: int, tile_n: int, panels: int, out_dtype: str,
@@ -173,6 +183,17 @@ def panel_candidates(kind: str, rows_per_tile: int, dtype: str | None, tuning: d
     return streaming + sorted(t for t in tiles if t not in streaming)
 
 
+def whole_l1_calls(kind: str, candidates: list, weights: WeightRows, k_of) -> list:
+    """The (tile_n, rows_per_call, ...) candidates whose call's W buffer (rows_per_call rows of ``k_of(candidate)``
+    weights) is whole vector-alignment runs: a packed row is whole runs of its format's alignment only (16 bytes in
+    Q4), so a call of 1 or 2 such rows would leave the buffers after it off the boundary."""
+    whole = [c for c in candidates if weights.whole_l1(c[1], k_of(c))]
+    require(bool(whole), kind, "rows_per_call", candidates[0][1],
+            f"no call of {weights.name} rows whose W buffer is whole {L1_BUFFER_GRANULE}-byte runs among (tile_n, "
+            f"rows_per_call) {sorted({c[:2] for c in candidates})}")
+    return whole
+
+
 def double_buffered(rows_per_tile: int, tile_n: int, rows_per_call: int) -> bool:
     """A plan packed calls prefer (they do enough work per row for the schedule to matter): its calls AIR
     double-buffers (an even count of at least PINGPONG_TRIPS per panel: the ping-pong transform unrolls two trips
@@ -203,11 +224,12 @@ def plan_gemv(kind: str, K: int, N: int, out_dtype: str, tuning: dict, weights: 
     per call that fit L1 and a memtile."""
     require(K % GEMV_K_GRANULE == 0, kind, "K", K,
             f"must be a multiple of {GEMV_K_GRANULE} (gemv.cc's 32-lane bf16 multiplier)")
-    herd, steps, rows_per_tile = split_rows(kind, N, tuning)
+    herd, steps, rows_per_tile = split_rows(kind, N, tuning, granule=weights.l1_row_granule(K))
     tiles = panel_candidates(kind, rows_per_tile, out_dtype, tuning)
     calls = [tuning["rows_per_call"]] if "rows_per_call" in tuning else list(ROWS_PER_CALL_CANDIDATES)
     candidates = [(tile_n, rows) for tile_n in tiles for rows in calls if tile_n % rows == 0]
     require(bool(candidates), kind, "rows_per_call", calls[0], f"must divide tile_n (candidates {tiles})")
+    candidates = whole_l1_calls(kind, candidates, weights, lambda _: K)
     if weights.packed:
         preferred = [c for c in candidates if double_buffered(rows_per_tile, *c)]
         candidates = preferred + [c for c in candidates if c not in preferred]
@@ -300,8 +322,8 @@ def _emit_tile(b: LaunchBuilder, K: int, plan: GemvPlan, out_dtype: str, weights
     R = weights.row(K)
     x_buf = b.alloc(MemRef((K,), "bf16", L1), "x_l1")
     w_buf = b.alloc(MemRef((plan.rows_per_call, R), weights.dtype, L1), "w_l1")
-    y_call = b.alloc(MemRef((plan.rows_per_call,), out_dtype, L1), "y_call_l1")
-    y_buf = b.alloc(MemRef((plan.tile_n,), out_dtype, L1), "y_l1")
+    y_call = b.alloc(MemRef((l1_elements(plan.rows_per_call, out_dtype),), out_dtype, L1), "y_call_l1")
+    y_buf = b.alloc(MemRef((l1_elements(plan.tile_n, out_dtype),), out_dtype, L1), "y_l1")
     b.broadcast_dma(x_buf, WHOLE, hx, Window((0,), (K,), (1,)))
     config = weights.config(plan.rows_per_call, K)
     weights.prepare_x(b, x_buf, K, config)
@@ -313,5 +335,5 @@ def _emit_tile(b: LaunchBuilder, K: int, plan: GemvPlan, out_dtype: str, weights
             value = b.assign("y_value", f"memref.load {y_call.ssa}[{i}] : {y_call.type}", out_dtype)
             index = b.affine("s0 + s1", [r, i], "y_index")
             b.emit(f"memref.store {value.ssa}, {y_buf.ssa}[{index}] : {y_buf.type}")
-    b.dma(hy, Window((tx, 0), (1, plan.tile_n), (plan.tile_n, 1)), y_buf, WHOLE)
+    b.dma(hy, Window((tx, 0), (1, plan.tile_n), (plan.tile_n, 1)), y_buf, Window((0,), (plan.tile_n,), (1,)))
     b.dealloc(x_buf, w_buf, y_call, y_buf)

@@ -58,13 +58,16 @@ tile ids and the herd's own loop indices only (no launch-id or panel-index runti
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..device import DEVICE
 from .gemv import (BF16_ROWS, GEMV_K_GRANULE, OBJECT, ROWS_PER_CALL_CANDIDATES, GemvPlan, WeightRows, describe,
-                   double_buffered, panel_candidates, panel_loop, panel_windows, split_rows, weight_rows, whole_words)
+                   double_buffered, panel_candidates, panel_loop, panel_windows, split_rows, weight_rows, whole_l1_calls,
+                   whole_words)
 from .ir import L1, L2, WHOLE, LaunchBuilder, LaunchIR, MemRef, Value, Window
-from .npu2 import L1_AVAILABLE, check_budget, check_operands, divisors_descending, nbytes, pingpong_copies, require
+from .npu2 import (L1_AVAILABLE, check_budget, check_operands, divisors_descending, l1_elements, nbytes, pingpong_copies,
+                   require)
 
 ADD_KIND = "gemv_add"
 RMS_KIND = "rms_gemv"
@@ -125,15 +128,18 @@ def _l1_bytes(kind: str, K: int, herd: int, tile_n: int, rows: int, k_chunk: int
               weights: WeightRows = BF16_ROWS) -> dict[str, int]:
     trips = K // k_chunk if K > k_chunk else tile_n // rows  # the loop that refills the W buffer
     copies = pingpong_copies(trips)
-    buffers = {"packed vector": nbytes((_vector_elements(kind, K, herd * tile_n),), "bf16"),
+    partial = nbytes((l1_elements(rows, "f32"),), "f32")
+    buffers = {"packed vector": nbytes((l1_elements(_vector_elements(kind, K, herd * tile_n), "bf16"),), "bf16"),
                f"W chunk x{copies} (ping-pong)": copies * weights.nbytes(rows, k_chunk),
-               "y": nbytes((tile_n,), "bf16")}
+               "y": nbytes((l1_elements(tile_n, "bf16"),), "bf16")}
     if kind == RMS_KIND:
         buffers["normed x"] = nbytes((K,), "bf16")
     elif K > k_chunk:  # summed over the K loop's trips: one copy (a carried sum is never split)
-        buffers["f32 partial sums"] = nbytes((rows,), "f32")
-    else:  # refilled in every trip of the row loop, so copied like the W chunk
-        buffers[f"f32 partial sums x{copies}"] = copies * nbytes((rows,), "f32")
+        buffers["f32 partial sums"] = partial
+    elif l1_elements(rows, "f32") == rows:  # refilled in every trip of the row loop, so copied like the W chunk
+        buffers[f"f32 partial sums x{copies}"] = copies * partial
+    else:  # padded, its tail zeroed before the row loop: AIR's ping-pong transform leaves a buffer used there single
+        buffers["f32 partial sums"] = partial
     return buffers
 
 
@@ -168,10 +174,12 @@ def _candidates(kind: str, K: int, rows_per_tile: int, split: bool, tuning: dict
         chunks = [_k_chunk(kind, K, tuning, weights)] if "k_chunk" in tuning else [
             c for c in divisors_descending(K) if c % GEMV_K_GRANULE == 0 and _chunk_fits(K, c, weights)]
         require(bool(chunks), kind, "K", K, "no K chunk of whole groups fits one DMA dimension")
-        return [(tile_n, tile_n, k_chunk) for tile_n in tiles for k_chunk in chunks]
+        return whole_l1_calls(kind, [(tile_n, tile_n, k_chunk) for tile_n in tiles for k_chunk in chunks], weights,
+                              lambda c: c[2])
     calls = [tuning["rows_per_call"]] if "rows_per_call" in tuning else list(ROWS_PER_CALL_CANDIDATES)
     candidates = [(tile_n, rows, K) for tile_n in tiles for rows in calls if tile_n % rows == 0]
     require(bool(candidates), kind, "rows_per_call", calls[0], f"must divide tile_n (candidates {tiles})")
+    candidates = whole_l1_calls(kind, candidates, weights, lambda _: K)
     if weights.packed:  # as gemv.py's plan_gemv: double-buffered calls first
         preferred = [c for c in candidates if double_buffered(rows_per_tile, c[0], c[1])]
         candidates = preferred + [c for c in candidates if c not in preferred]
@@ -188,7 +196,8 @@ def plan(kind: str, K: int, N: int, tuning: dict, weights: WeightRows = BF16_ROW
     require(K % GEMV_K_GRANULE == 0, kind, "K", K, f"must be a multiple of {GEMV_K_GRANULE} (gemv.cc's multiplier)")
     per_tile_streams, shared_streams = STREAMS[kind]
     fed = [h for h in DEVICE.herd_candidates if per_tile_streams * h + shared_streams <= SHIM_MM2S_CHANNELS]
-    herd, steps, rows_per_tile = split_rows(kind, N, tuning, fed, panel_granule)
+    herd, steps, rows_per_tile = split_rows(kind, N, tuning, fed,
+                                            math.lcm(panel_granule, weights.l1_row_granule(K)))
     require(per_tile_streams * herd + shared_streams <= SHIM_MM2S_CHANNELS, kind, "herd", herd,
             f"{per_tile_streams} weight stream(s) per tile plus {shared_streams} vector pieces need more than "
             f"the {SHIM_MM2S_CHANNELS} shim MM2S channels")
@@ -256,11 +265,13 @@ def build_add(params: dict, operands, tuning: dict) -> LaunchIR:
 
 def _emit_add_tile(b: LaunchBuilder, p: FusedGemvPlan, K: int, weights: WeightRows, tx, hv, hw, hy) -> None:
     R, chunk = weights.row(K), weights.row(p.k_chunk)
-    vector = b.alloc(MemRef((K + p.panel_rows,), "bf16", L1), "vector_l1")
+    vector = b.alloc(MemRef((l1_elements(K + p.panel_rows, "bf16"),), "bf16", L1), "vector_l1")
     w_buf = b.alloc(MemRef((p.rows_per_call, chunk), weights.dtype, L1), "w_l1")
-    partial = b.alloc(MemRef((p.rows_per_call,), "f32", L1), "partial_l1")
-    y_buf = b.alloc(MemRef((p.tile_n,), "bf16", L1), "y_l1")
-    b.broadcast_dma(vector, WHOLE, hv, Window((0,), (K + p.panel_rows,), (1,)))
+    partial = b.alloc(MemRef((l1_elements(p.rows_per_call, "f32"),), "f32", L1), "partial_l1")
+    y_buf = b.alloc(MemRef((l1_elements(p.tile_n, "bf16"),), "bf16", L1), "y_l1")
+    b.broadcast_dma(vector, Window((0,), (K + p.panel_rows,), (1,)), hv, Window((0,), (K + p.panel_rows,), (1,)))
+    b.zero_tail(vector, K + p.panel_rows)
+    b.zero_tail(partial, p.rows_per_call)
     config = weights.config(p.rows_per_call, p.k_chunk)
     partial_f32 = weights.symbol("gemv_partial_f32")
     weights.prepare_x(b, vector, K, config)
@@ -287,7 +298,7 @@ def _emit_add_tile(b: LaunchBuilder, p: FusedGemvPlan, K: int, weights: WeightRo
         residual_row = b.affine(f"s0 + {K}", [first_row], "residual_row")
         b.call("gemv_add_bf16", [partial, vector, y_buf, b.index_to_i32(residual_row, "residual_row0"),
                                  Value(b.const(0, "i32"), "i32")], config)
-    b.dma(hy, Window((first_row,), (p.tile_n,), (1,)), y_buf, WHOLE)
+    b.dma(hy, Window((first_row,), (p.tile_n,), (1,)), y_buf, Window((0,), (p.tile_n,), (1,)))
     b.dealloc(vector, w_buf, partial, y_buf)
 
 
@@ -337,11 +348,13 @@ def _emit_rms_tile(b: LaunchBuilder, p: FusedGemvPlan, K: int, eps: float, weigh
     vector = b.alloc(MemRef((2 * K,), "bf16", L1), "vector_l1")
     normed = b.alloc(MemRef((K,), "bf16", L1), "normed_l1")
     w_buf = b.alloc(MemRef((p.rows_per_call, R), weights.dtype, L1), "w_l1")
-    y_buf = b.alloc(MemRef((p.tile_n,), "bf16", L1), "y_l1")
+    y_buf = b.alloc(MemRef((l1_elements(p.tile_n, "bf16"),), "bf16", L1), "y_l1")
     b.broadcast_dma(vector, WHOLE, hv, Window((0,), (2 * K,), (1,)))
     config = weights.config(p.rows_per_call, K)
     b.call("rmsnorm_bf16", [vector, normed, Value(b.const(eps, "f32"), "f32")], config)
     weights.prepare_x(b, normed, K, config)
+    if swiglu:  # swiglu_bf16 reads y whole
+        b.zero_tail(y_buf, p.tile_n)
     with b.loop(0, p.tile_n, p.rows_per_call, "r") as r:
         b.dma(w_buf, WHOLE, hw, Window((tx, r, 0), (1, p.rows_per_call, R), (p.tile_n * R, R, 1)))
         b.call(weights.symbol("gemv_rows_bf16"), [w_buf, normed, y_buf, b.index_to_i32(r, "row0")], config)
@@ -349,6 +362,6 @@ def _emit_rms_tile(b: LaunchBuilder, p: FusedGemvPlan, K: int, eps: float, weigh
     if swiglu:  # the panel's gate/up pairs (whole: tile_n is even and so is every tile's first row), in place
         b.call("swiglu_bf16", [y_buf, Value(b.const(values, "i32"), "i32")], config)
     b.dma(hy, Window((b.affine(f"s0 * {values}", [tx], "tile_value0"),), (values,), (1,)), y_buf,
-          Window((0,), (values,), (1,)) if swiglu else WHOLE)
+          Window((0,), (values,), (1,)))
     b.dealloc(vector, normed, w_buf, y_buf)
 

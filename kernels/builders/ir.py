@@ -18,10 +18,14 @@ import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from ..device import DEVICE
 from ..program import DTYPE_BYTES
 from .externs import object_for_symbol
 
 L3, L2, L1 = 0, 1, 2  # AIR memory spaces: DDR, memtile, compute-tile memory
+# aie-assign-buffer-addresses packs a tile's buffers end to end above the stack, so a buffer of whole runs of the
+# widest vector's alignment, above a stack of whole runs (CompileOptions), starts where a vector load can read it.
+L1_BUFFER_GRANULE = DEVICE.vector_align_bytes
 ELEMENT_BYTES = {**DTYPE_BYTES, "i32": 4}  # Program dtypes plus i32, the scalar type passed to kernel calls
 OPERAND_PREFIX = "operand"
 
@@ -358,9 +362,24 @@ class LaunchBuilder:
         return self.assign(hint, f"arith.index_cast {index} : index to i32", "i32")
 
     def alloc(self, ref: MemRef, hint: str) -> Value:
+        if ref.space == L1 and ref.nbytes % L1_BUFFER_GRANULE:
+            from .npu2 import LaunchConstraintError
+            raise LaunchConstraintError(self.kind, hint, ref.nbytes, f"an L1 buffer is whole {L1_BUFFER_GRANULE}-byte "
+                                        f"runs, or aiecc places the buffers after it off the boundary a vector load "
+                                        f"needs: pad it (l1_elements)")
         name = self.fresh(hint)
         self.emit(f"{name} = memref.alloc() : {ref}")
         return Value(name, ref)
+
+    def zero_tail(self, buffer: Value, start: int) -> None:
+        """Zeros a 1-D L1 buffer from element ``start`` on: the padding (npu2.l1_elements) of a buffer a kernel is
+        handed whole, which its record (builders/externs.py) says it reads whole; the kernels use the head."""
+        ref = buffer.type
+        if start >= ref.numel:
+            return
+        zero = self.const(0.0, ref.dtype)
+        for i in range(start, ref.numel):  # unrolled: AIR 0e3df89d's passes ran for over 25 min on it as a loop
+            self.emit(f"memref.store {zero}, {buffer.ssa}[{self.const(i)}] : {ref}")
 
     def dealloc(self, *values: Value) -> None:
         for v in values:

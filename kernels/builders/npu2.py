@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..device import DEVICE
 from ..program import CORE_STACK_BYTES
-from .ir import ELEMENT_BYTES, MemRef
+from .ir import ELEMENT_BYTES, L1_BUFFER_GRANULE, MemRef
 
 STACK_BYTES = CORE_STACK_BYTES        # the Programs' default stack, at the bottom of L1
 # Left free above the buffers: the linker places the kernels' .data/.rodata/.bss after the highest buffer (64 B in
@@ -92,12 +92,6 @@ def nbytes(shape, dtype: str) -> int:
     for d in shape:
         n *= d
     return n
-
-
-# kernels/budgets.py's VECTOR_LOAD_ALIGN: aie-assign-buffer-addresses packs a tile's buffers end to end, so an L1
-# buffer that is not a whole number of these bytes leaves every buffer after it off the boundary a 512-bit vector
-# load needs.
-L1_BUFFER_GRANULE = 64
 
 
 def l1_elements(count: int, dtype: str) -> int:

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..device import DEVICE
-from .ir import L1, WHOLE, LaunchBuilder, LaunchIR, MemRef, Value, rows_window
-from .npu2 import (L1_AVAILABLE, LaunchConstraintError, check_budget, check_operands, divisors_descending, nbytes,
-                   pingpong_copies, require, row_shapes)
+from .ir import L1, L1_BUFFER_GRANULE, WHOLE, LaunchBuilder, LaunchIR, MemRef, Value, rows_window
+from .npu2 import (L1_AVAILABLE, LaunchConstraintError, check_budget, check_operands, divisors_descending,
+                   l1_elements, nbytes, pingpong_copies, require, row_shapes)
 
 MAX_CHUNK = 2048  # elements per DMA: long enough to amortize a transfer, small enough to double-buffer
 
@@ -35,13 +35,15 @@ class ChunkPlan:
 
 def plan_chunks(kind: str, rows: int, cols: int, tuning: dict, live_buffers: int) -> ChunkPlan:
     """Picks (herd, chunk): widest herd first, then the longest chunk that fits L1, unless tuning fixes them."""
-    require(cols % DEVICE.vector_lanes == 0, kind, "cols", cols,
-            f"must be a multiple of {DEVICE.vector_lanes} (vector lanes)")
-    chunks = [c for c in divisors_descending(cols, MAX_CHUNK) if c % DEVICE.vector_lanes == 0]
+    granule = l1_elements(DEVICE.vector_lanes, "bf16")
+    require(cols % granule == 0, kind, "cols", cols, f"must be a multiple of {granule} (whole {DEVICE.vector_lanes}-"
+                                                     f"lane vectors in chunk buffers of whole {L1_BUFFER_GRANULE}-byte "
+                                                     f"runs)")
+    chunks = [c for c in divisors_descending(cols, MAX_CHUNK) if c % granule == 0]
     if "chunk" in tuning:
         chunk = tuning["chunk"]
-        require(chunk % DEVICE.vector_lanes == 0 and cols % chunk == 0, kind, "chunk", chunk,
-                f"must be a multiple of {DEVICE.vector_lanes} that divides cols={cols}")
+        require(chunk % granule == 0 and cols % chunk == 0, kind, "chunk", chunk,
+                f"must be a multiple of {granule} that divides cols={cols}")
         chunks = [chunk]
     herds = [tuning["herd"]] if "herd" in tuning else list(DEVICE.herd_candidates)
     for herd in herds:

@@ -7,13 +7,15 @@ import pytest
 
 from torch_npu2.kernels import ModelDims, programs_for_model
 from torch_npu2.kernels.air_pipeline import CompileError, lower_to_npu_insts
-from torch_npu2.kernels.budgets import (L1BudgetError, check_program_l1, core_stacks, lowered_l1, program_l1,
-                                        worst_tile)
+from torch_npu2.kernels.budgets import (L1BudgetError, check_fits, check_program_l1, core_stacks, lowered_l1,
+                                        program_l1, worst_tile)
 from torch_npu2.kernels.builders.npu2 import L1_AVAILABLE, L1_HEADROOM
 from torch_npu2.kernels.device import DEVICE
 from torch_npu2.kernels.catalog import (ATTENTION_OPTIONS, PREFILL_OPTIONS, decode_attn_program, flash_attn_program,
-                                       o_ffn_program, o_gemv_ffn_program)
-from torch_npu2.kernels.program import CORE_STACK_BYTES, Arg, Launch, Program, Role
+                                       lm_head_gemv_program, lm_head_rows, o_ffn_program, o_gemv_ffn_program,
+                                       rms_gemv_rope_program)
+from torch_npu2.kernels.lint import _l1_finding
+from torch_npu2.kernels.program import CORE_STACK_BYTES, Arg, CompileOptions, Launch, Program, Role
 
 SMOL = ModelDims(576, 9, 3, 64, 1536, 49152, 1e-5)
 LLAMA = ModelDims(2048, 32, 8, 64, 8192, 128256, 1e-5)
@@ -138,32 +140,40 @@ def test_an_overflow_the_check_refuses_the_real_allocator_refuses_too(air_tools)
     assert info.value.stage == "aiecc l0_gemm_seg" and "allocated buffers exceeded available memory" in str(info.value)
 
 
-def test_a_buffer_placed_off_a_64_byte_boundary_is_named():
+def test_a_buffer_placed_off_a_64_byte_boundary_is_refused():
     """aiecc packs a tile's buffers end to end: after a 16-byte buffer the next starts 16 bytes past a boundary,
-    where a kernel's 512-bit load from its start would read from the boundary below (AIE2P drops the low bits)."""
+    where a kernel's 512-bit load from its start would read from the boundary below (AIE2P drops the low bits): a
+    wrong answer, not a failed build, so the placed check refuses it and names the buffer."""
     shifted = placed(' {link_with = "gemm.o"}').replace(
         'address = 2048 : i32, mem_bank = 0 : i32, sym_name = "buf0"} : memref<8xbf16',
         'address = 2048 : i32, mem_bank = 0 : i32, sym_name = "buf0"} : memref<8xbf16, 2 : i32>\n'
         '    %buf3 = aie.buffer(%tile_0_2) {address = 2064 : i32, mem_bank = 0 : i32, sym_name = "buf3"} : '
         'memref<32xbf16')
     (tile,) = lowered_l1("p", 0, "gemm", "l0_gemm_seg", shifted)
-    assert tile.misaligned == ("buf3 at 2064",) and tile.overlaps == ()
+    assert tile.misaligned == ("buf3 at 2064",) and tile.overlaps == () and tile.total <= DEVICE.l1_bytes
+    assert not tile.fits
+    with pytest.raises(L1BudgetError, match=r"p places a core's L1 buffer off a vector load's boundary: .*off a "
+                                            r"64-byte boundary, .*: buf3 at 2064; pad the buffers before it"):
+        check_fits([tile])
+    assert "a buffer placed where a vector load cannot read it" in _l1_finding(tile).message  # the lint's finding
     (aligned,) = lowered_l1("p", 0, "gemm", "l0_gemm_seg", placed(' {link_with = "gemm.o"}'))
-    assert aligned.misaligned == ()
+    assert aligned.misaligned == () and aligned.fits
 
 
-def test_the_real_allocator_aligns_decode_attention_and_quantize_rows_only_as_padded(air_tools):
-    """decode_attention's per-core state and the herd's query rows and length, and quantize_rows' chunk buffers,
-    once took their own sizes (a 1160-byte query-and-length buffer for SmolLM2), which aiecc packed end to end: the
-    buffers after them sat 8 bytes past a 64-byte boundary. Padded to whole 64-byte runs, every buffer of those
-    launches is aligned. The decode GEMVs' small buffers are not padded yet: Llama-3.2-1B's o_gemv_ffn still has
-    a tile buffer 32 bytes off (the lint's l1-alignment finding), the case this check exists for."""
-    from torch_npu2.kernels.lint import lower_and_lint
+def test_a_stack_that_would_shift_every_buffer_is_refused():
+    with pytest.raises(ValueError, match="stack_size must be a multiple of 64 bytes"):
+        CompileOptions(stack_size=3072 + 32)
 
+
+def test_the_real_allocator_places_every_decode_buffer_on_a_vector_boundary(air_tools):
+    """The decode GEMVs' small buffers (a call's f32 partial sums and y, a panel's y), decode attention's per-core
+    state and query rows, quantize_rows' chunks and packed rows of K = 576 once took their own sizes, which aiecc
+    packed end to end: Llama-3.2-1B's o_gemv_ffn had a buffer 32 bytes off in both gemv_add launches, SmolLM2's
+    decode attention 8 bytes off. Every L1 buffer is now whole 64-byte runs, so aiecc places each on the boundary
+    (lower_to_npu_insts would refuse one that is not)."""
     smol = ModelDims(576, 9, 3, 64, 1536, 49152, 1e-5)
-    for program in [decode_attn_program(9, 3, 64, 256),
-                    *(p for p in programs_for_model(smol, (16,), "w8x2a16") if p.name == "o_ffn_w8x2")]:
-        assert all(not tile.misaligned for tile in lower_to_npu_insts(program).l1), program.name
-    findings, _ = lower_and_lint(o_gemv_ffn_program(2048, 2048, 8192, 1e-5))
-    assert [(f.rule, f.where.split(",")[0]) for f in findings] == [("l1-alignment", "launch 0 (gemv_add)"),
-                                                                   ("l1-alignment", "launch 2 (gemv_add)")]
+    programs = [decode_attn_program(9, 3, 64, 256), o_gemv_ffn_program(2048, 2048, 8192, 1e-5),
+                lm_head_gemv_program(2048, lm_head_rows(128256), "q8_0"), rms_gemv_rope_program(576, 9, 3, 64, 1e-5, "q4_1"),
+                *(p for p in programs_for_model(smol, (16,), "w8x2a16") if p.name == "o_ffn_w8x2")]
+    for program in programs:
+        assert all(tile.fits and not tile.misaligned for tile in lower_to_npu_insts(program).l1), program.name

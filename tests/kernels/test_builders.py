@@ -289,9 +289,26 @@ def test_row_parallel_kinds_spread_over_eight_columns():
 
 
 def test_decode_row_splits_into_chunks_across_tiles():
+    """A 576-wide row: chunks of whole 64-byte L1 runs (32 elements), so the widest herd taking equal counts of
+    them is 2 tiles of one 288-element chunk (144-element chunks on 4 tiles would be 288-byte buffers)."""
+    ir = build("add", rows=1, cols=1024)
+    assert {sizes for _, sizes, _ in herd_headers(ir.text)} == {(8, 1)}
+    assert "memref<128xbf16, 2 : i32>" in ir.text
     ir = build("add", rows=1, cols=576)
-    assert {sizes for _, sizes, _ in herd_headers(ir.text)} == {(4, 1)}
-    assert "memref<144xbf16, 2 : i32>" in ir.text
+    assert {sizes for _, sizes, _ in herd_headers(ir.text)} == {(2, 1)}
+    assert "memref<288xbf16, 2 : i32>" in ir.text
+
+
+def test_every_l1_buffer_is_whole_vector_alignment_runs():
+    """The builders' guard: an L1 buffer that is not whole 64-byte runs would leave aiecc's next buffer where a
+    512-bit load from its start reads from below it, so allocating one is refused; a row of 48 elements has no
+    chunk of whole runs."""
+    b = LaunchBuilder("add", (), ())
+    with pytest.raises(LaunchConstraintError, match=r"add launch: y_l1=32: an L1 buffer is whole 64-byte runs"):
+        b.alloc(MemRef((16,), "bf16", L1), "y_l1")
+    assert b.alloc(MemRef((32,), "bf16", L1), "y_l1").type == MemRef((32,), "bf16", L1)
+    with pytest.raises(LaunchConstraintError, match=r"cols=48: must be a multiple of 32"):
+        build("add", rows=1, cols=48)
 
 
 def _panel_loop(text):
@@ -441,9 +458,9 @@ def test_builders_are_deterministic():
     ("rope_qk", dict(head_dim=48), None, r"rope_qk launch: head_dim=48: must be a multiple of 32"),
     ("rope_qk", dict(heads=512), None, r"rope_qk launch: L1 bytes=\d+: exceeds"),
     ("rope", {}, {"tile_rows": 8}, r"rope launch: L1 bytes=\d+: exceeds"),
-    ("silu_mul", {}, {"chunk": 100}, r"silu_mul launch: chunk=100: must be a multiple of 16"),
+    ("silu_mul", {}, {"chunk": 100}, r"silu_mul launch: chunk=100: must be a multiple of 32"),
     ("add", dict(rows=3, cols=32), {"herd": 8}, r"add launch: herd=8: must divide rows=3"),
-    ("add", dict(rows=1, cols=48), {"herd": 2}, r"add launch: herd=2: must divide the chunk count of a 48-wide row"),
+    ("add", dict(rows=1, cols=96), {"herd": 2}, r"add launch: herd=2: must divide the chunk count of a 96-wide row"),
     ("attention", {}, {"tile_q": 64, "tile_kv": 64}, r"attention launch: L1 bytes=\d+: exceeds"),
     ("attention", {}, {"tile_kv": 24}, r"attention launch: tile_kv=24: must divide seq=2048"),
     ("attention", dict(causal=False), None, r"attention launch: causal=False: .*only causal=True"),
@@ -590,12 +607,12 @@ def test_attention_skips_blocks_wholly_in_the_future_of_a_cores_queries():
 def test_emitter_invariants_that_bad_input_can_break_are_value_errors():
     """Not asserts: a caller (the emulator's inspection MLIR, the CLI) catches ValueError, and ``python -O``
     would drop an assert."""
-    b = LaunchBuilder("probe", [MemRef((4, 32), "bf16")], ("x",))
+    b = LaunchBuilder("probe", [MemRef((4, 64), "bf16")], ("x",))
     with b.launch("probe", (1, 1), b.operands) as (_, _, (x,)):
-        small = b.alloc(MemRef((16,), "bf16", L1), "small")
+        small = b.alloc(MemRef((32,), "bf16", L1), "small")
         wide = b.alloc(MemRef((16,), "f32", L1), "wide")
-        with pytest.raises(ValueError, match="probe DMA: moves 32 elements into 16"):
-            b.dma(small, Window((), (), ()), x, rows_window(x.type, 0, 1, 0, 32))
+        with pytest.raises(ValueError, match="probe DMA: moves 64 elements into 32"):
+            b.dma(small, Window((), (), ()), x, rows_window(x.type, 0, 1, 0, 64))
         with pytest.raises(ValueError, match="probe DMA: cannot convert bf16 to f32"):
             b.dma(wide, Window((), (), ()), x, rows_window(x.type, 0, 1, 0, 16))
         with pytest.raises(ValueError, match=r"probe loop: \[0, 10\) is not whole steps of 4"):
@@ -685,8 +702,10 @@ def test_dequant_rows_refuses_what_it_cannot_build():
         build("dequant_rows", K=32768, N=64)  # one row's bf16 weights twice over L1
     with pytest.raises(LaunchConstraintError, match="tile_n=48: must divide the 256 rows a tile owns per step"):
         build("dequant_rows", tuning={"tile_n": 48}, K=2048, N=2048)
-    # any row count: SmolLM2's 3 KV heads' 192 rows, or 24 (3 a tile, one panel row each)
-    assert "3 rows per tile per step in 3 panels of 1" in build("dequant_rows", K=576, N=24).text
+    # any row count: SmolLM2's 3 KV heads' 192 rows, or 24: in whole 64-byte L1 runs of its 368-byte Q4_1 rows, 4
+    # rows a call, so 12 a tile on 2 tiles (not 3 on 8: a call of 1 row would leave the buffer after it 48 bytes off)
+    assert "herd 2x1, 1 launch step(s), 12 rows per tile per step" in build("dequant_rows", K=576, N=24).text
+    assert "4 rows per call" in build("dequant_rows", K=576, N=24).text
 
 
 def test_packed_gemv_calls_prefer_an_even_count_per_panel():

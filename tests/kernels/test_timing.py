@@ -7,6 +7,7 @@ import pytest
 from torch_npu2.kernels import catalog, core_ops, timing
 from torch_npu2.kernels.builders import build_launch
 from torch_npu2.kernels.builders.ir import L1, WHOLE, ExternDecl, LaunchBuilder, MemRef, Window
+from torch_npu2.kernels.builders.npu2 import l1_elements
 from torch_npu2.kernels.device import DEVICE
 from torch_npu2.kernels.program import CompileOptions
 
@@ -157,7 +158,7 @@ def segment_loop_herd(herd_loop: bool):
     With ``herd_loop`` the herd's copy and call sit in a loop of one trip of its own (the GEMVs' shape)."""
     n = STAGED_ELEMENTS
     b = LaunchBuilder("staged", [MemRef((STAGED_TRIPS * n,), "bf16")], "x")
-    rows_type = MemRef((STAGED_CONFIG["ATTN_TQ"],), "f32", L1)
+    rows_type = MemRef((l1_elements(STAGED_CONFIG["ATTN_TQ"], "f32"),), "f32", L1)
     with b.launch("staged", (1, 1), b.operands) as (_, _, (x,)):
         with b.segment("staged_seg", [x]) as (_, _, (sx,)):
             x_l2 = b.alloc(MemRef((n,), "bf16", 1), "x_l2")
@@ -216,13 +217,13 @@ def branch_launch(herd: tuple[int, int], trips: int, condition, orelse: bool = F
     ``condition(b, tile_x, iv, flags)`` (it returns the i1 value, or a list of them for nested ifs) fetches 64 bf16
     from DDR and calls attn_init_f32 (BRANCH_WORK elements). With ``orelse``, the call is in the else branch."""
     b = LaunchBuilder("branchy", [MemRef((64,), "bf16"), MemRef((1,), "i32")], "xf")
-    row_type = MemRef((BRANCH_CONFIG["ATTN_TQ"],), "f32", L1)
+    row_type = MemRef((l1_elements(BRANCH_CONFIG["ATTN_TQ"], "f32"),), "f32", L1)
     with b.launch("branchy", (1, 1), b.operands) as (_, _, (x, flags)):
         with b.segment("branchy_seg", [x, flags]) as (_, _, (sx, sflags)):
             with b.herd("branchy_herd", herd, [sx, sflags], link_with="attention.o") as ((tx, _), _, (hx, hflags)):
                 x_buf = b.alloc(MemRef((64,), "bf16", L1), "x_l1")
-                flag_buf = b.alloc(MemRef((1,), "i32", L1), "flag_l1")
-                b.dma(flag_buf, WHOLE, hflags, WHOLE)
+                flag_buf = b.alloc(MemRef((l1_elements(1, "i32"),), "i32", L1), "flag_l1")
+                b.dma(flag_buf, Window((0,), (1,), (1,)), hflags, WHOLE)
                 rows = [b.alloc(row_type, n) for n in ("row_max", "row_sum")]
                 acc = b.alloc(MemRef((8 * 16,), "f32", L1), "acc")
                 with b.loop(0, trips, 1, "i") as iv:
