@@ -63,10 +63,10 @@ def integer_gemm_misfit(dims: "ModelDims") -> str | None:
                    "o_proj": (dims.hidden, dims.q_dim), "gate_proj": (dims.intermediate, dims.hidden),
                    "down_proj": (dims.hidden, dims.intermediate)}
     for name, (out_features, in_features) in projections.items():
-        if in_features % int_gemm.CALL_K or out_features % int_gemm.TILE_GRANULE:
-            return (f"{INTEGER_PRECISION!r} needs projections whose in features are multiples of {int_gemm.CALL_K} "
-                    f"and out features multiples of {int_gemm.TILE_GRANULE}; this model's {name} is "
-                    f"{out_features} × {in_features}")
+        if in_features % int_gemm.ROW_K_GRANULE or out_features % int_gemm.TILE_GRANULE:
+            return (f"{INTEGER_PRECISION!r} needs projections whose in features are multiples of "
+                    f"{int_gemm.ROW_K_GRANULE} and out features multiples of {int_gemm.TILE_GRANULE}; this model's "
+                    f"{name} is {out_features} × {in_features}")
     return None
 
 

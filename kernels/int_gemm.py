@@ -44,6 +44,7 @@ INT32_MAX = 2 ** 31 - 1
 CALL_K = 32        # K values one kernel call multiplies
 SCALE_K = 4        # K of one mmul block of int16 activations: the scale block appended to every call's window
 CALL_COLS = CALL_K + SCALE_K
+ROW_K_GRANULE = 2 * CALL_K  # K of a row quantize_rows takes: its kernel packs a row's runs in pairs
 BLOCK = 8          # mmul rows (M) and columns (N)
 MAX_TILE_N = 64    # accumulator columns per tile: two int32 terms of 64 × 64 take 32 KiB of L1
 TILE_GRANULE = 16  # tile_n: the kernel's 2 × 2 blocks of mmuls

@@ -218,3 +218,19 @@ def test_model_dims_validation():
         ModelDims(576, 9, 2, 64, 1536, 49152, 1e-5)
     with pytest.raises(ValueError, match="ModelDims.vocab must be a positive int"):
         ModelDims(576, 9, 3, 64, 1536, 0, 1e-5)
+
+
+def test_the_integer_default_needs_rows_quantize_rows_can_take():
+    """quantize_rows packs a row's 32-value runs in pairs, so a down projection of 2080 in features (65 runs) once
+    passed the integer GEMMs' check and made "auto" pick an o_ffn that cannot be built."""
+    from torch_npu2.kernels.catalog import default_matmul_precision, integer_gemm_misfit
+
+    odd = ModelDims(576, 9, 3, 64, 2080, 49152, 1e-5)
+    assert "multiples of 64" in integer_gemm_misfit(odd) and "down_proj is 576 × 2080" in integer_gemm_misfit(odd)
+    assert default_matmul_precision(odd) != "w8x2a16"
+    from torch_npu2.kernels.builders import build_launch
+
+    o_ffn = next(p for p in programs_for_model(odd, (16,)) if p.name.startswith("o_ffn"))  # "auto"
+    assert all(build_launch(o_ffn, launch).text for launch in o_ffn.launches)
+    assert integer_gemm_misfit(ModelDims(576, 9, 3, 64, 1536, 49152, 1e-5)) is None
+

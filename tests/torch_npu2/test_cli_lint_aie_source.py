@@ -83,7 +83,7 @@ def test_a_packed_down_projection_of_k_2080_is_checked_in_groups(aie_source_chec
     """A Qwen2 whose down projection (K = 2080, not whole 1024-element groups, longer than one chunk) once could not
     be built in packed rows: its groups now split it (kernels/quant.py), so every packed Program is built and every
     variant, the q/k/v biases' Programs among them, checked (its integer o_ffn is not: quantize_rows takes K in
-    multiples of 64)."""
+    multiples of 64, which is why "auto" does not pick the integer GEMMs for it)."""
     assert main(["lint", "--aie-source", "--model", _qwen2(tmp_path, 2080), "--buckets", "16"]) == 0
     out = capsys.readouterr().out
     assert re.findall(r"^(\S+): cannot be built", out, re.M) == ["o_ffn_w8x2_16"], out
@@ -93,22 +93,16 @@ def test_a_packed_down_projection_of_k_2080_is_checked_in_groups(aie_source_chec
     assert summary and summary[1] == summary[2] and int(summary[2]) > 20, out
 
 
-def test_programs_the_npu_cannot_build_are_named_and_the_rest_checked(aie_source_checker, tmp_path, capsys):
-    """A Qwen2 whose intermediate size (2064) is not whole 32-element blocks: the integer GEMMs' and the packed
-    formats' Programs cannot be made, the bf16 down-projection GEMVs cannot be built; each is named with the reason
-    and every other variant checked. The IR lint counts each unbuildable Program as a finding."""
+def test_a_model_whose_prefill_the_npu_cannot_build_is_refused_before_any_work(tmp_path, capsys):
+    """A Qwen2 whose intermediate size (2064) is not whole 32-element runs: its prefill's SiLU·up chunks would not be
+    whole 64-byte L1 buffers (nor its rows whole packed blocks, nor its down projection whole GEMV steps), so the
+    lint refuses the bucket up front, naming the launch, before any Program is emitted or checked."""
     model = _qwen2(tmp_path, 2064)
-    assert main(["lint", "--aie-source", "--model", model, "--buckets", "16"]) == 0
-    out = capsys.readouterr().out
-    assert re.search(r"^the w8x2a16 Programs: not made for this model \(the integer GEMMs take K a multiple of 32, "
-                     r"got 2064\); their kernels are not checked$", out, re.M), out
-    assert re.search(r"^the q4_1 decode Programs: not made for this model \(q4_1: a row of 2064 elements is not a "
-                     r"whole number of 32-element blocks\)", out, re.M), out
-    assert re.search(r"^o_gemv_ffn: cannot be built for NPU2 \(gemv_add launch: K=2064: must be a multiple of 32 "
-                     r"\(gemv\.cc's multiplier\)\); its kernels are not checked$", out, re.M), out
-    summary = re.search(r"^(\d+) of (\d+) variants of \d+ kernels type-check in their AIE path", out, re.M)
-    assert summary and summary[1] == summary[2] and int(summary[2]) > 10, out
-    assert main(["lint", "--model", model, "--buckets", "16"]) == 1
-    out = capsys.readouterr().out
-    assert re.search(r"^o_gemv_ffn.*: cannot be built for NPU2 \(gemv_add launch: K=2064", out, re.M), out
-    assert re.search(r"^rms_gemms_rope.*: no findings", out, re.M), out
+    for argv in (["lint", "--aie-source", "--model", model, "--buckets", "16"],
+                 ["lint", "--model", model, "--buckets", "16"]):
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        assert exited.value.code == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+            "argument --buckets: the model's prefill Programs at 16 cannot be built for NPU2 (o_ffn: silu_mul launch: "
+            "cols=2064: must be a multiple of 32 (whole 16-lane vectors in chunk buffers of whole 64-byte runs))")
