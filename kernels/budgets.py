@@ -70,6 +70,11 @@ class TileL1:
     def fits(self) -> bool:
         return self.total <= DEVICE.l1_bytes and not self.overlaps and not self.misaligned
 
+    @property
+    def only_misaligned(self) -> bool:
+        """Within L1 with nothing overlapping, but a buffer off the boundary: padding fixes it, not fewer bytes."""
+        return bool(self.misaligned) and self.total <= DEVICE.l1_bytes and not self.overlaps
+
     def __str__(self) -> str:
         items = ", ".join(f"{name} {size:,} B" for name, size in self.buffers)
         placed = f"; used up to {self.used:,} B" if self.used != self.stack + self.buffer_bytes else ""
@@ -87,7 +92,7 @@ class L1BudgetError(ValueError):
 
     def __init__(self, tile: TileL1, cause: str = ""):
         self.tile = tile
-        if tile.misaligned and tile.total <= DEVICE.l1_bytes and not tile.overlaps:
+        if tile.only_misaligned:
             super().__init__(f"{tile.program} places a core's L1 buffer off a vector load's boundary: {tile}; pad "
                              f"the buffers before it to whole {VECTOR_LOAD_ALIGN}-byte runs")
             return

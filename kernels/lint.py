@@ -63,7 +63,6 @@ RULES = {
     "l1-budget": f"a compute tile's buffers, stack and headroom over its {DEVICE.l1_bytes // 1024} KiB of data memory "
                  f"(lowered: or a buffer aiecc placed over the stack or off a {DEVICE.vector_align_bytes}-byte boundary)",
     "shim-bd-bounds": "a shim BD reaches past the argument it moves, or moves another length than its dimensions walk",
-    "l1-alignment": "a compute tile's buffer placed where a 512-bit vector load from its start is not aligned",
 }
 
 GEMM_CLASS_KINDS = tuple(kind for kind, builder in BUILDERS.items() if builder.gemm_class)
@@ -353,7 +352,7 @@ def worst_l1_tile(program: Program) -> TileL1:
 
 
 def _l1_finding(tile: TileL1) -> Finding:
-    if tile.misaligned and tile.total <= DEVICE.l1_bytes and not tile.overlaps:
+    if tile.only_misaligned:
         message = f"a buffer placed where a vector load cannot read it: {tile}; pad the buffers before it"
     else:
         message = f"does not fit: {tile}; lower the launch's tiles or CompileOptions.stack_size"
