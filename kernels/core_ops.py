@@ -67,12 +67,6 @@ class MmulInstructions:
 
 
 MMUL_INSTRUCTIONS = {
-    ("bf16", (4, 8, 8)): MmulInstructions(
-        {"mac": 8}, {"vector": 9, "move": 16}, {"move": 8},
-        "aie_api detail/aie2p/emulated_mmul_intrinsics.hpp, mac_4x8_8x8_bf16 (and mul_4x8_8x8_bf16): eight 32-lane "
-        "mac_elem_32; the A operand is shuffled once, then each of its 8 four-value groups is extracted "
-        "(extract_v4bfloat16), broadcast (broadcast_to_v32bfloat16) and shuffled; each of the B operand's 8 "
-        "eight-value groups is broadcast (broadcast_elem_128)"),
     ("bfp16", (8, 8, 8)): MmulInstructions(
         {"mac": 1}, {"vector": 3}, {"vector": 3, "mac": 1},
         "aie_api detail/aie2p/mmul_bf16_bf16.hpp, mmul_bf16_bf16<8, 8, 8> under "

@@ -17,7 +17,7 @@
 //   ATTN_HEAD_DIM  head dimension (a multiple of 8; AIE path: of 16)              default 64
 //   ATTN_SCALE     softmax scale                                                  default 1/sqrt(ATTN_HEAD_DIM)
 //
-// Layouts: every matrix is pre-tiled into 8x8 blocks, each block row-major, so that every mmul operand is one
+// Layouts: every matrix is pre-tiled into 8x8 blocks, each block row-major, so that every block operand is one
 // contiguous 64-value load (the DMAs lay Q, K and V out this way, and take the output back from it). With
 // QB = ATTN_TQ / 8, KB = ATTN_TK / 8, DB = ATTN_HEAD_DIM / 8 (AIE path: every buffer 64-byte aligned):
 //   q          bf16 [DB][QB][8][8]       query rows q_start .. q_start + ATTN_TQ - 1 of one head
@@ -40,10 +40,12 @@
 //   void attn_pv_accumulate_bf16(const bf16 *probs, const bf16 *kv, const float *row_scale, float *acc)
 //   void attn_finalize_bf16(const float *acc, const float *row_sum, bf16 *out)
 //
-// AIE path: aie::mmul<8, 8, 8> (exact bf16: two 4x8x8 halves; -DAIE_API_EMULATE_BFLOAT16_MMUL_WITH_BFP16: BFP16)
-// with fp32 accumulators, two by two mmuls sharing their operand loads (four accumulators in registers). A key
-// block is transposed in registers into the (dim, key) operand QK^T takes (a bf16 transpose cannot be done by the
-// DMA: 4-byte granules); a value block is already the (key, dim) operand P.V takes. The softmax works on 8 rows
+// AIE path: 8x8 blocks of products with fp32 accumulators, two by two blocks sharing their operands (four
+// accumulators in registers): exact bf16 (the default) as 64-lane elementwise multiply-accumulates with each operand
+// vector made once per pass (bf16_blocks.h: AIE2P has no exact bf16 matrix multiply); with
+// -DAIE_API_EMULATE_BFLOAT16_MMUL_WITH_BFP16, aie::mmul<8, 8, 8> in BFP16 (upstream's mode). A key
+// block is transposed in registers into the (dim, key) form QK^T takes (a bf16 transpose cannot be done by the
+// DMA: 4-byte granules); a value block is already the (key, dim) form P.V takes. The softmax works on 8 rows
 // at once: the row maxima and sums are folded out of 64-lane blocks (a transpose puts a row's values 8 lanes
 // apart), the scale enters each exponent's argument (fp32 from bf16 products, see mul_split), and the
 // accumulator's rescale is a vector multiply by the bf16 factors exp2 gives. It uses the core's native
@@ -55,6 +57,7 @@
 // against a cache is the same call with q_start = the token's position. Exponentials are base 2 because exp2
 // is the core's exponential; the softmax's result does not depend on the base.
 #include "attention_math.h"
+#include "bf16_blocks.h"
 
 #if !defined(__AIENGINE__)
 #include <cmath>
@@ -119,11 +122,8 @@ inline int kv_offset(int key, int dim) {
 static_assert(kTileK % 16 == 0, "AIE path: ATTN_TK must be a multiple of 16");
 static_assert(kHeadDim % 16 == 0, "AIE path: ATTN_HEAD_DIM must be a multiple of 16");
 
-// 8x8x8 bf16 blocks with fp32 accumulation. Define AIE_API_EMULATE_BFLOAT16_MMUL_WITH_BFP16 when compiling
-// to trade accuracy (8-value blocks sharing an exponent) for speed.
-using BlockMmul = aie::mmul<8, 8, 8, bfloat16, bfloat16, accauto>;
 using Block = aie::vector<bfloat16, kBlockSize>;
-// Query row blocks one pass of the mmul loops covers: two (a 2x2 block of accumulators), one for ATTN_TQ = 8.
+// Query row blocks one pass of the block loops covers: two (a 2x2 block of accumulators), one for ATTN_TQ = 8.
 constexpr int kRowsPerPass = kBlocksQ % 2 == 0 ? 2 : 1;
 
 constexpr float kScaleHead = bf16_head(kLogitScaleExact);
@@ -157,16 +157,29 @@ inline Block rows_to_block(const aie::vector<bfloat16, kBlock> &rows) {
   return aie::transpose(copies, kBlock, kBlock);
 }
 
+// Block products: exact bf16 as bf16_blocks.h's multiply-accumulates; BFP16 (upstream's mode) through
+// aie::mmul<8, 8, 8>, one native multiply per block.
+#if AIE_API_EMULATE_BFLOAT16_MMUL_WITH_BFP16
+using BlockAcc = aie::mmul<8, 8, 8, bfloat16, bfloat16, accauto>;
+#else
+using bf16_blocks::BlockAcc;
+#endif
 
 // Scores of Rows query row blocks from qb by two key blocks from kb: the 2x2 (or 1x2) accumulators stay in
 // registers over the head dimension; `offset` = q_start - k_start. A block on or past the diagonal is masked.
 template <int Rows>
 inline void qk_blocks(const bf16_t *q, const bf16_t *k, float *scores, int qb, int kb, long long offset) {
-  BlockMmul block[Rows][2];
+  BlockAcc block[Rows][2];
+#if !AIE_API_EMULATE_BFLOAT16_MMUL_WITH_BFP16
+  for (int i = 0; i < Rows; ++i)
+    for (int j = 0; j < 2; ++j)
+      block[i][j] = aie::zeros<accfloat, kBlockSize>();
+#endif
   for (int db = 0; db < kBlocksD; ++db) {
-    Block keys[2]; // K's block is (key, dim); the product needs (dim, key)
+    Block keys[2]; // transposed: lane d * 8 + key (K's block is (key, dim))
     for (int j = 0; j < 2; ++j)
       keys[j] = aie::transpose(aie::load_v<kBlockSize>(k + (db * kBlocksK + kb + j) * kBlockSize), kBlock, kBlock);
+#if AIE_API_EMULATE_BFLOAT16_MMUL_WITH_BFP16
     for (int i = 0; i < Rows; ++i) {
       const Block queries = aie::load_v<kBlockSize>(q + (db * kBlocksQ + qb + i) * kBlockSize);
       for (int j = 0; j < 2; ++j) {
@@ -176,6 +189,12 @@ inline void qk_blocks(const bf16_t *q, const bf16_t *k, float *scores, int qb, i
           block[i][j].mac(queries, keys[j]);
       }
     }
+#else
+    Block queries[Rows]; // transposed: lane d * 8 + row
+    for (int i = 0; i < Rows; ++i)
+      queries[i] = aie::transpose(aie::load_v<kBlockSize>(q + (db * kBlocksQ + qb + i) * kBlockSize), kBlock, kBlock);
+    bf16_blocks::mac_blocks(block, queries, keys);
+#endif
   }
   const aie::vector<float, 16> masked = aie::broadcast<float, 16>(kMasked);
   for (int i = 0; i < Rows; ++i) {
@@ -201,21 +220,28 @@ inline void qk_blocks(const bf16_t *q, const bf16_t *k, float *scores, int qb, i
 // acc's Rows row blocks from qb by two dim blocks from db += probs . v, after scaling acc's rows by row_scale.
 template <int Rows>
 inline void pv_blocks(const bf16_t *probs, const bf16_t *v, const Block *row_scales, float *acc, int qb, int db) {
-  BlockMmul block[Rows][2];
+  BlockAcc block[Rows][2];
   for (int i = 0; i < Rows; ++i)
     for (int j = 0; j < 2; ++j) {
       const float *acc_block = acc + ((db + j) * kBlocksQ + qb + i) * kBlockSize;
-      block[i][j] = BlockMmul(mul_by_bf16(widen(aie::load_v<kBlockSize>(acc_block)), row_scales[i]));
+      block[i][j] = BlockAcc(mul_by_bf16(widen(aie::load_v<kBlockSize>(acc_block)), row_scales[i]));
     }
   for (int kb = 0; kb < kBlocksK; ++kb) {
-    Block values[2];
+    Block values[2]; // row-major (key, dim): the operand P.V takes as it is
     for (int j = 0; j < 2; ++j)
       values[j] = aie::load_v<kBlockSize>(v + ((db + j) * kBlocksK + kb) * kBlockSize);
+#if AIE_API_EMULATE_BFLOAT16_MMUL_WITH_BFP16
     for (int i = 0; i < Rows; ++i) {
       const Block p = aie::load_v<kBlockSize>(probs + ((qb + i) * kBlocksK + kb) * kBlockSize);
       for (int j = 0; j < 2; ++j)
         block[i][j].mac(p, values[j]);
     }
+#else
+    Block p[Rows]; // transposed: lane key * 8 + row
+    for (int i = 0; i < Rows; ++i)
+      p[i] = aie::transpose(aie::load_v<kBlockSize>(probs + ((qb + i) * kBlocksK + kb) * kBlockSize), kBlock, kBlock);
+    bf16_blocks::mac_blocks(block, p, values);
+#endif
   }
   for (int i = 0; i < Rows; ++i)
     for (int j = 0; j < 2; ++j)

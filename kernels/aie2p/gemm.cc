@@ -29,11 +29,12 @@
 //                                                                    (a tile computing gate and up rows at once)
 //   AIE path: every buffer 64-byte aligned.
 //
-// AIE path: aie::mmul with an fp32 accumulator. Exact bf16 runs the 4x8x8 shape AIE2P has for bf16 (each 8x8 A
-// block is two 4-row halves); BFP16 emulation runs 8x8x8. A W block is transposed in registers into the 8x8 (k, n)
-// operand the mmul takes: a bf16 transpose cannot be done by the DMA (4-byte granules). Two by two mmuls share
-// their operand loads, keeping four accumulators in registers over the whole K loop. Not compiled on this
-// machine (no Peano): written against the documented AIE API.
+// AIE path: 8x8 output blocks with fp32 accumulators, two by two blocks sharing their operands, four accumulators
+// in registers over the whole K loop. Exact bf16 runs bf16_blocks.h's 64-lane multiply-accumulates (AIE2P has no
+// exact bf16 matrix multiply; aie_api's mmul<4, 8, 8> emulation prepares its operands again in every call); BFP16
+// emulation runs aie::mmul<8, 8, 8>. A W block is transposed in registers into the 8x8 (k, n) operand both take: a
+// bf16 transpose cannot be done by the DMA (4-byte granules). Not compiled on this machine (no Peano): written
+// against the documented AIE API.
 // Host path: the same blocks in the same order, one fp32 multiply-add at a time along K.
 #include "npu2_kernel.h"
 #include "silu_mul.h"
@@ -42,6 +43,7 @@
 #include "bfp16.h"
 #endif
 
+#include "bf16_blocks.h"
 #include "gemm_tiles.h"
 
 namespace {
@@ -70,16 +72,10 @@ constexpr int kDrainElements = kTileM * kDrainN;  // tile_m rows by GEMM_DRAIN_N
 
 namespace {
 
-#if defined(AIE_API_EMULATE_BFLOAT16_MMUL_WITH_BFP16)
-constexpr int kMmulRows = 8;
-#else
-constexpr int kMmulRows = 4;
-#endif
-using Mmul = aie::mmul<kMmulRows, kBlock, kBlock, bfloat16, bfloat16, accfloat>;
-static_assert(Mmul::size_B == kBlockSize && Mmul::size_A == kMmulRows * kBlock, "unexpected mmul shape");
-
-constexpr int kRowTiles = kTileM / kMmulRows; // mmul row tiles; even, since GEMM_TILE_M is a multiple of 16
-constexpr int kFloatLanes = 16;               // fp32 values per 512-bit register
+constexpr int kFloatLanes = 16; // fp32 values per 512-bit register
+// Output block (mb, nb) at nb * kColumnC + mb * 64; A block (kk, mb) at kk * kStepA + mb * 64; W block (kk, nb) at
+// kk * kStepW + nb * 64.
+constexpr int kStepA = kTileM * kBlock, kStepW = kTileN * kBlock, kColumnC = kTileM * kBlock;
 
 // The (k, n) operand of one W block stored (n, k).
 inline aie::vector<bfloat16, kBlockSize> w_block(const bfloat16 *block) {
@@ -94,25 +90,24 @@ extern "C" void gemm_zero_f32(float *acc) {
     aie::store_v(acc + i, zeros);
 }
 
+#if defined(AIE_API_EMULATE_BFLOAT16_MMUL_WITH_BFP16)
+
 extern "C" void gemm_bf16_f32_wnk(const bfloat16 *__restrict a, const bfloat16 *__restrict w,
                                   float *__restrict acc) {
-  // Row tile i of A at K step kk starts at kk * kTileM * 8 + i * kMmulRows * 8 (the two 4-row halves of an 8x8
-  // block are consecutive); column tile j of W at kk * kTileN * 8 + j * 64; output tile (i, j) at
-  // j * kTileM * 8 + i * Mmul::size_C.
-  constexpr int kStepA = kTileM * kBlock, kStepW = kTileN * kBlock, kColumnC = kTileM * kBlock;
+  using Mmul = aie::mmul<kBlock, kBlock, kBlock, bfloat16, bfloat16, accfloat>;
   for (int j = 0; j < kBlocksN; j += 2)
-    for (int i = 0; i < kRowTiles; i += 2) {
-      float *c00 = acc + j * kColumnC + i * Mmul::size_C;
-      float *c10 = c00 + Mmul::size_C;
+    for (int i = 0; i < kBlocksM; i += 2) {
+      float *c00 = acc + j * kColumnC + i * kBlockSize;
+      float *c10 = c00 + kBlockSize;
       float *c01 = c00 + kColumnC;
-      float *c11 = c01 + Mmul::size_C;
-      Mmul m00(aie::load_v<Mmul::size_C>(c00)), m01(aie::load_v<Mmul::size_C>(c01));
-      Mmul m10(aie::load_v<Mmul::size_C>(c10)), m11(aie::load_v<Mmul::size_C>(c11));
-      const bfloat16 *pa = a + i * Mmul::size_A;
+      float *c11 = c01 + kBlockSize;
+      Mmul m00(aie::load_v<kBlockSize>(c00)), m01(aie::load_v<kBlockSize>(c01));
+      Mmul m10(aie::load_v<kBlockSize>(c10)), m11(aie::load_v<kBlockSize>(c11));
+      const bfloat16 *pa = a + i * kBlockSize;
       const bfloat16 *pw = w + j * kBlockSize;
       for (int kk = 0; kk < kBlocksK; ++kk, pa += kStepA, pw += kStepW) {
-        const aie::vector<bfloat16, Mmul::size_A> a0 = aie::load_v<Mmul::size_A>(pa);
-        const aie::vector<bfloat16, Mmul::size_A> a1 = aie::load_v<Mmul::size_A>(pa + Mmul::size_A);
+        const aie::vector<bfloat16, kBlockSize> a0 = aie::load_v<kBlockSize>(pa);
+        const aie::vector<bfloat16, kBlockSize> a1 = aie::load_v<kBlockSize>(pa + kBlockSize);
         const aie::vector<bfloat16, kBlockSize> b0 = w_block(pw);
         const aie::vector<bfloat16, kBlockSize> b1 = w_block(pw + kBlockSize);
         m00.mac(a0, b0);
@@ -126,6 +121,36 @@ extern "C" void gemm_bf16_f32_wnk(const bfloat16 *__restrict a, const bfloat16 *
       aie::store_v(c11, m11.to_vector<float>());
     }
 }
+
+#else
+
+extern "C" void gemm_bf16_f32_wnk(const bfloat16 *__restrict a, const bfloat16 *__restrict w,
+                                  float *__restrict acc) {
+  using bf16_blocks::Block;
+  for (int j = 0; j < kBlocksN; j += 2)
+    for (int i = 0; i < kBlocksM; i += 2) {
+      float *c[2][2];
+      bf16_blocks::BlockAcc sums[2][2];
+      for (int r = 0; r < 2; ++r)
+        for (int s = 0; s < 2; ++s) {
+          c[r][s] = acc + (j + s) * kColumnC + (i + r) * kBlockSize;
+          sums[r][s] = bf16_blocks::BlockAcc(aie::load_v<kBlockSize>(c[r][s]));
+        }
+      const bfloat16 *pa = a + i * kBlockSize;
+      const bfloat16 *pw = w + j * kBlockSize;
+      for (int kk = 0; kk < kBlocksK; ++kk, pa += kStepA, pw += kStepW) {
+        const Block a_transposed[2] = {aie::transpose(aie::load_v<kBlockSize>(pa), kBlock, kBlock),
+                                       aie::transpose(aie::load_v<kBlockSize>(pa + kBlockSize), kBlock, kBlock)};
+        const Block b[2] = {w_block(pw), w_block(pw + kBlockSize)};
+        bf16_blocks::mac_blocks(sums, a_transposed, b);
+      }
+      for (int r = 0; r < 2; ++r)
+        for (int s = 0; s < 2; ++s)
+          aie::store_v(c[r][s], sums[r][s].to_vector<float>());
+    }
+}
+
+#endif
 
 extern "C" void gemm_f32_to_bf16(const float *__restrict acc, bfloat16 *__restrict c) {
   RoundToNearestEven rounding;

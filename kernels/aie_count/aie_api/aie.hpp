@@ -176,6 +176,13 @@ template <typename T, unsigned N> struct vector {
     count(Kind::Move);
     id = aie_count::fresh();
   }
+  // copies side by side: under 512 bits, one broadcast of a 128-bit element into a register (aie_api's AIE2P
+  // broadcast_elem_128), then register names
+  template <unsigned M> vector<T, M> grow_replicate() const {
+    if (N * aie_count::element_bits<T> < aie_count::kRegisterBits)
+      count(Kind::Move);
+    return {};
+  }
   // a reinterpretation of the same bits: no instruction
   template <typename U> vector<U, N * aie_count::element_bits<T> / aie_count::element_bits<U>> cast_to() const {
     return {};
