@@ -1,0 +1,185 @@
+// A host stand-in for the part of the AIE API that gemm.cc and attention.cc call (the exact bf16 block products of
+// kernels/aie2p/bf16_blocks.h among it), computing values instead of counting instructions (kernels/aie_count counts
+// them), so tests can run a kernel's __AIENGINE__ path on the host and compare it with its scalar path.
+//
+// Each operation does what aie_api's documentation says it does (github:Xilinx/aie_api): transpose reads its input
+// as a Row x Col row-major matrix and returns the transpose; grow_replicate repeats the vector to fill the larger
+// one; extract/insert take the idx-th piece of the given width; select(a, b, m) takes b where m is set. Arithmetic
+// follows the core's: a bf16 x bf16 product
+// is exact in the fp32 accumulator, a multiply-accumulate rounds the sum to fp32, and accumulator -> bf16 rounds to
+// nearest even (the mode the kernels set). exp2 and tanh are the host's, rounded to bf16: the core's are not
+// modelled, so only results that do not pass through them are compared. Only what those kernels call is here.
+#pragma once
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+
+struct bfloat16 {
+  float value = 0.0f;  // always a bf16 value
+
+  bfloat16() = default;
+  bfloat16(float v) : value(round(v)) {}
+  operator float() const { return value; }
+
+  static float round(float v) {  // to nearest even, as the kernels' host path (npu2_kernel.h)
+    uint32_t bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    bits = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+    std::memcpy(&v, &bits, sizeof v);
+    return v;
+  }
+};
+
+struct accfloat {};
+
+namespace aie {
+
+template <typename T, unsigned N> struct vector {
+  std::array<T, N> data{};
+
+  template <unsigned M> vector<T, M> extract(unsigned idx) const {
+    vector<T, M> out;
+    for (unsigned i = 0; i < M; ++i)
+      out.data[i] = data[idx * M + i];
+    return out;
+  }
+  template <unsigned M> vector &insert(unsigned idx, const vector<T, M> &piece) {
+    for (unsigned i = 0; i < M; ++i)
+      data[idx * M + i] = piece.data[i];
+    return *this;
+  }
+  template <unsigned M> vector<T, M> grow_replicate() const {
+    vector<T, M> out;
+    for (unsigned i = 0; i < M; ++i)
+      out.data[i] = data[i % N];
+    return out;
+  }
+};
+
+template <typename Tag, unsigned N> struct accum {
+  std::array<float, N> data{};
+
+  accum() = default;
+  template <typename T> accum(const vector<T, N> &v) { from_vector(v); }
+  template <typename T> void from_vector(const vector<T, N> &v) {
+    for (unsigned i = 0; i < N; ++i)
+      data[i] = float(v.data[i]);
+  }
+  template <typename T> vector<T, N> to_vector() const {
+    vector<T, N> out;
+    for (unsigned i = 0; i < N; ++i)
+      out.data[i] = T(data[i]);
+    return out;
+  }
+};
+
+template <unsigned N, typename T> vector<std::remove_cv_t<T>, N> load_v(const T *p) {
+  vector<std::remove_cv_t<T>, N> out;
+  for (unsigned i = 0; i < N; ++i)
+    out.data[i] = p[i];
+  return out;
+}
+
+template <typename T, unsigned N> void store_v(T *p, const vector<T, N> &v) {
+  for (unsigned i = 0; i < N; ++i)
+    p[i] = v.data[i];
+}
+
+template <typename T, unsigned N> auto zeros() {
+  if constexpr (std::is_same_v<T, accfloat>)
+    return accum<accfloat, N>{};
+  else
+    return vector<T, N>{};
+}
+
+template <typename T, unsigned N, typename U> vector<T, N> broadcast(const U &value) {
+  vector<T, N> out;
+  out.data.fill(T(value));
+  return out;
+}
+
+template <typename T, unsigned N> vector<T, N> transpose(const vector<T, N> &v, unsigned rows, unsigned cols) {
+  vector<T, N> out;
+  for (unsigned r = 0; r < rows; ++r)
+    for (unsigned c = 0; c < cols; ++c)
+      out.data[c * rows + r] = v.data[r * cols + c];
+  return out;
+}
+
+template <unsigned N> accum<accfloat, N> mul(const vector<bfloat16, N> &a, const vector<bfloat16, N> &b) {
+  accum<accfloat, N> out;
+  for (unsigned i = 0; i < N; ++i)
+    out.data[i] = float(a.data[i]) * float(b.data[i]);
+  return out;
+}
+
+template <unsigned N>
+accum<accfloat, N> mac(const accum<accfloat, N> &acc, const vector<bfloat16, N> &a, const vector<bfloat16, N> &b) {
+  accum<accfloat, N> out;
+  for (unsigned i = 0; i < N; ++i)
+    out.data[i] = acc.data[i] + float(a.data[i]) * float(b.data[i]);
+  return out;
+}
+
+template <unsigned N, typename T> accum<accfloat, N> add(const accum<accfloat, N> &acc, const vector<T, N> &v) {
+  accum<accfloat, N> out;
+  for (unsigned i = 0; i < N; ++i)
+    out.data[i] = acc.data[i] + float(v.data[i]);
+  return out;
+}
+
+template <unsigned N, typename V> accum<accfloat, N> sub(const accum<accfloat, N> &acc, const V &v) {
+  accum<accfloat, N> out;
+  for (unsigned i = 0; i < N; ++i)
+    out.data[i] = acc.data[i] - float(v.data[i]);
+  return out;
+}
+
+template <unsigned N> struct mask {
+  std::array<bool, N> set{};
+};
+
+template <typename T, unsigned N> mask<N> ge(const vector<T, N> &a, const vector<T, N> &b) {
+  mask<N> out;
+  for (unsigned i = 0; i < N; ++i)
+    out.set[i] = float(a.data[i]) >= float(b.data[i]);
+  return out;
+}
+
+template <typename T, unsigned N> vector<T, N> select(const vector<T, N> &a, const vector<T, N> &b, const mask<N> &m) {
+  vector<T, N> out;
+  for (unsigned i = 0; i < N; ++i)
+    out.data[i] = m.set[i] ? b.data[i] : a.data[i];
+  return out;
+}
+
+template <typename T, unsigned N> vector<T, N> max(const vector<T, N> &a, const vector<T, N> &b) {
+  vector<T, N> out;
+  for (unsigned i = 0; i < N; ++i)
+    out.data[i] = float(a.data[i]) >= float(b.data[i]) ? a.data[i] : b.data[i];
+  return out;
+}
+
+template <typename R, unsigned N> vector<R, N> exp2(const vector<float, N> &v) {
+  vector<R, N> out;
+  for (unsigned i = 0; i < N; ++i)
+    out.data[i] = R(std::exp2(v.data[i]));
+  return out;
+}
+
+template <typename R, unsigned N> vector<R, N> tanh(const vector<float, N> &v) {
+  vector<R, N> out;
+  for (unsigned i = 0; i < N; ++i)
+    out.data[i] = R(std::tanh(v.data[i]));
+  return out;
+}
+
+enum class rounding_mode { floor, conv_even };
+inline rounding_mode current_rounding = rounding_mode::floor;
+inline rounding_mode swap_rounding(rounding_mode mode) { return std::exchange(current_rounding, mode); }
+inline void set_rounding(rounding_mode mode) { current_rounding = mode; }
+
+} // namespace aie

@@ -1,0 +1,126 @@
+"""The exact bf16 block products' AIE path (kernels/aie2p/bf16_blocks.h), run on the host: gemm.cc and
+attention.cc compiled with __AIENGINE__ against a value stand-in of the AIE API (tests/kernels/aie_values: each
+operation as aie_api documents it) compute what their scalar paths compute, bit for bit (the GEMM, attention's
+scores with the causal mask, and its P·V with bf16-valued accumulators and rescale factors, which its fp32 rescale
+keeps exact); with an operand's lanes in the wrong order they do not."""
+from __future__ import annotations
+
+import ctypes
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from torch_npu2.kernels import host_build
+
+STAND_IN = Path(__file__).resolve().parent / "aie_values"
+GEMM_TILES = [(64, 32, 128), (16, 32, 48)]  # (GEMM_TILE_M, GEMM_TILE_K, GEMM_TILE_N) the builders use
+ATTENTION_TILES = [(32, 64), (8, 16)]        # (ATTN_TQ, ATTN_TK) the builders use, head_dim 64
+HEAD_DIM = 64
+
+
+def aie_path_library(kernel_dir: Path, source: str, defines: dict) -> ctypes.CDLL:
+    """``source``'s AIE path built for the host against the value stand-in."""
+    path = kernel_dir / source
+    arguments = [*host_build.CXX_FLAGS, "-D__AIENGINE__", "-I", str(STAND_IN), "-I", str(kernel_dir),
+                 *host_build.define_flags(defines), str(path)]
+    inputs = [path.read_bytes(), *(h.read_bytes() for h in sorted(kernel_dir.glob("*.h"))),
+              (STAND_IN / "aie_api" / "aie.hpp").read_bytes()]
+    return ctypes.CDLL(str(host_build.cached_compile(f"{path.stem}-aie-values.so", arguments, inputs)))
+
+
+def gemm_operands(tile_m: int, tile_k: int, tile_n: int, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    a = torch.randn(tile_m * tile_k, generator=generator).to(torch.bfloat16)
+    w = torch.randn(tile_n * tile_k, generator=generator).to(torch.bfloat16)
+    acc = torch.randn(tile_m * tile_n, generator=generator) * 4
+    return a, w, acc
+
+
+def pointer(tensor: torch.Tensor) -> ctypes.c_void_p:
+    """The tensor's storage: the caller keeps the tensor alive through the call."""
+    return ctypes.c_void_p(tensor.data_ptr())
+
+
+def aie_path_gemm(library: ctypes.CDLL, a, w, acc) -> torch.Tensor:
+    """The stand-in's bfloat16 holds its value as a float: the operands go in widened."""
+    out = acc.clone()
+    a32, w32 = a.float(), w.float()
+    library.gemm_bf16_f32_wnk(pointer(a32), pointer(w32), pointer(out))
+    return out
+
+
+def host_path_gemm(defines: dict, a, w, acc) -> torch.Tensor:
+    out = acc.clone()
+    host_build.load("gemm.cc", defines).gemm_bf16_f32_wnk(pointer(a.view(torch.int16)), pointer(w.view(torch.int16)),
+                                                         pointer(out))
+    return out
+
+
+@pytest.mark.parametrize("tiles", GEMM_TILES)
+def test_the_exact_gemm_aie_path_computes_what_its_scalar_path_does(tiles):
+    tile_m, tile_k, tile_n = tiles
+    defines = {"GEMM_TILE_M": tile_m, "GEMM_TILE_K": tile_k, "GEMM_TILE_N": tile_n}
+    a, w, acc = gemm_operands(*tiles)
+    aie = aie_path_gemm(aie_path_library(host_build.KERNEL_DIR, "gemm.cc", defines), a, w, acc)
+    host = host_path_gemm(defines, a, w, acc)
+    assert not torch.equal(host, acc)  # the call did the work
+    assert torch.equal(aie.view(torch.int32), host.view(torch.int32))
+
+
+def test_an_operand_spread_in_the_wrong_lane_order_is_caught(tmp_path):
+    """bf16_blocks.h with the A column left untransposed (lane k * 8 + r where r * 8 + c is meant)."""
+    kernel_dir = tmp_path / "aie2p"
+    shutil.copytree(host_build.KERNEL_DIR, kernel_dir)
+    header = kernel_dir / "bf16_blocks.h"
+    spread = "return aie::transpose(transposed.extract<kSide>(k).grow_replicate<kLanes>(), kSide, kSide);"
+    text = header.read_text()
+    assert spread in text
+    header.write_text(text.replace(spread, "return transposed.extract<kSide>(k).grow_replicate<kLanes>();"))
+    tile_m, tile_k, tile_n = GEMM_TILES[0]
+    defines = {"GEMM_TILE_M": tile_m, "GEMM_TILE_K": tile_k, "GEMM_TILE_N": tile_n}
+    a, w, acc = gemm_operands(*GEMM_TILES[0])
+    wrong = aie_path_gemm(aie_path_library(kernel_dir, "gemm.cc", defines), a, w, acc)
+    assert not torch.equal(wrong, host_path_gemm(defines, a, w, acc))
+
+
+def attention_defines(tq: int, tk: int) -> dict:
+    return {"ATTN_TQ": tq, "ATTN_TK": tk, "ATTN_HEAD_DIM": HEAD_DIM}
+
+
+@pytest.mark.parametrize("tiles", ATTENTION_TILES)
+@pytest.mark.parametrize("q_start, k_start", [(0, 0), (40, 32), (200, 0), (0, 64)])  # diagonal, partly, none, all masked
+def test_the_attention_scores_aie_path_computes_what_its_scalar_path_does(tiles, q_start, k_start):
+    tq, tk = tiles
+    defines = attention_defines(tq, tk)
+    generator = torch.Generator().manual_seed(q_start + k_start)
+    q = torch.randn(tq * HEAD_DIM, generator=generator).to(torch.bfloat16)
+    kv = torch.randn(2 * tk * HEAD_DIM, generator=generator).to(torch.bfloat16)
+    aie, host = torch.zeros(tq * tk), torch.zeros(tq * tk)
+    q32, kv32 = q.float(), kv.float()  # the stand-in's bfloat16 holds its value as a float
+    library = aie_path_library(host_build.KERNEL_DIR, "attention.cc", defines)
+    library.attn_qk_tile_bf16(pointer(q32), pointer(kv32), pointer(aie), q_start, k_start)
+    host_build.load("attention.cc", defines).attn_qk_tile_bf16(
+        pointer(q.view(torch.int16)), pointer(kv.view(torch.int16)), pointer(host), q_start, k_start)
+    assert torch.equal(aie.view(torch.int32), host.view(torch.int32))
+    assert bool((host > -1e29).any()) == (k_start <= q_start + tq - 1)  # the visible keys were scored
+
+
+@pytest.mark.parametrize("tiles", ATTENTION_TILES)
+def test_the_attention_pv_aie_path_computes_what_its_scalar_path_does(tiles):
+    tq, tk = tiles
+    defines = attention_defines(tq, tk)
+    generator = torch.Generator().manual_seed(tq)
+    probs = torch.rand(tq * tk, generator=generator).to(torch.bfloat16)
+    kv = torch.randn(2 * tk * HEAD_DIM, generator=generator).to(torch.bfloat16)
+    row_scale = torch.rand(tq, generator=generator).to(torch.bfloat16).float()  # exp2's results are bf16
+    acc = (torch.randn(tq * HEAD_DIM, generator=generator) * 8).to(torch.bfloat16).float()
+    aie, host = acc.clone(), acc.clone()
+    probs32, kv32 = probs.float(), kv.float()
+    library = aie_path_library(host_build.KERNEL_DIR, "attention.cc", defines)
+    library.attn_pv_accumulate_bf16(pointer(probs32), pointer(kv32), pointer(row_scale), pointer(aie))
+    host_build.load("attention.cc", defines).attn_pv_accumulate_bf16(
+        pointer(probs.view(torch.int16)), pointer(kv.view(torch.int16)), pointer(row_scale), pointer(host))
+    assert not torch.equal(host, acc)
+    assert torch.equal(aie.view(torch.int32), host.view(torch.int32))
