@@ -1,13 +1,16 @@
-// A host stand-in for the part of the AIE API that gemm.cc and attention.cc call (the exact bf16 block products of
-// kernels/aie2p/bf16_blocks.h among it), computing values instead of counting instructions (kernels/aie_count counts
+// A host stand-in for the part of the AIE API that gemm.cc, attention.cc and gemm_int8.cc call (the exact bf16
+// block products of kernels/aie2p/bf16_blocks.h among it), computing values instead of counting instructions (kernels/aie_count counts
 // them), so tests can run a kernel's __AIENGINE__ path on the host and compare it with its scalar path.
 //
 // Each operation does what aie_api's documentation says it does (github:Xilinx/aie_api): transpose reads its input
 // as a Row x Col row-major matrix and returns the transpose; grow_replicate repeats the vector to fill the larger
-// one; extract/insert take the idx-th piece of the given width; select(a, b, m) takes b where m is set. Arithmetic
-// follows the core's: a bf16 x bf16 product
+// one; extract/insert take the idx-th piece of the given width; select(a, b, m) takes b where m is set;
+// filter_even keeps the even groups of `step` values; mmul<M, K, N> multiplies a row-major M x K A by a row-major
+// K x N B into a row-major M x N C; to_float(v, shift) is v * 2^-shift. Arithmetic follows the core's: a bf16 x bf16 product
 // is exact in the fp32 accumulator, a multiply-accumulate rounds the sum to fp32, and accumulator -> bf16 rounds to
-// nearest even (the mode the kernels set). exp2 and tanh are the host's, rounded to bf16: the core's are not
+// nearest even (the mode the kernels set), integer accumulators sum exactly (the kernels keep their sums within
+// int32), and fp32 x fp32 products are IEEE's (aie_api emulates them with bf16 products on AIE2P: whether that
+// emulation rounds as IEEE does is not modelled). exp2 and tanh are the host's, rounded to bf16: the core's are not
 // modelled, so only results that do not pass through them are compared. Only what those kernels call is here.
 #pragma once
 
@@ -34,6 +37,7 @@ struct bfloat16 {
 };
 
 struct accfloat {};
+struct acc32 {};
 
 namespace aie {
 
@@ -50,6 +54,12 @@ template <typename T, unsigned N> struct vector {
     for (unsigned i = 0; i < M; ++i)
       data[idx * M + i] = piece.data[i];
     return *this;
+  }
+  // the same bits as another element type
+  template <typename U> vector<U, N * sizeof(T) / sizeof(U)> cast_to() const {
+    vector<U, N * sizeof(T) / sizeof(U)> out;
+    std::memcpy(out.data.data(), data.data(), sizeof data);
+    return out;
   }
   template <unsigned M> vector<T, M> grow_replicate() const {
     vector<T, M> out;
@@ -100,6 +110,68 @@ template <typename T, unsigned N, typename U> vector<T, N> broadcast(const U &va
   out.data.fill(T(value));
   return out;
 }
+
+template <typename T, unsigned N> vector<T, 2 * N> concat(const vector<T, N> &a, const vector<T, N> &b) {
+  vector<T, 2 * N> out;
+  for (unsigned i = 0; i < N; ++i) {
+    out.data[i] = a.data[i];
+    out.data[N + i] = b.data[i];
+  }
+  return out;
+}
+
+template <typename T, unsigned N> vector<T, N / 2> filter_even(const vector<T, N> &v, unsigned step) {
+  vector<T, N / 2> out;
+  for (unsigned i = 0, o = 0; i < N; i += 2 * step)
+    for (unsigned j = 0; j < step; ++j)
+      out.data[o++] = v.data[i + j];
+  return out;
+}
+
+template <typename R, unsigned N> vector<R, N> to_float(const vector<int32_t, N> &v, int shift = 0) {
+  vector<R, N> out;
+  for (unsigned i = 0; i < N; ++i)
+    out.data[i] = std::ldexp(float(v.data[i]), -shift);  // rounded once, then scaled exactly
+  return out;
+}
+
+template <unsigned N> vector<float, N> add(const vector<float, N> &a, const vector<float, N> &b) {
+  vector<float, N> out;
+  for (unsigned i = 0; i < N; ++i)
+    out.data[i] = a.data[i] + b.data[i];
+  return out;
+}
+
+template <unsigned N> accum<accfloat, N> mul(const vector<float, N> &a, const vector<float, N> &b) {
+  accum<accfloat, N> out;
+  for (unsigned i = 0; i < N; ++i)
+    out.data[i] = a.data[i] * b.data[i];
+  return out;
+}
+
+template <unsigned M, unsigned K, unsigned N, typename TypeA, typename TypeB, typename Acc> struct mmul {
+  static constexpr unsigned size_A = M * K, size_B = K * N, size_C = M * N;
+  std::array<int64_t, size_C> data{};
+
+  mmul() = default;
+  template <typename T> mmul(const vector<T, size_C> &v) {
+    for (unsigned i = 0; i < size_C; ++i)
+      data[i] = v.data[i];
+  }
+  void mac(const vector<TypeA, size_A> &a, const vector<TypeB, size_B> &b) {
+    for (unsigned m = 0; m < M; ++m)
+      for (unsigned n = 0; n < N; ++n)
+        for (unsigned k = 0; k < K; ++k)
+          data[m * N + n] += int64_t(a.data[m * K + k]) * int64_t(b.data[k * N + n]);
+  }
+  template <typename T> vector<T, size_C> to_vector() const {
+    static_assert(std::is_same_v<Acc, acc32> && std::is_same_v<T, int32_t>, "only acc32 to int32 is modelled");
+    vector<T, size_C> out;
+    for (unsigned i = 0; i < size_C; ++i)
+      out.data[i] = T(data[i]);  // the kernels' sums fit in int32
+    return out;
+  }
+};
 
 template <typename T, unsigned N> vector<T, N> transpose(const vector<T, N> &v, unsigned rows, unsigned cols) {
   vector<T, N> out;

@@ -1,8 +1,10 @@
-"""The exact bf16 block products' AIE path (kernels/aie2p/bf16_blocks.h), run on the host: gemm.cc and
-attention.cc compiled with __AIENGINE__ against a value stand-in of the AIE API (tests/kernels/aie_values: each
-operation as aie_api documents it) compute what their scalar paths compute, bit for bit (the GEMM, attention's
-scores with the causal mask, and its P·V with bf16-valued accumulators and rescale factors, which its fp32 rescale
-keeps exact); with an operand's lanes in the wrong order they do not."""
+"""Kernels' AIE paths run on the host: gemm.cc, attention.cc and gemm_int8.cc compiled with __AIENGINE__ against a
+value stand-in of the AIE API (tests/kernels/aie_values: each operation as aie_api documents it) compute what their
+scalar paths compute, bit for bit: the exact bf16 GEMM and attention's scores (with the causal mask) and P·V
+(kernels/aie2p/bf16_blocks.h's block products; P·V with bf16-valued accumulators and rescale factors, which its fp32
+rescale keeps exact), and the integer GEMM's int16 × int8 mmuls, scale copies and drain. With an operand's lanes in
+the wrong order, or the wrong weight term, they do not. What this cannot see: code generation, and how the core's
+own exp2, tanh and emulated fp32 products round (the stand-in's are the host's)."""
 from __future__ import annotations
 
 import ctypes
@@ -124,3 +126,63 @@ def test_the_attention_pv_aie_path_computes_what_its_scalar_path_does(tiles):
         pointer(probs.view(torch.int16)), pointer(kv.view(torch.int16)), pointer(row_scale), pointer(host))
     assert not torch.equal(host, acc)
     assert torch.equal(aie.view(torch.int32), host.view(torch.int32))
+
+
+INT_TILES = [(64, 64, 64), (32, 32, 16)]  # (GEMM_TILE_M, GEMM_TILE_N, GEMM_DRAIN_N)
+
+
+def int_gemm_call_operands(tile_m: int, tile_n: int, seed: int = 0):
+    """One gemm_int_w8x2 call's A and W windows (int_gemm's layouts, scale blocks of random bits: both paths copy
+    them) and an accumulator start."""
+    generator = torch.Generator().manual_seed(seed)
+    a = torch.randint(-32767, 32768, (9 * tile_m * 4,), generator=generator, dtype=torch.int16)
+    w = torch.randint(-127, 128, (9 * (tile_n // 8) * 2 * 4 * 8,), generator=generator, dtype=torch.int8)
+    acc = torch.randint(-2 ** 20, 2 ** 20, (2 * tile_m * tile_n,), generator=generator, dtype=torch.int32)
+    return a, w, acc
+
+
+@pytest.mark.parametrize("tiles", INT_TILES)
+def test_the_integer_gemm_aie_path_computes_what_its_scalar_path_does(tiles):
+    """gemm_int8.cc: a call's int16 x int8 mmuls over both weight terms and its scale copies, then the drain's
+    rescale to bf16 (its fp32 products IEEE's here: the stand-in's one assumption about the core)."""
+    tile_m, tile_n, drain_n = tiles
+    defines = {"GEMM_TILE_M": tile_m, "GEMM_TILE_N": tile_n, "GEMM_DRAIN_N": drain_n}
+    a, w, acc = int_gemm_call_operands(tile_m, tile_n)
+    libraries = {"aie": aie_path_library(host_build.KERNEL_DIR, "gemm_int8.cc", defines),
+                 "host": host_build.load("gemm_int8.cc", defines)}
+    results = {}
+    for path, library in libraries.items():
+        sums, rows, columns = acc.clone(), torch.zeros(tile_m), torch.zeros(tile_n)
+        library.gemm_int_w8x2(pointer(a), pointer(w), pointer(sums), pointer(rows), pointer(columns))
+        results[path] = (sums, rows.view(torch.int32), columns.view(torch.int32))
+    for aie, host in zip(results["aie"], results["host"]):
+        assert torch.equal(aie, host)
+    assert not torch.equal(results["host"][0], acc)
+    # the drain, on the host path's sums and on scales both paths would have copied (fp32, not random bits)
+    sums = results["host"][0]
+    rows = torch.rand(tile_m) * 1e-3
+    columns = torch.rand(tile_n) * 1e-2
+    aie_out, host_out = torch.zeros(tile_m * drain_n), torch.zeros(tile_m * drain_n, dtype=torch.int16)
+    libraries["aie"].gemm_int_drain_bf16(pointer(sums), pointer(rows), pointer(columns), pointer(aie_out))
+    libraries["host"].gemm_int_drain_bf16(pointer(sums), pointer(rows), pointer(columns), pointer(host_out))
+    assert torch.equal(aie_out, host_out.view(torch.bfloat16).float())
+    assert bool((aie_out != 0).all())
+
+
+def test_an_integer_gemm_reading_the_wrong_weight_term_is_caught(tmp_path):
+    """gemm_int8.cc with the lo term's B operand taken from the hi half of the loaded pair."""
+    kernel_dir = tmp_path / "aie2p"
+    shutil.copytree(host_build.KERNEL_DIR, kernel_dir)
+    source = kernel_dir / "gemm_int8.cc"
+    lo = "terms.template extract<Mmul::size_B>(1)"
+    assert lo in source.read_text()
+    source.write_text(source.read_text().replace(lo, "terms.template extract<Mmul::size_B>(0)"))
+    tile_m, tile_n, drain_n = INT_TILES[0]
+    defines = {"GEMM_TILE_M": tile_m, "GEMM_TILE_N": tile_n, "GEMM_DRAIN_N": drain_n}
+    a, w, acc = int_gemm_call_operands(tile_m, tile_n)
+    sums = {}
+    for path, library in (("aie", aie_path_library(kernel_dir, "gemm_int8.cc", defines)),
+                          ("host", host_build.load("gemm_int8.cc", defines))):
+        sums[path], rows, columns = acc.clone(), torch.zeros(tile_m), torch.zeros(tile_n)
+        library.gemm_int_w8x2(pointer(a), pointer(w), pointer(sums[path]), pointer(rows), pointer(columns))
+    assert not torch.equal(sums["aie"], sums["host"])
