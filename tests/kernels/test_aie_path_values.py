@@ -1,8 +1,9 @@
-"""Kernels' AIE paths run on the host: gemm.cc, attention.cc and gemm_int8.cc compiled with __AIENGINE__ against a
+"""Kernels' AIE paths run on the host: gemm.cc, attention.cc, gemm_int8.cc and rope_half_split.cc compiled with
+__AIENGINE__ against a
 value stand-in of the AIE API (tests/kernels/aie_values: each operation as aie_api documents it) compute what their
 scalar paths compute, bit for bit: the exact bf16 GEMM and attention's scores (with the causal mask) and P·V
 (kernels/aie2p/bf16_blocks.h's block products; P·V with bf16-valued accumulators and rescale factors, which its fp32
-rescale keeps exact), and the integer GEMM's int16 × int8 mmuls, scale copies and drain. With an operand's lanes in
+rescale keeps exact), the integer GEMM's int16 × int8 mmuls, scale copies and drain, and RoPE. With an operand's lanes in
 the wrong order, or the wrong weight term, they do not. What this cannot see: code generation, and how the core's
 own exp2, tanh and emulated fp32 products round (the stand-in's are the host's)."""
 from __future__ import annotations
@@ -186,3 +187,20 @@ def test_an_integer_gemm_reading_the_wrong_weight_term_is_caught(tmp_path):
         sums[path], rows, columns = acc.clone(), torch.zeros(tile_m), torch.zeros(tile_n)
         library.gemm_int_w8x2(pointer(a), pointer(w), pointer(sums[path]), pointer(rows), pointer(columns))
     assert not torch.equal(sums["aie"], sums["host"])
+
+
+@pytest.mark.parametrize("rows, heads, head_dim", [(1, 4, 64), (2, 3, 64), (1, 2, 32)])
+def test_the_rope_aie_path_computes_what_its_scalar_path_does(rows, heads, head_dim):
+    defines = {"ROPE_ROWS": rows, "ROPE_HEADS": heads, "ROPE_HEAD_DIM": head_dim}
+    generator = torch.Generator().manual_seed(rows * heads)
+    x = torch.randn(rows * heads * head_dim, generator=generator).to(torch.bfloat16)
+    angles = torch.rand(rows, head_dim // 2, generator=generator) * 6.3
+    lut = torch.cat([angles.cos(), angles.sin()], dim=1).reshape(-1).to(torch.bfloat16)
+    x32, lut32, aie = x.float(), lut.float(), torch.zeros(rows * heads * head_dim)
+    aie_path_library(host_build.KERNEL_DIR, "rope_half_split.cc", defines).rope_half_split_bf16(
+        pointer(x32), pointer(lut32), pointer(aie))
+    host = torch.zeros(rows * heads * head_dim, dtype=torch.bfloat16)
+    host_build.load("rope_half_split.cc", defines).rope_half_split_bf16(
+        pointer(x.view(torch.int16)), pointer(lut.view(torch.int16)), pointer(host.view(torch.int16)))
+    assert torch.equal(aie, host.float())
+    assert not torch.equal(host, x)
