@@ -55,8 +55,10 @@
 //   same way, so a block contributes d * sum(q x) + m * sum(x), each block's sum rounded once in fp32 before it
 //   is scaled; the lanes are summed at the end. Element-order groups: each block's q * x, exact in the
 //   accumulator, split into two bf16 values and multiplied by the scale's three (fp16's 11 significant bits do
-//   not fit one bf16), x by the min the same way. The host path computes the same sums in the same order (the
-//   final lane reduction folds halves; the core's order is aie_api's reduce_add).
+//   not fit one bf16), x by the min the same way. For transposed groups the host path computes the same sums in
+//   the same order (the final lane reduction folds halves; the core's order is aie_api's reduce_add); for
+//   element-order groups it sums each exact weight times x in element order, within fp32's reordering of the core's
+//   (tests/kernels/test_aie_path_values.py runs both paths).
 #include "npu2_kernel.h"
 #include "silu_mul.h"
 

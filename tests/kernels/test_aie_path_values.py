@@ -1,11 +1,13 @@
-"""Kernels' AIE paths run on the host: gemm.cc, attention.cc, gemm_int8.cc and rope_half_split.cc compiled with
-__AIENGINE__ against a
-value stand-in of the AIE API (tests/kernels/aie_values: each operation as aie_api documents it) compute what their
-scalar paths compute, bit for bit: the exact bf16 GEMM and attention's scores (with the causal mask) and P·V
-(kernels/aie2p/bf16_blocks.h's block products; P·V with bf16-valued accumulators and rescale factors, which its fp32
-rescale keeps exact), the integer GEMM's int16 × int8 mmuls, scale copies and drain, and RoPE. With an operand's lanes in
-the wrong order, or the wrong weight term, they do not. What this cannot see: code generation, and how the core's
-own exp2, tanh and emulated fp32 products round (the stand-in's are the host's)."""
+"""Kernels' AIE paths run on the host: gemm.cc, attention.cc, gemm_int8.cc, rope_half_split.cc and gemv.cc
+compiled with __AIENGINE__ against a value stand-in of the AIE API (tests/kernels/aie_values: each operation as
+aie_api documents it) compute what their scalar paths compute. Bit for bit: the exact bf16 GEMM, attention's scores
+(with the causal mask) and P·V (kernels/aie2p/bf16_blocks.h's block products; P·V with bf16-valued accumulators and
+rescale factors, which its fp32 rescale keeps exact), the integer GEMM's int16 × int8 mmuls, scale copies and drain,
+RoPE, and the packed GEMVs' prepared x, transposed-group sums and dequantized rows in Q4_0, Q4_1 and Q8_0; within
+fp32's reordering: the bf16 GEMV and element-order packed rows, whose scalar paths sum in element order. With an
+operand's lanes in the wrong order, the wrong weight term or the wrong x they do not. What this cannot see: code
+generation, and how the core's own exp2, tanh, invsqrt and emulated fp32 products round (the stand-in's are the
+host's), nor whether aie_api's reduction order and 4-bit element order are the ones the stand-in assumes."""
 from __future__ import annotations
 
 import ctypes
@@ -204,3 +206,86 @@ def test_the_rope_aie_path_computes_what_its_scalar_path_does(rows, heads, head_
         pointer(x.view(torch.int16)), pointer(lut.view(torch.int16)), pointer(host.view(torch.int16)))
     assert torch.equal(aie, host.float())
     assert not torch.equal(host, x)
+
+
+@pytest.mark.parametrize("name", ["q4_0", "q4_1", "q8_0"])
+@pytest.mark.parametrize("K", [2048, 576])  # groups of 32 blocks with transposed quants; element-order groups
+def test_the_packed_gemv_aie_path_computes_what_its_scalar_path_does(name, K):
+    """gemv.cc's packed rows (kernels/quant.py's layout, GGUF-quantized random weights): x prepared (groups
+    transposed) and the dequantized rows bit for bit; every row's fp32 sum bit for bit where the groups are
+    transposed (the host path sums lane by lane in the core's order), within fp32's reordering (2^-16 of the sum of
+    |w x|) where they are in element order (the host path sums the products in element order)."""
+    gguf = pytest.importorskip("gguf", reason="the gguf package quantizes the test weights as GGUF does")
+    from torch_npu2.kernels import quant
+
+    rows = 8
+    generator = torch.Generator().manual_seed(K)
+    w = torch.randn(rows, K, generator=generator) * torch.logspace(-2, 1, rows).reshape(rows, 1)
+    raw = gguf.quants.quantize(w.numpy(), getattr(gguf.GGMLQuantizationType, name.upper()))
+    packed = quant.from_gguf_blocks(quant.weight_format(name), torch.from_numpy(raw), K).contiguous()
+    defines = {"GEMV_ROWS": rows, "GEMV_K": K, "GEMV_QUANT": quant.GEMV_QUANT[name]}
+    aie, host = aie_path_library(host_build.KERNEL_DIR, "gemv.cc", defines), host_build.load("gemv.cc", defines)
+    x = torch.randn(K, generator=generator).to(torch.bfloat16)
+    x_aie, x_host = x.float(), x.clone()
+    aie.gemv_q_prepare_x(pointer(x_aie), K)
+    host.gemv_q_prepare_x(pointer(x_host.view(torch.int16)), K)
+    assert torch.equal(x_aie, x_host.float())
+    y_aie, y_host = torch.zeros(rows), torch.zeros(rows)
+    aie.gemv_q_bf16_f32(pointer(packed), pointer(x_aie), pointer(y_aie))
+    host.gemv_q_bf16_f32(pointer(packed), pointer(x_host.view(torch.int16)), pointer(y_host))
+    if K % 1024 == 0:
+        assert torch.equal(y_aie.view(torch.int32), y_host.view(torch.int32))
+    else:
+        exact = quant.dequantize(quant.weight_format(name), packed, K)
+        bound = 2.0 ** -16 * (exact.abs() @ x.float().abs())
+        assert bool(((y_aie - y_host).abs() <= bound).all())
+    assert bool((y_host != 0).all())
+    out_aie, out_host = torch.zeros(rows * K), torch.zeros(rows * K, dtype=torch.bfloat16)
+    aie.gemv_q_dequant_bf16(pointer(packed), pointer(out_aie))
+    host.gemv_q_dequant_bf16(pointer(packed), pointer(out_host.view(torch.int16)))
+    assert torch.equal(out_aie, out_host.float())
+
+
+def test_the_bf16_gemv_aie_path_sums_within_fp32_reordering():
+    """gemv_bf16_f32: 32 lanes, then aie_api's reduction, where the scalar path sums in order: equal within fp32's
+    reordering (2^-16 of the sum of |w x|), not bit for bit."""
+    rows, K = 8, 2048
+    defines = {"GEMV_ROWS": rows, "GEMV_K": K}
+    generator = torch.Generator().manual_seed(3)
+    w = torch.randn(rows * K, generator=generator).to(torch.bfloat16)
+    x = torch.randn(K, generator=generator).to(torch.bfloat16)
+    w32, x32, y_aie, y_host = w.float(), x.float(), torch.zeros(rows), torch.zeros(rows)
+    aie_path_library(host_build.KERNEL_DIR, "gemv.cc", defines).gemv_bf16_f32(pointer(w32), pointer(x32),
+                                                                               pointer(y_aie))
+    host_build.load("gemv.cc", defines).gemv_bf16_f32(pointer(w.view(torch.int16)), pointer(x.view(torch.int16)),
+                                                      pointer(y_host))
+    bound = 2.0 ** -16 * (w32.reshape(rows, K).abs() @ x32.abs())
+    assert bool(((y_aie - y_host).abs() <= bound).all())
+    assert bool(((y_host - w32.reshape(rows, K) @ x32).abs() <= bound).all())
+
+
+def test_a_packed_gemv_reading_the_wrong_x_is_caught(tmp_path):
+    """gemv.cc with a block's odd elements multiplied by its even elements' x."""
+    gguf = pytest.importorskip("gguf", reason="the gguf package quantizes the test weights as GGUF does")
+    from torch_npu2.kernels import quant
+
+    kernel_dir = tmp_path / "aie2p"
+    shutil.copytree(host_build.KERNEL_DIR, kernel_dir)
+    source = kernel_dir / "gemv.cc"
+    odd = "dot = aie::mac(dot, odd, aie::load_v<kBlock>(xt + 2 * kBlock * t + kBlock));"
+    assert odd in source.read_text()
+    source.write_text(source.read_text().replace(odd, odd.replace(" + kBlock));", "));")))
+    rows, K = 8, 2048
+    generator = torch.Generator().manual_seed(5)
+    raw = gguf.quants.quantize(torch.randn(rows, K, generator=generator).numpy(), gguf.GGMLQuantizationType.Q4_1)
+    packed = quant.from_gguf_blocks(quant.Q4_1, torch.from_numpy(raw), K).contiguous()
+    defines = {"GEMV_ROWS": rows, "GEMV_K": K, "GEMV_QUANT": quant.GEMV_QUANT["q4_1"]}
+    x = torch.randn(K, generator=generator).to(torch.bfloat16)
+    x_aie, x_host = x.float(), x.clone()
+    aie, host = aie_path_library(kernel_dir, "gemv.cc", defines), host_build.load("gemv.cc", defines)
+    aie.gemv_q_prepare_x(pointer(x_aie), K)
+    host.gemv_q_prepare_x(pointer(x_host.view(torch.int16)), K)
+    y_aie, y_host = torch.zeros(rows), torch.zeros(rows)
+    aie.gemv_q_bf16_f32(pointer(packed), pointer(x_aie), pointer(y_aie))
+    host.gemv_q_bf16_f32(pointer(packed), pointer(x_host.view(torch.int16)), pointer(y_host))
+    assert not torch.equal(y_aie, y_host)

@@ -1,4 +1,5 @@
-// A host stand-in for the part of the AIE API that gemm.cc, attention.cc and gemm_int8.cc call (the exact bf16
+// A host stand-in for the part of the AIE API that gemm.cc, attention.cc, gemm_int8.cc, rope_half_split.cc and
+// gemv.cc call (the exact bf16
 // block products of kernels/aie2p/bf16_blocks.h among it), computing values instead of counting instructions (kernels/aie_count counts
 // them), so tests can run a kernel's __AIENGINE__ path on the host and compare it with its scalar path.
 //
@@ -6,7 +7,10 @@
 // as a Row x Col row-major matrix and returns the transpose; grow_replicate repeats the vector to fill the larger
 // one; extract/insert take the idx-th piece of the given width; select(a, b, m) takes b where m is set;
 // filter_even keeps the even groups of `step` values; mmul<M, K, N> multiplies a row-major M x K A by a row-major
-// K x N B into a row-major M x N C; to_float(v, shift) is v * 2^-shift. Arithmetic follows the core's: a bf16 x bf16 product
+// K x N B into a row-major M x N C; to_float(v, shift) is v * 2^-shift; downshift is arithmetic; interleave_zip
+// alternates chunks of its inputs into its two outputs; a 4-bit vector's element 2i is byte i's low nibble (an
+// assumption the kernels' layouts share), and reduce_add folds halves (the order the kernels' host paths use,
+// gemv.cc's header). Arithmetic follows the core's: a bf16 x bf16 product
 // is exact in the fp32 accumulator, a multiply-accumulate rounds the sum to fp32, and accumulator -> bf16 rounds to
 // nearest even (the mode the kernels set), integer accumulators sum exactly (the kernels keep their sums within
 // int32), and fp32 x fp32 products are IEEE's (aie_api emulates them with bf16 products on AIE2P: whether that
@@ -38,6 +42,16 @@ struct bfloat16 {
 
 struct accfloat {};
 struct acc32 {};
+// aie_api's 4-bit element types: a vector of them holds values, loaded from and stored to packed nibbles
+struct int4 {
+  int8_t value = 0;
+  operator int() const { return value; }
+};
+struct uint4 {
+  uint8_t value = 0;
+  operator int() const { return value; }
+};
+using int16 = int16_t;
 
 namespace aie {
 
@@ -55,11 +69,27 @@ template <typename T, unsigned N> struct vector {
       data[idx * M + i] = piece.data[i];
     return *this;
   }
-  // the same bits as another element type
-  template <typename U> vector<U, N * sizeof(T) / sizeof(U)> cast_to() const {
-    vector<U, N * sizeof(T) / sizeof(U)> out;
-    std::memcpy(out.data.data(), data.data(), sizeof data);
-    return out;
+  // the same bits as another element type (bfloat16, held here as a float, by its 16-bit pattern)
+  template <typename U> auto cast_to() const {
+    if constexpr (std::is_same_v<T, bfloat16> || std::is_same_v<U, bfloat16>) {
+      static_assert(sizeof(T) == 2 || sizeof(U) == 2, "bf16 casts to and from 16-bit integers only");
+      vector<U, N> out;
+      for (unsigned i = 0; i < N; ++i) {
+        if constexpr (std::is_same_v<T, bfloat16>) {
+          uint32_t bits;
+          std::memcpy(&bits, &data[i].value, sizeof bits);
+          out.data[i] = U(int16_t(bits >> 16));
+        } else {
+          const uint32_t bits = uint32_t(uint16_t(data[i])) << 16;
+          std::memcpy(&out.data[i].value, &bits, sizeof bits);
+        }
+      }
+      return out;
+    } else {
+      vector<U, N * sizeof(T) / sizeof(U)> out;
+      std::memcpy(out.data.data(), data.data(), sizeof data);
+      return out;
+    }
   }
   template <unsigned M> vector<T, M> grow_replicate() const {
     vector<T, M> out;
@@ -90,6 +120,22 @@ template <unsigned N, typename T> vector<std::remove_cv_t<T>, N> load_v(const T 
   vector<std::remove_cv_t<T>, N> out;
   for (unsigned i = 0; i < N; ++i)
     out.data[i] = p[i];
+  return out;
+}
+
+template <unsigned N> vector<uint4, N> load_v(const uint4 *p) {
+  const uint8_t *bytes = reinterpret_cast<const uint8_t *>(p);
+  vector<uint4, N> out;
+  for (unsigned i = 0; i < N; ++i)
+    out.data[i].value = (bytes[i / 2] >> (4 * (i % 2))) & 15;
+  return out;
+}
+
+template <unsigned N> vector<int4, N> load_v(const int4 *p) {
+  const uint8_t *bytes = reinterpret_cast<const uint8_t *>(p);
+  vector<int4, N> out;
+  for (unsigned i = 0; i < N; ++i)
+    out.data[i].value = int8_t(((bytes[i / 2] >> (4 * (i % 2))) & 15) << 4) >> 4;  // sign-extended
   return out;
 }
 
@@ -128,19 +174,107 @@ template <typename T, unsigned N> vector<T, N / 2> filter_even(const vector<T, N
   return out;
 }
 
-template <typename R, unsigned N> vector<R, N> to_float(const vector<int32_t, N> &v, int shift = 0) {
+template <typename R, typename T, unsigned N> vector<R, N> to_float(const vector<T, N> &v, int shift = 0) {
   vector<R, N> out;
   for (unsigned i = 0; i < N; ++i)
-    out.data[i] = std::ldexp(float(v.data[i]), -shift);  // rounded once, then scaled exactly
+    out.data[i] = R(std::ldexp(float(int(v.data[i])), -shift));  // rounded once, then scaled exactly
   return out;
 }
 
-template <unsigned N> vector<float, N> add(const vector<float, N> &a, const vector<float, N> &b) {
-  vector<float, N> out;
+template <typename T, unsigned N> vector<T, N> add(const vector<T, N> &a, const vector<T, N> &b) {
+  vector<T, N> out;
+  for (unsigned i = 0; i < N; ++i)
+    out.data[i] = T(a.data[i] + b.data[i]);
+  return out;
+}
+
+template <unsigned N> accum<accfloat, N> mul(const vector<bfloat16, N> &a, bfloat16 b) {
+  return mul(a, broadcast<bfloat16, N>(b));
+}
+
+template <unsigned N> accum<accfloat, N> mac(const accum<accfloat, N> &acc, const vector<bfloat16, N> &a, bfloat16 b) {
+  return mac(acc, a, broadcast<bfloat16, N>(b));
+}
+
+template <unsigned N> accum<accfloat, N> add(const accum<accfloat, N> &a, const accum<accfloat, N> &b) {
+  accum<accfloat, N> out;
   for (unsigned i = 0; i < N; ++i)
     out.data[i] = a.data[i] + b.data[i];
   return out;
 }
+
+template <typename T, unsigned N> vector<T, N> min(const vector<T, N> &a, const vector<T, N> &b) {
+  vector<T, N> out;
+  for (unsigned i = 0; i < N; ++i)
+    out.data[i] = a.data[i] <= b.data[i] ? a.data[i] : b.data[i];
+  return out;
+}
+
+#define AIE_VALUES_BITWISE(name, op)                                                                                 \
+  template <typename T, unsigned N> vector<T, N> name(const vector<T, N> &a, const vector<T, N> &b) {                \
+    vector<T, N> out;                                                                                                \
+    for (unsigned i = 0; i < N; ++i)                                                                                 \
+      out.data[i] = T(a.data[i] op b.data[i]);                                                                       \
+    return out;                                                                                                      \
+  }
+AIE_VALUES_BITWISE(bit_and, &)
+AIE_VALUES_BITWISE(bit_or, |)
+AIE_VALUES_BITWISE(bit_xor, ^)
+#undef AIE_VALUES_BITWISE
+
+template <typename T, unsigned N> vector<T, N> upshift(const vector<T, N> &v, unsigned shift) {
+  vector<T, N> out;
+  for (unsigned i = 0; i < N; ++i)
+    out.data[i] = T(std::make_unsigned_t<T>(v.data[i]) << shift);
+  return out;
+}
+
+template <typename T, unsigned N> vector<T, N> downshift(const vector<T, N> &v, unsigned shift) {
+  vector<T, N> out;
+  for (unsigned i = 0; i < N; ++i)
+    out.data[i] = T(v.data[i] >> shift);  // arithmetic for signed types
+  return out;
+}
+
+template <unsigned N> vector<uint8_t, N> unpack(const vector<uint4, N> &v) {
+  vector<uint8_t, N> out;
+  for (unsigned i = 0; i < N; ++i)
+    out.data[i] = v.data[i].value;
+  return out;
+}
+
+template <typename T, unsigned N>
+std::pair<vector<T, N>, vector<T, N>> interleave_zip(const vector<T, N> &v, const vector<T, N> &w, unsigned chunk) {
+  std::array<T, 2 * N> out;
+  for (unsigned i = 0, o = 0; i < N; i += chunk)
+    for (const vector<T, N> *in : {&v, &w})
+      for (unsigned j = 0; j < chunk; ++j)
+        out[o++] = in->data[i + j];
+  std::pair<vector<T, N>, vector<T, N>> halves;
+  for (unsigned i = 0; i < N; ++i) {
+    halves.first.data[i] = out[i];
+    halves.second.data[i] = out[N + i];
+  }
+  return halves;
+}
+
+template <typename T, unsigned N> vector<T, N / 2> filter_odd(const vector<T, N> &v, unsigned step) {
+  vector<T, N / 2> out;
+  for (unsigned i = step, o = 0; i < N; i += 2 * step)
+    for (unsigned j = 0; j < step; ++j)
+      out.data[o++] = v.data[i + j];
+  return out;
+}
+
+template <unsigned N> float reduce_add(const vector<float, N> &v) {
+  std::array<float, N> lanes = v.data;
+  for (unsigned half = N / 2; half > 0; half /= 2)
+    for (unsigned i = 0; i < half; ++i)
+      lanes[i] = lanes[i] + lanes[i + half];
+  return lanes[0];
+}
+
+inline float invsqrt(float x) { return 1.0f / std::sqrt(x); }  // the core's is not modelled
 
 template <unsigned N> accum<accfloat, N> mul(const vector<float, N> &a, const vector<float, N> &b) {
   accum<accfloat, N> out;
