@@ -1,5 +1,4 @@
-// A host stand-in for the part of the AIE API that gemm.cc, attention.cc, gemm_int8.cc, rope_half_split.cc and
-// gemv.cc call (the exact bf16
+// A host stand-in for the part of the AIE API that the kernels of kernels/aie2p call (the exact bf16
 // block products of kernels/aie2p/bf16_blocks.h among it), computing values instead of counting instructions (kernels/aie_count counts
 // them), so tests can run a kernel's __AIENGINE__ path on the host and compare it with its scalar path.
 //
@@ -8,7 +7,8 @@
 // one; extract/insert take the idx-th piece of the given width; select(a, b, m) takes b where m is set;
 // filter_even keeps the even groups of `step` values; mmul<M, K, N> multiplies a row-major M x K A by a row-major
 // K x N B into a row-major M x N C; to_float(v, shift) is v * 2^-shift; downshift is arithmetic; interleave_zip
-// alternates chunks of its inputs into its two outputs; a 4-bit vector's element 2i is byte i's low nibble (an
+// alternates chunks of its inputs into its two outputs; shuffle_up_fill/shuffle_down_fill shift by n and fill from
+// the second vector's top/bottom; a 4-bit vector's element 2i is byte i's low nibble (an
 // assumption the kernels' layouts share), and reduce_add folds halves (the order the kernels' host paths use,
 // gemv.cc's header). Arithmetic follows the core's: a bf16 x bf16 product
 // is exact in the fp32 accumulator, a multiply-accumulate rounds the sum to fp32, and accumulator -> bf16 rounds to
@@ -64,6 +64,8 @@ template <typename T, unsigned N> struct vector {
       out.data[i] = data[idx * M + i];
     return out;
   }
+  T get(unsigned i) const { return data[i]; }
+  void set(const T &value, unsigned i) { data[i] = value; }
   template <unsigned M> vector &insert(unsigned idx, const vector<T, M> &piece) {
     for (unsigned i = 0; i < M; ++i)
       data[idx * M + i] = piece.data[i];
@@ -100,13 +102,14 @@ template <typename T, unsigned N> struct vector {
 };
 
 template <typename Tag, unsigned N> struct accum {
-  std::array<float, N> data{};
+  using value_type = std::conditional_t<std::is_same_v<Tag, acc32>, int64_t, float>;  // integer sums stay exact
+  std::array<value_type, N> data{};
 
   accum() = default;
   template <typename T> accum(const vector<T, N> &v) { from_vector(v); }
   template <typename T> void from_vector(const vector<T, N> &v) {
     for (unsigned i = 0; i < N; ++i)
-      data[i] = float(v.data[i]);
+      data[i] = value_type(v.data[i]);
   }
   template <typename T> vector<T, N> to_vector() const {
     vector<T, N> out;
@@ -145,8 +148,8 @@ template <typename T, unsigned N> void store_v(T *p, const vector<T, N> &v) {
 }
 
 template <typename T, unsigned N> auto zeros() {
-  if constexpr (std::is_same_v<T, accfloat>)
-    return accum<accfloat, N>{};
+  if constexpr (std::is_same_v<T, accfloat> || std::is_same_v<T, acc32>)
+    return accum<T, N>{};
   else
     return vector<T, N>{};
 }
@@ -266,12 +269,67 @@ template <typename T, unsigned N> vector<T, N / 2> filter_odd(const vector<T, N>
   return out;
 }
 
-template <unsigned N> float reduce_add(const vector<float, N> &v) {
-  std::array<float, N> lanes = v.data;
+template <typename T, unsigned N> T reduce_add(const vector<T, N> &v) {
+  std::array<T, N> lanes = v.data;
   for (unsigned half = N / 2; half > 0; half /= 2)
     for (unsigned i = 0; i < half; ++i)
-      lanes[i] = lanes[i] + lanes[i + half];
+      lanes[i] = T(lanes[i] + lanes[i + half]);
   return lanes[0];
+}
+
+template <typename T, unsigned N> T reduce_max(const vector<T, N> &v) {
+  T out = v.data[0];
+  for (unsigned i = 1; i < N; ++i)
+    out = float(v.data[i]) > float(out) ? v.data[i] : out;
+  return out;
+}
+
+template <typename T, unsigned N> T reduce_min(const vector<T, N> &v) {
+  T out = v.data[0];
+  for (unsigned i = 1; i < N; ++i)
+    out = float(v.data[i]) < float(out) ? v.data[i] : out;
+  return out;
+}
+
+template <typename T, unsigned N> vector<T, N> sub(const vector<T, N> &a, const vector<T, N> &b) {
+  vector<T, N> out;
+  for (unsigned i = 0; i < N; ++i)
+    out.data[i] = T(a.data[i] - b.data[i]);
+  return out;
+}
+
+template <typename T, unsigned N> vector<T, N> shuffle_up_fill(const vector<T, N> &v, const vector<T, N> &fill,
+                                                               unsigned n) {
+  vector<T, N> out;
+  for (unsigned i = 0; i < N - n; ++i)
+    out.data[i + n] = v.data[i];
+  for (unsigned i = 0; i < n; ++i)
+    out.data[i] = fill.data[i + N - n];
+  return out;
+}
+
+template <typename T, unsigned N> vector<T, N> shuffle_down_fill(const vector<T, N> &v, const vector<T, N> &fill,
+                                                                 unsigned n) {
+  vector<T, N> out;
+  for (unsigned i = 0; i < N - n; ++i)
+    out.data[i] = v.data[i + n];
+  for (unsigned i = 0; i < n; ++i)
+    out.data[i + N - n] = fill.data[i];
+  return out;
+}
+
+template <typename T, unsigned N> vector<T, N> shuffle_down(const vector<T, N> &v, unsigned n) {
+  vector<T, N> out;  // the new top elements are undefined in aie_api: zeros here
+  for (unsigned i = 0; i < N - n; ++i)
+    out.data[i] = v.data[i + n];
+  return out;
+}
+
+template <typename R, unsigned N> vector<R, N> to_fixed(const vector<float, N> &v, int shift = 0) {
+  vector<R, N> out;  // the kernels convert integer values only: no rounding mode to model
+  for (unsigned i = 0; i < N; ++i)
+    out.data[i] = R(std::nearbyint(std::ldexp(v.data[i], shift)));
+  return out;
 }
 
 inline float invsqrt(float x) { return 1.0f / std::sqrt(x); }  // the core's is not modelled
@@ -330,10 +388,10 @@ accum<accfloat, N> mac(const accum<accfloat, N> &acc, const vector<bfloat16, N> 
   return out;
 }
 
-template <unsigned N, typename T> accum<accfloat, N> add(const accum<accfloat, N> &acc, const vector<T, N> &v) {
-  accum<accfloat, N> out;
+template <typename Tag, unsigned N, typename T> accum<Tag, N> add(const accum<Tag, N> &acc, const vector<T, N> &v) {
+  accum<Tag, N> out;
   for (unsigned i = 0; i < N; ++i)
-    out.data[i] = acc.data[i] + float(v.data[i]);
+    out.data[i] = acc.data[i] + typename accum<Tag, N>::value_type(v.data[i]);
   return out;
 }
 
