@@ -50,8 +50,8 @@
 // apart), the scale enters each exponent's argument (fp32 from bf16 products, see mul_split), and the
 // accumulator's rescale is a vector multiply by the bf16 factors exp2 gives. It uses the core's native
 // bf16 x bf16 -> fp32 products only, so it builds without the AIE API's fp32 emulation. Type-checked here
-// against the real AIE API (torch-npu2 lint --aie-source), not compiled (no Peano on the development machine);
-// the scalar path is what tests run.
+// against the real AIE API (torch-npu2 lint --aie-source), not compiled (no Peano on the development machine), and
+// run against a value stand-in of the AIE API beside the scalar path (tests/kernels/test_aie_path_values.py).
 //
 // Causality is by position: key j of the tile is visible to query row i iff k_start + j <= q_start + i. Decode
 // against a cache is the same call with q_start = the token's position. Exponentials are base 2 because exp2

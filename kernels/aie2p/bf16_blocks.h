@@ -7,7 +7,9 @@
 //   lane r * 8 + c of b(k): B[k][c], row k of the (k, c) operand repeated down the block (an extract, a broadcast).
 // Each prepared vector is made once and used by every block of the pass that takes it, and an output's sum runs
 // k by k, the order the scalar paths add in. Not compiled here (no Peano): type-checked by `torch-npu2 lint
-// --aie-source`; what that cannot see includes register pressure (Rows x Cols 2048-bit accumulators live).
+// --aie-source` and run against a value stand-in of the AIE API (tests/kernels/test_aie_path_values.py: gemm.cc's
+// and attention.cc's products equal their scalar paths bit for bit); neither sees register pressure (Rows x Cols
+// 2048-bit accumulators live).
 #pragma once
 
 #include "npu2_kernel.h"

@@ -48,8 +48,8 @@
 // on silicon its last bit may differ from the host path's std::exp2 rounded to bf16); P.V is a multiply-accumulate
 // of value rows by each probability. fp32 products by fp32 values (the scale, the rescale of acc, the final 1/sum)
 // use bf16 head/tail splits of one factor, as attention.cc does: native bf16 x bf16 -> fp32 products only.
-// Type-checked against the real AIE API (torch-npu2 lint --aie-source), not compiled (no Peano here); the scalar
-// path is what tests run.
+// Type-checked against the real AIE API (torch-npu2 lint --aie-source), not compiled (no Peano here), and run
+// against a value stand-in of the AIE API beside the scalar path (tests/kernels/test_aie_path_values.py).
 #include "attention_math.h"
 
 #if !defined(__AIENGINE__)

@@ -34,7 +34,8 @@
 // exact bf16 matrix multiply; aie_api's mmul<4, 8, 8> emulation prepares its operands again in every call); BFP16
 // emulation runs aie::mmul<8, 8, 8>. A W block is transposed in registers into the 8x8 (k, n) operand both take: a
 // bf16 transpose cannot be done by the DMA (4-byte granules). Not compiled on this machine (no Peano): written
-// against the documented AIE API.
+// against the documented AIE API, type-checked against it and, exact bf16, run against a value stand-in of it
+// (tests/kernels/test_aie_path_values.py: equal to the host path bit for bit).
 // Host path: the same blocks in the same order, one fp32 multiply-add at a time along K.
 #include "npu2_kernel.h"
 #include "silu_mul.h"

@@ -39,7 +39,9 @@
 // operand (one 512-bit load) feeds the hi and the lo mmul, and one 512-bit load brings a K step's hi and lo B operands
 // together (they are adjacent in the window). fp32(acc) is aie_api's int32 → float conversion (the high and low 16
 // bits converted exactly and summed once: round to nearest even); fp32(acc_lo) · 2^-8 its shift argument (exact).
-// Not compiled on this machine (no Peano): type-checked by `torch-npu2 lint --aie-source`; what it cannot check:
+// Not compiled on this machine (no Peano): type-checked by `torch-npu2 lint --aie-source` and run against a value
+// stand-in of the AIE API (tests/kernels/test_aie_path_values.py: equal to the host path bit for bit, its fp32
+// products IEEE's there); what these cannot check:
 // code generation, register pressure (the MAC loop keeps four 2048-bit accumulators and three operands live),
 // and whether the two fp32 × fp32 products of the drain (row_scale · col_scale, then the sum times it) round
 // correctly: AIE2P has no fp32 vector multiplier and aie_api emulates one with bf16 products

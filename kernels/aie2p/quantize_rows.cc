@@ -28,7 +28,9 @@
 // from the int16 q, then across the lanes (exact: S < 32767 · K < 2^31). A group of 8 runs is 9 aligned
 // 512-bit stores: each run's q shifted into place with the previous run's tail and the scale (shuffle_up_fill,
 // shuffle_down_fill). Scalar float work (the divisions, the branch) is software-emulated, once per row.
-// Type-checked by `torch-npu2 lint --aie-source`; code generation and register use are not checked here.
+// Type-checked by `torch-npu2 lint --aie-source` and run against a value stand-in of the AIE API
+// (tests/kernels/test_aie_path_values.py: equal to the host path bit for bit); code generation and register use
+// are not checked here.
 #include "npu2_kernel.h"
 
 #ifndef QUANT_K
