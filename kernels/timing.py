@@ -8,7 +8,8 @@ IR — air.launch → air.segment → air.herd, scf.for trip counts, DMAs, compu
 * compute, per tile. A ``func.call`` into one of our AIE2P kernels costs the instructions that call executes:
   ``kernels.core_ops`` runs the kernel's own AIE path against a counting stand-in of the AIE API (loads, stores,
   multiplies, vector-unit operations, moves, exp2/tanh, software float), and expands each ``aie::mmul`` into what
-  aie_api emits for it on AIE2P (exact bf16 is emulated with 32-lane multiplies and operand shuffles). Cycles from
+  aie_api emits for it on AIE2P (BFP16 and int16 × int8; exact bf16, which AIE2P cannot multiply as matrices, the
+  kernels write as elementwise multiply-accumulates, counted like any vector code). Cycles from
   instructions: at the fast end a VLIW cycle issues two loads, a store, one vector-unit operation (multiplies
   included) and one move, operands an ``aie::mmul`` shares with another call are prepared once, and the kernel's
   integer arguments take their cheapest values (``core_ops.WORK_ARGUMENTS``); at the slow end every instruction

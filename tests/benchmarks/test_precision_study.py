@@ -25,7 +25,7 @@ def test_a_study_sets_every_prefill_gemm_and_only_inside():
 
 def test_per_call_cycles_rank_the_precisions():
     """At both ends of the timing model, for the same MACs a call (64 x 32 x 128 bf16; 64 x 64 x 32 with two int8
-    terms), the integer call is cheaper than a BFP16 one, which is cheaper than exact bf16 (aie_api's emulation)."""
+    terms), the integer call is cheaper than a BFP16 one, which is cheaper than exact bf16 (elementwise products)."""
     cycles = precision.gemm_call_cycles()
     assert set(cycles) == {"bf16", "bfp16", "w8x2a16"}
     for end in (0, 1):
