@@ -1,5 +1,6 @@
 """aircc's npu2 flow replayed with the real AIR binaries: the pass pipelines, every Program lowered to NPU
 instructions for SmolLM2-135M and Llama-3.2-1B dims, and failures that name the pass."""
+import concurrent.futures
 import dataclasses
 import re
 import subprocess
@@ -186,14 +187,33 @@ def assert_views_patched_in_place(program: Program, build_dir) -> None:
         assert {(arg, span.start) for arg, spans in touched.items() for span in spans} <= patched, (index, patched)
 
 
+@pytest.fixture(scope="module")
+def lowerings(request, air_tools, tmp_path_factory):
+    """The Programs the session's lowering tests name, lowered in the background two at a time (a lowering is one
+    single-threaded tool run after another, so two use both of CI's cores): name → (future Lowering, the build
+    directory kept for a Program with views, else None). Each test waits for its own."""
+    names = [item.callspec.params["name"] for item in request.session.items
+             if getattr(item, "originalname", None) == "test_program_lowers_to_npu_instructions"]
+    environment = pytest.MonkeyPatch()
+    environment.setenv(TIMEOUT_VARIABLE, LOWERING_TIMEOUT)
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
+    lowered = {}
+    for name in names:
+        keep = tmp_path_factory.mktemp("lowered") if PROGRAMS[name].views else None
+        lowered[name] = (pool.submit(lower_to_npu_insts, PROGRAMS[name], keep), keep)
+    yield lowered
+    pool.shutdown(wait=True, cancel_futures=True)
+    environment.undo()
+
+
 @pytest.mark.parametrize("name", list(PROGRAMS))
-def test_program_lowers_to_npu_instructions(air_tools, monkeypatch, tmp_path, name):
-    monkeypatch.setenv(TIMEOUT_VARIABLE, LOWERING_TIMEOUT)
+def test_program_lowers_to_npu_instructions(lowerings, name):
     program = PROGRAMS[name]
     # (which refuses a shim BD outside its argument: the test below)
-    lowering = lower_to_npu_insts(program, keep_dir=tmp_path if program.views else None)
+    future, kept = lowerings[name]
+    lowering = future.result()
     if program.views:  # a decode group's scratches and its layers' weights, each in its place in its arena
-        assert_views_patched_in_place(program, tmp_path)
+        assert_views_patched_in_place(program, kept)
     assert len(lowering.devices) == len(program.launches)  # one aie.device per launch segment
     assert lowering.configures == len(program.launches)  # each entered in turn: the timing model's CONFIGURE_S
     for device in lowering.devices:
