@@ -514,9 +514,9 @@ def test_the_drains_and_remaining_entry_points_compute_what_their_scalar_paths_d
     sums = torch.randint(-2 ** 24, 2 ** 24, (2 * 2 * tile_m * tile_n,), generator=generator, dtype=torch.int32)
     row_scale, col_scale = torch.rand(tile_m, generator=generator) * 1e-3, torch.rand(2 * tile_n, generator=generator)
     rows, K = 8, 2048
-    raw = quant.from_gguf_blocks(quant.Q4_0, torch.from_numpy(pytest.importorskip("gguf").quants.quantize(
-        torch.randn(rows, K, generator=generator).numpy(), pytest.importorskip("gguf").GGMLQuantizationType.Q4_0)), K)
-    packed = raw.contiguous()
+    gguf = pytest.importorskip("gguf", reason="the gguf package quantizes the test weights as GGUF does")
+    raw = gguf.quants.quantize(torch.randn(rows, K, generator=generator).numpy(), gguf.GGMLQuantizationType.Q4_0)
+    packed = quant.from_gguf_blocks(quant.Q4_0, torch.from_numpy(raw), K).contiguous()
     w = torch.randn(rows * K, generator=generator).to(torch.bfloat16)
     x = torch.randn(K, generator=generator).to(torch.bfloat16)
     out = {}
