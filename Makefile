@@ -65,8 +65,13 @@ air-tools: install-mlir-tools
 demo: install
 	torch-npu2 generate --prompt "$(PROMPT)" --max-new-tokens 64
 
+# Tests run on PYTEST_WORKERS processes (pytest-xdist, one per core of CI's two), each test sent to whichever worker
+# is free, except a module marked xdist_group, which stays on one worker (test_air_pipeline.py's shared lowerings).
+PYTEST_WORKERS ?= 2
+PYTEST_PARALLEL = -n $(PYTEST_WORKERS) --dist loadgroup
+
 test: install air-tools aie-headers
-	$(PYTHON) -m pytest tests -q -ra
+	$(PYTHON) -m pytest tests -q -ra $(PYTEST_PARALLEL)
 
 # The compatibility subset (pytest -m compat: generate end to end on SmolLM2 and the tiny models, the layer's
 # argument binding) on both ends of the supported transformers range, each in a venv over the installed
@@ -84,7 +89,7 @@ test-compat: install
 	  "$$venv/bin/python" -m pip install -q --no-deps -e . || exit 1; \
 	  version=$$("$$venv/bin/python" -c "import transformers; print(transformers.__version__)"); \
 	  echo "== compatibility subset on transformers $$version (the $$end: $$want) =="; \
-	  "$$venv/bin/python" -m pytest tests -q -ra -m compat -p no:cacheprovider || \
+	  "$$venv/bin/python" -m pytest tests -q -ra -m compat -p no:cacheprovider $(PYTEST_PARALLEL) || \
 	    failed="$$failed transformers $$version (the $$end supported: $$want)"; \
 	done; \
 	if [ -n "$$failed" ]; then \

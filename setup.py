@@ -89,7 +89,7 @@ setup(
         "plot": ["matplotlib"],
         "gguf": ["gguf", "accelerate"],
         "serve": ["fastapi", "uvicorn"],
-        "test": ["pytest", "ml_dtypes", "safetensors", "gguf", "accelerate", "matplotlib", "fastapi", "uvicorn",
+        "test": ["pytest", "pytest-xdist", "ml_dtypes", "safetensors", "gguf", "accelerate", "matplotlib", "fastapi", "uvicorn",
                  "openai"],
     },
     entry_points={"console_scripts": ["torch-npu2=torch_npu2.cli:main"]},

@@ -2,6 +2,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from torch_npu2 import create_runtime, use_runtime
 from torch_npu2.emulator import EmulatedXrt
@@ -15,6 +16,9 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "npu: needs the NPU toolchain (aircc, Peano) or an NPU with pyxrt")
     config.addinivalue_line("markers", "compat: the transformers-compatibility subset CI also runs on the oldest "
                                        "and the newest supported transformers (make test-compat)")
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:  # each pytest-xdist worker takes its share of the cores, not torch's default of all of them
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
     if not os.environ.get(toolchain.AIR_TOOLS_VARIABLE) and (CHECKOUT_AIR_TOOLS / "bin" / "air-opt").exists():
         os.environ[toolchain.AIR_TOOLS_VARIABLE] = str(CHECKOUT_AIR_TOOLS)
 

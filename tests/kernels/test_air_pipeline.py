@@ -18,6 +18,10 @@ from torch_npu2.kernels.program import DTYPE_BYTES, Arg, CompileOptions, Launch,
 
 from .air_text import shift_first_packed_v_bd
 
+# Under pytest-xdist (make test) the whole module runs on one worker: the lowerings fixture below lowers every
+# Program the session names, so a second worker running some of its tests would lower them all again.
+pytestmark = pytest.mark.xdist_group("air_pipeline")
+
 SMOL = ModelDims(576, 9, 3, 64, 1536, 49152, 1e-5)
 LLAMA = ModelDims(2048, 32, 8, 64, 8192, 128256, 1e-5)
 BUCKETS = [16, 32, 64, 128, 256, 512, 1024, 2048]
