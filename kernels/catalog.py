@@ -20,7 +20,7 @@ W, I, S, O = Role.WEIGHT, Role.INPUT, Role.SCRATCH, Role.OUTPUT
 
 # aircc options per Program, from upstream llama32_1b's presets (mlir-air llms/shared/infra/backend_presets.py
 # and llama32_1b_prefill.py): [2, 2] runtime loop tiling for the prefill ELFs, [16, 16] for the decode GEMV
-# ELFs, [1, 1] without ping-pong for attention. aircc's default [4, 4] would fold more launch steps into each
+# ELFs, [1, 1] for attention. aircc's default [4, 4] would fold more launch steps into each
 # shim BD task, but with it air-opt-shim-dma-bds does not finish on the vectorized GEMM's down projection
 # (M=1024, K=8192, N=2048: killed after 15 min; 1.0 s at [2, 2]), and Llama-3.2-1B's o_ffn at 2048 lowers in
 # 126 s at [2, 2] (measured with lower_to_npu_insts). One departure: upstream's o_gemv_ffn omits ping-pong because
@@ -31,7 +31,9 @@ PREFILL_OPTIONS = CompileOptions(runtime_loop_tiling_sizes=(2, 2))
 # their 4-D DDR window then takes a shim BD per K step, more than a shim tile has (Llama-3.2-1B at 16 rows).
 # o_ffn there runs the gate and up GEMMs and silu_mul as three launches.
 FUSED_SWIGLU_MIN_ROWS = 32
-ATTENTION_OPTIONS = CompileOptions(runtime_loop_tiling_sizes=(1, 1), omit_pingpong="all")
+# Upstream's preset also omits ping-pong for attention; ours keeps it, for the key/value blocks only
+# (builders/attention.py: every other buffer of a core sits at segment scope, outside the loops AIR labels).
+ATTENTION_OPTIONS = CompileOptions(runtime_loop_tiling_sizes=(1, 1))
 # Decode attention keeps ping-pong: its cores stream the cache's key and value tiles while they compute.
 DECODE_ATTENTION_OPTIONS = CompileOptions(runtime_loop_tiling_sizes=(1, 1))
 DECODE_OPTIONS = CompileOptions(runtime_loop_tiling_sizes=(16, 16))

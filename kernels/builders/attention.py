@@ -32,6 +32,15 @@ rows, past the argument's end.)
   update, P·V accumulation) only if the block is not wholly in the future of its queries
   (``k_start <= q_start + tile_q - 1``): about half the blocks of a long sequence are skipped. At the end of
   the round, the normalization. Row max, row sum and the f32 accumulator stay in L1 for the round.
+* The key/value block is double-buffered: AIR's ping-pong transform gives it a ping and a pong copy, so the
+  next block streams in while the core works on this one. Every other buffer of a core (query and output
+  tiles, scores, probabilities, row state, accumulator) is allocated at segment scope, a slab per core, so
+  that the kv loop is the only loop allocating a buffer: AIR (0e3df89d) labels each loop that allocates one
+  for ping-pong, and with the round's buffers allocated in the rounds loop it labels that loop as well and
+  its transform fails on the nested pair ("operand does not dominate this use"). At segment scope the round's
+  buffers stay single and only the block is doubled. (The output tile cannot share the query tile's L1: the
+  DMA refilling the query tile for the next round and the one draining the output hold separate locks, so
+  they would race.)
 
 Every round still streams every key/value block (the stream is shared and its length must not depend on
 the round for AIR to keep it one broadcast channel); stopping the stream at the round's causal frontier,
@@ -44,9 +53,9 @@ The kernels mask by position, so only causal attention is supported.
 
 Constraints: causal; heads a multiple of kv_heads; head_dim a multiple of 16; tile_q a multiple of 8,
 herd_q*tile_q dividing seq; tile_kv a multiple of 16 dividing seq; herd_heads dividing the group
-(heads // kv_heads) and at most the array's 4 rows; the tile's buffers (Q, the K/V block, scores,
-probabilities, accumulator, row state, output) fit L1, single-buffered (the Program compiles attention
-without ping-pong); the step's queries and outputs fit the memtiles.
+(heads // kv_heads) and at most the array's 4 rows; the tile's buffers (Q, the K/V block's ping and pong,
+scores, probabilities, accumulator, row state, output) fit L1 (tile_kv the largest that does: 32 at tile_q 32
+and head_dim 64); the step's queries and outputs fit the memtiles.
 """
 from __future__ import annotations
 
@@ -54,7 +63,8 @@ from dataclasses import dataclass
 
 from ..device import DEVICE
 from .ir import L1, L2, WHOLE, LaunchBuilder, LaunchIR, MemRef, Value, Window
-from .npu2 import L1_AVAILABLE, check_budget, check_operands, divisors_descending, l1_elements, nbytes, require
+from .npu2 import (L1_AVAILABLE, check_budget, check_operands, divisors_descending, l1_elements, nbytes, pingpong_copies,
+                   require)
 
 BLOCK = 8  # attention.cc's buffers are pre-tiled into 8x8 blocks, each row-major
 
@@ -67,9 +77,10 @@ TILE_KV_CANDIDATES = (64, 32, 16)  # attention.cc's AIE path needs multiples of 
 KV_GRANULE = 16
 
 
-def _l1_bytes(tile_q: int, tile_kv: int, head_dim: int) -> dict[str, int]:
+def _l1_bytes(tile_q: int, tile_kv: int, head_dim: int, seq: int) -> dict[str, int]:
+    copies = pingpong_copies(seq // tile_kv)  # the kv loop's trips: one block each
     return {"Q tile": nbytes((tile_q, head_dim), "bf16"),
-            "K/V block": nbytes((2, tile_kv, head_dim), "bf16"),
+            f"K/V block x{copies} (ping-pong)": copies * nbytes((2, tile_kv, head_dim), "bf16"),
             "f32 scores": nbytes((tile_q, tile_kv), "f32"),
             "bf16 probabilities": nbytes((tile_q, tile_kv), "bf16"),
             "f32 accumulator": nbytes((tile_q, head_dim), "f32"),
@@ -109,10 +120,10 @@ def build(params: dict, operands, tuning: dict) -> LaunchIR:
             f"q_rows*herd_q*tile_q dividing seq={seq}")
     dividing = [t for t in TILE_KV_CANDIDATES if seq % t == 0] or [KV_GRANULE]
     tile_kv = tuning.get("tile_kv") or next(
-        (t for t in dividing if sum(_l1_bytes(tile_q, t, head_dim).values()) <= L1_AVAILABLE), dividing[-1])
+        (t for t in dividing if sum(_l1_bytes(tile_q, t, head_dim, seq).values()) <= L1_AVAILABLE), dividing[-1])
     require(seq % tile_kv == 0 and tile_kv % KV_GRANULE == 0, KIND, "tile_kv", tile_kv,
             f"must divide seq={seq} and be a multiple of {KV_GRANULE}")
-    l1 = _l1_bytes(tile_q, tile_kv, head_dim)
+    l1 = _l1_bytes(tile_q, tile_kv, head_dim, seq)
     check_budget(KIND, "L1", l1, "lower tile_q or tile_kv")
     # AIR splits the step's query and output buffers across the memtiles of the herd's columns.
     rows = herd_heads * q_rows
@@ -144,12 +155,13 @@ def build(params: dict, operands, tuning: dict) -> LaunchIR:
             q_l2 = b.alloc(MemRef(l2_shape, "bf16", L2), "q_l2")
             o_l2 = b.alloc(MemRef(l2_shape, "bf16", L2), "o_l2")
             b.dma(q_l2, WHOLE, sq, step_window)
-            with b.herd("attention_herd", (herd_q, rows), [Value(kv_col, "index"), skv, q_l2, o_l2],
-                        link_with=OBJECT) as ((tx, ty), _, (h_kv_col, hkv, hq, ho)):
-                _emit_core(b, tx, ty, h_kv_col.ssa, hkv, hq, ho,
-                           _Tiling(seq, head_dim, tile_q, tile_kv, block_q, q_rows))
+            tiling = _Tiling(seq, head_dim, tile_q, tile_kv, block_q, q_rows)
+            tile_state = _tile_state(b, (herd_q, rows), tiling)
+            with b.herd("attention_herd", (herd_q, rows), [Value(kv_col, "index"), skv, q_l2, o_l2, *tile_state],
+                        link_with=OBJECT) as ((tx, ty), _, (h_kv_col, hkv, hq, ho, *h_state)):
+                _emit_core(b, tx, ty, h_kv_col.ssa, hkv, hq, ho, [b.slab(s, [tx, ty]) for s in h_state], tiling)
             b.dma(so, step_window, o_l2, WHOLE)
-            b.dealloc(q_l2, o_l2)
+            b.dealloc(q_l2, o_l2, *tile_state)
     return b.finish(l1)
 
 
@@ -163,17 +175,22 @@ class _Tiling:
     q_rows: int  # >1: row y of the herd holds part y of the sequence, not a head
 
 
-def _emit_core(b: LaunchBuilder, tx, ty, kv_col, kv, q_step, o_step, t: _Tiling) -> None:
+def _tile_state(b: LaunchBuilder, herd: tuple[int, int], t: _Tiling) -> list[Value]:
+    """Each core's buffers but the key/value block, at segment scope (a slab per core, single: the module docstring
+    says why): the query tile, scores, probabilities, row max, sum and scale, the accumulator and the output tile."""
+    tile_q, tile_kv, head_dim = t.tile_q, t.tile_kv, t.head_dim
+    shapes = [("q_l1", tile_q * head_dim, "bf16"), ("scores_l1", tile_q * tile_kv, "f32"),
+              ("probs_l1", tile_q * tile_kv, "bf16"), ("row_max_l1", l1_elements(tile_q, "f32"), "f32"),
+              ("row_sum_l1", l1_elements(tile_q, "f32"), "f32"), ("row_scale_l1", l1_elements(tile_q, "f32"), "f32"),
+              ("acc_l1", tile_q * head_dim, "f32"), ("out_l1", tile_q * head_dim, "bf16")]
+    return [b.alloc(MemRef((*herd, n), dtype, L1), name) for name, n, dtype in shapes]
+
+
+def _emit_core(b: LaunchBuilder, tx, ty, kv_col, kv, q_step, o_step, state, t: _Tiling) -> None:
     """One core's rounds: in each, its query tile against the key/value blocks its queries can see."""
     seq, head_dim, tile_q, tile_kv = t.seq, t.head_dim, t.tile_q, t.tile_kv
-    q_buf = b.alloc(MemRef((tile_q * head_dim,), "bf16", L1), "q_l1")
+    q_buf, scores, probs, row_max, row_sum, row_scale, acc, out_buf = state
     kv_buf = b.alloc(MemRef((2, tile_kv, head_dim), "bf16", L1), "kv_l1")
-    scores = b.alloc(MemRef((tile_q * tile_kv,), "f32", L1), "scores_l1")
-    probs = b.alloc(MemRef((tile_q * tile_kv,), "bf16", L1), "probs_l1")
-    row_max, row_sum, row_scale = (b.alloc(MemRef((l1_elements(tile_q, "f32"),), "f32", L1), n)
-                                   for n in ("row_max_l1", "row_sum_l1", "row_scale_l1"))
-    acc = b.alloc(MemRef((tile_q * head_dim,), "f32", L1), "acc_l1")
-    out_buf = b.alloc(MemRef((tile_q * head_dim,), "bf16", L1), "out_l1")
     config = {"ATTN_TQ": tile_q, "ATTN_TK": tile_kv, "ATTN_HEAD_DIM": head_dim}
     if t.q_rows == 1:  # the core's head: its columns of the step's queries and outputs, in 8-column blocks
         block_width = q_step.type.shape[-1]
@@ -211,4 +228,4 @@ def _emit_core(b: LaunchBuilder, tx, ty, kv_col, kv, q_step, o_step, t: _Tiling)
                 b.call("attn_pv_accumulate_bf16", [probs, kv_buf, row_scale, acc], config)
         b.call("attn_finalize_bf16", [acc, row_sum, out_buf], config)
         b.dma(o_step, tile_window, out_buf, WHOLE)
-    b.dealloc(q_buf, kv_buf, scores, probs, row_max, row_sum, row_scale, acc, out_buf)
+    b.dealloc(kv_buf)

@@ -169,8 +169,9 @@ def test_calls_state_the_kernel_configuration_they_were_tiled_for():
     assert dict(build("rope_qk").externs[0].defines) == {"ROPE_ROWS": 1, "ROPE_HEADS": 40, "ROPE_HEAD_DIM": 64}
     assert dict(build("silu_mul").externs[0].defines) == {"SILU_MUL_LEN": 1024}
     assert dict(build("gemv").externs[0].defines) == {"GEMV_ROWS": 1, "GEMV_K": 8192}
+    # (tile_kv 32: the largest whose K/V block fits L1 twice, for the kv loop's ping-pong)
     assert {d.defines for d in build("attention").externs} == {
-        (("ATTN_HEAD_DIM", 64), ("ATTN_TK", 64), ("ATTN_TQ", 32))}
+        (("ATTN_HEAD_DIM", 64), ("ATTN_TK", 32), ("ATTN_TQ", 32))}
     assert {d.defines for d in build("gemm").externs} == {
         (("GEMM_DRAIN_N", 16), ("GEMM_TILE_K", 32), ("GEMM_TILE_M", 64), ("GEMM_TILE_N", 128))}
     # the buffers handed to the kernel are exactly the configured tile
@@ -675,7 +676,7 @@ def test_attention_rows_take_parts_of_the_sequence_when_the_group_gives_them_no_
     a sequence of one round per core's block takes one row."""
     ir = build("attention", heads=14, kv_heads=2, seq=2048)
     header = ir.text.splitlines()[0]
-    assert "herd 8x4 (the sequence in 4 parts), tile_q 32, tile_kv 64, 2 rounds per core, 2x7 launch steps" in header
+    assert "herd 8x4 (the sequence in 4 parts), tile_q 32, tile_kv 32, 2 rounds per core, 2x7 launch steps" in header
     assert "memref<8x8x32x64xbf16, 1 : i32>" in ir.text  # [column][round*4 + part][tile_q][head_dim]
     assert "herd 8x1, tile_q 8, tile_kv 64, 1 rounds per core" in build("attention", heads=14, kv_heads=2,
                                                                        seq=64).text.splitlines()[0]
