@@ -282,13 +282,14 @@ def test_views_reach_the_npu_instructions_at_their_place_in_the_arena(air_tools,
 
 
 # Programs lowered both ways below: a decode chain (6 launches), the integer-GEMM prefill projections (7: broadcast
-# streams), flash attention (its options omit ping-pong) and a two-layer _qkv decode group over scratch views (17).
+# streams), flash attention (its K/V blocks double-buffered: 8 trips of its kv loop at 256 positions) and a two-layer
+# _qkv decode group over scratch views (17).
 JOINED = {
     "smol-o_gemv_ffn_rms_gemv_rope": catalog.o_gemv_ffn_rms_gemv_rope_program(
         SMOL.hidden, SMOL.q_dim, SMOL.intermediate, SMOL.eps, SMOL.heads, SMOL.kv_heads, SMOL.head_dim, SMOL.eps),
     "smol-rms_gemms_rope_w8x2-16": catalog.rms_gemms_rope_w8x2_program(SMOL.hidden, SMOL.heads, SMOL.kv_heads,
                                                                        SMOL.head_dim, SMOL.eps, 16),
-    "smol-flash_attn-64": catalog.flash_attn_program(SMOL.heads, SMOL.kv_heads, SMOL.head_dim, 64),
+    "smol-flash_attn-256": catalog.flash_attn_program(SMOL.heads, SMOL.kv_heads, SMOL.head_dim, 256),
     "smol-decode_layers2_qkv-256": catalog.decode_layers_program(
         2, SMOL.hidden, SMOL.q_dim, SMOL.intermediate, SMOL.eps, SMOL.heads, SMOL.kv_heads, SMOL.head_dim, 256,
         SMOL.eps, first_qkv=True),
