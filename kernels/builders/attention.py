@@ -63,8 +63,8 @@ from dataclasses import dataclass
 
 from ..device import DEVICE
 from .ir import L1, L2, WHOLE, LaunchBuilder, LaunchIR, MemRef, Value, Window
-from .npu2 import (L1_AVAILABLE, check_budget, check_operands, divisors_descending, l1_elements, nbytes, pingpong_copies,
-                   require)
+from .npu2 import (L1_AVAILABLE, check_budget, check_operands, divisors_descending, l1_elements, nbytes,
+                   pingpong_copies, require)
 
 BLOCK = 8  # attention.cc's buffers are pre-tiled into 8x8 blocks, each row-major
 
