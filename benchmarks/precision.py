@@ -35,6 +35,8 @@ from pathlib import Path
 
 import torch
 
+from torch_npu2.kernels import catalog
+
 from . import common, cost_model
 
 PRECISIONS = ("bf16", "bfp16", "bfp16_gate_up", "w8x2a16")
@@ -44,6 +46,10 @@ PRECISIONS = ("bf16", "bfp16", "bfp16_gate_up", "w8x2a16")
 STUDIES = {"int8": lambda projection: "int8", "w8a16": lambda projection: "w8a16",
            "w8a16_v_bf16": lambda projection: "bf16" if projection == "v" else "w8a16",
            "w8a16_v_down_bf16": lambda projection: "bf16" if projection in ("v", "down") else "w8a16"}
+# What a study's model is patched at: a study rewrites the GEMM precisions of the bf16-weight Programs
+# (catalog._gemm_precision), so its model must run those; under "auto" a model the integer GEMMs take runs the
+# w8x2a16 Programs, which no study reaches, and the study would measure the default instead.
+STUDY_BASE_PRECISION = catalog.DEFAULT_BF16_WEIGHT_PRECISION
 PROJECTIONS = ("q", "k", "v", "o", "gate_up", "down")  # the prefill GEMMs, as kernels/catalog.py names them
 SETTINGS = {
     "quick": dict(new_tokens=16, llama_layers=2, llama_prompts=4, llama_new_tokens=4, buckets=(16, 32, 64)),
@@ -110,14 +116,10 @@ def _evaluate(name, model, prompts, compare_ids, new_tokens, buckets, tokenizer,
 
 def _evaluate_one(label, precision, study, model, prompts, compare_ids, reference, fp32, new_tokens, buckets,
                   tokenizer, name, log) -> dict:
-    import torch_npu2
-
     started = time.perf_counter()
     candidate = copy.deepcopy(model)
-    if precision is not None:
-        torch_npu2.patch_llama(candidate, prefill_buckets=buckets, matmul_precision=precision)
-    elif study is not None:  # inside _studied: the catalog gives the GEMMs the study's precisions
-        torch_npu2.patch_llama(candidate, prefill_buckets=buckets)
+    if precision is not None or study is not None:  # a study: inside _studied
+        _patch(candidate, buckets, precision)
     gates = []
     for (kind, text, ids), ref in zip(prompts, reference):
         gates.append({"kind": kind, "prompt": text, **_gate(ref, _greedy(candidate, ids, new_tokens))})
@@ -161,7 +163,6 @@ def _only_projection_bfp16(projection: str):
     registry's Program memo is emptied on entry and exit, so no Program crosses the boundary)."""
     from unittest import mock
 
-    from torch_npu2.kernels import catalog
     from torch_npu2.ops import registry
 
     registry._program.cache_clear()
@@ -172,6 +173,13 @@ def _only_projection_bfp16(projection: str):
     finally:
         registry._program.cache_clear()
 
+
+def _patch(model, buckets, precision: str | None) -> None:
+    """Patch ``model`` at matmul precision ``precision``, or (None: inside a study, whose GEMM precisions rewrite the
+    catalog's) at STUDY_BASE_PRECISION."""
+    import torch_npu2
+
+    torch_npu2.patch_llama(model, prefill_buckets=buckets, matmul_precision=precision or STUDY_BASE_PRECISION)
 
 
 @contextmanager
@@ -190,7 +198,6 @@ def _studied_scheme(scheme):
     is emptied on entry and exit."""
     from unittest import mock
 
-    from torch_npu2.kernels import catalog
     from torch_npu2.ops import registry
 
     registry._program.cache_clear()
@@ -200,9 +207,9 @@ def _studied_scheme(scheme):
     finally:
         registry._program.cache_clear()
 
+
 def _sensitivity(settings, log) -> dict:
     """SmolLM2's distance to fp32 with only one projection's GEMM at bfp16, per projection."""
-    import torch_npu2
     from tests.patch_llama.test_smollm2 import chat_ids
     from torch_npu2.patch_llama.models import load_model
 
@@ -213,7 +220,7 @@ def _sensitivity(settings, log) -> dict:
     for projection in PROJECTIONS:
         candidate = copy.deepcopy(model)
         with _only_projection_bfp16(projection):
-            torch_npu2.patch_llama(candidate, prefill_buckets=settings["buckets"])
+            _patch(candidate, settings["buckets"], None)
             rows[projection] = _distance(fp32, candidate, compare_ids)
         log(f"  SmolLM2-135M, only {projection} at bfp16: worst layer "
             f"{rows[projection]['worst_layer_min_cosine']:.5f}, logits {rows[projection]['logits_min_cosine']:.5f}")
@@ -226,14 +233,14 @@ def integer_distances(log=print, names: tuple[str, ...] | None = None) -> dict:
     exact bf16 GEMMs for reference, the "w8x2a16" matmul precision, each study of ``STUDIES``, the integer W8A8 GEMM
     with V and down exact, and W8A16 in one projection at a time (the others exact bf16); ``names``: just these
     schemes, by name. Runs on the emulated NPU2."""
-    import torch_npu2
     from tests.patch_llama.test_smollm2 import chat_ids
     from torch_npu2.patch_llama.models import load_model
 
     # None: a matmul precision of its own name; else each projection's precision in a study
-    schemes = {"bf16": None, "w8x2a16": None, **STUDIES, "int8_v_down_bf16": lambda projection: "bf16" if projection in ("v", "down") else "int8",
-               **{f"w8a16_{only}_only": (lambda only: lambda projection: "w8a16" if projection == only else "bf16")(only)
-                  for only in PROJECTIONS}}
+    schemes = {"bf16": None, "w8x2a16": None, **STUDIES,
+               "int8_v_down_bf16": lambda projection: "bf16" if projection in ("v", "down") else "int8",
+               **{f"w8a16_{only}_only": (lambda only: lambda projection: "w8a16" if projection == only else "bf16")(
+                   only) for only in PROJECTIONS}}
     if names is not None:
         schemes = {name: schemes[name] for name in names}
     rows = {}
@@ -246,8 +253,7 @@ def integer_distances(log=print, names: tuple[str, ...] | None = None) -> dict:
             buckets = SETTINGS["quick"]["buckets"]
             # a study's Programs are built while it is in force: patching and the run both inside
             with nullcontext() if scheme is None else _studied_scheme(scheme):
-                torch_npu2.patch_llama(candidate, prefill_buckets=buckets,
-                                       **({"matmul_precision": name} if scheme is None else {}))
+                _patch(candidate, buckets, name if scheme is None else None)
                 rows[name] = _distance(fp32, candidate, compare_ids)
             log(f"  SmolLM2-135M, {name}: worst layer {rows[name]['worst_layer_min_cosine']:.5f}, logits "
                 f"{rows[name]['logits_min_cosine']:.5f}")

@@ -1,5 +1,7 @@
 """The precision benchmark's integer studies: Programs built inside a study carry its GEMM precision to every prefill
 GEMM launch (which the emulator then computes with kernels/int_gemm.py), and nothing outside it changes."""
+import pytest
+
 from benchmarks import precision
 from torch_npu2.kernels import catalog
 
@@ -21,6 +23,42 @@ def test_a_study_sets_every_prefill_gemm_and_only_inside():
     assert [gemm_precisions(p) for p in build()] == [{catalog.DEFAULT_BF16_WEIGHT_PRECISION}] * 3
     assert "int8" not in catalog.MATMUL_PRECISIONS  # not a user's choice until its builder exists
     assert "w8x2a16" in catalog.MATMUL_PRECISIONS and "w8x2a16" not in precision.STUDIES  # its own Programs
+
+
+def test_a_studied_model_runs_the_studys_gemms_where_auto_would_run_the_integer_programs():
+    """A study's row patches its model at the bf16-weight Programs the study rewrites: for a model the integer GEMMs
+    take, "auto" runs the w8x2a16 Programs, which no study reaches, so the row would measure the default instead."""
+    from unittest import mock
+
+    import torch
+
+    from benchmarks import common
+    from tests.patch_llama.tiny import tiny_llama
+    from torch_npu2.emulator import launches
+
+    model = tiny_llama(hidden_size=128, intermediate_size=256, num_attention_heads=2, num_key_value_heads=1)
+    dims = catalog.ModelDims(128, 2, 1, 64, 256, 300, model.config.rms_norm_eps)
+    assert catalog.default_matmul_precision(dims) == catalog.INTEGER_PRECISION
+    computed = []
+
+    def recording(kind):
+        def run(p, *tensors):
+            computed.append((kind, p.get("precision")))
+            return launch(p, *tensors)
+        launch = launches.LAUNCH_KINDS[kind]
+        return run
+
+    matmuls = ("gemm", "gemm_swiglu", "gemm_int", "gemm_int_swiglu")
+    with common.emulated_runtime(compute=True), \
+            mock.patch.dict(launches.LAUNCH_KINDS, {kind: recording(kind) for kind in matmuls}), \
+            precision._studied("w8a16"):
+        with pytest.warns(UserWarning, match="cannot be compiled for NPU2"):  # a study has no kernels
+            precision._patch(model, (16,), None)
+        with torch.no_grad():
+            model(torch.arange(10).reshape(1, -1))
+    # per layer Q, K, V, O, gate and up (two launches below gemm_swiglu's rows, or one), down
+    assert len(computed) >= 2 * 6, computed
+    assert {kind for kind, _ in computed} <= {"gemm", "gemm_swiglu"} and {p for _, p in computed} == {"w8a16"}
 
 
 def test_per_call_cycles_rank_the_precisions():
