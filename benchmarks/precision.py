@@ -45,7 +45,10 @@ PRECISIONS = ("bf16", "bfp16", "bfp16_gate_up", "w8x2a16")
 # "w8a16_v_down_bf16": V and down do.
 STUDIES = {"int8": lambda projection: "int8", "w8a16": lambda projection: "w8a16",
            "w8a16_v_bf16": lambda projection: "bf16" if projection == "v" else "w8a16",
-           "w8a16_v_down_bf16": lambda projection: "bf16" if projection in ("v", "down") else "w8a16"}
+           "w8a16_v_down_bf16": lambda projection: "bf16" if projection in ("v", "down") else "w8a16",
+           # one int8 term only where the integer GEMMs spend most (gate/up: 55 % of the GEMM MACs at Llama-3.2-1B's
+           # shape), the others two terms
+           "w8x2a16_gate_up_w8a16": lambda projection: "w8a16" if projection == "gate_up" else "w8x2a16"}
 # What a study's model is patched at: a study rewrites the GEMM precisions of the bf16-weight Programs
 # (catalog._gemm_precision), so its model must run those; under "auto" a model the integer GEMMs take runs the
 # w8x2a16 Programs, which no study reaches, and the study would measure the default instead.
@@ -312,21 +315,42 @@ def attention_distances(log=print, layers: int = 2, smollm2: bool = True) -> dic
     """Each attention study (and exact attention for reference) under the default matmul precision, on SmolLM2 (unless
     not ``smollm2``) and on the Llama-3.2-1B shape with ``layers`` layers, as ``run``'s quick rows measure them. Runs on
     the emulated NPU2."""
-    settings = {**SETTINGS["quick"], "llama_layers": layers}
-    models = ([("SmolLM2-135M", _smollm2_inputs)] if smollm2 else []) + [
-        (f"Llama-3.2-1B shape, {layers} layers", _llama_1b_inputs)]
     rows = {}
     with common.emulated_runtime(compute=True):
-        for label, build in models:
-            model, prompts, compare_ids, new_tokens, tokenizer = build(settings)
-            fp32 = torch.nn.Module.float(copy.deepcopy(model))
-            reference = [_greedy(fp32, ids, new_tokens) for _, _, ids in prompts]
+        for label, inputs, buckets, tokenizer in _study_models(layers, smollm2):
             for study in (None, *ATTENTION_STUDIES):
                 name = f"attention {study or 'exact'}"
                 with nullcontext() if study is None else _studied_attention(study):
-                    rows[(label, name)] = _evaluate_one(name, "auto", None, model, prompts, compare_ids, reference,
-                                                        fp32, new_tokens, settings["buckets"], tokenizer, label, log)
+                    rows[(label, name)] = _evaluate_one(name, "auto", None, *inputs, buckets, tokenizer, label, log)
     return rows
+
+
+def study_distances(log=print, names: tuple[str, ...] | None = None, layers: int = 2, smollm2: bool = True) -> dict:
+    """The default matmul precision and each GEMM study of ``STUDIES`` (``names``: just these), on SmolLM2 (unless not
+    ``smollm2``) and on the Llama-3.2-1B shape with ``layers`` layers, as ``run``'s quick rows measure them. Runs on the
+    emulated NPU2."""
+    rows = {}
+    with common.emulated_runtime(compute=True):
+        for label, inputs, buckets, tokenizer in _study_models(layers, smollm2):
+            rows[(label, "default")] = _evaluate_one("default", "auto", None, *inputs, buckets, tokenizer, label, log)
+            for study in names or tuple(STUDIES):
+                with _studied(study):
+                    rows[(label, study)] = _evaluate_one(study, None, study, *inputs, buckets, tokenizer, label, log)
+    return rows
+
+
+def _study_models(layers: int, smollm2: bool):
+    """Per model a study measures (SmolLM2 unless not ``smollm2``, the Llama-3.2-1B shape with ``layers`` layers):
+    its label, ``_evaluate_one``'s inputs up to the buckets (model, prompts, compare_ids, fp32 greedy references,
+    fp32 model, new tokens), the buckets and the tokenizer."""
+    settings = {**SETTINGS["quick"], "llama_layers": layers}
+    models = ([("SmolLM2-135M", _smollm2_inputs)] if smollm2 else []) + [
+        (f"Llama-3.2-1B shape, {layers} layers", _llama_1b_inputs)]
+    for label, build in models:
+        model, prompts, compare_ids, new_tokens, tokenizer = build(settings)
+        fp32 = torch.nn.Module.float(copy.deepcopy(model))
+        reference = [_greedy(fp32, ids, new_tokens) for _, _, ids in prompts]
+        yield label, (model, prompts, compare_ids, reference, fp32, new_tokens), settings["buckets"], tokenizer
 
 
 def _llama_1b_inputs(settings) -> tuple:
